@@ -1,0 +1,320 @@
+"""Reading an attrscope store: ``open_store(path)`` -> :class:`Store`, ``store[i]`` -> :class:`Example`.
+
+The reader opens the file in SWMR read mode, so it works while ``attr-compute`` is still writing and after a writer
+was killed. It only trusts the rows of /examples/index: data past the last committed row is never read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from functools import cached_property
+
+import h5py
+import numpy as np
+
+from . import schema
+from .errors import StoreError
+
+_MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
+
+
+def open_store(path: str | os.PathLike) -> "Store":
+    """Open a store read-only. Raises :class:`StoreError` with a one-line message when that is not possible."""
+    return Store(path)
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise StoreError(f"store '{self.path}' not found: check the path or create it with attr-compute")
+        try:
+            self._f = h5py.File(self.path, "r", swmr=True)
+        except OSError:
+            try:  # a file written without SWMR support (e.g. by another tool) still opens the ordinary way
+                self._f = h5py.File(self.path, "r")
+            except OSError as err:
+                raise StoreError(f"'{self.path}' is not a readable HDF5 file ({err}): pass a store written by attr-compute") from None
+        try:
+            self._check_version()
+        except BaseException:
+            self._f.close()
+            raise
+        a = self._f.attrs
+        self.n_layers = int(a["n_layers"])
+        self.n_heads = int(a["n_heads"])
+        self.labels: dict[int, str] = {int(k): v for k, v in json.loads(a["labels"]).items()}
+        self.num_labels = int(a["num_labels"])
+        self._method_layouts = {m["name"]: m for m in json.loads(a["methods"])}
+        self.methods: list[str] = list(self._method_layouts)
+        self._index = None
+        self._ids = None
+        self.refresh()
+
+    # ------------------------------------------------------------------ header
+    def _check_version(self) -> None:
+        a = self._f.attrs
+        if a.get("encoding-type") != schema.ENCODING_TYPE:
+            raise StoreError(f"'{self.path}' is not an attrscope store (no encoding-type '{schema.ENCODING_TYPE}'): pass a file written by attr-compute")
+        version = str(a.get("encoding-version", "0.0.0"))
+        try:
+            major, minor = (int(x) for x in version.split(".")[:2])
+        except ValueError:
+            raise StoreError(f"'{self.path}' has an unreadable store version '{version}'") from None
+        if major != _MAJOR:
+            raise StoreError(
+                f"'{self.path}' is store format {version}; this attrscope reads format {_MAJOR}.x: "
+                f"use an attrscope release that reads format {major}.x")
+        if minor > _MINOR:
+            warnings.warn(
+                f"'{self.path}' is store format {version}, newer than {schema.ENCODING_VERSION}: "
+                "unknown parts are ignored; upgrade attrscope to read them", stacklevel=3)
+
+    @property
+    def model_info(self) -> dict:
+        """Model and library provenance (root attributes)."""
+        out = {}
+        for key, value in self._f.attrs.items():
+            if key in ("labels", "methods", "summary"):
+                continue
+            out[key] = value.item() if isinstance(value, np.generic) else value
+        return out
+
+    @cached_property
+    def config(self) -> dict:
+        """The full run configuration that produced the store."""
+        return json.loads(bytes(self._f["provenance"][:]).decode("utf-8"))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self._f.attrs.get("complete", False))
+
+    @property
+    def summary(self) -> dict | None:
+        s = self._f.attrs.get("summary")
+        return json.loads(s) if s else None
+
+    def method_info(self, name: str) -> dict:
+        """Layout and parameters of a method: signed, n_layer_views, matrices, class_scores, description, params."""
+        self._need_method(name)
+        info = dict(self._method_layouts[name])
+        info["seconds"] = self._f["methods"][name].attrs.get("seconds")
+        return info
+
+    def is_signed(self, name: str) -> bool:
+        return bool(self.method_info(name)["signed"])
+
+    # ------------------------------------------------------------------ examples
+    def refresh(self) -> int:
+        """Pick up examples committed since the store was opened (or last refreshed). Returns the new length."""
+        idx = self._f["examples/index"]
+        if self._f.swmr_mode:
+            idx.refresh()
+            for ds in _datasets(self._f):
+                ds.refresh()
+        n = idx.shape[0]
+        if self._index is None or n != len(self._index):
+            self._index = idx[:n]
+            self._ids = None
+        return n
+
+    @property
+    def index(self) -> np.ndarray:
+        """The committed index rows (structured array; fields in ``store.schema.index_dtype``)."""
+        return self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> "Example":
+        n = len(self._index)
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError("store indices must be integers; use by_id() for ids")
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"example {i} out of range: the store holds {n} examples")
+        return Example(self, int(i), self._index[i])
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def _string(self, off: int, length: int) -> str | None:
+        if length < 0:
+            return None
+        return bytes(self._f["examples/strings"][off:off + length]).decode("utf-8")
+
+    def ids(self) -> list[str]:
+        if self._ids is None:
+            if len(self._index) == 0:
+                self._ids = []
+            else:
+                ends = self._index["id_off"] + self._index["id_len"]
+                lo, hi = int(self._index["id_off"].min()), int(ends.max())
+                blob = bytes(self._f["examples/strings"][lo:hi])
+                self._ids = [blob[o - lo:o - lo + n].decode("utf-8")
+                             for o, n in zip(self._index["id_off"].tolist(), self._index["id_len"].tolist())]
+        return self._ids
+
+    def by_id(self, example_id: str) -> "Example":
+        try:
+            return self[self.ids().index(str(example_id))]
+        except ValueError:
+            raise KeyError(f"no example with id '{example_id}' in the store") from None
+
+    def _need_method(self, name: str) -> None:
+        if name not in self._method_layouts:
+            raise KeyError(f"method '{name}' is not in the store; it holds: {', '.join(self.methods) or 'none'}")
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Store {self.path!r}: {len(self)} examples, methods {self.methods}>"
+
+
+def _datasets(f: h5py.File):
+    out = []
+    f.visititems(lambda _, obj: out.append(obj) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+class Example:
+    """One committed example. Every per-token array is aligned with :attr:`tokens` (special tokens included)."""
+
+    def __init__(self, store: Store, index: int, row: np.void):
+        self._s = store
+        self.index = index
+        self._row = row
+        self.n_tokens = int(row["n_tokens"])
+        self._tok = slice(int(row["tok_off"]), int(row["tok_off"]) + self.n_tokens)
+
+    # metadata ------------------------------------------------------------------
+    @cached_property
+    def id(self) -> str:
+        return self._s._string(int(self._row["id_off"]), int(self._row["id_len"]))
+
+    @cached_property
+    def text(self) -> str:
+        return self._s._string(int(self._row["text_off"]), int(self._row["text_len"]))
+
+    @cached_property
+    def pair(self) -> str | None:
+        return self._s._string(int(self._row["pair_off"]), int(self._row["pair_len"]))
+
+    @property
+    def row(self) -> int:
+        return int(self._row["row"])
+
+    @property
+    def label(self) -> int | None:
+        v = int(self._row["label"])
+        return None if v < 0 else v
+
+    @property
+    def pred(self) -> int:
+        return int(self._row["pred"])
+
+    @property
+    def target(self) -> int:
+        return int(self._row["target"])
+
+    @property
+    def explain_pos(self) -> int:
+        return int(self._row["explain_pos"])
+
+    @property
+    def probs(self) -> np.ndarray:
+        return np.array(self._row["probs"], dtype=np.float32)
+
+    @property
+    def truncated(self) -> bool:
+        return bool(int(self._row["flags"]) & schema.FLAG_TRUNCATED)
+
+    @property
+    def n_orig_tokens(self) -> int:
+        return int(self._row["n_orig_tokens"])
+
+    @property
+    def correct(self) -> bool | None:
+        return None if self.label is None else self.label == self.pred
+
+    # tokens --------------------------------------------------------------------
+    @cached_property
+    def token_ids(self) -> np.ndarray:
+        return self._s._f["tokens/ids"][self._tok]
+
+    @cached_property
+    def tokens(self) -> list[str]:
+        f = self._s._f
+        off = f["tokens/str_off"][self._tok]
+        lens = f["tokens/str_len"][self._tok]
+        if self.n_tokens == 0:
+            return []
+        lo = int(off[0])
+        blob = bytes(f["tokens/strings"][lo:int(off[-1]) + int(lens[-1])])
+        return [blob[o - lo:o - lo + n].decode("utf-8") for o, n in zip(off.tolist(), lens.tolist())]
+
+    @cached_property
+    def spans(self) -> np.ndarray:
+        return self._s._f["tokens/spans"][self._tok]
+
+    @cached_property
+    def segment(self) -> np.ndarray:
+        return self._s._f["tokens/segment"][self._tok]
+
+    # attributions -----------------------------------------------------------------
+    def _method(self, name: str) -> tuple[h5py.Group, dict]:
+        self._s._need_method(name)
+        return self._s._f["methods"][name], self._s._method_layouts[name]
+
+    def scores(self, method: str) -> np.ndarray:
+        """Final attribution [n]."""
+        g, _ = self._method(method)
+        return g["scores"][self._tok]
+
+    def layer_scores(self, method: str) -> np.ndarray | None:
+        """Per-layer view [V, n] (e.g. the CLS row of the rollout up to layer l), or None for methods without one."""
+        g, lay = self._method(method)
+        v = int(lay["n_layer_views"])
+        if not v:
+            return None
+        start = self._tok.start * v
+        return g["layer_scores"][start:start + v * self.n_tokens].reshape(v, self.n_tokens)
+
+    def matrices(self, method: str) -> np.ndarray | None:
+        """Per-layer token-to-token matrices as float32: [L, n, n] (``--matrices all``), [L, 1, n] (only the row
+        of the explained position, ``--matrices cls``), or None when the store keeps none for this method."""
+        g, lay = self._method(method)
+        mode, L, n = lay["matrices"], int(lay["n_matrix_layers"]), self.n_tokens
+        if mode == "all":
+            start = int(self._row["sq_off"]) * L
+            return g["matrices"][start:start + L * n * n].astype(np.float32).reshape(L, n, n)
+        if mode == "cls":
+            start = self._tok.start * L
+            return g["matrices"][start:start + L * n].astype(np.float32).reshape(L, 1, n)
+        return None
+
+    def class_scores(self, method: str) -> np.ndarray | None:
+        """Per-class attributions [C, n] (``--target all``), or None."""
+        g, lay = self._method(method)
+        if not lay["class_scores"]:
+            return None
+        C = self._s.num_labels
+        start = self._tok.start * C
+        return g["class_scores"][start:start + C * self.n_tokens].reshape(C, self.n_tokens)
+
+    def __repr__(self) -> str:
+        return f"<Example {self.index} id={self.id!r} n_tokens={self.n_tokens} label={self.label} pred={self.pred}>"

@@ -1,0 +1,370 @@
+"""Writing an attrscope store: create the layout, append committed examples, resume an interrupted store.
+
+Commit protocol: for every batch of examples the writer appends all data (strings, tokens, method arrays) and
+flushes, then appends the index rows and flushes. A reader trusts only index rows, so it always sees a consistent
+prefix, also while the writer runs (SWMR) and after the writer was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import h5py
+import numpy as np
+
+from . import schema
+from .errors import StoreError
+
+
+@dataclass(frozen=True)
+class MethodLayout:
+    """What the store keeps for one method (numpy-level description; compute fills it from its method classes)."""
+
+    name: str
+    signed: bool
+    n_layer_views: int = 0  # V: rows of layer_scores per example (0: none)
+    matrices: str = "none"  # "none" | "cls" | "all"
+    n_matrix_layers: int = 0  # L of the per-layer matrices
+    class_scores: bool = False
+    description: str = ""
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class ExampleData:
+    """One example ready to commit. Arrays are unpadded and aligned with ``token_ids``."""
+
+    row: int
+    id: str
+    text: str
+    pair: str | None
+    token_ids: np.ndarray  # [n] int
+    tokens: list[str]
+    spans: np.ndarray  # [n, 2] int
+    segment: np.ndarray  # [n] int
+    label: int
+    pred: int
+    probs: np.ndarray  # [C]
+    target: int
+    explain_pos: int
+    n_orig_tokens: int
+    truncated: bool
+    results: dict  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n]}
+
+
+def _json_bytes(obj) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode("utf-8"), dtype=np.uint8)
+
+
+def _flat(group: h5py.Group, name: str, dtype, chunk: int, width: int | None = None) -> h5py.Dataset:
+    shape, maxshape, chunks = (0,), (None,), (chunk,)
+    if width is not None:
+        shape, maxshape, chunks = (0, width), (None, width), (chunk // width, width)
+    return group.create_dataset(
+        name, shape=shape, maxshape=maxshape, chunks=chunks, dtype=dtype, compression="gzip",
+        compression_opts=4, shuffle=True,
+    )
+
+
+def _append(ds: h5py.Dataset, values: np.ndarray) -> None:
+    if len(values) == 0:
+        return
+    start = ds.shape[0]
+    ds.resize((start + len(values),) + ds.shape[1:])
+    ds[start:] = values
+
+
+class StoreWriter:
+    """Single writer of a store. Use :meth:`create` or :meth:`resume`, then :meth:`append` batches, then :meth:`close`."""
+
+    def __init__(self, path: str, f: h5py.File):
+        self.path = path
+        self._f = f
+        self.num_labels = int(f.attrs["num_labels"])
+        self.methods: dict[str, MethodLayout] = {
+            m["name"]: MethodLayout(**m) for m in json.loads(f.attrs["methods"])
+        }
+        self.n_committed = int(f["examples/index"].shape[0])
+        self._tok_end = int(f["tokens/ids"].shape[0])
+        self._str_end = int(f["examples/strings"].shape[0])
+        self._tokstr_end = int(f["tokens/strings"].shape[0])
+        self._sq_end = self._committed_sq_end()
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def create(
+        cls,
+        path: str,
+        *,
+        n_layers: int,
+        n_heads: int,
+        labels: dict[int, str],
+        methods: list[MethodLayout],
+        provenance: dict,
+        attrs: dict | None = None,
+    ) -> "StoreWriter":
+        """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode."""
+        if os.path.exists(path):
+            raise StoreError(f"store '{path}' already exists")
+        f = h5py.File(path, "w", libver="latest")
+        try:
+            _create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
+                           provenance=provenance, attrs=attrs or {})
+            f.flush()
+            f.swmr_mode = True
+        except BaseException:
+            f.close()
+            os.remove(path)
+            raise
+        return cls(path, f)
+
+    @classmethod
+    def resume(cls, path: str) -> "StoreWriter":
+        """Reopen an interrupted store for appending.
+
+        A writer killed in SWMR mode leaves HDF5's "open for write" flag set, so the file cannot be reopened for
+        writing in place. The committed prefix is copied into a fresh file that atomically replaces the old one;
+        uncommitted data past the last index row is dropped.
+        """
+        tmp = path + ".resume-tmp"
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        try:
+            old = h5py.File(path, "r", swmr=True)
+        except OSError as err:
+            raise StoreError(f"cannot open store '{path}' to resume it ({err}): start again with --overwrite") from None
+        with old:
+            try:
+                _copy_committed(old, tmp)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+        os.replace(tmp, path)
+        f = h5py.File(path, "a", libver="latest")
+        f.attrs["complete"] = False
+        f.flush()
+        f.swmr_mode = True
+        return cls(path, f)
+
+    # ------------------------------------------------------------------ appending
+    def _committed_sq_end(self) -> int:
+        idx = self._f["examples/index"]
+        if idx.shape[0] == 0:
+            return 0
+        last = idx[idx.shape[0] - 1]
+        return int(last["sq_off"]) + int(last["n_tokens"]) ** 2
+
+    def append(self, examples: list[ExampleData]) -> None:
+        """Write the data of ``examples``, flush, then commit their index rows and flush."""
+        if not examples:
+            return
+        f = self._f
+        rows = np.zeros(len(examples), dtype=schema.index_dtype(self.num_labels))
+        strings, tok_strings = [], []
+        str_end, tok_end, tokstr_end, sq_end = self._str_end, self._tok_end, self._tokstr_end, self._sq_end
+        tok_cols = {"ids": [], "spans": [], "segment": [], "str_off": [], "str_len": []}
+        for k, ex in enumerate(examples):
+            n = len(ex.token_ids)
+            if len(ex.tokens) != n:
+                raise ValueError(f"example {ex.id}: {len(ex.tokens)} token strings for {n} token ids")
+            r = rows[k]
+            for key, value in (("id", ex.id), ("text", ex.text), ("pair", ex.pair)):
+                if value is None:
+                    r[f"{key}_off"], r[f"{key}_len"] = str_end, -1
+                    continue
+                b = value.encode("utf-8")
+                r[f"{key}_off"], r[f"{key}_len"] = str_end, len(b)
+                strings.append(b)
+                str_end += len(b)
+            enc = [t.encode("utf-8") for t in ex.tokens]
+            lens = np.array([len(b) for b in enc], dtype=np.int64)
+            tok_cols["str_off"].append(tokstr_end + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64))
+            tok_cols["str_len"].append(lens.astype(np.int32))
+            tok_strings.extend(enc)
+            tokstr_end += int(lens.sum())
+            tok_cols["ids"].append(np.asarray(ex.token_ids, dtype=np.int32))
+            tok_cols["spans"].append(np.asarray(ex.spans, dtype=np.int32).reshape(n, 2))
+            tok_cols["segment"].append(np.asarray(ex.segment, dtype=np.int8))
+            r["row"], r["tok_off"], r["n_tokens"], r["sq_off"] = ex.row, tok_end, n, sq_end
+            r["label"], r["pred"], r["target"], r["explain_pos"] = ex.label, ex.pred, ex.target, ex.explain_pos
+            r["n_orig_tokens"] = ex.n_orig_tokens
+            r["flags"] = schema.FLAG_TRUNCATED if ex.truncated else 0
+            r["probs"] = np.asarray(ex.probs, dtype=np.float32)
+            tok_end += n
+            sq_end += n * n
+
+        _append(f["examples/strings"], np.frombuffer(b"".join(strings), dtype=np.uint8))
+        _append(f["tokens/strings"], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
+        for key, parts in tok_cols.items():
+            _append(f[f"tokens/{key}"], np.concatenate(parts))
+        for name, layout in self.methods.items():
+            self._append_method(name, layout, examples)
+
+        # Data first, then the rows that make it visible: a reader never sees a row whose data is missing.
+        f.flush()
+        _append(f["examples/index"], rows)
+        f["examples/index"].flush()
+        self.n_committed += len(examples)
+        self._str_end, self._tok_end, self._tokstr_end, self._sq_end = str_end, tok_end, tokstr_end, sq_end
+
+    def _append_method(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> None:
+        g = self._f["methods"][name]
+        parts: dict[str, list[np.ndarray]] = {"scores": [], "layer_scores": [], "matrices": [], "class_scores": []}
+        for ex in examples:
+            n = len(ex.token_ids)
+            res = ex.results.get(name)
+            if res is None:
+                raise ValueError(f"example {ex.id}: no result for method '{name}'")
+            parts["scores"].append(_checked(res["scores"], (n,), name, "scores", ex.id))
+            if layout.n_layer_views:
+                parts["layer_scores"].append(
+                    _checked(res["layer_scores"], (layout.n_layer_views, n), name, "layer_scores", ex.id).ravel())
+            if layout.matrices != "none":
+                rows = n if layout.matrices == "all" else 1
+                parts["matrices"].append(
+                    _checked(res["matrices"], (layout.n_matrix_layers, rows, n), name, "matrices", ex.id).ravel())
+            if layout.class_scores:
+                parts["class_scores"].append(
+                    _checked(res["class_scores"], (self.num_labels, n), name, "class_scores", ex.id).ravel())
+        for key, arrays in parts.items():
+            if arrays:
+                ds = g[key]
+                _append(ds, np.concatenate(arrays).astype(ds.dtype, copy=False))
+
+    # ------------------------------------------------------------------ closing
+    def close(self, *, complete: bool = False, summary: dict | None = None) -> None:
+        """Close the file. With ``complete`` (or a summary) reopen it outside SWMR to stamp the final attributes."""
+        if self._f is None:
+            return
+        self._f.flush()
+        self._f.close()
+        self._f = None
+        if complete or summary:
+            # Attributes cannot change in SWMR mode; a normal reopen is cheap and clears the open-for-write flag.
+            with h5py.File(self.path, "r+", libver="latest") as f:
+                f.attrs["complete"] = bool(complete)
+                f.attrs["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                if summary:
+                    f.attrs["summary"] = json.dumps(summary, sort_keys=True, default=str)
+                    for name, secs in (summary.get("method_seconds") or {}).items():
+                        if name in f["methods"]:
+                            f["methods"][name].attrs["seconds"] = float(secs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _checked(arr, shape, method, what, ex_id) -> np.ndarray:
+    a = np.asarray(arr)
+    if a.shape != shape:
+        raise ValueError(f"method '{method}', example {ex_id}: {what} has shape {a.shape}, expected {shape}")
+    return a
+
+
+def _attr_value(value):
+    """Plain Python scalars as they are (numpy str_ has no HDF5 conversion), anything else as JSON."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return json.dumps(value, default=str)
+
+
+def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs) -> None:
+    f.attrs["encoding-type"] = schema.ENCODING_TYPE
+    f.attrs["encoding-version"] = schema.ENCODING_VERSION
+    f.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    f.attrs["n_layers"] = int(n_layers)
+    f.attrs["n_heads"] = int(n_heads)
+    f.attrs["num_labels"] = len(labels)
+    f.attrs["labels"] = json.dumps({str(int(k)): v for k, v in labels.items()})
+    f.attrs["methods"] = json.dumps([m.__dict__ for m in methods], sort_keys=True)
+    f.attrs["complete"] = False
+    for key, value in attrs.items():
+        f.attrs[key] = _attr_value(value)
+    f.create_dataset("provenance", data=_json_bytes(provenance))
+
+    ex = f.create_group("examples")
+    ex.create_dataset("index", shape=(0,), maxshape=(None,), chunks=(schema.CHUNK_ROWS,),
+                      dtype=schema.index_dtype(len(labels)))
+    _flat(ex, "strings", np.uint8, schema.CHUNK_FLAT)
+    tok = f.create_group("tokens")
+    _flat(tok, "ids", np.int32, schema.CHUNK_FLAT)
+    _flat(tok, "spans", np.int32, schema.CHUNK_FLAT, width=2)
+    _flat(tok, "segment", np.int8, schema.CHUNK_FLAT)
+    _flat(tok, "str_off", np.int64, schema.CHUNK_FLAT)
+    _flat(tok, "str_len", np.int32, schema.CHUNK_FLAT)
+    _flat(tok, "strings", np.uint8, schema.CHUNK_FLAT)
+
+    mg = f.create_group("methods")
+    for m in methods:
+        g = mg.create_group(m.name)
+        g.attrs["encoding-type"] = schema.METHOD_ENCODING_TYPE
+        g.attrs["signed"] = bool(m.signed)
+        g.attrs["n_layer_views"] = int(m.n_layer_views)
+        g.attrs["matrices"] = m.matrices
+        g.attrs["description"] = m.description
+        g.attrs["params"] = json.dumps(m.params, sort_keys=True, default=str)
+        _flat(g, "scores", np.float32, schema.CHUNK_FLAT)
+        if m.n_layer_views:
+            _flat(g, "layer_scores", np.float32, schema.CHUNK_FLAT)
+        if m.matrices != "none":
+            dtype = m.params.get("store_dtype", "float16")
+            _flat(g, "matrices", np.dtype(dtype), schema.CHUNK_MATRIX)
+        if m.class_scores:
+            _flat(g, "class_scores", np.float32, schema.CHUNK_FLAT)
+
+
+def _copy_committed(old: h5py.File, tmp: str) -> None:
+    """Write the committed prefix of ``old`` into a new file ``tmp`` with the same layout."""
+    index = old["examples/index"][:]
+    n = len(index)
+    if n:
+        last = index[-1]
+        tok_end = int(last["tok_off"]) + int(last["n_tokens"])
+        sq_end = int(last["sq_off"]) + int(last["n_tokens"]) ** 2
+        str_end = max(int(last[f"{k}_off"]) + max(int(last[f"{k}_len"]), 0) for k in ("id", "text", "pair"))
+        tokstr_end = int(old["tokens/str_off"][tok_end - 1]) + int(old["tokens/str_len"][tok_end - 1]) if tok_end else 0
+    else:
+        tok_end = sq_end = str_end = tokstr_end = 0
+    methods = [MethodLayout(**m) for m in json.loads(old.attrs["methods"])]
+    prov = json.loads(bytes(old["provenance"][:]).decode("utf-8"))
+    labels = {int(k): v for k, v in json.loads(old.attrs["labels"]).items()}
+    skip = {"encoding-type", "encoding-version", "created", "n_layers", "n_heads", "num_labels", "labels",
+            "methods", "complete", "finished", "summary"}
+    attrs = {k: v for k, v in old.attrs.items() if k not in skip}
+    with h5py.File(tmp, "w", libver="latest") as f:
+        _create_layout(f, n_layers=int(old.attrs["n_layers"]), n_heads=int(old.attrs["n_heads"]), labels=labels,
+                       methods=methods, provenance=prov, attrs=attrs)
+        f.attrs["created"] = old.attrs["created"]
+        ends = {"examples/strings": str_end, "tokens/strings": tokstr_end}
+        for key in ("ids", "spans", "segment", "str_off", "str_len"):
+            ends[f"tokens/{key}"] = tok_end
+        for m in methods:
+            ends[f"methods/{m.name}/scores"] = tok_end
+            if m.n_layer_views:
+                ends[f"methods/{m.name}/layer_scores"] = tok_end * m.n_layer_views
+            if m.matrices == "all":
+                ends[f"methods/{m.name}/matrices"] = sq_end * m.n_matrix_layers
+            elif m.matrices == "cls":
+                ends[f"methods/{m.name}/matrices"] = tok_end * m.n_matrix_layers
+            if m.class_scores:
+                ends[f"methods/{m.name}/class_scores"] = tok_end * len(labels)
+        for key, end in ends.items():
+            if old[key].shape[0] < end:
+                raise StoreError(f"store is damaged: '{key}' is shorter than its committed rows; start again with --overwrite")
+            step = 1 << 22
+            for s in range(0, end, step):
+                _append(f[key], old[key][s:min(end, s + step)])
+        _append(f["examples/index"], index)
