@@ -1,0 +1,249 @@
+"""Architecture adapters: read a model's per-layer internals with forward hooks on the stock Hugging Face modules.
+
+One batched forward pass fills a :class:`Captured` with what the requested methods need (METHODS.md section 0 and
+DESIGN.md section 5): the embedding-module output, every layer's input and output, the attention probabilities, the
+value vectors (with bias), and the inputs and outputs of both LayerNorms. Nothing is copied or patched from the
+modelling files; adapters only know module names and how each family's classification head reads a token.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .errors import AttrscopeError
+
+# Internals a method can ask for (Method.needs).
+NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
+
+
+@dataclass
+class Captured:
+    """Padded batch tensors. Layer lists are indexed l = 0..L-1 for layer l+1 (METHODS.md indices are 1-based).
+
+    hidden_states has L+1 entries: hidden_states[0] is the embedding-module output, hidden_states[l] the output of
+    layer l (= input of layer l+1), as in Hugging Face's ``output_hidden_states``.
+    """
+
+    input_ids: torch.Tensor  # [B, n]
+    mask: torch.Tensor  # [B, n] bool, True on real tokens
+    lengths: torch.Tensor  # [B]
+    explain_pos: torch.Tensor  # [B] row explained by the methods ([CLS] for encoder classifiers)
+    logits: torch.Tensor  # [B, C]
+    hidden_states: list[torch.Tensor] = field(default_factory=list)
+    attentions: list[torch.Tensor] = field(default_factory=list)  # [B, H, n, n]
+    values: list[torch.Tensor] = field(default_factory=list)  # [B, n, d] = W_V x + b_V
+    ln1_in: list[torch.Tensor] = field(default_factory=list)
+    ln1_out: list[torch.Tensor] = field(default_factory=list)
+    ln2_in: list[torch.Tensor] = field(default_factory=list)
+    ln2_out: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        return torch.softmax(self.logits.float(), dim=-1)
+
+    @property
+    def pred(self) -> torch.Tensor:
+        return self.logits.argmax(dim=-1)
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+class Adapter:
+    """Base class: subclasses name the modules of one architecture family."""
+
+    family: str = ""
+    model_types: tuple[str, ...] = ()
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.config = model.config
+
+    # --- structure -------------------------------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers())
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.config.num_attention_heads if hasattr(self.config, "num_attention_heads") else self.config.n_heads)
+
+    def layers(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def embeddings(self) -> nn.Module:
+        raise NotImplementedError
+
+    def attention_probs_module(self, layer: nn.Module) -> nn.Module:
+        """Module whose forward returns (context, attention_probs)."""
+        raise NotImplementedError
+
+    def value_module(self, layer: nn.Module) -> nn.Linear:
+        raise NotImplementedError
+
+    def out_proj(self, layer: nn.Module) -> nn.Linear:
+        """W_O, b_O of the attention block."""
+        raise NotImplementedError
+
+    def ln1(self, layer: nn.Module) -> nn.LayerNorm:
+        raise NotImplementedError
+
+    def ln2(self, layer: nn.Module) -> nn.LayerNorm:
+        raise NotImplementedError
+
+    def head_per_token(self, h: torch.Tensor) -> torch.Tensor:
+        """The model's own classification head applied to every token as if it were the pooled one: [B, n, d] -> [B, n, C]."""
+        raise NotImplementedError
+
+    def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Position whose row is explained: [CLS] (position 0) for encoder classifiers."""
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    # --- capture ---------------------------------------------------------------------------------------------
+    @contextmanager
+    def hooks(self, cap: Captured, needs: frozenset[str]):
+        handles = []
+
+        def keep(lst):
+            return lambda _m, _inp, out: lst.append(_first(out))
+
+        try:
+            if "hidden_states" in needs:
+                handles.append(self.embeddings().register_forward_hook(keep(cap.hidden_states)))
+            for layer in self.layers():
+                if "hidden_states" in needs:
+                    handles.append(layer.register_forward_hook(keep(cap.hidden_states)))
+                if "attentions" in needs:
+                    handles.append(self.attention_probs_module(layer).register_forward_hook(
+                        lambda _m, _i, out: cap.attentions.append(out[1])))
+                if "values" in needs:
+                    handles.append(self.value_module(layer).register_forward_hook(keep(cap.values)))
+                for name, mod in (("ln1", self.ln1(layer)), ("ln2", self.ln2(layer))):
+                    if name in needs:
+                        ins, outs = getattr(cap, f"{name}_in"), getattr(cap, f"{name}_out")
+                        handles.append(mod.register_forward_hook(
+                            lambda _m, inp, out, ins=ins, outs=outs: (ins.append(inp[0]), outs.append(out))))
+            yield cap
+        finally:
+            for h in handles:
+                h.remove()
+
+    def forward_inputs(self, enc: dict) -> dict:
+        """Keep only the tokenizer outputs this model's forward accepts."""
+        keep = {"input_ids", "attention_mask", "token_type_ids"}
+        if not getattr(self.config, "type_vocab_size", 0) or self.family == "distilbert":
+            keep.discard("token_type_ids")
+        return {k: v for k, v in enc.items() if k in keep}
+
+    def capture(self, enc: dict, needs: frozenset[str]) -> Captured:
+        """One batched forward pass with hooks for ``needs``. ``enc`` holds padded tensors on the model's device."""
+        unknown = set(needs) - NEEDS
+        if unknown:
+            raise ValueError(f"unknown internals requested: {sorted(unknown)}")
+        input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+        cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
+                       explain_pos=self.explain_positions(input_ids, mask), logits=None)
+        with self.hooks(cap, frozenset(needs)):
+            out = self.model(**self.forward_inputs(enc))
+        cap.logits = out.logits
+        L = self.n_layers
+        if "hidden_states" in needs and len(cap.hidden_states) != L + 1:
+            raise RuntimeError(f"captured {len(cap.hidden_states)} hidden states for {L} layers")
+        if "attentions" in needs:
+            if len(cap.attentions) != L or any(a is None for a in cap.attentions):
+                raise AttrscopeError(
+                    "the model returned no attention probabilities: load it with attn_implementation='eager'")
+        return cap
+
+
+class BertAdapter(Adapter):
+    """BERT, RoBERTa and ELECTRA share module names (``attention.self``, ``attention.output.LayerNorm``, ...)."""
+
+    family = "bert"
+    model_types = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+
+    def _base(self):
+        return self.model.base_model
+
+    def layers(self):
+        return list(self._base().encoder.layer)
+
+    def embeddings(self):
+        return self._base().embeddings
+
+    def attention_probs_module(self, layer):
+        return layer.attention.self
+
+    def value_module(self, layer):
+        return layer.attention.self.value
+
+    def out_proj(self, layer):
+        return layer.attention.output.dense
+
+    def ln1(self, layer):
+        return layer.attention.output.LayerNorm
+
+    def ln2(self, layer):
+        return layer.output.LayerNorm
+
+    def head_per_token(self, h):
+        B, n, d = h.shape
+        m = self.model
+        if self.config.model_type == "bert":
+            # BertForSequenceClassification: classifier(dropout(tanh(W_pool h + b_pool))).
+            pooler = m.bert.pooler
+            return m.classifier(m.dropout(pooler.activation(pooler.dense(h))))
+        # RoBERTa/ELECTRA heads read features[:, 0]: feed every token as its own length-1 sequence.
+        return m.classifier(h.reshape(B * n, 1, d)).reshape(B, n, -1)
+
+
+class DistilBertAdapter(Adapter):
+    family = "distilbert"
+    model_types = ("distilbert",)
+
+    def layers(self):
+        return list(self.model.distilbert.transformer.layer)
+
+    def embeddings(self):
+        return self.model.distilbert.embeddings
+
+    def attention_probs_module(self, layer):
+        return layer.attention
+
+    def value_module(self, layer):
+        return layer.attention.v_lin
+
+    def out_proj(self, layer):
+        return layer.attention.out_lin
+
+    def ln1(self, layer):
+        return layer.sa_layer_norm
+
+    def ln2(self, layer):
+        return layer.output_layer_norm
+
+    def head_per_token(self, h):
+        # DistilBertForSequenceClassification: classifier(dropout(relu(pre_classifier(h)))).
+        m = self.model
+        return m.classifier(m.dropout(torch.relu(m.pre_classifier(h))))
+
+
+ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter)
+SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    model_type = getattr(model.config, "model_type", "?")
+    for cls in ADAPTERS:
+        if model_type in cls.model_types:
+            if not type(model).__name__.endswith("ForSequenceClassification"):
+                raise AttrscopeError(
+                    f"model class {type(model).__name__} is not a sequence classifier: pass a *ForSequenceClassification checkpoint")
+            return cls(model)
+    raise AttrscopeError(
+        f"unsupported architecture '{model_type}': attrscope supports {', '.join(SUPPORTED_MODEL_TYPES)}")

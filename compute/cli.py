@@ -1,0 +1,156 @@
+"""``attr-compute``: batch a dataset through a classifier and attribution methods into an attrscope store.
+
+``attr-compute [DATASET] [options]`` runs the job (the ``run`` command is implied); ``attr-compute methods`` lists
+the methods. Errors are one line on stderr, exit code 1 (2 for usage errors); ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import click
+
+from .errors import AttrscopeError
+
+PROG = "attr-compute"
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, when it is not a subcommand, goes to the default command ``run``."""
+
+    default_cmd = "run"
+
+    def main(self, args=None, prog_name=None, **extra):
+        # Usage errors as one line too (click's default prints usage and a hint over several lines).
+        extra.pop("standalone_mode", None)
+        try:
+            rv = super().main(args, prog_name or PROG, standalone_mode=False, **extra)
+        except click.UsageError as err:
+            hint = f" (see {PROG} --help)"
+            _fail(" ".join(err.format_message().split()) + hint, 2)
+        except click.ClickException as err:
+            _fail(" ".join(err.format_message().split()), err.exit_code)
+        except click.exceptions.Abort:
+            _fail("aborted", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    def parse_args(self, ctx, args):
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+            args = [self.default_cmd, *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attrscope", prog_name=PROG)
+def main():
+    """Token attributions of a Transformer classifier, layer by layer, into one HDF5 store.
+
+    \b
+    attr-compute [DATASET] [OPTIONS]     compute (see: attr-compute run --help)
+    attr-compute methods                 list the attribution methods
+    attr-tui STORE.h5                    browse the result in the terminal
+    """
+
+
+@main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("dataset", required=False)
+@click.option("-o", "--output", metavar="STORE.h5", help="Store to write [default: <dataset name>.h5 here].")
+@click.option("--model", metavar="ID_OR_PATH", help="Hugging Face id or local directory [default: bundled demo classifier].")
+@click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Comma-separated method names.")
+@click.option("--limit", type=int, metavar="N", help="Only the first N examples.")
+@click.option("--batch-size", type=int, default=32, show_default=True, metavar="N")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:k]")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="Model compute dtype (methods always compute in at least float32).")
+@click.option("--max-length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].")
+@click.option("--text-column", metavar="C")
+@click.option("--pair-column", metavar="C")
+@click.option("--label-column", metavar="C")
+@click.option("--id-column", metavar="C")
+@click.option("--split", metavar="NAME", help="Split of a Hugging Face dataset id.")
+@click.option("--target", type=click.Choice(["predicted", "label", "all"]), default=None,
+              help="Class explained by class-specific methods [default: predicted, or the preset's].")
+@click.option("--matrices", type=click.Choice(["none", "cls", "all"]), default="cls", show_default=True,
+              help="Per-layer matrices to keep: none, the explained row only, or all n x n.")
+@click.option("--store-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="dtype of stored matrices (scores are always float32).")
+@click.option("--resume", is_flag=True, help="Finish an interrupted store.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store.")
+@click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]),
+              help="Reference conventions of a paper (recorded in the store).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,
+            pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
+            quiet, debug):
+    """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
+
+    Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
+    from .runner import RunConfig
+
+    cfg = RunConfig(
+        dataset=dataset, output=output, model=model, methods=methods, limit=limit, batch_size=batch_size,
+        device=device, dtype=dtype, max_length=max_length, text_column=text_column, pair_column=pair_column,
+        label_column=label_column, id_column=id_column, split=split, target=target, matrices=matrices,
+        store_dtype=store_dtype, resume=resume, overwrite=overwrite, preset=preset, argv=[PROG, *sys.argv[1:]])
+    _guarded(lambda: _run(cfg, quiet), debug)
+
+
+@main.command("methods")
+def methods_cmd():
+    """List the attribution methods."""
+    from .methods import REGISTRY
+
+    for name, m in REGISTRY.items():
+        kind = "signed" if m.signed else "non-negative"
+        layers = ", layer views" if m.has_layer_views else ""
+        click.echo(f"{name:15s} {m.description} [{kind}{layers}]")
+
+
+def _run(cfg, quiet: bool) -> None:
+    from .runner import run
+    from .ui import RichProgress, print_summary
+
+    progress = RichProgress(quiet=quiet)
+    # A kill by SIGTERM unwinds like Ctrl-C, so the store is closed with every committed example.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    summary = run(cfg, progress)
+    if not quiet:
+        print_summary(summary)
+    else:
+        click.echo(summary["store"])
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _guarded(fn, debug: bool) -> None:
+    from store.errors import StoreError
+
+    try:
+        fn()
+    except (AttrscopeError, StoreError) as err:
+        if debug:
+            raise
+        _fail(str(err), getattr(err, "exit_code", 1))
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _fail("interrupted: the store holds every committed example; finish it with --resume", 130)
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, no traceback
+        if debug:
+            raise
+        msg = " ".join(str(err).split())[:300]
+        _fail(f"internal error: {type(err).__name__}: {msg} (rerun with --debug for the traceback)", 1)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"{PROG}: error: {message}", err=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

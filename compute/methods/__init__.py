@@ -1,0 +1,33 @@
+"""Attribution methods, looked up by their canonical name (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from .base import Method, MethodResult
+from .logat import LogAt
+from .norm import Norm
+from .normxlogit import NormXLogit
+from .raw_attention import RawAttention
+from .rollout import Rollout
+
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in (RawAttention, Rollout, Norm, LogAt, NormXLogit)}
+
+
+def parse_methods(spec: str) -> list[str]:
+    """'all' or a comma-separated list of canonical names, in the order given, without duplicates."""
+    if spec.strip() == "all":
+        return list(REGISTRY)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise UsageError("--methods is empty: pass 'all' or names such as rollout,norm")
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise UsageError(f"unknown method '{unknown[0]}': choose from {', '.join(REGISTRY)} (or 'all')")
+    return list(dict.fromkeys(names))
+
+
+def get_method(name: str, **params) -> Method:
+    return REGISTRY[name](**params)
+
+
+__all__ = ["Method", "MethodResult", "REGISTRY", "parse_methods", "get_method"]

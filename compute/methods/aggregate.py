@@ -1,0 +1,44 @@
+"""Aggregation over layers (METHODS.md 1.2). Later layers multiply on the LEFT: R^l = M^l R^{l-1}."""
+
+from __future__ import annotations
+
+import torch
+
+
+def valid_block(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Zero every row and column of a padded [B, n, n] (or [B, L, n, n]) matrix that belongs to a pad position."""
+    m = mask.to(M.dtype)
+    if M.dim() == 4:
+        m = m[:, None]
+    return M * m[..., :, None] * m[..., None, :]
+
+
+def add_identity_row_normalise(M: torch.Tensor) -> torch.Tensor:
+    """ROLL's per-layer step: (M + I) / rowsum(M + I). Pad rows of a valid-block matrix become identity rows."""
+    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+    M = M + eye
+    return M / M.sum(dim=-1, keepdim=True)
+
+
+def rows_of_products(mats: list[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
+    """Row ``pos`` of every prefix product: out[:, l] = e_pos^T M^{l+1} M^l ... M^1, for l = 0..L-1.
+
+    mats: L tensors [B, n, n] (layer 1 first); pos: [B]. Returns [B, L, n].
+    Only vector-matrix products (O(L^2 n^2)), never the full n x n products.
+    """
+    L = len(mats)
+    B, n, _ = mats[0].shape
+    V = torch.zeros(B, L, n, dtype=mats[0].dtype, device=mats[0].device)
+    V[torch.arange(B, device=V.device), :, pos] = 1.0
+    # Apply M^k from the top down to every prefix that contains it (rows l >= k-1).
+    for k in range(L - 1, -1, -1):
+        V[:, k:] = torch.bmm(V[:, k:], mats[k])
+    return V
+
+
+def row_at(M: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Row ``pos[b]`` of each [B, n, n] (or [B, L, n, n] -> [B, L, n]) matrix."""
+    b = torch.arange(M.shape[0], device=M.device)
+    if M.dim() == 3:
+        return M[b, pos]
+    return M[b, :, pos]

@@ -1,0 +1,52 @@
+"""The method interface. One subclass per file; the registry in ``compute.methods`` finds them by name.
+
+A method reads a :class:`~compute.adapters.Captured` batch (padded tensors) and returns padded tensors; the runner
+cuts every example to its real length before it is stored. Methods never loop over examples and never assume the
+explained position or the class: both come per example from the batch (``cap.explain_pos``) and ``target``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..adapters import Adapter, Captured
+
+
+@dataclass
+class MethodResult:
+    scores: torch.Tensor  # [B, n]      final attribution of every token
+    layer_scores: torch.Tensor | None = None  # [B, V, n]   per-layer views
+    matrices: torch.Tensor | None = None  # [B, L, n, n] per-layer token-to-token matrices (row = query/receiver)
+
+
+class Method:
+    name: ClassVar[str]
+    description: ClassVar[str]
+    reference: ClassVar[str]  # paper / METHODS.md section
+    signed: ClassVar[bool] = False  # scores can be negative (diverging colour scale)
+    class_specific: ClassVar[bool] = False  # result depends on the target class
+    needs: ClassVar[frozenset[str]] = frozenset()  # internals to capture (compute.adapters.NEEDS)
+    has_layer_views: ClassVar[bool] = False
+    has_matrices: ClassVar[bool] = False
+
+    def __init__(self, **params):
+        self.params = params
+
+    def n_layer_views(self, adapter: Adapter) -> int:
+        return adapter.n_layers if self.has_layer_views else 0
+
+    def compute(self, cap: Captured, adapter: Adapter, target: torch.Tensor) -> MethodResult:
+        """``target`` [B]: class explained for each example (ignored by class-independent methods)."""
+        raise NotImplementedError
+
+    def compute_classes(self, cap: Captured, adapter: Adapter, num_classes: int) -> torch.Tensor:
+        """Scores for every class [B, C, n] (``--target all``). Methods with a cheaper joint form override this."""
+        B = cap.input_ids.shape[0]
+        rows = []
+        for c in range(num_classes):
+            target = torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device)
+            rows.append(self.compute(cap, adapter, target).scores)
+        return torch.stack(rows, dim=1)

@@ -1,0 +1,115 @@
+"""Loading a Hugging Face sequence classifier (hub id or local directory) with eager attention, plus its provenance."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .adapters import SUPPORTED_MODEL_TYPES, Adapter, adapter_for
+from .errors import AttrscopeError, UsageError
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    adapter: Adapter
+    info: dict  # provenance: model_id, revision, tokenizer, attn implementation, dtype, device ...
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise UsageError(f"--device '{spec}' is not a device: use auto, cpu, cuda or cuda:K") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AttrscopeError(f"--device {spec}: CUDA is not available on this machine: use --device cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise AttrscopeError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return dev
+
+
+def _check_model_type(config, source: str) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise AttrscopeError(
+            f"unsupported architecture '{model_type}' ({source}): attrscope supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+
+
+def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32") -> LoadedModel:
+    """Load ``spec`` (None: the bundled demo classifier) on ``device``; eval mode, eager attention."""
+    from .demo import DEMO_MODEL_ID, load_demo_model
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[dtype]
+    if spec in (None, DEMO_MODEL_ID):
+        model, tokenizer, info = load_demo_model()
+    else:
+        model, tokenizer, info = _load_hf(spec)
+    model = model.to(device=device, dtype=torch_dtype).eval()
+    adapter = adapter_for(model)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in (None, "eager"):
+        raise AttrscopeError(f"model loaded with attention implementation '{impl}': attrscope needs 'eager'")
+    info.update(
+        attn_implementation="eager",
+        model_type=model.config.model_type,
+        model_class=type(model).__name__,
+        n_layers=adapter.n_layers,
+        n_heads=adapter.n_heads,
+        hidden_size=int(model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.dim),
+        num_labels=int(model.config.num_labels),
+        id2label={int(k): v for k, v in model.config.id2label.items()},
+        tokenizer_class=type(tokenizer).__name__,
+        dtype=dtype,
+        device=str(device),
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, adapter=adapter, info=info)
+
+
+def quiet_transformers() -> None:
+    """Our own progress bar is the only one: silence transformers' weight-loading bars and advisory warnings."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _load_hf(spec: str):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    quiet_transformers()
+    local = os.path.isdir(spec)
+    if os.path.exists(spec) and not local:
+        raise AttrscopeError(f"--model '{spec}' is a file: pass the directory that holds config.json")
+    if local and not os.path.isfile(os.path.join(spec, "config.json")):
+        raise AttrscopeError(
+            f"model directory '{spec}' has no config.json: pass a directory written by save_pretrained, or a hub id")
+    try:
+        config = AutoConfig.from_pretrained(spec)
+    except (OSError, ValueError) as err:
+        if local:
+            raise AttrscopeError(f"cannot read the model config in '{spec}': {_one_line(err)}") from None
+        raise AttrscopeError(
+            f"cannot load model '{spec}' from the Hugging Face hub (offline, or no such model): "
+            "pass a local directory with --model") from None
+    _check_model_type(config, spec)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(spec, attn_implementation="eager")
+        tokenizer = AutoTokenizer.from_pretrained(spec)
+    except (OSError, ValueError) as err:
+        raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
+    info = {
+        "model_id": os.path.abspath(spec) if local else spec,
+        "model_source": "local" if local else "hub",
+        "revision": getattr(config, "_commit_hash", None),
+        "tokenizer": getattr(tokenizer, "name_or_path", spec),
+    }
+    return model, tokenizer, info
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())[:300]

@@ -1,0 +1,398 @@
+"""The batch loop of ``attr-compute``: dataset -> tokens -> batched forward + methods -> store.
+
+Examples are processed in windows of consecutive rows. Inside a window they are sorted by length into batches (less
+padding), and the window is committed in the original order, so the store is always a prefix of the dataset, which
+is what makes ``--resume`` simple: skip the committed rows, go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from store import ExampleData, MethodLayout, StoreWriter, open_store
+from store.errors import StoreError
+
+from . import __version__
+from .data import Dataset, Record, load_dataset
+from .errors import AttrscopeError, UsageError
+from .methods import get_method, parse_methods
+from .models import LoadedModel, load_model, resolve_device
+
+# Reference conventions per paper (METHODS.md 1.3 and 14): the class each paper explains.
+PRESETS: dict[str, dict] = {
+    "alti": {"target": "predicted"},
+    "globenc": {"target": "label"},
+    "attcat": {"target": "label"},
+    "masklrp": {"target": "label"},
+    "normxlogit": {"target": "predicted"},
+}
+
+LOCAL_EXTENSIONS = (".jsonl", ".csv", ".tsv", ".parquet")
+
+
+@dataclass
+class RunConfig:
+    dataset: str | None = None  # None: the bundled example dataset
+    output: str | None = None
+    model: str | None = None  # None: the bundled demo classifier
+    methods: str = "all"
+    limit: int | None = None
+    batch_size: int = 32
+    device: str = "auto"
+    dtype: str = "float32"
+    max_length: int | None = None
+    text_column: str | None = None
+    pair_column: str | None = None
+    label_column: str | None = None
+    id_column: str | None = None
+    split: str | None = None
+    target: str | None = None  # predicted | label | all (None: the preset's, else predicted)
+    matrices: str = "cls"
+    store_dtype: str = "float16"
+    resume: bool = False
+    overwrite: bool = False
+    preset: str | None = None
+    window: int = 8  # batches per window (sort-by-length scope and commit unit)
+    argv: list[str] = field(default_factory=list)
+
+
+class Progress:
+    """What the runner reports while it works. The CLI renders it with rich; tests use this silent default."""
+
+    def start(self, total: int, completed: int) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def bundled_dataset() -> str:
+    from importlib.resources import files
+
+    return str(files("attrscope_examples") / "reviews.jsonl")
+
+
+def default_output(dataset: str) -> str:
+    base = os.path.basename(dataset.rstrip("/")).split(":")[0]
+    stem = os.path.splitext(base)[0] or "attributions"
+    return f"{stem.replace('/', '_')}.h5"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
+    """Compute attributions for ``cfg`` and write the store. Returns the summary dict."""
+    progress = progress or Progress()
+    t_start = time.perf_counter()
+    method_names = parse_methods(cfg.methods)
+    _check_options(cfg)
+    target_mode = cfg.target or PRESETS.get(cfg.preset, {}).get("target", "predicted")
+    dataset_spec = cfg.dataset or bundled_dataset()
+    output = cfg.output or default_output(dataset_spec)
+    _check_output(output, cfg)
+    if dataset_spec.lower().endswith(LOCAL_EXTENSIONS) and not os.path.exists(dataset_spec):
+        raise AttrscopeError(f"dataset file '{dataset_spec}' not found: check the path")
+
+    device = resolve_device(cfg.device)
+    lm = load_model(cfg.model, device=device, dtype=cfg.dtype)
+    info = lm.info
+    id2label = info["id2label"]
+    data = load_dataset(
+        dataset_spec, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
+        id_column=cfg.id_column, split=cfg.split, limit=cfg.limit,
+        label2id={v: k for k, v in id2label.items()}, num_labels=len(id2label))
+    if target_mode == "label" and any(r.label < 0 for r in data.records):
+        first = next(r for r in data.records if r.label < 0)
+        raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
+
+    max_length = _max_length(cfg, lm)
+    methods = {name: get_method(name) for name in method_names}
+    layouts = _layouts(methods, lm, cfg, target_mode)
+    provenance = _provenance(cfg, lm, data, method_names, target_mode, max_length, output)
+
+    writer, done = _open_writer(output, cfg, lm, layouts, provenance)
+    records = data.records[done:]
+    try:
+        tok = _tokenize(lm, records, max_length)
+        if cfg.matrices == "all" and records:
+            _estimate_size(progress, tok, layouts, cfg)
+        progress.start(total=len(data.records), completed=done)
+        stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress)
+    except BaseException:
+        progress.stop()
+        writer.close()
+        raise
+    progress.stop()
+    total_tokens = int(writer._tok_end)
+    n_examples = writer.n_committed
+    summary = {
+        "examples": n_examples,
+        "examples_this_run": len(records),
+        "tokens": total_tokens,
+        "wall_seconds": round(time.perf_counter() - t_start, 3),
+        "forward_seconds": round(stats["forward"], 3),
+        "method_seconds": {k: round(v, 3) for k, v in stats["methods"].items()},
+        "device": str(device),
+        "resumed_from": done if cfg.resume else None,
+    }
+    writer.close(complete=True, summary=summary)
+    summary["store"] = os.path.abspath(output)
+    summary["store_bytes"] = os.path.getsize(output)
+    return summary
+
+
+def _check_options(cfg: RunConfig) -> None:
+    if cfg.resume and cfg.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: pick one")
+    if cfg.batch_size < 1:
+        raise UsageError("--batch-size must be at least 1")
+    if cfg.max_length is not None and cfg.max_length < 2:
+        raise UsageError("--max-length must be at least 2 (room for the special tokens)")
+    if cfg.preset is not None and cfg.preset not in PRESETS:
+        raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
+
+
+def _check_output(output: str, cfg: RunConfig) -> None:
+    exists = os.path.exists(output)
+    if cfg.resume and not exists:
+        raise AttrscopeError(f"--resume: store '{output}' does not exist: run without --resume to create it")
+    if exists and not (cfg.resume or cfg.overwrite):
+        raise AttrscopeError(f"store '{output}' already exists: pass --overwrite to replace it or --resume to finish it")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
+
+
+def _max_length(cfg: RunConfig, lm: LoadedModel) -> int:
+    limit = int(getattr(lm.model.config, "max_position_embeddings", 512))
+    if lm.info["model_type"] in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # positions start after padding_idx
+    tok_max = getattr(lm.tokenizer, "model_max_length", limit) or limit
+    limit = min(limit, tok_max if tok_max < 1_000_000 else limit)
+    if cfg.max_length is None:
+        return limit
+    if cfg.max_length > limit:
+        raise UsageError(f"--max-length {cfg.max_length} exceeds what the model accepts ({limit})")
+    return cfg.max_length
+
+
+def _layouts(methods, lm: LoadedModel, cfg: RunConfig, target_mode: str) -> list[MethodLayout]:
+    out = []
+    for name, m in methods.items():
+        mat = cfg.matrices if m.has_matrices else "none"
+        out.append(MethodLayout(
+            name=name, signed=m.signed, n_layer_views=m.n_layer_views(lm.adapter), matrices=mat,
+            n_matrix_layers=lm.adapter.n_layers if mat != "none" else 0,
+            class_scores=bool(m.class_specific and target_mode == "all"), description=m.description,
+            params={**m.params, "store_dtype": cfg.store_dtype, "reference": m.reference,
+                    "class_specific": m.class_specific,
+                    "target": target_mode if m.class_specific else None}))
+    return out
+
+
+def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, output) -> dict:
+    import h5py
+    import transformers
+
+    return {
+        "attrscope_version": __version__,
+        "command": cfg.argv,
+        "config": {**asdict(cfg), "methods": method_names, "target": target_mode, "max_length": max_length,
+                   "output": os.path.abspath(output)},
+        "model": lm.info,
+        "dataset": {"source": data.source, "kind": data.kind, "columns": data.columns, "n_rows": data.n_rows,
+                    "n_records": len(data.records), "sha256": data.sha256, "label_names": data.label_names},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "h5py": h5py.__version__, "numpy": np.__version__},
+        "host": {"platform": platform.platform(), "cuda": torch.version.cuda,
+                 "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+    }
+
+
+# Settings that must match for --resume to continue a store.
+_RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
+                "pair_column", "label_column", "id_column")
+
+
+def _open_writer(output, cfg, lm, layouts, provenance) -> tuple[StoreWriter, int]:
+    if cfg.resume:
+        try:
+            with open_store(output) as old:
+                before = old.config
+        except StoreError as err:
+            raise AttrscopeError(str(err)) from None
+        _check_resume(before, provenance, output)
+        writer = StoreWriter.resume(output)
+        return writer, writer.n_committed
+    if cfg.overwrite and os.path.exists(output):
+        os.remove(output)
+    attrs = {"model_id": lm.info["model_id"], "model_revision": str(lm.info.get("revision")),
+             "tokenizer": lm.info.get("tokenizer", ""), "attn_implementation": "eager",
+             "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
+             "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
+    writer = StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
+                                labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs)
+    return writer, 0
+
+
+def _check_resume(before: dict, now: dict, output: str) -> None:
+    b, n = before.get("config", {}), now["config"]
+    for key in _RESUME_KEYS:
+        if b.get(key) != n.get(key):
+            raise AttrscopeError(
+                f"--resume: store '{output}' was made with {key}={b.get(key)!r}, not {n.get(key)!r}: "
+                "rerun with the same options, or --overwrite")
+    if before.get("model", {}).get("model_id") != now["model"]["model_id"]:
+        raise AttrscopeError(f"--resume: store '{output}' was made with another model: use the same --model, or --overwrite")
+    if before.get("dataset", {}).get("sha256") != now["dataset"]["sha256"]:
+        raise AttrscopeError(f"--resume: the dataset differs from the one store '{output}' was made from: use the same file, or --overwrite")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class Tokenized:
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]] | None
+    offsets: list[list[tuple[int, int]]] | None
+    segments: list[list[int]]
+    n_orig: list[int]
+
+
+def _tokenize(lm: LoadedModel, records: list[Record], max_length: int) -> Tokenized:
+    tok = lm.tokenizer
+    texts = [r.text for r in records]
+    pairs = [r.pair for r in records]
+    has_pair = any(p is not None for p in pairs)
+    if has_pair and any(p is None for p in pairs):
+        raise AttrscopeError("some examples have a pair text and some do not: fill the pair column for every row")
+    second = pairs if has_pair else None
+    if not records:
+        return Tokenized([], None, None, [], [])
+    fast = getattr(tok, "is_fast", False)
+    enc = tok(texts, second, truncation=True, max_length=max_length, return_offsets_mapping=fast,
+              return_token_type_ids=True, verbose=False)
+    full = tok(texts, second, truncation=False, verbose=False)["input_ids"]
+    segments = []
+    for i in range(len(records)):
+        seq = enc.sequence_ids(i) if fast else [0] * len(enc["input_ids"][i])
+        segments.append([-1 if s is None else int(s) for s in seq])
+    return Tokenized(
+        input_ids=enc["input_ids"], token_type_ids=enc.get("token_type_ids"),
+        offsets=enc["offset_mapping"] if fast else None, segments=segments, n_orig=[len(x) for x in full])
+
+
+def _estimate_size(progress: Progress, tok: Tokenized, layouts, cfg) -> None:
+    n_sq = sum(len(x) ** 2 for x in tok.input_ids)
+    per = 2 if cfg.store_dtype == "float16" else 4
+    total = sum(n_sq * lay.n_matrix_layers * per for lay in layouts if lay.matrices == "all")
+    progress.message(f"--matrices all: about {total / 1e6:.1f} MB of matrices before compression "
+                     "(use --matrices cls or none for less)")
+
+
+def _pad(seqs: list[list[int]], value: int, device) -> torch.Tensor:
+    n = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), n), value, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out.to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress) -> dict:
+    device = next(lm.model.parameters()).device
+    needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
+    num_labels = writer.num_labels
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    stats = {"forward": 0.0, "methods": {name: 0.0 for name in methods}}
+    win = cfg.batch_size * cfg.window
+    lengths = [len(x) for x in tok.input_ids]
+    for w0 in range(0, len(records), win):
+        idx = list(range(w0, min(w0 + win, len(records))))
+        idx.sort(key=lambda i: -lengths[i])  # longest first: an out-of-memory shows up at once
+        done: dict[int, ExampleData] = {}
+        for b0 in range(0, len(idx), cfg.batch_size):
+            batch = idx[b0:b0 + cfg.batch_size]
+            for i, ex in zip(batch, _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labels,
+                                                target_mode, cfg, stats)):
+                done[i] = ex
+            progress.advance(len(batch))
+        writer.append([done[i] for i in range(w0, w0 + len(idx))])
+    return stats
+
+
+@torch.no_grad()
+def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labels, target_mode, cfg, stats):
+    ids = [tok.input_ids[i] for i in batch]
+    enc = {"input_ids": _pad(ids, pad_id, device),
+           "attention_mask": _pad([[1] * len(s) for s in ids], 0, device)}
+    if tok.token_type_ids is not None:
+        enc["token_type_ids"] = _pad([tok.token_type_ids[i] for i in batch], 0, device)
+    _sync(device)
+    t0 = time.perf_counter()
+    cap = lm.adapter.capture(enc, needs)
+    _sync(device)
+    stats["forward"] += time.perf_counter() - t0
+
+    pred = cap.pred
+    if target_mode == "label":
+        target = torch.as_tensor([records[i].label for i in batch], dtype=torch.long, device=device)
+    else:
+        target = pred  # "predicted"; with "all" the final scores explain the predicted class
+    results: dict[str, dict[str, np.ndarray]] = {}
+    for name, m in methods.items():
+        t0 = time.perf_counter()
+        res = m.compute(cap, lm.adapter, target)
+        out = {"scores": res.scores}
+        if res.layer_scores is not None:
+            out["layer_scores"] = res.layer_scores
+        if res.matrices is not None and cfg.matrices != "none":
+            out["matrices"] = res.matrices
+        if m.class_specific and target_mode == "all":
+            out["class_scores"] = m.compute_classes(cap, lm.adapter, num_labels)
+        results[name] = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+        _sync(device)
+        stats["methods"][name] += time.perf_counter() - t0
+
+    probs = cap.probs.cpu().numpy()
+    pred_np = pred.cpu().numpy()
+    target_np = target.cpu().numpy()
+    pos_np = cap.explain_pos.cpu().numpy()
+    convert = lm.tokenizer.convert_ids_to_tokens
+    out = []
+    for b, i in enumerate(batch):
+        r = records[i]
+        n = len(tok.input_ids[i])
+        pos = int(pos_np[b])
+        per = {}
+        for name, res in results.items():
+            d = {"scores": res["scores"][b, :n]}
+            if "layer_scores" in res:
+                d["layer_scores"] = res["layer_scores"][b, :, :n]
+            if "matrices" in res:
+                m = res["matrices"][b, :, :n, :n]
+                d["matrices"] = m if cfg.matrices == "all" else m[:, pos:pos + 1, :]
+            if "class_scores" in res:
+                d["class_scores"] = res["class_scores"][b, :, :n]
+            per[name] = d
+        offsets = np.asarray(tok.offsets[i], dtype=np.int32) if tok.offsets is not None else np.full((n, 2), -1)
+        segment = np.asarray(tok.segments[i], dtype=np.int8)
+        offsets[segment < 0] = -1
+        out.append(ExampleData(
+            row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
+            tokens=convert(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
+            pred=int(pred_np[b]), probs=probs[b], target=int(target_np[b]), explain_pos=pos,
+            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per))
+    return out
