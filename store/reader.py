@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from functools import cached_property
 
@@ -30,13 +31,9 @@ class Store:
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             raise StoreError(f"store '{self.path}' not found: check the path or create it with attr-compute")
-        try:
-            self._f = h5py.File(self.path, "r", swmr=True)
-        except OSError:
-            try:  # a file written without SWMR support (e.g. by another tool) still opens the ordinary way
-                self._f = h5py.File(self.path, "r")
-            except OSError as err:
-                raise StoreError(f"'{self.path}' is not a readable HDF5 file ({err}): pass a store written by attr-compute") from None
+        # Reads from several threads (the TUI's workers) and refresh()'s handle swap are serialised by this lock.
+        self._lock = threading.RLock()
+        self._f = self._open_file()
         try:
             self._check_version()
         except BaseException:
@@ -52,6 +49,19 @@ class Store:
         self._index = None
         self._ids = None
         self.refresh()
+
+    def _open_file(self) -> h5py.File:
+        if os.path.isdir(self.path):
+            raise StoreError(f"'{self.path}' is a directory: pass the .h5 file written by attr-compute")
+        # No file lock: a reader must never stop attr-compute from stamping its store complete.
+        try:
+            return h5py.File(self.path, "r", swmr=True, locking=False)
+        except OSError:
+            try:  # a file written without SWMR support (e.g. by another tool) still opens the ordinary way
+                return h5py.File(self.path, "r", locking=False)
+            except OSError as err:
+                msg = " ".join(str(err).split())
+                raise StoreError(f"'{self.path}' is not a readable HDF5 file ({msg}): pass a store written by attr-compute") from None
 
     # ------------------------------------------------------------------ header
     def _check_version(self) -> None:
@@ -85,7 +95,7 @@ class Store:
     @cached_property
     def config(self) -> dict:
         """The full run configuration that produced the store."""
-        return json.loads(bytes(self._f["provenance"][:]).decode("utf-8"))
+        return json.loads(bytes(self._read("provenance", slice(None))).decode("utf-8"))
 
     @property
     def complete(self) -> bool:
@@ -100,7 +110,8 @@ class Store:
         """Layout and parameters of a method: signed, n_layer_views, matrices, class_scores, description, params."""
         self._need_method(name)
         info = dict(self._method_layouts[name])
-        info["seconds"] = self._f["methods"][name].attrs.get("seconds")
+        with self._lock:
+            info["seconds"] = self._f["methods"][name].attrs.get("seconds")
         return info
 
     def is_signed(self, name: str) -> bool:
@@ -108,17 +119,22 @@ class Store:
 
     # ------------------------------------------------------------------ examples
     def refresh(self) -> int:
-        """Pick up examples committed since the store was opened (or last refreshed). Returns the new length."""
-        idx = self._f["examples/index"]
-        if self._f.swmr_mode:
-            idx.refresh()
-            for ds in _datasets(self._f):
-                ds.refresh()
-        n = idx.shape[0]
-        if self._index is None or n != len(self._index):
-            self._index = idx[:n]
-            self._ids = None
-        return n
+        """Pick up examples committed since the store was opened (or last refreshed). Returns the new length.
+
+        The file is reopened rather than refreshed dataset by dataset: h5py's Dataset.refresh() on several
+        datasets of one file made later reads of the index return stale chunks (seen with h5py 3.16 / HDF5 1.14),
+        and a fresh SWMR open is cheap and always sees the last flushed state."""
+        with self._lock:
+            if self._index is not None and not self.complete:
+                # Close first: a handle opened while another is still open shares its cached (stale) view.
+                self._f.close()
+                self._f = self._open_file()
+            idx = self._f["examples/index"]
+            n = idx.shape[0]
+            if self._index is None or n != len(self._index):
+                self._index = idx[:n]
+                self._ids = None
+            return n
 
     @property
     def index(self) -> np.ndarray:
@@ -142,10 +158,15 @@ class Store:
         for i in range(len(self)):
             yield self[i]
 
+    def _read(self, name: str, sel) -> np.ndarray:
+        """Read ``self._f[name][sel]`` under the store's lock (the only way examples touch the file)."""
+        with self._lock:
+            return self._f[name][sel]
+
     def _string(self, off: int, length: int) -> str | None:
         if length < 0:
             return None
-        return bytes(self._f["examples/strings"][off:off + length]).decode("utf-8")
+        return bytes(self._read("examples/strings", slice(off, off + length))).decode("utf-8")
 
     def ids(self) -> list[str]:
         if self._ids is None:
@@ -154,7 +175,7 @@ class Store:
             else:
                 ends = self._index["id_off"] + self._index["id_len"]
                 lo, hi = int(self._index["id_off"].min()), int(ends.max())
-                blob = bytes(self._f["examples/strings"][lo:hi])
+                blob = bytes(self._read("examples/strings", slice(lo, hi)))
                 self._ids = [blob[o - lo:o - lo + n].decode("utf-8")
                              for o, n in zip(self._index["id_off"].tolist(), self._index["id_len"].tolist())]
         return self._ids
@@ -183,12 +204,6 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<Store {self.path!r}: {len(self)} examples, methods {self.methods}>"
-
-
-def _datasets(f: h5py.File):
-    out = []
-    f.visititems(lambda _, obj: out.append(obj) if isinstance(obj, h5py.Dataset) else None)
-    return out
 
 
 class Example:
@@ -254,36 +269,35 @@ class Example:
     # tokens --------------------------------------------------------------------
     @cached_property
     def token_ids(self) -> np.ndarray:
-        return self._s._f["tokens/ids"][self._tok]
+        return self._s._read("tokens/ids", self._tok)
 
     @cached_property
     def tokens(self) -> list[str]:
-        f = self._s._f
-        off = f["tokens/str_off"][self._tok]
-        lens = f["tokens/str_len"][self._tok]
+        off = self._s._read("tokens/str_off", self._tok)
+        lens = self._s._read("tokens/str_len", self._tok)
         if self.n_tokens == 0:
             return []
         lo = int(off[0])
-        blob = bytes(f["tokens/strings"][lo:int(off[-1]) + int(lens[-1])])
+        blob = bytes(self._s._read("tokens/strings", slice(lo, int(off[-1]) + int(lens[-1]))))
         return [blob[o - lo:o - lo + n].decode("utf-8") for o, n in zip(off.tolist(), lens.tolist())]
 
     @cached_property
     def spans(self) -> np.ndarray:
-        return self._s._f["tokens/spans"][self._tok]
+        return self._s._read("tokens/spans", self._tok)
 
     @cached_property
     def segment(self) -> np.ndarray:
-        return self._s._f["tokens/segment"][self._tok]
+        return self._s._read("tokens/segment", self._tok)
 
     # attributions -----------------------------------------------------------------
-    def _method(self, name: str) -> tuple[h5py.Group, dict]:
+    def _method(self, name: str) -> tuple[str, dict]:
         self._s._need_method(name)
-        return self._s._f["methods"][name], self._s._method_layouts[name]
+        return f"methods/{name}", self._s._method_layouts[name]
 
     def scores(self, method: str) -> np.ndarray:
         """Final attribution [n]."""
         g, _ = self._method(method)
-        return g["scores"][self._tok]
+        return self._s._read(f"{g}/scores", self._tok)
 
     def layer_scores(self, method: str) -> np.ndarray | None:
         """Per-layer view [V, n] (e.g. the CLS row of the rollout up to layer l), or None for methods without one."""
@@ -292,7 +306,7 @@ class Example:
         if not v:
             return None
         start = self._tok.start * v
-        return g["layer_scores"][start:start + v * self.n_tokens].reshape(v, self.n_tokens)
+        return self._s._read(f"{g}/layer_scores", slice(start, start + v * self.n_tokens)).reshape(v, self.n_tokens)
 
     def matrices(self, method: str) -> np.ndarray | None:
         """Per-layer token-to-token matrices as float32: [L, n, n] (``--matrices all``), [L, 1, n] (only the row
@@ -301,10 +315,10 @@ class Example:
         mode, L, n = lay["matrices"], int(lay["n_matrix_layers"]), self.n_tokens
         if mode == "all":
             start = int(self._row["sq_off"]) * L
-            return g["matrices"][start:start + L * n * n].astype(np.float32).reshape(L, n, n)
+            return self._s._read(f"{g}/matrices", slice(start, start + L * n * n)).astype(np.float32).reshape(L, n, n)
         if mode == "cls":
             start = self._tok.start * L
-            return g["matrices"][start:start + L * n].astype(np.float32).reshape(L, 1, n)
+            return self._s._read(f"{g}/matrices", slice(start, start + L * n)).astype(np.float32).reshape(L, 1, n)
         return None
 
     def class_scores(self, method: str) -> np.ndarray | None:
@@ -314,7 +328,7 @@ class Example:
             return None
         C = self._s.num_labels
         start = self._tok.start * C
-        return g["class_scores"][start:start + C * self.n_tokens].reshape(C, self.n_tokens)
+        return self._s._read(f"{g}/class_scores", slice(start, start + C * self.n_tokens)).reshape(C, self.n_tokens)
 
     def __repr__(self) -> str:
         return f"<Example {self.index} id={self.id!r} n_tokens={self.n_tokens} label={self.label} pred={self.pred}>"

@@ -1,5 +1,9 @@
 """Writing an attrscope store: create the layout, append committed examples, resume an interrupted store.
 
+Files are opened without HDF5's file locks (``locking=False``) everywhere in this package: SWMR readers need no
+lock, a reader holding one (attr-tui) would make the writer's final stamp fail, and HDF5 refuses to open one file
+twice in a process with different locking flags. attr-compute itself refuses to run two writers on one store.
+
 Commit protocol: for every batch of examples the writer appends all data (strings, tokens, method arrays) and
 flushes, then appends the index rows and flushes. A reader trusts only index rows, so it always sees a consistent
 prefix, also while the writer runs (SWMR) and after the writer was killed.
@@ -109,7 +113,7 @@ class StoreWriter:
         """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode."""
         if os.path.exists(path):
             raise StoreError(f"store '{path}' already exists")
-        f = h5py.File(path, "w", libver="latest")
+        f = h5py.File(path, "w", libver="latest", locking=False)
         try:
             _create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
                            provenance=provenance, attrs=attrs or {})
@@ -133,7 +137,7 @@ class StoreWriter:
         if os.path.exists(tmp):
             os.remove(tmp)
         try:
-            old = h5py.File(path, "r", swmr=True)
+            old = h5py.File(path, "r", swmr=True, locking=False)
         except OSError as err:
             raise StoreError(f"cannot open store '{path}' to resume it ({err}): start again with --overwrite") from None
         with old:
@@ -144,7 +148,7 @@ class StoreWriter:
                     os.remove(tmp)
                 raise
         os.replace(tmp, path)
-        f = h5py.File(path, "a", libver="latest")
+        f = h5py.File(path, "a", libver="latest", locking=False)
         f.attrs["complete"] = False
         f.flush()
         f.swmr_mode = True
@@ -245,7 +249,7 @@ class StoreWriter:
         self._f = None
         if complete or summary:
             # Attributes cannot change in SWMR mode; a normal reopen is cheap and clears the open-for-write flag.
-            with h5py.File(self.path, "r+", libver="latest") as f:
+            with h5py.File(self.path, "r+", libver="latest", locking=False) as f:
                 f.attrs["complete"] = bool(complete)
                 f.attrs["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
                 if summary:
@@ -344,7 +348,7 @@ def _copy_committed(old: h5py.File, tmp: str) -> None:
     skip = {"encoding-type", "encoding-version", "created", "n_layers", "n_heads", "num_labels", "labels",
             "methods", "complete", "finished", "summary"}
     attrs = {k: v for k, v in old.attrs.items() if k not in skip}
-    with h5py.File(tmp, "w", libver="latest") as f:
+    with h5py.File(tmp, "w", libver="latest", locking=False) as f:
         _create_layout(f, n_layers=int(old.attrs["n_layers"]), n_heads=int(old.attrs["n_heads"]), labels=labels,
                        methods=methods, provenance=prov, attrs=attrs)
         f.attrs["created"] = old.attrs["created"]
