@@ -50,6 +50,18 @@ class Captured:
         return self.logits.argmax(dim=-1)
 
 
+def _keep_attention(lst):
+    def hook(_m, _inp, out):
+        lst.append(out[1])  # (context, attention probabilities)
+    return hook
+
+
+def _upcast(cap: Captured) -> None:
+    cap.logits = cap.logits.float()
+    for name in ("hidden_states", "attentions", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out"):
+        setattr(cap, name, [t.float() for t in getattr(cap, name)])
+
+
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
@@ -97,7 +109,12 @@ class Adapter:
         raise NotImplementedError
 
     def head_per_token(self, h: torch.Tensor) -> torch.Tensor:
-        """The model's own classification head applied to every token as if it were the pooled one: [B, n, d] -> [B, n, C]."""
+        """The model's own classification head applied to every token as if it were the pooled one: [B, n, d] -> [B, n, C].
+        Runs in the model's dtype and returns the dtype of ``h``."""
+        dtype = next(self.model.parameters()).dtype
+        return self._head(h.to(dtype)).to(h.dtype)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -109,8 +126,17 @@ class Adapter:
     def hooks(self, cap: Captured, needs: frozenset[str]):
         handles = []
 
+        # A forward hook that returns something replaces the module's output: these return None.
         def keep(lst):
-            return lambda _m, _inp, out: lst.append(_first(out))
+            def hook(_m, _inp, out):
+                lst.append(_first(out))
+            return hook
+
+        def keep_in_out(ins, outs):
+            def hook(_m, inp, out):
+                ins.append(inp[0])
+                outs.append(out)
+            return hook
 
         try:
             if "hidden_states" in needs:
@@ -120,14 +146,13 @@ class Adapter:
                     handles.append(layer.register_forward_hook(keep(cap.hidden_states)))
                 if "attentions" in needs:
                     handles.append(self.attention_probs_module(layer).register_forward_hook(
-                        lambda _m, _i, out: cap.attentions.append(out[1])))
+                        _keep_attention(cap.attentions)))
                 if "values" in needs:
                     handles.append(self.value_module(layer).register_forward_hook(keep(cap.values)))
                 for name, mod in (("ln1", self.ln1(layer)), ("ln2", self.ln2(layer))):
                     if name in needs:
-                        ins, outs = getattr(cap, f"{name}_in"), getattr(cap, f"{name}_out")
                         handles.append(mod.register_forward_hook(
-                            lambda _m, inp, out, ins=ins, outs=outs: (ins.append(inp[0]), outs.append(out))))
+                            keep_in_out(getattr(cap, f"{name}_in"), getattr(cap, f"{name}_out"))))
             yield cap
         finally:
             for h in handles:
@@ -140,17 +165,20 @@ class Adapter:
             keep.discard("token_type_ids")
         return {k: v for k, v in enc.items() if k in keep}
 
-    def capture(self, enc: dict, needs: frozenset[str]) -> Captured:
-        """One batched forward pass with hooks for ``needs``. ``enc`` holds padded tensors on the model's device."""
+    def capture(self, enc: dict, needs: frozenset[str], grad: bool = False) -> Captured:
+        """One batched forward pass with hooks for ``needs``. ``enc`` holds padded tensors on the model's device.
+        With ``grad`` the autograd graph is kept for a backward pass (gradient methods)."""
         unknown = set(needs) - NEEDS
         if unknown:
             raise ValueError(f"unknown internals requested: {sorted(unknown)}")
         input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
         cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
                        explain_pos=self.explain_positions(input_ids, mask), logits=None)
-        with self.hooks(cap, frozenset(needs)):
+        with self.hooks(cap, frozenset(needs)), torch.set_grad_enabled(grad):
             out = self.model(**self.forward_inputs(enc))
         cap.logits = out.logits
+        if not grad and cap.logits.dtype in (torch.float16, torch.bfloat16):
+            _upcast(cap)  # methods compute in float32 even when the model runs in half precision
         L = self.n_layers
         if "hidden_states" in needs and len(cap.hidden_states) != L + 1:
             raise RuntimeError(f"captured {len(cap.hidden_states)} hidden states for {L} layers")
@@ -191,7 +219,7 @@ class BertAdapter(Adapter):
     def ln2(self, layer):
         return layer.output.LayerNorm
 
-    def head_per_token(self, h):
+    def _head(self, h):
         B, n, d = h.shape
         m = self.model
         if self.config.model_type == "bert":
@@ -227,7 +255,7 @@ class DistilBertAdapter(Adapter):
     def ln2(self, layer):
         return layer.output_layer_norm
 
-    def head_per_token(self, h):
+    def _head(self, h):
         # DistilBertForSequenceClassification: classifier(dropout(relu(pre_classifier(h)))).
         m = self.model
         return m.classifier(m.dropout(torch.relu(m.pre_classifier(h))))
