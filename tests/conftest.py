@@ -1,0 +1,108 @@
+"""Shared fixtures: tiny seeded models of every supported architecture (never from a hub) and the ../shared assets."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SHARED_MODEL = SHARED / "models" / "minilm-sst2"
+SST2_DEV = SHARED / "data" / "sst2" / "dev.tsv"
+
+needs_shared = pytest.mark.skipif(
+    not (SHARED_MODEL / "config.json").exists() or not SST2_DEV.exists(),
+    reason="../shared (minilm-sst2 model and SST-2 data) is not present")
+
+ARCHS = ("bert", "roberta", "electra", "distilbert")
+WORDS = ("the movie was great but long and boring film good bad not very a i it is this acting plot story "
+         "loved hated fun dull [bold] slow").split()
+
+
+def tiny_config(arch: str, num_labels: int = 2, layers: int = 3):
+    from transformers import BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig
+
+    common = dict(vocab_size=120, num_labels=num_labels, attn_implementation="eager")
+    if arch == "distilbert":
+        return DistilBertConfig(dim=32, n_layers=layers, n_heads=4, hidden_dim=64, max_position_embeddings=64,
+                                **common)
+    cls = {"bert": BertConfig, "roberta": RobertaConfig, "electra": ElectraConfig}[arch]
+    extra = {"embedding_size": 32} if arch == "electra" else {}
+    pad = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2} if arch == "roberta" else {}
+    return cls(hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=64,
+               max_position_embeddings=64, type_vocab_size=2 if arch != "roberta" else 1, **extra, **pad, **common)
+
+
+def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_labels: int = 2, layers: int = 3):
+    """A seeded random *ForSequenceClassification in eval mode. Weights are scaled up a little so attention is not
+    uniform and LayerNorm gains/biases are not trivial."""
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(tiny_config(arch, num_labels, layers),
+                                                            attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+            elif p.dim() == 2:
+                p.mul_(3.0)
+            else:
+                p.add_(0.05 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
+def random_batch(arch: str, lengths: list[int], seed: int = 1, vocab: int = 120):
+    """Right-padded batch of random ids with the architecture's special tokens at the ends."""
+    g = torch.Generator().manual_seed(seed)
+    n = max(lengths)
+    cls_id, sep_id, pad_id = (0, 2, 1) if arch == "roberta" else (2, 3, 0)
+    ids = torch.full((len(lengths), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(lengths), n, dtype=torch.long)
+    for b, k in enumerate(lengths):
+        ids[b, :k] = torch.randint(5, vocab, (k,), generator=g)
+        ids[b, 0], ids[b, k - 1] = cls_id, sep_id
+        mask[b, :k] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def write_tiny_model_dir(path: Path, arch: str = "bert", seed: int = 0) -> Path:
+    """A saved tiny classifier with a WordPiece tokenizer over WORDS + letters, usable as --model PATH."""
+    from transformers import BertTokenizerFast, DistilBertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += list(dict.fromkeys(WORDS + list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
+                                + list(".,!?'-")))
+    assert len(vocab) <= 120
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok_cls = DistilBertTokenizerFast if arch == "distilbert" else BertTokenizerFast
+    tok = tok_cls(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tok.save_pretrained(path)
+    model = tiny_model(arch, seed=seed, dtype=torch.float32)
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {arch: write_tiny_model_dir(root / arch, arch) for arch in ("bert", "distilbert")}
+
+
+@pytest.fixture(scope="session")
+def shared_dev_store(tmp_path_factory):
+    """The acceptance run on the shared model over all of SST-2 dev (computed once per session)."""
+    if not (SHARED_MODEL / "config.json").exists() or not SST2_DEV.exists():
+        pytest.skip("../shared is not present")
+    from compute.runner import RunConfig, run
+
+    out = tmp_path_factory.mktemp("shared") / "run.h5"
+    run(RunConfig(dataset=str(SST2_DEV), model=str(SHARED_MODEL),
+                  methods="raw_attention,rollout,norm,logat,normxlogit", matrices="all", output=str(out)))
+    return out
