@@ -1,0 +1,595 @@
+"""attr-tui: Pilot tests for behaviour, unit tests for the colour scales, CLI errors and import hygiene."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+from synthetic import make_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- helpers (also used by test_tui_snapshots.py)
+def async_test(fn):
+    """Run an async test with asyncio.run (no pytest async plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+async def settle(pilot, rounds: int = 40) -> None:
+    """Wait until the workers are done and the messages they posted are handled (handlers may start more)."""
+    app = pilot.app
+    for _ in range(rounds):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if all(w.is_finished for w in app.workers) and app.current is not None and app.current in app.cache:
+            await pilot.pause()
+            return
+    await pilot.pause()
+
+
+def screen_text(app) -> str:
+    """The screen as plain text: what a user reads, colours dropped."""
+    update = app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), record=True, force_terminal=True,
+                      color_system=None, legacy_windows=False)
+    console.print(update)
+    return console.export_text()
+
+
+def set_color_env(monkeypatch, *, no_color: bool = False, truecolor: bool = True) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    if truecolor:
+        monkeypatch.setenv("COLORTERM", "truecolor")
+    else:
+        monkeypatch.delenv("COLORTERM", raising=False)
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    else:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tui") / "demo.h5"
+    make_store(str(path), n_examples=12, L=3, seed=0)
+    return path
+
+
+@pytest.fixture
+def color_env(monkeypatch):
+    set_color_env(monkeypatch)
+
+
+def token_cells(app):
+    return app.query_one("#tokens").layout_data.cells
+
+
+# ---------------------------------------------------------------- Pilot: behaviour
+@async_test
+async def test_first_example_tokens_visible(store_path, color_env):
+    from store import open_store
+    from tui.app import create_app
+
+    with open_store(store_path) as s:
+        first = s[0]
+        tokens, ex_id = first.tokens, first.id
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert app.current == 0
+        assert ex_id in text
+        for tok in tokens:
+            assert tok in text
+        assert "12 examples" in app.sub_title
+        assert "rollout" in text and "final" in text
+
+
+@async_test
+async def test_j_changes_example(store_path, color_env):
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        before = screen_text(app)
+        await pilot.press("j")
+        await settle(pilot)
+        assert app.current == 1
+        after = screen_text(app)
+        assert "ex1  2/12" in after and "ex1  2/12" not in before
+        await pilot.press("down", "down", "k", "up")
+        await settle(pilot)
+        assert app.current == 1
+
+
+@async_test
+async def test_layer_stepping_changes_layer_and_colours(store_path, color_env):
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.layer is None
+        final_styles = [c.style for c in token_cells(app)]
+        reads = len(app.cache)
+        await pilot.press("right_square_bracket")
+        await settle(pilot)
+        assert app.layer == 0
+        assert "layer 1/3" in screen_text(app)
+        assert [c.style for c in token_cells(app)] != final_styles
+        await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
+        await settle(pilot)
+        assert app.layer is None  # 1, 2, 3, then back to final
+        assert [c.style for c in token_cells(app)] == final_styles
+        await pilot.press("left_square_bracket")
+        await settle(pilot)
+        assert app.layer == 2 and "layer 3/3" in screen_text(app)
+        assert len(app.cache) == reads  # layer stepping never re-reads the store
+
+
+@async_test
+async def test_m_cycles_methods(store_path, color_env):
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "method rollout 1/3" in screen_text(app)
+        await pilot.press("m")
+        await settle(pilot)
+        text = screen_text(app)
+        assert "method normxlogit 2/3" in text and "signed" in text
+        assert "+" in text.split("signed")[1]  # the colour bar reads -M .. 0 .. +M
+        await pilot.press("right_square_bracket", "m")  # a layer view, then a method without layer views
+        await settle(pilot)
+        text = screen_text(app)
+        assert "method norm 3/3" in text and "no layer views" in text
+        assert app.check_action("next_layer", ()) is None  # shown disabled in the footer
+        await pilot.press("M")
+        await settle(pilot)
+        assert "method normxlogit 2/3" in screen_text(app)
+
+
+@async_test
+async def test_command_palette_offers_methods_layers_and_ids(store_path, color_env):
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"normxlogit")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.method.name == "normxlogit"
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"ex7")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.current == 7
+
+
+@async_test
+async def test_q_quits(store_path, color_env):
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+@async_test
+async def test_help_screen(store_path, color_env):
+    from tui.app import create_app
+    from tui.help import HelpScreen
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        assert "░▒▓█" in text and "sign of the score" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@async_test
+async def test_no_color_uses_glyphs_and_sign_marks(store_path, monkeypatch):
+    from store import open_store
+    from tui.app import create_app
+    from tui.colors import GLYPHS
+
+    set_color_env(monkeypatch, no_color=True)
+    with open_store(store_path) as s:
+        scores = s[0].scores("normxlogit")
+    app = create_app(store_path)
+    assert app.color_mode == "mono" and app.glyphs
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("m")  # normxlogit: signed
+        await settle(pilot)
+        cells = token_cells(app)
+        assert all(c.style.bgcolor is None for c in cells)
+        for cell, score in zip(cells, scores, strict=True):
+            assert cell.text[0] == ("+" if score > 0 else "-")
+            assert cell.text[1] in GLYPHS
+        text = screen_text(app)
+        assert "[bold]" in text and "+" in text and "-" in text
+        assert sum(bool(c.style.underline) for c in cells) >= 1  # top-k marked without colour
+
+
+@async_test
+async def test_256_colours_use_palette_entries(store_path, monkeypatch):
+    from rich.color import ColorType
+
+    from tui.app import create_app
+
+    set_color_env(monkeypatch, truecolor=False)  # ssh: TERM=xterm-256color, no COLORTERM
+    app = create_app(store_path)
+    assert app.color_mode == "256"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        cells = token_cells(app)
+        assert all(c.style.bgcolor.type == ColorType.EIGHT_BIT for c in cells)
+
+
+@async_test
+async def test_bold_token_renders_literally(store_path, color_env):
+    from store import open_store
+    from tui.app import create_app
+
+    with open_store(store_path) as s:
+        target = next(i for i in range(len(s)) if "[bold]" in s[i].tokens)
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        for _ in range(target):
+            await pilot.press("j")
+        await settle(pilot)
+        assert app.current == target
+        text = screen_text(app)
+        token_area = text.split("─" * 10)[-1]
+        assert "[bold]" in token_area
+        cell = next(c for c in token_cells(app) if c.text == "[bold]")
+        assert cell.text == "[bold]"
+
+
+@async_test
+async def test_growing_store_shows_new_examples(tmp_path, color_env):
+    from store import StoreWriter, open_store
+    from tui.app import create_app
+
+    src = tmp_path / "src.h5"
+    exs = make_store(str(src), n_examples=6)
+    with open_store(src) as s:
+        layouts = s._method_layouts
+    from store import MethodLayout
+
+    live = tmp_path / "live.h5"
+    w = StoreWriter.create(str(live), n_layers=3, n_heads=4, labels={0: "negative", 1: "positive"},
+                           methods=[MethodLayout(**m) for m in layouts.values()], provenance={})
+    w.append(exs[:2])
+    app = create_app(live, poll_seconds=0.1)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            assert app.example_list.row_count == 2
+            assert "writing… 2 examples" in app.sub_title
+            w.append(exs[2:5])
+            for _ in range(50):
+                await pilot.pause(0.05)
+                if app.example_list.row_count == 5:
+                    break
+            assert app.example_list.row_count == 5
+            assert "writing… 5 examples" in app.sub_title
+            w.close(complete=True)
+            for _ in range(50):
+                await pilot.pause(0.05)
+                if app.meta.complete:
+                    break
+            assert app.sub_title.endswith("5 examples") and "writing" not in app.sub_title
+    finally:
+        w.close()
+
+
+@async_test
+async def test_rows_beyond_first_index_chunk(tmp_path, color_env):
+    """Rows past the first chunk of /examples/index (256 rows) are the right ones."""
+    from tui.app import create_app
+
+    path = tmp_path / "300.h5"
+    make_store(str(path), n_examples=300)
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.example_list.ids == [f"ex{i}" for i in range(300)]
+        await pilot.press("end")
+        await settle(pilot)
+        assert app.cache.get(299).id == "ex299"
+
+
+_WRITER = r"""
+import sys, time
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+from synthetic import make_store
+from store import MethodLayout, StoreWriter, open_store
+src, live, go = Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+exs = make_store(str(src), n_examples=5)
+with open_store(src) as s:
+    layouts = [MethodLayout(**m) for m in s._method_layouts.values()]
+w = StoreWriter.create(live, n_layers=3, n_heads=4, labels={0: "negative", 1: "positive"}, methods=layouts,
+                       provenance={})
+w.append(exs[:2])
+while not go.exists():
+    time.sleep(0.05)
+w.append(exs[2:])
+w.close(complete=True)
+"""
+
+
+@async_test
+async def test_store_written_by_another_process(tmp_path, color_env):
+    """attr-compute runs in another process: new rows and the final `complete` reach the open app."""
+    from tui.app import create_app
+
+    live, go = tmp_path / "live.h5", tmp_path / "go"
+    env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")  # the writer's final reopen must not wait for our lock
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(ROOT), str(tmp_path / "src.h5"), str(live), str(go)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            if live.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        app = create_app(live, poll_seconds=0.1)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            assert app.example_list.row_count == 2 and "writing… 2 examples" in app.sub_title
+            go.touch()
+            assert proc.wait(timeout=30) == 0, proc.stderr.read()
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if app.meta.complete:
+                    break
+            assert app.example_list.row_count == 5
+            assert app.sub_title.endswith("5 examples") and "writing" not in app.sub_title
+    finally:
+        go.touch()
+        proc.wait(timeout=30)
+
+
+@async_test
+async def test_example_list_100k_rows_is_fast(color_env):
+    """The list renders only visible lines from the index array: 100k rows move instantly."""
+    from textual.app import App
+
+    from store import schema
+    from tui.widgets import ExampleList
+
+    n = 100_000
+    index = np.zeros(n, dtype=schema.index_dtype(2))
+    index["n_tokens"] = np.arange(n) % 500
+    index["label"] = np.arange(n) % 2
+    index["pred"] = (np.arange(n) // 3) % 2
+
+    class ListApp(App):
+        def compose(self):
+            yield ExampleList(id="examples")
+
+        def on_mount(self):
+            lst = self.query_one(ExampleList)
+            lst.set_rows(index, {0: "negative", 1: "positive"})
+            lst.set_ids([f"ex{i}" for i in range(n)])
+            lst.focus()
+
+    app = ListApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        lst = app.query_one(ExampleList)
+        t0 = time.perf_counter()
+        await pilot.press("end")
+        await pilot.pause()
+        assert lst.cursor == n - 1
+        assert "ex99999" in screen_text(app)
+        await pilot.press("pageup", "k", "k", "home", "j")
+        await pilot.pause()
+        assert lst.cursor == 1
+        assert time.perf_counter() - t0 < 5
+
+
+# ---------------------------------------------------------------- colour scales (pure functions)
+def test_diverging_scale_is_symmetric():
+    from tui.colors import background, normalize
+
+    scale = normalize(np.array([-2.0, 0.5, 1.0, 0.0]), signed=True)
+    assert scale.lo == -2.0 and scale.hi == 2.0
+    np.testing.assert_allclose(scale.values, [-1.0, 0.25, 0.5, 0.0])
+    for mode in ("truecolor", "256", "16"):
+        assert background(0.0, mode) == background(-0.0, mode)
+        for v in (0.2, 0.5, 1.0):
+            pos, neg = background(v, mode), background(-v, mode)
+            assert pos != neg  # hue tells the sign
+            assert pos.get_truecolor() != neg.get_truecolor()
+
+
+def test_brightness_grows_with_magnitude():
+    from tui.colors import background, lightness
+
+    for mode in ("truecolor", "256"):
+        for sign in (1, -1):
+            light = [lightness(background(sign * v, mode)) for v in np.linspace(0, 1, 21)]
+            assert all(b >= a - 1e-9 for a, b in zip(light[:-1], light[1:], strict=True)), (mode, sign, light)
+        for v in np.linspace(0.1, 1, 10):  # the same |value| looks about as bright on both sides
+            assert abs(lightness(background(v, mode)) - lightness(background(-v, mode))) < 15
+
+
+def test_sequential_scale_min_max():
+    from tui.colors import normalize
+
+    scale = normalize(np.array([0.1, 0.3, 0.5]), signed=False)
+    assert (scale.lo, scale.hi) == (0.1, 0.5)
+    np.testing.assert_allclose(scale.values, [0.0, 0.5, 1.0])
+    flat = normalize(np.array([0.2, 0.2]), signed=False)
+    np.testing.assert_allclose(flat.values, [0.0, 0.0])
+    nan = normalize(np.array([np.nan, 1.0, -3.0]), signed=True)
+    np.testing.assert_allclose(nan.values, [0.0, 1 / 3, -1.0])
+
+
+def test_256_mode_uses_exact_palette_entries():
+    from rich.color import ColorType
+
+    from tui.colors import background
+
+    for v in np.linspace(-1, 1, 21):
+        assert background(v, "256").type == ColorType.EIGHT_BIT
+
+
+def test_sign_distinguishable_without_colour():
+    from tui.colors import Scale, normalize, sign_mark, token_style
+    from tui.render import token_cells
+
+    scale = normalize(np.array([0.8, -0.8, 0.0]), signed=True)
+    cells = token_cells(["good", "bad", "x"], scale, "mono", glyphs=True, top=set())
+    assert cells[0].text.startswith("+") and cells[1].text.startswith("-")
+    assert cells[0].text[1] == cells[1].text[1]  # same magnitude, same glyph; only the mark differs
+    assert cells[0].text != cells[1].text.replace("bad", "good")
+    assert token_style(0.8, "mono") == token_style(-0.8, "mono")  # no colour: the style cannot carry the sign
+    assert sign_mark(0.0) == "·" and isinstance(scale, Scale)
+
+
+def test_glyph_ramp_and_top_k():
+    from tui.colors import GLYPHS, default_k, glyph, token_style, top_k
+
+    assert [glyph(v) for v in (0.0, 0.3, 0.5, 0.7, 1.0)] == list(GLYPHS)
+    assert glyph(-1.0) == GLYPHS[-1]
+    assert top_k(np.array([0.1, -0.9, 0.5]), signed=True, k=2) == {1, 2}
+    assert top_k(np.array([0.1, -0.9, 0.5]), signed=False, k=2) == {0, 2}
+    assert default_k(3) == 1 and default_k(100) == 5
+    st = token_style(0.3, "truecolor", top=True)
+    assert st.bold and st.underline
+
+
+def test_tokens_are_literal_and_wordpieces_join():
+    from tui.colors import normalize
+    from tui.render import JOIN_MARK, TokenLayout, token_cells
+
+    toks = ["[CLS]", "[bold]", "play", "##ing", "a\nb", "[/]", "[SEP]"]
+    cells = token_cells(toks, normalize(np.arange(7.0), False), "truecolor", glyphs=False, top=set())
+    text = _plain(TokenLayout(cells).lines(80))
+    assert "[bold]" in text and "[/]" in text
+    assert f"play{JOIN_MARK}ing" in text and "##" not in text
+    assert "a\\nb" in text
+
+
+def _plain(lines) -> str:
+    return "\n".join(line.plain for line in lines)
+
+
+def test_token_layout_breaks_between_tokens():
+    from tui.colors import normalize
+    from tui.render import TokenLayout, token_cells
+
+    toks = [f"tok{i}" for i in range(30)]
+    cells = token_cells(toks, normalize(np.arange(30.0), False), "256", glyphs=False, top=set())
+    lines = TokenLayout(cells).lines(20)
+    assert all(line.cell_len <= 20 for line in lines)
+    assert " ".join(line.plain for line in lines).split() == toks
+    glyph_cells = token_cells(toks, normalize(np.arange(30.0), False), "mono", glyphs=True, top=set())
+    glyph_lines = TokenLayout(glyph_cells).lines(20)
+    assert all(line.cell_len <= 20 for line in glyph_lines)
+    assert re.findall(r"tok\d+", "\n".join(line.plain for line in glyph_lines)) == toks  # never split
+
+
+def test_detect_mode():
+    from tui.colors import detect_mode
+
+    assert detect_mode(True, "truecolor") == "mono"
+    assert detect_mode(False, None) == "mono"
+    assert detect_mode(False, "truecolor") == "truecolor"
+    assert detect_mode(False, "256") == "256"
+    assert detect_mode(False, "standard") == "16"
+
+
+# ---------------------------------------------------------------- command line
+def test_cli_missing_file(tmp_path):
+    from tui.cli import main
+
+    result = CliRunner().invoke(main, [str(tmp_path / "missing.h5")])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attr-tui: error: ") and "not found" in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("kind", ["text", "hdf5", "directory"])
+def test_cli_not_a_store(tmp_path, kind):
+    from tui.cli import main
+
+    path = tmp_path / "other.h5"
+    if kind == "text":
+        path.write_text("not hdf5\n")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        with h5py.File(path, "w") as f:
+            f["x"] = np.arange(3)
+    result = CliRunner().invoke(main, [str(path)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attr-tui: error: ")
+    assert "Traceback" not in result.output
+
+
+def test_cli_debug_shows_traceback(tmp_path):
+    from store import StoreError
+    from tui.cli import main
+
+    result = CliRunner().invoke(main, [str(tmp_path / "missing.h5"), "--debug"])
+    assert result.exit_code == 1 and isinstance(result.exception, StoreError)
+
+
+def test_cli_usage_errors_exit_2():
+    from tui.cli import main
+
+    assert CliRunner().invoke(main, []).exit_code == 2
+    assert CliRunner().invoke(main, ["x.h5", "--color", "purple"]).exit_code == 2
+
+
+def test_import_hygiene():
+    code = ("import tui.app, tui.cli, sys; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

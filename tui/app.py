@@ -1,0 +1,352 @@
+"""attr-tui: browse the token attributions of a store.
+
+:func:`create_app` is the one way to build the app (the CLI and the tests both use it). The app never reads HDF5 on
+the UI thread: thread workers read under ``self.store_lock`` and post messages; loaded examples are kept in a small
+LRU so stepping through layers and methods re-reads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from functools import partial
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Footer, Header
+from textual.worker import get_current_worker
+
+from store import Store, StoreError, open_store
+
+from .colors import MODES, Mode, default_k, detect_mode, normalize, top_k
+from .commands import BrowseCommands
+from .data import LRU, LoadedExample, StoreMeta, read_example, read_meta
+from .help import HelpScreen
+from .render import TokenLayout, printable, token_cells
+from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel, TokenView
+
+POLL_SECONDS = 2.0
+STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
+CACHE_SIZE = 64
+_LAYERS = Binding.Group("layer")
+
+
+# ---------------------------------------------------------------- messages posted by the workers
+class MetaLoaded(Message):
+    def __init__(self, meta: StoreMeta):
+        super().__init__()
+        self.meta = meta
+
+
+class IdsLoaded(Message):
+    def __init__(self, ids: list[str]):
+        super().__init__()
+        self.ids = ids
+
+
+class ExampleLoaded(Message):
+    def __init__(self, example: LoadedExample):
+        super().__init__()
+        self.example = example
+
+
+class StoreRefreshed(Message):
+    def __init__(self, meta: StoreMeta, ids: list[str] | None):
+        super().__init__()
+        self.meta = meta
+        self.ids = ids
+
+
+class ReadFailed(Message):
+    def __init__(self, what: str, error: str):
+        super().__init__()
+        self.what = what
+        self.error = error
+
+
+class AttrApp(App[int]):
+    TITLE = "attr-tui"
+    COMMANDS = App.COMMANDS | {BrowseCommands}
+
+    CSS = """
+    #body { height: 1fr; }
+    #examples { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
+    #main { width: 1fr; padding: 0 0 0 1; }
+    """
+
+    BINDINGS = [
+        Binding("left_square_bracket", "prev_layer", "previous layer", id="layer.previous", group=_LAYERS),
+        Binding("right_square_bracket", "next_layer", "next layer", id="layer.next", group=_LAYERS),
+        Binding("m", "next_method", "method", id="method.next"),
+        Binding("M", "prev_method", "previous method", id="method.previous", show=False),
+        Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
+        Binding("question_mark", "help", "help", id="help"),
+        Binding("q", "quit", "quit", id="quit"),
+        # Examples move with j/k wherever the focus is (the list itself binds them too, with arrows and pages).
+        Binding("j", "example(1)", "next example", id="app.example.next", show=False),
+        Binding("k", "example(-1)", "previous example", id="app.example.previous", show=False),
+    ]
+
+    def __init__(self, store: Store, *, color_mode: Mode | None = None, poll_seconds: float = POLL_SECONDS,
+                 owns_store: bool = False):
+        super().__init__()
+        self.store = store
+        self.store_lock = threading.Lock()
+        self.owns_store = owns_store
+        self.poll_seconds = poll_seconds
+        self.color_mode: Mode = color_mode or detect_mode(self.no_color, self.console.color_system)
+        self.glyphs = self.color_mode == "mono"
+        self.meta: StoreMeta | None = None
+        self.cache = LRU(CACHE_SIZE)
+        self.method_index = 0
+        self.layer: int | None = None  # None: the method's final scores
+        self.current: int | None = None
+        self._poll_timer = None
+        self._last_growth = time.monotonic()
+        self._last_error: tuple[str, float] = ("", 0.0)
+
+    # ---------------------------------------------------------------- layout
+    def compose(self) -> ComposeResult:
+        yield Header(icon="◆")
+        with Horizontal(id="body"):
+            yield ExampleList(id="examples", monochrome=self.color_mode == "mono")
+            with Vertical(id="main"):
+                yield InfoPanel(id="info")
+                yield TextPanel(id="text")
+                yield MethodBar(id="method")
+                yield ColorBarView(id="colorbar")
+                yield TokenView(id="tokens")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "loading…"
+        self.query_one(InfoPanel).show_message("reading the store…")
+        self.query_one(ExampleList).focus()
+        self._read_header()
+
+    def on_unmount(self) -> None:
+        if self.owns_store:
+            with self.store_lock:
+                self.store.close()
+
+    # ---------------------------------------------------------------- state
+    @property
+    def method(self):
+        return self.meta.methods[self.method_index] if self.meta and self.meta.methods else None
+
+    @property
+    def example_list(self) -> ExampleList:
+        return self.query_one(ExampleList)
+
+    def _set_subtitle(self) -> None:
+        meta, n = self.meta, self.example_list.row_count
+        if meta is None:
+            return
+        what = f"{n} example{'s' if n != 1 else ''}"
+        parts = [printable(meta.model)] if meta.model else []
+        if meta.complete:
+            parts.append(what)
+        elif time.monotonic() - self._last_growth > STALL_SECONDS:
+            parts.append(f"{what}, incomplete")  # a killed run (attr-compute --resume finishes it)
+        else:
+            parts.append(f"writing… {what}")
+        self.sub_title = " · ".join(parts)
+
+    # ---------------------------------------------------------------- workers (HDF5 reads happen only here)
+    @work(thread=True, group="meta", name="read store header")
+    def _read_header(self) -> None:
+        try:
+            with self.store_lock:
+                meta = read_meta(self.store)
+            self.post_message(MetaLoaded(meta))
+            with self.store_lock:
+                ids = list(self.store.ids())
+            self.post_message(IdsLoaded(ids))
+        except Exception as err:  # a damaged store: say so, keep the UI alive
+            self.post_message(ReadFailed("the store header", str(err)))
+
+    def _load(self, index: int) -> None:
+        methods = tuple(m.name for m in self.meta.methods)
+        around = [i for i in (index + 1, index - 1) if 0 <= i < self.example_list.row_count and i not in self.cache]
+        self.run_worker(partial(self._read_examples, [index] + around, methods), thread=True, exclusive=True,
+                        group="example", name=f"read example {index}")
+
+    def _read_examples(self, indices: list[int], methods: tuple[str, ...]) -> None:
+        worker = get_current_worker()
+        for k, i in enumerate(indices):
+            if k and worker.is_cancelled:
+                return
+            try:
+                with self.store_lock:
+                    ex = read_example(self.store, i, methods)
+            except Exception as err:
+                if k == 0:
+                    self.post_message(ReadFailed(f"example {i + 1}", str(err)))
+                return
+            self.post_message(ExampleLoaded(ex))
+
+    def _poll(self) -> None:
+        self.run_worker(self._refresh_store, thread=True, exclusive=True, group="refresh", name="refresh store")
+
+    def _refresh_store(self) -> None:
+        try:
+            with self.store_lock:
+                before = len(self.store)
+                self.store.refresh()
+                meta = read_meta(self.store)
+                ids = list(self.store.ids()) if len(meta.index) != before else None
+        except Exception as err:
+            self.post_message(ReadFailed("new examples", str(err)))
+            return
+        self.post_message(StoreRefreshed(meta, ids))
+
+    # ---------------------------------------------------------------- messages from the workers
+    def on_meta_loaded(self, message: MetaLoaded) -> None:
+        self.meta = message.meta
+        self.title = f"attr-tui · {printable(self.meta.name)}"
+        self.example_list.set_rows(self.meta.index, self.meta.labels)
+        self._set_subtitle()
+        self.refresh_bindings()
+        if not self.meta.complete and self._poll_timer is None:
+            self._poll_timer = self.set_interval(self.poll_seconds, self._poll, name="poll store")
+        if not len(self.meta.index):
+            self._show_empty()
+
+    def on_ids_loaded(self, message: IdsLoaded) -> None:
+        self.example_list.set_ids(message.ids)
+
+    def on_store_refreshed(self, message: StoreRefreshed) -> None:
+        old = self.meta
+        self.meta = message.meta
+        if old is None or len(message.meta.index) != len(old.index):
+            self._last_growth = time.monotonic()
+            self.example_list.set_rows(message.meta.index, message.meta.labels, message.ids)
+        self._set_subtitle()
+        if message.meta.complete and self._poll_timer is not None:
+            self._poll_timer.stop()
+            self._poll_timer = None
+
+    def on_example_loaded(self, message: ExampleLoaded) -> None:
+        self.cache.put(message.example.index, message.example)
+        if message.example.index == self.current:
+            self._render_current()
+
+    def on_read_failed(self, message: ReadFailed) -> None:
+        text = f"could not read {message.what}: {message.error}"
+        if text != self._last_error[0] or time.monotonic() - self._last_error[1] > 30:
+            self.notify(text, severity="error", timeout=8, markup=False)  # once, not at every poll
+            self._last_error = (text, time.monotonic())
+        if self.meta is None:
+            self.query_one(InfoPanel).show_message(f"could not read {message.what}")
+
+    def on_example_list_highlighted(self, message: ExampleList.Highlighted) -> None:
+        self.current = message.index
+        self.query_one(TokenView).scroll_home(animate=False)
+        if self.meta is None:
+            return
+        if message.index in self.cache:
+            self._render_current()
+        else:
+            self._load(message.index)
+
+    # ---------------------------------------------------------------- drawing
+    def _show_empty(self) -> None:
+        self.query_one(InfoPanel).show_message("no examples yet" + ("" if self.meta.complete else " (writing…)"))
+        self.query_one(TokenView).show_message("")
+
+    def _render_current(self) -> None:
+        ex = self.cache.get(self.current) if self.current is not None else None
+        info = self.method
+        if ex is None or info is None:
+            return
+        if self.layer is not None and self.layer >= info.n_layer_views:
+            self.layer = None
+        scores = ex.view(info.name, self.layer)
+        scale = normalize(scores, info.signed)
+        k = default_k(len(ex.tokens))
+        top = top_k(scores, info.signed, k)
+        self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.row_count,
+                                               monochrome=self.color_mode == "mono")
+        self.query_one(TextPanel).show_example(ex)
+        self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer)
+        self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k)
+        cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top)
+        self.query_one(TokenView).show_tokens(TokenLayout(cells))
+
+    # ---------------------------------------------------------------- actions
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("next_layer", "prev_layer"):
+            info = self.method
+            return True if info is not None and info.n_layer_views else None
+        if action in ("next_method", "prev_method"):
+            return True if self.meta is not None and len(self.meta.methods) > 1 else None
+        return True
+
+    def set_layer(self, layer: int | None) -> None:
+        """Show layer view ``layer`` (0-based) of the current method, or its final scores (None)."""
+        self.layer = layer
+        self._render_current()
+
+    def set_method(self, index: int) -> None:
+        if self.meta is None or not self.meta.methods:
+            return
+        self.method_index = index % len(self.meta.methods)
+        self.refresh_bindings()
+        self._render_current()
+
+    def _step_layer(self, step: int) -> None:
+        info = self.method
+        if info is None or not info.n_layer_views:
+            return
+        v = info.n_layer_views
+        pos = v if self.layer is None else self.layer  # positions 0..v-1 are layers, v is "final"
+        pos = (pos + step) % (v + 1)
+        self.set_layer(None if pos == v else pos)
+
+    def action_next_layer(self) -> None:
+        self._step_layer(1)
+
+    def action_prev_layer(self) -> None:
+        self._step_layer(-1)
+
+    def _step_method(self, step: int) -> None:
+        self.set_method(self.method_index + step)
+
+    def action_next_method(self) -> None:
+        self._step_method(1)
+
+    def action_prev_method(self) -> None:
+        self._step_method(-1)
+
+    def action_toggle_glyphs(self) -> None:
+        if self.color_mode == "mono":
+            self.notify("no colour here: glyphs stay on", markup=False)
+            return
+        self.glyphs = not self.glyphs
+        self._render_current()
+
+    def action_example(self, step: int) -> None:
+        self.example_list.move_to(self.example_list.cursor + step)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.color_mode))
+
+
+def create_app(path_or_store: str | os.PathLike | Store, *, color_mode: str | None = None,
+               poll_seconds: float = POLL_SECONDS) -> AttrApp:
+    """Build the browser for a store (a path is opened here and closed when the app ends).
+
+    ``color_mode``: None/"auto" detects it from the environment (NO_COLOR, COLORTERM, TERM) the way rich does;
+    "truecolor", "256", "16" or "mono" force one. Raises :class:`store.StoreError` for a path that is no store.
+    """
+    owns = not isinstance(path_or_store, Store)
+    store = open_store(path_or_store) if owns else path_or_store
+    mode = None if color_mode in (None, "auto") else color_mode
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"unknown colour mode '{color_mode}': use auto or one of {', '.join(MODES)}")
+    return AttrApp(store, color_mode=mode, poll_seconds=poll_seconds, owns_store=owns)

@@ -1,0 +1,48 @@
+"""``attr-tui STORE.h5``: open a store and browse it. Errors are one line on stderr and exit 1 (2 for usage)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from store import StoreError, open_store
+
+from .colors import MODES
+
+
+def _fail(message: str) -> None:
+    one_line = " ".join(message.split())  # HDF5 messages may carry line breaks
+    click.echo(f"attr-tui: error: {one_line}", err=True)
+    sys.exit(1)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("store", metavar="STORE.h5")
+@click.option("--color", "color", type=click.Choice(("auto",) + MODES), default="auto", show_default=True,
+              help="Colour mode; auto reads NO_COLOR, COLORTERM and TERM like rich does (mono: glyphs, no colour).")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+def main(store: str, color: str, debug: bool) -> None:
+    """Browse the token attributions in STORE.h5 (written by attr-compute; it may still be writing)."""
+    from .app import create_app  # after argument parsing: `attr-tui --help` stays fast
+
+    try:
+        s = open_store(store)
+    except StoreError as err:
+        if debug:
+            raise
+        _fail(str(err))
+    except Exception as err:  # e.g. a store whose header is damaged
+        if debug:
+            raise
+        _fail(f"cannot open '{store}': {type(err).__name__}: {err}")
+    try:
+        app = create_app(s, color_mode=color)
+        app.run()
+    finally:
+        s.close()
+    sys.exit(app.return_code or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Colour scales and the glyph ramp: pure functions from scores to rich styles (no Textual, no HDF5).
+
+Scores are first normalised per view (:func:`normalize`): signed methods to [-1, 1] by the largest |score| (so 0
+stays in the middle of a diverging scale), non-negative methods to [0, 1] between the smallest and the largest score.
+A normalised value then maps to a background colour (:func:`background`) in the terminal's colour mode, or, where
+colour is not available (NO_COLOR), to a glyph of the ramp :data:`GLYPHS` plus a sign mark (:func:`sign_mark`).
+
+The colour ramps are runs of xterm-256 palette entries: in 256-colour mode (SSH does not forward COLORTERM) a value
+maps to one entry exactly, in truecolor mode it is interpolated between them, in 16-colour mode it is bucketed into
+five standard colours. Lightness grows with |value| in every mode; negative values are blue to cyan, positive ones red
+to yellow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from rich.color import Color
+from rich.style import Style
+
+Mode = Literal["truecolor", "256", "16", "mono"]
+MODES: tuple[str, ...] = ("truecolor", "256", "16", "mono")
+
+#: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
+GLYPHS = " ░▒▓█"
+
+# xterm-256 palette entries, dark to bright (CIE lightness grows step by step and matches between the two ramps
+# within a few units). Entry 0, black, is the zero of every scale: a token without attribution is not highlighted.
+_WARM_256 = (16, 52, 88, 124, 160, 196, 202, 208, 214, 220, 226)  # non-negative values and positive signed ones
+_COLD_256 = (16, 18, 19, 20, 21, 27, 33, 39, 45, 51, 159)  # negative signed values
+# Standard 16-colour entries (bright black, then colours of growing brightness).
+_WARM_16 = (8, 1, 9, 3, 11)
+_COLD_16 = (8, 4, 12, 6, 14)
+
+_RGB_WARM = np.array([Color.from_ansi(i).get_truecolor() for i in _WARM_256], dtype=np.float64)
+_RGB_COLD = np.array([Color.from_ansi(i).get_truecolor() for i in _COLD_256], dtype=np.float64)
+
+
+def detect_mode(no_color: bool, color_system: str | None) -> Mode:
+    """The display mode for a terminal, from NO_COLOR and the colour system rich detected from the environment
+    (``console.color_system``: "truecolor" with COLORTERM=truecolor, "256" for TERM=*-256color, ...)."""
+    if no_color or color_system is None:
+        return "mono"
+    if color_system == "truecolor":
+        return "truecolor"
+    if color_system == "256":
+        return "256"
+    return "16"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Normalised scores of one view. ``values`` lie in [-1, 1] (signed) or [0, 1]; ``lo``/``hi`` are the scores
+    at the ends of the scale (-M and +M for signed views, min and max otherwise)."""
+
+    values: np.ndarray
+    lo: float
+    hi: float
+    signed: bool
+
+
+def normalize(scores: np.ndarray, signed: bool) -> Scale:
+    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale."""
+    s = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(s)
+    s = np.where(finite, s, 0.0)
+    if signed:
+        m = float(np.abs(s[finite]).max()) if finite.any() else 0.0
+        values = s / m if m > 0 else np.zeros_like(s)
+        return Scale(np.clip(values, -1.0, 1.0), -m, m, True)
+    lo = float(s[finite].min()) if finite.any() else 0.0
+    hi = float(s[finite].max()) if finite.any() else 0.0
+    values = (s - lo) / (hi - lo) if hi > lo else np.zeros_like(s)
+    return Scale(np.clip(values, 0.0, 1.0), lo, hi, False)
+
+
+def top_k(scores: np.ndarray, signed: bool, k: int) -> set[int]:
+    """Positions of the k largest scores (largest |score| for signed methods). Non-finite scores never count."""
+    s = np.asarray(scores, dtype=np.float64)
+    key = np.abs(s) if signed else s
+    key = np.where(np.isfinite(key), key, -np.inf)
+    k = max(0, min(k, len(s)))
+    if k == 0:
+        return set()
+    order = np.argsort(-key, kind="stable")[:k]
+    return {int(i) for i in order if np.isfinite(key[i])}
+
+
+def default_k(n: int) -> int:
+    """How many tokens to mark as top-k: 5, but at most a quarter of the example (at least 1)."""
+    return max(1, min(5, n // 4))
+
+
+def glyph(value: float) -> str:
+    """Glyph of the ramp for a normalised value (its magnitude)."""
+    level = int(abs(float(value)) * len(GLYPHS))
+    return GLYPHS[min(max(level, 0), len(GLYPHS) - 1)]
+
+
+def sign_mark(value: float) -> str:
+    """'+' or '-' for the sign of a value ('·' for exactly 0): colourless output must not rely on hue for sign."""
+    v = float(value)
+    return "+" if v > 0 else "-" if v < 0 else "·"
+
+
+def _level(value: float, n_levels: int) -> int:
+    """Bucket |value| in [0, 1] into the nearest of n_levels steps (0..n_levels-1)."""
+    a = min(abs(float(value)), 1.0)
+    return int(min(n_levels - 1, max(0, round(a * (n_levels - 1)))))
+
+
+def background(value: float, mode: Mode) -> Color | None:
+    """Background colour of a normalised value (negative values use the cold ramp); None in mono mode."""
+    v = float(value)
+    if mode == "mono" or not np.isfinite(v):
+        return None
+    cold = v < 0
+    if mode == "16":
+        ramp = _COLD_16 if cold else _WARM_16
+        return Color.from_ansi(ramp[_level(v, len(ramp))])
+    if mode == "256":
+        ramp = _COLD_256 if cold else _WARM_256
+        return Color.from_ansi(ramp[_level(v, len(ramp))])
+    rgb = _RGB_COLD if cold else _RGB_WARM
+    x = min(abs(v), 1.0) * (len(rgb) - 1)
+    i = min(int(x), len(rgb) - 2)
+    mix = rgb[i] + (rgb[i + 1] - rgb[i]) * (x - i)
+    r, g, b = (int(round(c)) for c in mix)
+    return Color.from_rgb(r, g, b)
+
+
+def lightness(color: Color) -> float:
+    """CIE L* (0 black .. 100 white) of a colour: how bright it looks."""
+
+    def linear(c: float) -> float:
+        c /= 255.0
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in color.get_truecolor())
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return 116.0 * y ** (1.0 / 3.0) - 16.0 if y > 0.008856 else 903.3 * y
+
+
+def token_style(value: float, mode: Mode, *, top: bool = False) -> Style:
+    """Style of a token: a background from the scale with a readable foreground; bold + underline for top-k."""
+    bg = background(value, mode)
+    if bg is None:
+        return Style(bold=top, underline=top)
+    light = lightness(bg) > 60
+    if mode == "16":
+        fg = Color.from_ansi(0) if light else Color.from_ansi(15)
+    else:
+        fg = Color.from_rgb(0, 0, 0) if light else Color.from_rgb(255, 255, 255)
+    return Style(color=fg, bgcolor=bg, bold=top, underline=top)
+
+
+def format_score(x: float) -> str:
+    """Short, fixed-looking number for the colour bar: 3 significant digits."""
+    if x == 0:
+        return "0"
+    return f"{x:.3g}"

@@ -1,0 +1,82 @@
+"""The help screen: key bindings, the colour scales and the glyph ramp used without colour."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from .colors import GLYPHS, Mode, default_k, normalize
+from .render import JOIN_MARK, ColorBar
+
+KEYS = (
+    ("j ↓  k ↑", "next / previous example", "PgDn PgUp", "a page of examples"),
+    ("]  [", "next / previous layer", "Home End", "first / last example"),
+    ("m  M", "next / previous method", "g", "glyphs on / off"),
+    ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
+    ("ctrl+p", "command palette", "q", "quit"),
+)
+
+_H = Style(bold=True, underline=True)
+_K = Style(bold=True)
+
+
+def help_text(mode: Mode) -> Text:
+    """The help page (at most 74 cells wide, about 20 lines, so that it fits 80x24)."""
+    t = Text()
+    t.append("Keys\n", _H)
+    for k1, w1, k2, w2 in KEYS:
+        t.append(f"  {k1:<10}", _K)
+        t.append(f"{w1:<28}")
+        t.append(f"{k2:<11}", _K)
+        t.append(f"{w2}\n")
+    t.append("  layers step 1 … L then final (the method's scores); both wrap around\n", Style(dim=True))
+    t.append("Colours", _H)
+    t.append(f" (mode {mode}; the bar shows the numbers at both ends)\n")
+    t.append("  signed       ")
+    t.append_text(ColorBar(normalize(np.array([-1.0, 1.0]), True), mode, glyphs=False).render(25))
+    t.append("  sign: see Glyphs\n" if mode == "mono" else "  blue -, red to yellow +\n")
+    t.append("  non-negative ")
+    t.append_text(ColorBar(normalize(np.array([0.0, 1.0]), False), mode, glyphs=False).render(25))
+    t.append("  min to max\n" if mode == "mono" else "  dark (min) to yellow (max)\n")
+    t.append(f"  top-{default_k(100)} tokens (at most a quarter of them) are bold and underlined\n")
+    t.append("Glyphs", _H)
+    t.append(" (always on without colour, NO_COLOR; g toggles them)\n")
+    t.append("  + -       ", _K)
+    t.append("sign of the score (signed methods only)\n")
+    t.append(f"  {GLYPHS!r:<10}", _K)
+    t.append("|score| in fifths of the scale: blank lowest, █ highest\n")
+    t.append(f"  play{JOIN_MARK}ing  ", _K)
+    t.append("a '##' word piece, joined to the token before it\n")
+    t.append("Token text is shown literally; scales are per example and view.", Style(dim=True))
+    return t
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,question_mark", "dismiss", "close help", id="help.close"),
+    ]
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: 78; max-width: 100%; height: auto; max-height: 100%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    """
+
+    def __init__(self, mode: Mode):
+        super().__init__()
+        self.mode = mode
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(help_text(self.mode), id="help-text")
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)

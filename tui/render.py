@@ -1,0 +1,147 @@
+"""Rich renderables for the token view and the colour bar (pure: no Textual, no HDF5).
+
+Token text is always appended as data (``Text.append``), never parsed as markup: a token ``[bold]`` shows as is.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.style import Style
+from rich.text import Text
+
+from .colors import GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
+
+JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
+_JOIN_STYLE = Style(dim=True)
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def printable(token: str) -> str:
+    """A token as it is shown: control and invisible characters escaped, an all-blank token as '␣'s."""
+    if token == "":
+        return "∅"
+    if token.isspace():
+        return "␣" * len(token)
+    out = []
+    for ch in token:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def printable_text(text: str) -> str:
+    """Free text (an example's text, a label name) with line breaks and tabs kept and every other control or
+    invisible formatting character escaped, so that no data can send escape sequences to the terminal."""
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf") else f"\\u{ord(ch):04x}"
+                   for ch in text)
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    text: str  # what is drawn (glyph prefix included)
+    style: Style
+    joined: bool  # a "##" continuation: drawn after JOIN_MARK instead of a space
+
+
+def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, top: set[int]) -> list[TokenCell]:
+    """One cell per token, styled by its normalised score. With ``glyphs`` every token is prefixed by its sign
+    mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size."""
+    cells = []
+    for i, tok in enumerate(tokens):
+        v = float(scale.values[i]) if i < len(scale.values) else 0.0
+        joined = i > 0 and tok.startswith("##") and len(tok) > 2
+        shown = printable(tok[2:] if joined else tok)
+        if glyphs:
+            shown = (sign_mark(v) if scale.signed else "") + glyph(v) + shown
+        cells.append(TokenCell(shown, token_style(v, mode, top=i in top), joined))
+    return cells
+
+
+class TokenLayout:
+    """Tokens laid out in lines of the available width, breaking only between tokens."""
+
+    def __init__(self, cells: list[TokenCell]):
+        self.cells = cells
+
+    def lines(self, width: int) -> list[Text]:
+        width = max(width, 1)
+        lines: list[Text] = []
+        line = Text()
+        for cell in self.cells:
+            sep, sep_style = (JOIN_MARK, _JOIN_STYLE) if cell.joined else (" ", Style())
+            need = len(sep) + Text(cell.text).cell_len
+            if line.cell_len and line.cell_len + need > width:
+                lines.append(line)
+                line = Text()
+            if line.cell_len or cell.joined:
+                line.append(sep, sep_style)
+            line.append(cell.text, cell.style)
+        if line.cell_len or not lines:
+            lines.append(line)
+        return lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text = Text("\n").join(self.lines(options.max_width))
+        text.overflow = "fold"
+        yield text
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        total = sum(Text(c.text).cell_len + 1 for c in self.cells)
+        return Measurement(1, max(1, min(total, options.max_width)))
+
+
+class ColorBar:
+    """The scale of the current view with its numbers: ``-M [cold..0..warm] +M`` or ``min [ramp] max``."""
+
+    def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0):
+        self.scale, self.mode, self.glyphs, self.top_k = scale, mode, glyphs, top_k
+
+    def render(self, width: int) -> Text:
+        s = self.scale
+        left = format_score(s.lo)
+        right = ("+" if s.signed and s.hi > 0 else "") + format_score(s.hi)
+        note = f"  top-{self.top_k} underlined" if self.top_k else ""
+        room = width - len(left) - len(right) - 2
+        if room - len(note) < 11:
+            note = ""
+        cells = max(5, min(31, room - len(note)))
+        if s.signed and cells % 2 == 0:
+            cells -= 1
+        values = np.linspace(-1.0 if s.signed else 0.0, 1.0, cells)
+        text = Text()
+        text.append(left, Style(bold=True))
+        text.append(" ")
+        centre = cells // 2 if s.signed else -1
+        for j, v in enumerate(values):
+            ch = glyph(v) if (self.glyphs or self.mode == "mono") else " "
+            if j == centre:
+                ch = "0"
+            text.append(ch, token_style(v, self.mode))
+        text.append(" ")
+        text.append(right, Style(bold=True))
+        if note:
+            text.append(note, Style(dim=True))
+        return text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        text = self.render(options.max_width)
+        text.no_wrap = True
+        text.overflow = "crop"
+        yield text
+
+
+def ramp_legend(signed: bool) -> str:
+    """One line explaining the glyphs (for the help screen)."""
+    ramp = "".join(f"'{g}'" for g in GLYPHS)
+    if signed:
+        return f"sign mark + or - then magnitude glyph {ramp} (lowest fifth of |score| to highest)"
+    return f"magnitude glyph {ramp} (lowest fifth of the min..max range to highest)"
