@@ -72,10 +72,27 @@ def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32"
 
 def quiet_transformers() -> None:
     """Our own progress bar is the only one: silence transformers' weight-loading bars and advisory warnings."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    hub_logging.set_verbosity_error()  # its HTTP retry messages
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host resolves and accepts a connection (offline machines fail at once, no retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _load_hf(spec: str):
@@ -88,14 +105,19 @@ def _load_hf(spec: str):
     if local and not os.path.isfile(os.path.join(spec, "config.json")):
         raise AttrscopeError(
             f"model directory '{spec}' has no config.json: pass a directory written by save_pretrained, or a hub id")
+    # A hub id: use the local Hugging Face cache when it has the model, else the hub if it can be reached.
+    offline = not local and not _cached(spec) and not _hub_reachable()
+    if offline:
+        raise AttrscopeError(
+            f"cannot load model '{spec}': it is not in the local Hugging Face cache and the hub cannot be reached "
+            "(offline): pass a local directory with --model")
     try:
         config = AutoConfig.from_pretrained(spec)
     except (OSError, ValueError) as err:
         if local:
             raise AttrscopeError(f"cannot read the model config in '{spec}': {_one_line(err)}") from None
         raise AttrscopeError(
-            f"cannot load model '{spec}' from the Hugging Face hub (offline, or no such model): "
-            "pass a local directory with --model") from None
+            f"cannot load model '{spec}' from the Hugging Face hub (no such model?): {_one_line(err)}") from None
     _check_model_type(config, spec)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(spec, attn_implementation="eager")
@@ -109,6 +131,16 @@ def _load_hf(spec: str):
         "tokenizer": getattr(tokenizer, "name_or_path", spec),
     }
     return model, tokenizer, info
+
+
+def _cached(spec: str) -> bool:
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(spec, local_files_only=True)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _one_line(err: Exception) -> str:

@@ -13,8 +13,9 @@ from .base import Method, MethodResult
 
 
 def head_logits_per_layer(cap, adapter) -> torch.Tensor:
-    """[B, L, n, C]: the head on hidden_states[1..L]."""
-    return torch.stack([adapter.head_per_token(h) for h in cap.hidden_states[1:]], dim=1)
+    """[B, L, n, C]: the head on hidden_states[1..L] (computed once per batch, shared with normxlogit)."""
+    return cap.cached("head_logits_per_layer",
+                      lambda: torch.stack([adapter.head_per_token(h) for h in cap.hidden_states[1:]], dim=1))
 
 
 class LogAt(Method):
@@ -34,4 +35,4 @@ class LogAt(Method):
 
     def compute_classes(self, cap, adapter, num_classes):
         # The head yields every class at once: [B, n, C] -> [B, C, n].
-        return (adapter.head_per_token(cap.hidden_states[-1]) * cap.mask[..., None]).transpose(1, 2)
+        return (head_logits_per_layer(cap, adapter)[:, -1] * cap.mask[..., None]).transpose(1, 2)
