@@ -6,8 +6,6 @@ the methods. Errors are one line on stderr, exit code 1 (2 for usage errors); ``
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 
 import click
@@ -113,18 +111,11 @@ def _run(cfg, quiet: bool) -> None:
     from .runner import run
     from .ui import RichProgress, print_summary
 
-    progress = RichProgress(quiet=quiet)
-    # A kill by SIGTERM unwinds like Ctrl-C, so the store is closed with every committed example.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    summary = run(cfg, progress)
+    summary = run(cfg, RichProgress(quiet=quiet))
     if not quiet:
         print_summary(summary)
     else:
         click.echo(summary["store"])
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _guarded(fn, debug: bool) -> None:

@@ -7,11 +7,12 @@ is what makes ``--resume`` simple: skip the committed rows, go on.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import sys
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -126,7 +127,8 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         if cfg.matrices == "all" and records:
             _estimate_size(progress, tok, layouts, cfg)
         progress.start(total=len(data.records), completed=done)
-        stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress)
+        with _interrupts_between_batches() as checkpoint:
+            stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress, checkpoint)
     except BaseException:
         progress.stop()
         writer.close()
@@ -311,7 +313,37 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress) -> dict:
+@contextmanager
+def _interrupts_between_batches():
+    """SIGINT and SIGTERM become a KeyboardInterrupt raised at the next batch boundary (``checkpoint()``).
+
+    Raised wherever the signal lands, the interrupt can be swallowed (inside a weakref callback or __del__, which
+    h5py and torch run all the time: the run then went on to the end) or cut a commit in half. A second signal
+    raises at once, so a stuck batch can still be stopped. Outside the main thread nothing is installed."""
+    pending = []
+
+    def checkpoint():
+        if pending:
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield checkpoint
+        return
+
+    def handler(signum, frame):
+        if pending:
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield checkpoint
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
+def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress, checkpoint) -> dict:
     device = next(lm.model.parameters()).device
     needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
     num_labels = writer.num_labels
@@ -329,6 +361,7 @@ def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target
                                                 target_mode, cfg, stats)):
                 done[i] = ex
             progress.advance(len(batch))
+            checkpoint()
         writer.append([done[i] for i in range(w0, w0 + len(idx))])
     return stats
 

@@ -1,0 +1,513 @@
+"""Tests for the store package alone (numpy + h5py): round trip, versions, bad files, import weight, the SWMR commit
+protocol, refresh and resuming a store whose writer died."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from store import ExampleData, MethodLayout, StoreError, StoreWriter, open_store
+from synthetic import make_store
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+# --- a deterministic example generator (also imported by the writer subprocess) ------------------------------------
+
+L = 3
+LABELS = {0: "negative", 1: "positive"}
+WORDS = ["the", "tédious", "🎬", "日本語", "film", "naïve", "[bold]", "ok", "ß", "long"]
+
+
+def layouts() -> list[MethodLayout]:
+    return [
+        MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L,
+                     description="rollout", params={"store_dtype": "float32"}),
+        MethodLayout("logat", signed=True, n_layer_views=L, matrices="cls", n_matrix_layers=L, class_scores=True,
+                     description="logat", params={"store_dtype": "float16"}),
+        MethodLayout("norm", signed=False, description="norm"),
+    ]
+
+
+def example(i: int) -> ExampleData:
+    """Example number ``i``: the same data every time it is asked for (unicode, pairs, unlabelled, truncated)."""
+    rng = np.random.default_rng(1000 + i)
+    n = 3 + (i * 5) % 9
+    body = [WORDS[int(j)] for j in rng.integers(0, len(WORDS), n - 2)]
+    tokens = ["[CLS]", *body, "[SEP]"]
+    res = {
+        "rollout": {"scores": rng.random(n), "layer_scores": rng.random((L, n)), "matrices": rng.random((L, n, n))},
+        "logat": {"scores": rng.normal(size=n), "layer_scores": rng.normal(size=(L, n)),
+                  "matrices": rng.random((L, 1, n)), "class_scores": rng.normal(size=(2, n))},
+        "norm": {"scores": rng.random(n)},
+    }
+    spans = np.stack([np.arange(n), np.arange(n) + 1], axis=1)
+    spans[0] = spans[-1] = -1
+    segment = np.zeros(n, dtype=np.int8)
+    segment[0] = segment[-1] = -1
+    pred = int(rng.integers(0, 2))
+    truncated = i % 4 == 3
+    return ExampleData(
+        row=i, id=f"ex-{i}-é", text=" ".join(body) + f" ✓{i}", pair=None if i % 2 == 0 else f"paire {i} ü",
+        token_ids=np.arange(n) + i, tokens=tokens, spans=spans, segment=segment,
+        label=-1 if i % 5 == 4 else int(rng.integers(0, 2)), pred=pred, probs=np.array([0.25, 0.75]),
+        target=pred, explain_pos=0, n_orig_tokens=n + 7 if truncated else n, truncated=truncated, results=res)
+
+
+def create(path: Path) -> StoreWriter:
+    return StoreWriter.create(str(path), n_layers=L, n_heads=4, labels=LABELS, methods=layouts(),
+                              provenance={"config": {"methods": ["rollout", "logat", "norm"]}},
+                              attrs={"model_id": "synthetic-é"})
+
+
+def assert_example(got, exp: ExampleData) -> None:
+    """A stored example equals the ExampleData it was written from."""
+    n = len(exp.token_ids)
+    assert got.n_tokens == n
+    assert got.row == exp.row and got.id == exp.id and got.text == exp.text and got.pair == exp.pair
+    assert got.tokens == exp.tokens
+    np.testing.assert_array_equal(got.token_ids, exp.token_ids)
+    np.testing.assert_array_equal(got.spans, exp.spans)
+    np.testing.assert_array_equal(got.segment, exp.segment)
+    assert got.label == (None if exp.label < 0 else exp.label)
+    assert got.pred == exp.pred and got.target == exp.target and got.explain_pos == exp.explain_pos
+    assert got.truncated == exp.truncated and got.n_orig_tokens == exp.n_orig_tokens
+    np.testing.assert_allclose(got.probs, exp.probs, rtol=1e-6)
+    for name, res in exp.results.items():
+        np.testing.assert_allclose(got.scores(name), res["scores"], rtol=1e-6)
+        if "layer_scores" in res:
+            np.testing.assert_allclose(got.layer_scores(name), res["layer_scores"], rtol=1e-6)
+        else:
+            assert got.layer_scores(name) is None
+        if "matrices" in res:
+            m = got.matrices(name)
+            assert m.dtype == np.float32 and m.shape == res["matrices"].shape
+            np.testing.assert_allclose(m, res["matrices"], atol=1e-3)  # float16 storage for some
+        else:
+            assert got.matrices(name) is None
+        if "class_scores" in res:
+            np.testing.assert_allclose(got.class_scores(name), res["class_scores"], rtol=1e-6)
+        else:
+            assert got.class_scores(name) is None
+
+
+def one_line(message: str) -> str:
+    assert message and "\n" not in message, repr(message)
+    return message
+
+
+# --- round trip -----------------------------------------------------------------------------------------------------
+
+
+def test_make_store_round_trip(tmp_path):
+    path = tmp_path / "syn.h5"
+    exs = make_store(str(path))
+    with open_store(path) as s:
+        assert len(s) == len(exs) == 12
+        assert s.complete is True and s.summary == {"examples": 12}
+        assert s.methods == ["rollout", "normxlogit", "norm"]
+        assert s.labels == {0: "negative", 1: "positive"} and s.num_labels == 2
+        assert s.n_layers == 3 and s.n_heads == 4
+        assert s.model_info["model_id"] == "synthetic"
+        assert s.config == {"model": "synthetic"}
+        assert s.ids() == [f"ex{i}" for i in range(12)]
+        for i, exp in enumerate(exs):
+            e = s[i]
+            assert e.index == i and e.row == i and e.id == f"ex{i}"
+            assert e.text == exp.text and e.tokens == exp.tokens
+            np.testing.assert_allclose(e.scores("normxlogit"), exp.results["normxlogit"]["scores"], rtol=1e-6)
+            np.testing.assert_allclose(e.scores("rollout"), exp.results["rollout"]["scores"], rtol=1e-6)
+            np.testing.assert_allclose(e.matrices("rollout"), exp.results["rollout"]["matrices"], atol=1e-3)
+            np.testing.assert_allclose(e.class_scores("normxlogit"), exp.results["normxlogit"]["class_scores"],
+                                       rtol=1e-6)
+            assert e.matrices("norm") is None and e.layer_scores("norm") is None
+        # unicode made it through (make_store's words include an accent and an emoji)
+        all_tokens = {t for e in s for t in e.tokens}
+        assert {"tédious", "🎬"} <= all_tokens
+        assert any("🎬" in e.text or "tédious" in e.text for e in s)
+        # negative indices, by_id, errors
+        assert s[-1].id == "ex11" and s[-12].id == "ex0"
+        assert s.by_id("ex7").index == 7
+        with pytest.raises(IndexError):
+            s[12]
+        with pytest.raises(IndexError):
+            s[-13]
+        with pytest.raises(KeyError, match="ex99"):
+            s.by_id("ex99")
+        with pytest.raises(KeyError) as info:
+            s[0].scores("nope")
+        msg = str(info.value)
+        assert "nope" in msg and all(m in msg for m in ("rollout", "normxlogit", "norm"))
+        with pytest.raises(KeyError):
+            s.method_info("nope")
+        assert s.is_signed("normxlogit") and not s.is_signed("rollout")
+
+
+def test_round_trip_all_fields(tmp_path):
+    path = tmp_path / "rt.h5"
+    exs = [example(i) for i in range(9)]
+    w = create(path)
+    w.append(exs[:4])
+    w.append(exs[4:])
+    assert w.n_committed == 9
+    w.close(complete=True, summary={"examples": 9, "method_seconds": {"norm": 0.5}})
+    with open_store(path) as s:
+        assert len(s) == 9 and s.complete
+        assert s.model_info["model_id"] == "synthetic-é"
+        assert s.method_info("norm")["seconds"] == 0.5
+        info = s.method_info("logat")
+        assert info["matrices"] == "cls" and info["class_scores"] and info["n_layer_views"] == L
+        for i, exp in enumerate(exs):
+            assert_example(s[i], exp)
+        assert [e.id for e in s] == [ex.id for ex in exs]
+        assert s.by_id("ex-5-é").pair == "paire 5 ü"
+        assert s[4].label is None and s[4].correct is None
+        assert s[3].truncated and s[3].n_orig_tokens > s[3].n_tokens
+        np.testing.assert_array_equal(s.index["row"], np.arange(9))
+        with pytest.raises(TypeError):
+            s["ex-0-é"]
+
+
+def test_empty_store(tmp_path):
+    path = tmp_path / "empty.h5"
+    create(path).close(complete=True)
+    with open_store(path) as s:
+        assert len(s) == 0 and s.ids() == [] and list(s) == []
+        with pytest.raises(IndexError):
+            s[0]
+        with pytest.raises(IndexError):
+            s[-1]
+
+
+def test_writer_refuses_existing_path_and_bad_shapes(tmp_path):
+    path = tmp_path / "x.h5"
+    w = create(path)
+    bad = example(0)
+    bad.results["rollout"]["scores"] = np.zeros(len(bad.token_ids) + 1)
+    with pytest.raises(ValueError, match="rollout"):
+        w.append([bad])
+    w.close()
+    with pytest.raises(StoreError):
+        create(path)
+
+
+# --- versions and bad files -----------------------------------------------------------------------------------------
+
+
+def _set_version(path: Path, version: str) -> None:
+    with h5py.File(path, "r+") as f:
+        f.attrs["encoding-version"] = version
+
+
+def test_newer_minor_version_warns(tmp_path):
+    path = tmp_path / "minor.h5"
+    make_store(str(path))
+    _set_version(path, "1.7.0")
+    with pytest.warns(UserWarning, match="1.7.0"):
+        s = open_store(path)
+    with s:
+        assert len(s) == 12
+
+
+@pytest.mark.parametrize("version", ["2.0.0", "0.9.1"])
+def test_other_major_version_raises(tmp_path, version):
+    path = tmp_path / "major.h5"
+    make_store(str(path))
+    _set_version(path, version)
+    with pytest.raises(StoreError) as info:
+        open_store(path)
+    msg = one_line(str(info.value))
+    assert version in msg and "1.x" in msg
+
+
+def test_not_hdf5_raises(tmp_path):
+    path = tmp_path / "text.h5"
+    path.write_text("this is not HDF5\n")
+    with pytest.raises(StoreError) as info:
+        open_store(path)
+    assert "not a readable HDF5 file" in one_line(str(info.value))
+
+
+def test_hdf5_but_not_a_store_raises(tmp_path):
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(3)
+    with pytest.raises(StoreError) as info:
+        open_store(path)
+    assert "not an attrscope store" in one_line(str(info.value))
+
+
+def test_missing_file_raises(tmp_path):
+    with pytest.raises(StoreError) as info:
+        open_store(tmp_path / "nope.h5")
+    assert "not found" in one_line(str(info.value))
+
+
+# --- import weight --------------------------------------------------------------------------------------------------
+
+
+def test_import_store_is_light(tmp_path):
+    path = tmp_path / "light.h5"
+    make_store(str(path))
+    code = textwrap.dedent(f"""
+        import json, sys
+        import store
+        s = store.open_store({str(path)!r})
+        e = s[0]
+        e.scores("rollout"); e.matrices("rollout"); e.tokens
+        print(json.dumps(sorted(m for m in ("torch", "transformers", "textual", "compute", "tui") if m in sys.modules)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# --- a writer in another process ------------------------------------------------------------------------------------
+
+WRITER_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, sys.argv[2])
+    import store.writer as W
+    from test_store import create, example
+
+    gate = False
+    _orig_append = W._append
+
+    def _gated_append(ds, values):
+        # Stop right before the index rows are appended: the data of the batch is written and flushed.
+        if gate and ds.name == "/examples/index":
+            print("data-flushed", flush=True)
+            if sys.stdin.readline().strip() == "exit":  # die before the commit
+                os._exit(0)
+        _orig_append(ds, values)
+
+    W._append = _gated_append
+    w = create(sys.argv[1])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "append":
+            a, b = int(args[0]), int(args[1])
+            w.append([example(i) for i in range(a, b)])
+        elif cmd == "gate":
+            gate = True
+        elif cmd == "exit":  # die without closing the file
+            os._exit(0)
+        elif cmd == "hang":
+            print("ok", flush=True)
+            time.sleep(120)
+        elif cmd == "close":
+            w.close(complete=True)
+        print("ok", flush=True)
+""")
+
+
+class Writer:
+    """A StoreWriter driven line by line in a subprocess (a reader and a writer of one file in one process is not
+    what SWMR is for)."""
+
+    def __init__(self, path: Path, tmp_path: Path):
+        script = tmp_path / "writer_proc.py"
+        script.write_text(WRITER_SCRIPT)
+        self.p = subprocess.Popen([sys.executable, str(script), str(path), str(TESTS)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        self.expect("ready")
+
+    def expect(self, word: str) -> None:
+        line = self.p.stdout.readline().strip()
+        if line != word:
+            self.p.kill()
+            raise AssertionError(f"writer said {line!r}, expected {word!r}; stderr: {self.p.stderr.read()}")
+
+    def send(self, line: str, reply: str | None = "ok") -> None:
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        if reply:
+            self.expect(reply)
+
+    def finish(self) -> int:
+        try:
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
+        return self.p.wait(timeout=30)
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(timeout=30)
+
+
+@pytest.fixture
+def writer_factory(tmp_path):
+    made = []
+
+    def make(path):
+        w = Writer(path, tmp_path)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.kill()
+
+
+def test_reader_sees_new_examples_after_refresh(tmp_path, writer_factory):
+    path = tmp_path / "live.h5"
+    w = writer_factory(path)
+    w.send("append 0 3")
+    with open_store(path) as s:
+        assert len(s) == 3 and not s.complete
+        w.send("append 3 7")
+        assert len(s) == 3  # not before refresh
+        assert s.refresh() == 7 and len(s) == 7
+        for i in range(7):
+            assert_example(s[i], example(i))
+        assert s.by_id("ex-6-é").index == 6
+        w.send("append 7 8")
+        assert s.refresh() == 8
+        assert_example(s[-1], example(7))
+    w.send("close")
+    assert w.finish() == 0
+    with open_store(path) as s:
+        assert len(s) == 8 and s.complete
+
+
+def test_uncommitted_data_is_invisible(tmp_path, writer_factory):
+    path = tmp_path / "protocol.h5"
+    w = writer_factory(path)
+    w.send("append 0 2")
+    w.send("gate")
+    w.send("append 2 5", reply="data-flushed")  # the data of 2..4 is written and flushed, its rows are not
+    committed_tokens = sum(len(example(i).token_ids) for i in range(2))
+    with open_store(path) as s:
+        s.refresh()
+        assert len(s) == 2
+        # the data is really there, past the last committed row
+        assert s._f["tokens/ids"].shape[0] == committed_tokens + sum(len(example(i).token_ids) for i in range(2, 5))
+        assert [e.id for e in s] == ["ex-0-é", "ex-1-é"]
+        for i in range(2):
+            assert_example(s[i], example(i))
+        with pytest.raises(IndexError):
+            s[2]
+        w.send("go")  # release the gate: the rows are appended (the commit)
+        assert s.refresh() == 5
+        for i in range(5):
+            assert_example(s[i], example(i))
+    w.send("exit", reply=None)
+    w.finish()
+
+
+@pytest.mark.parametrize("death", ["exit", "sigkill"])
+def test_resume_after_writer_died(tmp_path, writer_factory, death):
+    path = tmp_path / "died.h5"
+    w = writer_factory(path)
+    w.send("append 0 3")
+    w.send("append 3 6")
+    w.send("gate")
+    w.send("append 6 9", reply="data-flushed")  # uncommitted data of 6..8 is left in the file
+    if death == "exit":
+        w.send("exit", reply=None)
+        w.finish()
+    else:
+        os.kill(w.p.pid, signal.SIGKILL)
+        assert w.p.wait(timeout=30) == -signal.SIGKILL
+
+    with open_store(path) as s:  # a killed SWMR writer's file opens and shows the committed prefix
+        assert len(s) == 6 and not s.complete
+        for i in range(6):
+            assert_example(s[i], example(i))
+
+    rw = StoreWriter.resume(str(path))
+    assert rw.n_committed == 6
+    n_tok = sum(len(example(i).token_ids) for i in range(6))
+    sq = sum(len(example(i).token_ids) ** 2 for i in range(6))
+    f = rw._f
+    # exactly the committed prefix was copied: the uncommitted tail is gone
+    assert f["examples/index"].shape[0] == 6
+    assert f["tokens/ids"].shape[0] == n_tok and f["tokens/spans"].shape == (n_tok, 2)
+    assert f["methods/rollout/scores"].shape[0] == n_tok
+    assert f["methods/rollout/layer_scores"].shape[0] == n_tok * L
+    assert f["methods/rollout/matrices"].shape[0] == sq * L
+    assert f["methods/logat/matrices"].shape[0] == n_tok * L
+    assert f["methods/logat/class_scores"].shape[0] == n_tok * 2
+    n_str = sum(len(t.encode()) for i in range(6) for t in example(i).tokens)
+    assert f["tokens/strings"].shape[0] == n_str
+    assert not os.path.exists(str(path) + ".resume-tmp")
+    rw.append([example(i) for i in range(6, 8)])
+    rw.append([example(8)])
+    rw.close(complete=True)
+
+    with open_store(path) as s:
+        assert len(s) == 9 and s.complete
+        assert s.model_info["model_id"] == "synthetic-é"
+        np.testing.assert_array_equal(s.index["row"], np.arange(9))
+        for i in range(9):
+            assert_example(s[i], example(i))
+
+
+def test_resume_of_a_closed_store_appends(tmp_path):
+    path = tmp_path / "closed.h5"
+    w = create(path)
+    w.append([example(i) for i in range(4)])
+    w.close(complete=True, summary={"examples": 4})
+    rw = StoreWriter.resume(str(path))
+    assert rw.n_committed == 4
+    rw.append([example(4), example(5)])
+    rw.close()
+    with open_store(path) as s:
+        assert len(s) == 6 and not s.complete
+        for i in range(6):
+            assert_example(s[i], example(i))
+
+
+def test_resume_of_a_non_store_raises(tmp_path):
+    path = tmp_path / "junk.h5"
+    path.write_bytes(b"\0junk" * 10)
+    with pytest.raises(StoreError) as info:
+        StoreWriter.resume(str(path))
+    one_line(str(info.value))
+
+
+def test_close_while_a_reader_is_open(tmp_path, writer_factory):
+    """Stamping the store complete (a non-SWMR reopen) works while a reader, e.g. attr-tui, has it open."""
+    path = tmp_path / "watched.h5"
+    w = writer_factory(path)
+    w.send("append 0 3")
+    with open_store(path) as s:
+        assert len(s) == 3 and not s.complete
+        w.send("close")  # the writer finishes while the store is being watched
+        assert s.refresh() == 3 and s.complete  # ... and the open reader sees it finished
+    assert w.finish() == 0
+    with open_store(path) as s:
+        assert len(s) == 3 and s.complete
+
+
+def test_refresh_across_index_chunks(tmp_path, writer_factory):
+    """A reader that stays open and refreshes reads correct rows past the first chunk of the index (256 rows)."""
+    path = tmp_path / "many.h5"
+    w = writer_factory(path)
+    w.send("append 0 40")
+    with open_store(path) as s:
+        for start in range(40, 320, 40):
+            w.send(f"append {start} {start + 40}")
+            n = s.refresh()
+            assert n == start + 40
+            np.testing.assert_array_equal(s.index["row"], np.arange(n))
+            assert s.ids()[-1] == f"ex-{n - 1}-é"
+        for i in (0, 255, 256, 257, 300, 319):
+            assert_example(s[i], example(i))
+    w.send("exit", reply=None)
+    w.finish()
+    with open_store(path) as s:
+        assert len(s) == 320
+        np.testing.assert_array_equal(s.index["row"], np.arange(320))
