@@ -70,6 +70,7 @@ def main() -> None:
                 cap = lm.adapter.capture(batch, needs)
                 _sync(dev); t["capture forward"] += time.perf_counter() - t0
                 for n, m in methods.items():
+                    cap.memo.clear()  # each method pays for its own intermediates (attr-compute shares them)
                     t0 = time.perf_counter()
                     m.compute(cap, lm.adapter, cap.pred)
                     _sync(dev); t[n] += time.perf_counter() - t0

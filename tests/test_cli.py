@@ -647,3 +647,14 @@ def test_bare_default_run(tmp_path):
     assert stores[0].name in "".join(text.split()) and "attr-tui" in text
     with open_store(stores[0]) as s:
         assert len(s) > 0 and s.complete
+
+
+def test_compute_never_imports_textual():
+    """compute/ is headless: the CLI and the batch loop load no UI framework (rich's progress bar is not textual)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, compute.cli, compute.runner, compute.ui, compute.methods, compute.adapters; "
+            "print(sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.') or m == 'tui'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
