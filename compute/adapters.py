@@ -40,6 +40,13 @@ class Captured:
     ln1_out: list[torch.Tensor] = field(default_factory=list)
     ln2_in: list[torch.Tensor] = field(default_factory=list)
     ln2_out: list[torch.Tensor] = field(default_factory=list)
+    # Target-independent intermediates shared by several methods of one batch (e.g. the per-layer head logits).
+    memo: dict = field(default_factory=dict)
+
+    def cached(self, key: str, fn):
+        if key not in self.memo:
+            self.memo[key] = fn()
+        return self.memo[key]
 
     @property
     def probs(self) -> torch.Tensor:
