@@ -78,11 +78,14 @@ def main():
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]),
               help="Reference conventions of a paper (recorded in the store).")
+@click.option("--alti-ln2", is_flag=True, help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2).")
+@click.option("--memory-mb", type=int, default=256, show_default=True, metavar="MB",
+              help="Memory budget of ALTI's query-row blocks.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
-            quiet, debug):
+            alti_ln2, memory_mb, quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -92,7 +95,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         dataset=dataset, output=output, model=model, methods=methods, limit=limit, batch_size=batch_size,
         device=device, dtype=dtype, max_length=max_length, text_column=text_column, pair_column=pair_column,
         label_column=label_column, id_column=id_column, split=split, target=target, matrices=matrices,
-        store_dtype=store_dtype, resume=resume, overwrite=overwrite, preset=preset, argv=[PROG, *sys.argv[1:]])
+        store_dtype=store_dtype, resume=resume, overwrite=overwrite, preset=preset, alti_ln2=alti_ln2,
+        memory_mb=memory_mb, argv=[PROG, *sys.argv[1:]])
     _guarded(lambda: _run(cfg, quiet), debug)
 
 

@@ -27,9 +27,11 @@ from .errors import AttrscopeError, UsageError
 from .methods import get_method, parse_methods
 from .models import LoadedModel, load_model, resolve_device
 
-# Reference conventions per paper (METHODS.md 1.3 and 14): the class each paper explains.
+# Reference conventions per paper (METHODS.md 1.3 and 14): the class each paper explains and method parameters.
 PRESETS: dict[str, dict] = {
-    "alti": {"target": "predicted"},
+    # ALTI's code drops the LayerNorm epsilon (14.1) and row-normalises its "Norm Rollout" baseline (14.6).
+    "alti": {"target": "predicted", "methods": {"alti": {"eps_quirk": True}, "alti_l2": {"eps_quirk": True},
+                                                "norm_resln": {"row_normalise": True}}},
     "globenc": {"target": "label"},
     "attcat": {"target": "label"},
     "masklrp": {"target": "label"},
@@ -61,6 +63,8 @@ class RunConfig:
     resume: bool = False
     overwrite: bool = False
     preset: str | None = None
+    alti_ln2: bool = False  # ALTI+LN2 variant for alti and alti_l2
+    memory_mb: int = 256  # budget of the query-row blocks of ALTI
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
     argv: list[str] = field(default_factory=list)
 
@@ -116,7 +120,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
 
     max_length = _max_length(cfg, lm)
-    methods = {name: get_method(name) for name in method_names}
+    methods = {name: get_method(name, **method_params(name, cfg)) for name in method_names}
     layouts = _layouts(methods, lm, cfg, target_mode)
     provenance = _provenance(cfg, lm, data, method_names, target_mode, max_length, output)
 
@@ -152,6 +156,16 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     return summary
 
 
+def method_params(name: str, cfg: RunConfig) -> dict:
+    """Parameters of method ``name``: the preset's reference conventions, then the explicit options."""
+    params = dict(PRESETS.get(cfg.preset, {}).get("methods", {}).get(name, {}))
+    if name in ("alti", "alti_l2"):
+        params["memory_mb"] = cfg.memory_mb
+        if cfg.alti_ln2:
+            params["ln2"] = True
+    return params
+
+
 def _check_options(cfg: RunConfig) -> None:
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite exclude each other: pick one")
@@ -159,6 +173,8 @@ def _check_options(cfg: RunConfig) -> None:
         raise UsageError("--batch-size must be at least 1")
     if cfg.max_length is not None and cfg.max_length < 2:
         raise UsageError("--max-length must be at least 2 (room for the special tokens)")
+    if cfg.memory_mb < 1:
+        raise UsageError("--memory-mb must be at least 1")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
@@ -222,7 +238,7 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
 
 # Settings that must match for --resume to continue a store.
 _RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
-                "pair_column", "label_column", "id_column")
+                "pair_column", "label_column", "id_column", "alti_ln2")
 
 
 def _open_writer(output, cfg, lm, layouts, provenance) -> tuple[StoreWriter, int]:

@@ -76,3 +76,118 @@ def normxlogit(model, hs, target):
     _, views = logat(model, hs, target)
     views = nv[None] * views
     return views[-1], views
+
+
+# ------------------------------------------------------------------ decomposition family (METHODS.md 1.1, 2, 3)
+def _modules(model, l):
+    """(value Linear, out Linear, LN1, LN2, ffn callable) of layer l, by the stock module names."""
+    mt = model.config.model_type
+    if mt == "distilbert":
+        layer = model.distilbert.transformer.layer[l]
+        return layer.attention.v_lin, layer.attention.out_lin, layer.sa_layer_norm, layer.output_layer_norm, layer.ffn
+    layer = model.base_model.encoder.layer[l]
+    return (layer.attention.self.value, layer.attention.output.dense, layer.attention.output.LayerNorm,
+            layer.output.LayerNorm, lambda y: layer.output.dense(layer.intermediate(y)))
+
+
+def _ln(s, ln, quirk=False):
+    g, b = ln.weight.detach().numpy(), ln.bias.detach().numpy()
+    c = s - s.mean(-1, keepdims=True)
+    var = (c ** 2).mean(-1, keepdims=True)
+    sigma = np.sqrt(var) if quirk else np.sqrt(var + ln.eps)
+    return g * c / sigma + b, sigma[..., 0], g, b
+
+
+def layer_terms(model, hs, att, l, quirk=False):
+    """One example, layer l, float64: the vectors T_i(x_j) [n, n, d] and x~_{i<-j} [n, n, d], and the real
+    y, y2, s, t, sigma1, sigma2, b_O, LN params. Recomputed from the weights, checked against HF's outputs."""
+    val, out, ln1, ln2, ffn = _modules(model, l)
+    x, A = hs[l], att[l]
+    H, n, _ = A.shape
+    d = x.shape[-1]
+    dh = d // H
+    W_V, b_V = val.weight.detach().numpy(), val.bias.detach().numpy()
+    W_O, b_O = out.weight.detach().numpy(), out.bias.detach().numpy()
+    v = (x @ W_V.T + b_V).reshape(n, H, dh)
+    u = np.stack([v[:, h, :] @ W_O[:, h * dh:(h + 1) * dh].T for h in range(H)])  # [H, n, d]
+    z = np.einsum("hij,hjd->ijd", A, u)  # z_{i<-j}
+    zp = z.copy()
+    zp[np.arange(n), np.arange(n)] += x  # z+_{i<-j}
+    s = zp.sum(1) + b_O
+    y, sigma1, g1, be1 = _ln(s, ln1, quirk)
+    with torch.no_grad():
+        t = y + ffn(torch.from_numpy(y)).numpy()
+    y2, sigma2, g2, be2 = _ln(t, ln2, quirk)
+    if not quirk:
+        assert np.allclose(y2, hs[l + 1], atol=1e-8), "recomputed layer output differs from HF's"
+    P = lambda a: a - a.mean(-1, keepdims=True)  # noqa: E731
+    T = g1 * P(zp) / sigma1[:, None, None]
+    Xt = g2 * P(T) / sigma2[:, None, None]
+    return dict(z=z, zp=zp, T=T, Xt=Xt, y=y, y2=y2, s=s, t=t, sigma1=sigma1, sigma2=sigma2, b_O=b_O,
+                g1=g1, be1=be1, g2=g2, be2=be2, A=A)
+
+
+def _prod_views(mats, pos=0, normalise=True):
+    R = np.eye(mats[0].shape[0])
+    views = []
+    for M in mats:
+        R = M @ R
+        row = R[pos]
+        views.append(row / row.sum() if normalise else row)
+    return np.stack(views)
+
+
+def _rownorm(M):
+    return M / M.sum(-1, keepdims=True)
+
+
+def decomposition_methods(model, hs, att, names, pos=0, quirk=False, row_normalise_resln=False, ln2=False):
+    """{name: (final [n], views [L, n], matrices [L, n, n])} of decomposition-family methods, by their definitions."""
+    Ds = [layer_terms(model, hs, att, l, quirk=quirk) for l in range(att.shape[0])]
+    return {name: _method_from_terms(Ds, name, pos, quirk, row_normalise_resln, ln2) for name in names}
+
+
+def _method_from_terms(Ds, name, pos, quirk, row_normalise_resln, ln2):
+    mats = []
+    for D in Ds:
+        n = D["A"].shape[-1]
+        if name in ("alti", "alti_l2"):
+            o = 1 if name == "alti" else 2
+            if ln2:
+                vecs, y = D["Xt"], D["y2"]
+            elif quirk:  # y rebuilt as sum_j T_i(x_j) + b~_i
+                b_tilde = D["g1"] * (D["b_O"] - D["b_O"].mean()) / D["sigma1"][:, None] + D["be1"]
+                vecs, y = D["T"], D["T"].sum(1) + b_tilde
+            else:
+                vecs, y = D["T"], D["y"]
+            dist = np.linalg.norm(y[:, None, :] - vecs, ord=o, axis=-1)
+            c = np.maximum(0, np.linalg.norm(y, ord=o, axis=-1)[:, None] - dist)
+            M = _rownorm(c)
+        elif name == "norm_n":
+            M = np.linalg.norm(D["z"], axis=-1)
+        elif name == "norm_res":
+            M = np.linalg.norm(D["zp"], axis=-1)
+        elif name == "norm_resln":
+            M = np.linalg.norm(D["T"], axis=-1)
+            M = _rownorm(M) if row_normalise_resln else M
+        elif name == "globenc":
+            M = np.linalg.norm(D["Xt"], axis=-1)
+        elif name == "norm_fixedres":
+            M = 0.5 * _rownorm(np.linalg.norm(D["z"], axis=-1)) + 0.5 * np.eye(n)
+        elif name == "w_fixedres":
+            M = 0.5 * D["A"].mean(0) + 0.5 * np.eye(n)
+        elif name == "w_res":
+            Xt = D["Xt"]
+            own = Xt[np.arange(n), np.arange(n)]
+            other = np.array([np.linalg.norm(Xt[i].sum(0) - Xt[i, i]) for i in range(n)])
+            r = other / (other + np.linalg.norm(own, axis=-1))
+            Ab = D["A"].mean(0)
+            off = Ab - np.diag(np.diag(Ab))
+            rs = off.sum(-1, keepdims=True)
+            off = off / np.where(rs > 0, rs, 1)
+            M = r[:, None] * off + np.diag(1 - r)
+        else:
+            raise ValueError(name)
+        mats.append(M)
+    views = _prod_views(mats, pos)
+    return views[-1], views, np.stack(mats)

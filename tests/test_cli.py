@@ -23,10 +23,12 @@ from compute.cli import main
 from store import StoreError, open_store
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("raw_attention", "rollout", "norm", "logat", "normxlogit")
-LAYER_VIEW_METHODS = ("raw_attention", "rollout", "logat", "normxlogit")
-MATRIX_METHODS = ("raw_attention", "rollout")
-CLASS_METHODS = ("logat", "normxlogit")
+from compute.methods import REGISTRY  # noqa: E402
+
+METHODS = tuple(REGISTRY)  # what --methods all (the default) computes
+LAYER_VIEW_METHODS = tuple(n for n, m in REGISTRY.items() if m.has_layer_views)
+MATRIX_METHODS = tuple(n for n, m in REGISTRY.items() if m.has_matrices)
+CLASS_METHODS = tuple(n for n, m in REGISTRY.items() if m.class_specific)
 N_LAYERS = 3  # of the tiny models in conftest
 WINDOW = 8  # RunConfig.window: batches per commit
 

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 from ..errors import UsageError
+from .alti import Alti
+from .alti_l2 import AltiL2
 from .base import Method, MethodResult
+from .globenc import GlobEnc
 from .logat import LogAt
 from .norm import Norm
+from .norm_fixedres import NormFixedRes
+from .norm_n import NormN
+from .norm_res import NormRes
+from .norm_resln import NormResLN
 from .normxlogit import NormXLogit
 from .raw_attention import RawAttention
 from .rollout import Rollout
+from .w_fixedres import WFixedRes
+from .w_res import WRes
 
-REGISTRY: dict[str, type[Method]] = {m.name: m for m in (RawAttention, Rollout, Norm, LogAt, NormXLogit)}
+# Canonical order (DESIGN.md section 4).
+REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
+    RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
+    Norm, LogAt, NormXLogit)}
 
 
 def parse_methods(spec: str) -> list[str]:

@@ -42,3 +42,16 @@ def row_at(M: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     if M.dim() == 3:
         return M[b, pos]
     return M[b, :, pos]
+
+
+def prod_rows_normalised(mats: list[torch.Tensor], pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """PROD (METHODS.md 1.2, no identity added): row ``pos`` of M^l ... M^1 for every l, each view scaled to sum 1.
+
+    Unnormalised norm matrices multiply into numbers that overflow float32 on long inputs and deep models, so each
+    layer's matrix is first divided by its mean row sum (one positive scalar per example and layer). A scalar leaves
+    the normalised views unchanged. Returns [B, L, n]."""
+    n_valid = mask.sum(-1).to(mats[0].dtype).clamp_min(1)[:, None, None]
+    tiny = torch.finfo(mats[0].dtype).tiny
+    scaled = [M / (M.sum(dim=(-2, -1), keepdim=True) / n_valid).clamp_min(tiny) for M in mats]
+    V = rows_of_products(scaled, pos)
+    return V / V.sum(dim=-1, keepdim=True).clamp_min(tiny)

@@ -1,0 +1,53 @@
+"""ALTI (Ferrando et al. 2022; METHODS.md 2.2-2.3): Aggregation of Layer-wise Token-to-token Interactions.
+
+Per layer: T_i(x_j) = gamma1 * P z+_{i<-j} / sigma1_i (the LN1-linearised contribution of token j to the
+attention-block output y_i), d_ij = ||y_i - T_i(x_j)||_1, c_ij = max(0, ||y_i||_1 - d_ij), C_ij = c_ij / sum_k c_ik.
+Final = row of the explained token in C^L ... C^1 (no identity: the residual is inside T_i(x_i)).
+
+Options: ``ln2`` (ALTI+LN2, the reference's "ours2": vectors taken through LN2, distances to the real LN2 output),
+``eps_quirk`` (the reference's sigma without LayerNorm epsilon, y rebuilt from the contributions; --preset alti),
+``memory_mb`` (query rows are processed in blocks whose [rows, n, d] tensors fit this budget).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregate import valid_block
+from .decomposition import attention_vectors, layer_parts, resln_operands, rows_for_budget
+from .layerwise import LayerwiseProduct, row_normalise
+
+
+class Alti(LayerwiseProduct):
+    name = "alti"
+    description = "ALTI: L1 proximity of each token's LN1-linearised contribution, rolled out over layers"
+    reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
+    row_stochastic = True
+    ord = 1  # the norm of the distances
+
+    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 256, **params):
+        super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)
+
+    def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
+        """C^l [B, n, n]: rows sum to 1 on real tokens; pad rows and columns are 0."""
+        p = layer_parts(cap, adapter, l, eps_quirk=self.params["eps_quirk"])
+        W, diag, scale = resln_operands(p)
+        if self.params["eps_quirk"]:
+            # rebuilt as sum_j T_i(x_j) + b~_i, which is LN1 with the quirk's sigma
+            y = p.ln1_linear(p.s) / scale[..., None] + p.beta1
+        else:
+            y = p.y  # the real LN1 output (equal to the rebuilt one with the exact epsilon)
+        if self.params["ln2"]:
+            y = p.y2  # distances to the real LN2 output, FFN effect included
+        B, n, d = y.shape
+        y_norm = torch.linalg.vector_norm(y, ord=self.ord, dim=-1)  # [B, n]
+        rows = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20)
+        c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
+        for i0 in range(0, n, rows):
+            I = slice(i0, min(n, i0 + rows))
+            T = attention_vectors(p, I, W, diag, scale)  # [B, rows, n, d]
+            if self.params["ln2"]:
+                T = p.ln2_linear(T) / p.sigma2[:, I, None, None]
+            dist = torch.linalg.vector_norm(y[:, I, None, :] - T, ord=self.ord, dim=-1)
+            c[:, I] = (y_norm[:, I, None] - dist).clamp_min(0)
+        return row_normalise(valid_block(c, cap.mask))

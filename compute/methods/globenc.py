@@ -1,0 +1,18 @@
+"""GlobEnc (Modarressi et al. 2022; METHODS.md 3.1-3.2): N_ENC = ||x~_{i<-j}||_2 with
+x~_{i<-j} = gamma2 * P T_i(x_j) / sigma2_i (the N_RESLN vectors taken through LN2 with the real sigma2_i; the FFN
+enters only through sigma2). Aggregated unnormalised (PROD; views scaled to sum 1, which changes no ranking)."""
+
+from __future__ import annotations
+
+from .decomposition import enc_operands, gram_norms, layer_parts
+from .layerwise import LayerwiseProduct
+
+
+class GlobEnc(LayerwiseProduct):
+    name = "globenc"
+    description = "GlobEnc: norms of contributions through attention, residual, LN1 and LN2 (N_ENC), multiplied"
+    reference = "Modarressi, Fayyaz, Yaghoobzadeh, Pilehvar (2022), NAACL; METHODS.md 3.1-3.2"
+
+    def layer_matrix(self, cap, adapter, l):
+        p = layer_parts(cap, adapter, l)
+        return gram_norms(p.A, *enc_operands(p))

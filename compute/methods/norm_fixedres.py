@@ -1,0 +1,21 @@
+"""N_FIXEDRES (METHODS.md 3.1): 0.5 * (N row-normalised) + 0.5 I, a fixed residual; row-stochastic, multiplied."""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregate import valid_block
+from .decomposition import gram_norms, layer_parts
+from .layerwise import LayerwiseProduct, row_normalise
+
+
+class NormFixedRes(LayerwiseProduct):
+    name = "norm_fixedres"
+    description = "N_FIXEDRES: half the row-normalised attention-vector norms, half identity, multiplied"
+    reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+    row_stochastic = True
+
+    def layer_matrix(self, cap, adapter, l):
+        p = layer_parts(cap, adapter, l)
+        N = row_normalise(valid_block(gram_norms(p.A, p.u), cap.mask))
+        return 0.5 * N + 0.5 * torch.eye(N.shape[-1], dtype=N.dtype, device=N.device)

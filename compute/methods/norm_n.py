@@ -1,0 +1,17 @@
+"""N (Kobayashi et al. 2020; METHODS.md 3.1): ||z_{i<-j}||_2 = ||sum_h A_ij^h u_j^h||_2, attention only.
+Aggregated unnormalised (PROD, views scaled to sum 1)."""
+
+from __future__ import annotations
+
+from .decomposition import gram_norms, layer_parts
+from .layerwise import LayerwiseProduct
+
+
+class NormN(LayerwiseProduct):
+    name = "norm_n"
+    description = "N: norm of the attention-weighted value vectors ||sum_h A u||, multiplied over layers"
+    reference = "Kobayashi et al. (2020); Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+
+    def layer_matrix(self, cap, adapter, l):
+        p = layer_parts(cap, adapter, l)
+        return gram_norms(p.A, p.u)

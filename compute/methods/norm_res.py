@@ -1,0 +1,17 @@
+"""N_RES (METHODS.md 3.1): ||z+_{i<-j}||_2, the attention vectors plus the residual x_i on the diagonal.
+Aggregated unnormalised (PROD, views scaled to sum 1)."""
+
+from __future__ import annotations
+
+from .decomposition import gram_norms, layer_parts
+from .layerwise import LayerwiseProduct
+
+
+class NormRes(LayerwiseProduct):
+    name = "norm_res"
+    description = "N_RES: norm of attention vectors plus the residual on the diagonal, multiplied over layers"
+    reference = "Kobayashi et al. (2021); Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+
+    def layer_matrix(self, cap, adapter, l):
+        p = layer_parts(cap, adapter, l)
+        return gram_norms(p.A, p.u, diag=p.x)

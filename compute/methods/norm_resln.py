@@ -1,0 +1,24 @@
+"""N_RESLN (Kobayashi et al. 2021; METHODS.md 3.1): ||T_i(x_j)||_2 = ||gamma1 * P z+_{i<-j}||_2 / sigma1_i.
+
+Aggregated unnormalised like GlobEnc's table (default), or row-normalised before the product like ALTI's "Norm
+Rollout" baseline (``row_normalise=True``, set by --preset alti; METHODS.md 2.4 and 14.6)."""
+
+from __future__ import annotations
+
+from .decomposition import gram_norms, layer_parts, resln_operands
+from .layerwise import LayerwiseProduct, row_normalise
+
+
+class NormResLN(LayerwiseProduct):
+    name = "norm_resln"
+    description = "N_RESLN: norm of the LN1-linearised contributions (attention + residual + LN1)"
+    reference = "Kobayashi et al. (2021); Modarressi et al. (2022); METHODS.md 3.1, 2.4"
+
+    def __init__(self, row_normalise: bool = False, **params):
+        super().__init__(row_normalise=row_normalise, **params)
+        self.row_stochastic = row_normalise
+
+    def layer_matrix(self, cap, adapter, l):
+        p = layer_parts(cap, adapter, l)
+        N = gram_norms(p.A, *resln_operands(p))
+        return row_normalise(N) if self.params["row_normalise"] else N

@@ -1,0 +1,39 @@
+"""W_RES (METHODS.md 3.1): attention with its diagonal replaced by the N_ENC context-mixing ratio.
+
+A' = head-mean attention with a zero diagonal, rows renormalised; W_RES = diag(r) A' + diag(1 - r), where
+r_i = ||sum_{j!=i} x~_{i<-j}|| / (||sum_{j!=i} x~_{i<-j}|| + ||x~_{i<-i}||) with the GlobEnc vectors x~.
+sum_j x~_{i<-j} is LN2's linear part of (s_i - b_O) (METHODS.md 10), so r costs O(n H d), no n x n x d tensor."""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregate import valid_block
+from .decomposition import layer_parts
+from .layerwise import LayerwiseProduct, row_normalise
+
+
+def mixing_ratio(p) -> torch.Tensor:
+    """r_i [B, n] from the N_ENC vectors."""
+    Q = lambda v: p.ln2_linear(p.ln1_linear(v))  # noqa: E731  gamma2 * P(gamma1 * P v)
+    scale = (p.sigma1 * p.sigma2)[..., None]
+    total = Q(p.s - p.b_O) / scale  # sum_j x~_{i<-j}
+    a_ii = torch.diagonal(p.A, dim1=2, dim2=3)  # [B, H, n]
+    own = (torch.einsum("bhi,bhid->bid", a_ii, Q(p.u)) + Q(p.x)) / scale  # x~_{i<-i}
+    other = torch.linalg.vector_norm(total - own, dim=-1)
+    own_norm = torch.linalg.vector_norm(own, dim=-1)
+    return other / (other + own_norm).clamp_min(torch.finfo(other.dtype).tiny)
+
+
+class WRes(LayerwiseProduct):
+    name = "w_res"
+    description = "W_RES: attention off the diagonal scaled by GlobEnc's mixing ratio r, 1 - r on the diagonal"
+    reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+    row_stochastic = True
+
+    def layer_matrix(self, cap, adapter, l):
+        p = layer_parts(cap, adapter, l)
+        A_bar = valid_block(p.A.mean(dim=1), cap.mask)
+        off = row_normalise(A_bar - torch.diag_embed(torch.diagonal(A_bar, dim1=1, dim2=2)))
+        r = mixing_ratio(p)
+        return r[..., None] * off + torch.diag_embed(1 - r)

@@ -1,0 +1,172 @@
+"""ALTI, GlobEnc and the N/W family on tiny random float64 models of every post-LN architecture: the decomposition
+identities of METHODS.md 11.1-11.5, the Gram trick, and agreement with the naive reference of tests/reference.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ARCHS, random_batch, tiny_model
+
+import reference as R
+from compute.adapters import adapter_for
+from compute.methods import get_method
+from compute.methods.aggregate import prod_rows_normalised
+from compute.methods.decomposition import (NEEDS, attention_vectors, enc_operands, gram_norms, layer_parts,
+                                           resln_operands)
+from compute.methods.w_res import mixing_ratio
+
+LENGTHS = [8, 3, 6, 1]  # padded batch, including a single-token example
+DECOMP = ["alti", "alti_l2", "globenc", "norm_n", "norm_fixedres", "norm_res", "norm_resln", "w_fixedres", "w_res"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def captured(request):
+    arch = request.param
+    model = tiny_model(arch)
+    ad = adapter_for(model)
+    batch = random_batch(arch, LENGTHS)
+    with torch.no_grad():
+        cap = ad.capture(batch, NEEDS)
+    return arch, model, ad, batch, cap
+
+
+def _valid(cap, b):
+    return int(cap.lengths[b])
+
+
+@torch.no_grad()
+def test_attention_block_identity(captured):
+    """11.1: sum_j T_i(x_j) + gamma1 P b_O / sigma1_i + beta1 == LN1 output, to 1e-8."""
+    _, _, ad, _, cap = captured
+    for l in range(ad.n_layers):
+        p = layer_parts(cap, ad, l)
+        n = p.A.shape[-1]
+        T = attention_vectors(p, slice(0, n), *resln_operands(p))  # [B, n, n, d]
+        rebuilt = T.sum(2) + p.b_tilde
+        for b in range(len(LENGTHS)):
+            k = _valid(cap, b)
+            torch.testing.assert_close(rebuilt[b, :k], p.y[b, :k], rtol=0, atol=1e-8)
+
+
+@torch.no_grad()
+def test_globenc_identity_through_ln2(captured):
+    """11.2: sum_j x~_{i<-j} + gamma2 P(b~_i + FFN(y_i)) / sigma2_i + beta2 == LN2 output, to 1e-8."""
+    _, _, ad, _, cap = captured
+    for l in range(ad.n_layers):
+        p = layer_parts(cap, ad, l)
+        n = p.A.shape[-1]
+        X = attention_vectors(p, slice(0, n), *enc_operands(p))  # x~ for all i, j
+        ffn = p.t - p.y  # t_i = y_i + FFN(y_i)
+        rebuilt = X.sum(2) + p.ln2_linear(p.b_tilde + ffn) / p.sigma2[..., None] + p.beta2
+        for b in range(len(LENGTHS)):
+            k = _valid(cap, b)
+            torch.testing.assert_close(rebuilt[b, :k], p.y2[b, :k], rtol=0, atol=1e-8)
+
+
+@torch.no_grad()
+def test_gram_trick_equals_materialised_norms(captured):
+    """11.3: Gram-matrix norms equal the norms of the materialised vectors (N, N_RES, N_RESLN = ALTI path, N_ENC)."""
+    _, _, ad, _, cap = captured
+    for l in range(ad.n_layers):
+        p = layer_parts(cap, ad, l)
+        n = p.A.shape[-1]
+        for W, diag, scale in [(p.u, None, None), (p.u, p.x, None), resln_operands(p), enc_operands(p)]:
+            full = torch.linalg.vector_norm(attention_vectors(p, slice(0, n), W, diag, scale), dim=-1)
+            torch.testing.assert_close(gram_norms(p.A, W, diag, scale), full, rtol=1e-9, atol=1e-10)
+
+
+@torch.no_grad()
+def test_alti_matrices_are_row_stochastic_with_zero_pad_columns(captured):
+    """11.4: C >= 0, rows sum to 1, pad rows and columns are 0; views sum to 1; n = 1 gives [[1]]."""
+    _, _, ad, _, cap = captured
+    for name in ("alti", "alti_l2"):
+        res = get_method(name).compute(cap, ad, cap.pred)
+        C = res.matrices
+        assert torch.all(C >= 0)
+        for b in range(len(LENGTHS)):
+            k = _valid(cap, b)
+            torch.testing.assert_close(C[b, :, :k, :k].sum(-1), torch.ones(ad.n_layers, k, dtype=C.dtype))
+            assert torch.all(C[b, :, :, k:] == 0) and torch.all(C[b, :, k:, :] == 0)
+            torch.testing.assert_close(res.layer_scores[b, :, :k].sum(-1), torch.ones(ad.n_layers, dtype=C.dtype))
+        single = LENGTHS.index(1)
+        assert torch.all(C[single, :, 0, 0] == 1) and float(res.scores[single, 0]) == 1.0
+
+
+@torch.no_grad()
+def test_w_res_diagonal_is_one_minus_mixing_ratio(captured):
+    """11.5: W_RES and W_FIXEDRES are row-stochastic; W_RES has diagonal 1 - r_i and off-diagonal mass r_i."""
+    _, _, ad, _, cap = captured
+    wres = get_method("w_res")
+    for l in range(ad.n_layers):
+        p = layer_parts(cap, ad, l)
+        r = mixing_ratio(p)
+        W = wres.layer_matrix(cap, ad, l)
+        F = get_method("w_fixedres").layer_matrix(cap, ad, l)
+        for b in range(len(LENGTHS)):
+            k = _valid(cap, b)
+            Wb = W[b, :k, :k]
+            torch.testing.assert_close(Wb.sum(-1), torch.ones(k, dtype=W.dtype))
+            torch.testing.assert_close(F[b, :k, :k].sum(-1), torch.ones(k, dtype=W.dtype))
+            torch.testing.assert_close(torch.diagonal(Wb), 1 - r[b, :k])
+            if k > 1:
+                torch.testing.assert_close(Wb.sum(-1) - torch.diagonal(Wb), r[b, :k])
+            assert torch.all((r[b, :k] >= 0) & (r[b, :k] <= 1))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("variant", ["clean", "alti_preset", "ln2"])
+def test_every_method_equals_the_reference_definition(captured, variant):
+    """Each example of the padded batch, method by method, against tests/reference.py (float64, 1e-8)."""
+    arch, model, ad, batch, cap = captured
+    opts = {"clean": {}, "alti_preset": {"quirk": True, "row_normalise_resln": True}, "ln2": {"ln2": True}}[variant]
+    names = {"clean": DECOMP, "alti_preset": ["alti", "alti_l2", "norm_resln"], "ln2": ["alti", "alti_l2"]}[variant]
+    params = {"clean": {}, "alti_preset": {"eps_quirk": True}, "ln2": {"ln2": True}}[variant]
+    got = {}
+    for name in names:
+        p = dict(params) if name.startswith("alti") else {}
+        if name == "norm_resln" and variant == "alti_preset":
+            p = {"row_normalise": True}
+        got[name] = get_method(name, **p).compute(cap, ad, cap.pred)
+    for b in range(len(LENGTHS)):
+        k = _valid(cap, b)
+        ids = batch["input_ids"][b, :k].tolist()
+        _, att, hs = R.forward64(model, ids)
+        ref = R.decomposition_methods(model, hs, att, names, **opts)
+        for name in names:
+            final, views, mats = ref[name]
+            res = got[name]
+            np.testing.assert_allclose(res.matrices[b, :, :k, :k].numpy(), mats, rtol=1e-8, atol=1e-10,
+                                       err_msg=f"{arch} {name} matrices")
+            np.testing.assert_allclose(res.layer_scores[b, :, :k].numpy(), views, rtol=1e-8, atol=1e-10,
+                                       err_msg=f"{arch} {name} views")
+            np.testing.assert_allclose(res.scores[b, :k].numpy(), final, rtol=1e-8, atol=1e-10)
+
+
+@torch.no_grad()
+def test_alti_query_blocks_do_not_change_the_result():
+    """The memory budget only changes how many query rows are processed at once."""
+    model = tiny_model("bert")
+    ad = adapter_for(model)
+    cap = ad.capture(random_batch("bert", [9, 5]), NEEDS)
+    whole = get_method("alti", memory_mb=1024).compute(cap, ad, cap.pred)
+    one_row = get_method("alti", memory_mb=0).compute(cap, ad, cap.pred)  # rows_for_budget -> 1 row per block
+    torch.testing.assert_close(whole.matrices, one_row.matrices, rtol=1e-12, atol=1e-14)
+
+
+def test_long_unnormalised_products_do_not_overflow_float32():
+    """Norm matrices with entries ~1e4 over 24 layers overflow a plain float32 product; the scaled one does not."""
+    g = torch.Generator().manual_seed(0)
+    n, L = 40, 24
+    mats64 = [1e4 * torch.rand(1, n, n, generator=g, dtype=torch.float64) for _ in range(L)]
+    mask = torch.ones(1, n, dtype=torch.bool)
+    pos = torch.zeros(1, dtype=torch.long)
+    plain = torch.zeros(1, n, dtype=torch.float32)
+    plain[0, 0] = 1
+    for M in mats64:
+        plain = plain @ M[0].float()
+    assert not torch.isfinite(plain).all()
+    got = prod_rows_normalised([M.float() for M in mats64], pos, mask)
+    want = prod_rows_normalised(mats64, pos, mask)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-7)
