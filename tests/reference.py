@@ -110,7 +110,7 @@ def layer_terms(model, hs, att, l, quirk=False):
     W_O, b_O = out.weight.detach().numpy(), out.bias.detach().numpy()
     v = (x @ W_V.T + b_V).reshape(n, H, dh)
     u = np.stack([v[:, h, :] @ W_O[:, h * dh:(h + 1) * dh].T for h in range(H)])  # [H, n, d]
-    z = np.einsum("hij,hjd->ijd", A, u)  # z_{i<-j}
+    z = np.matmul(A.transpose(2, 1, 0), u.transpose(1, 0, 2)).transpose(1, 0, 2)  # z_{i<-j} = sum_h A^h_ij u^h_j
     zp = z.copy()
     zp[np.arange(n), np.arange(n)] += x  # z+_{i<-j}
     s = zp.sum(1) + b_O

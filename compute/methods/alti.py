@@ -28,6 +28,12 @@ class Alti(LayerwiseProduct):
     def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 256, **params):
         super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)
 
+    @staticmethod
+    def proximity(y, y_norm, T):
+        """||y||_1 - ||y - T||_1, summed dimension by dimension: each term |y_k| - |y_k - T_k| is bounded by |T_k|,
+        so float32 does not lose the small differences of two large sums (cancellation)."""
+        return (y.abs() - (y - T).abs()).sum(-1)
+
     def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
         """C^l [B, n, n]: rows sum to 1 on real tokens; pad rows and columns are 0."""
         p = layer_parts(cap, adapter, l, eps_quirk=self.params["eps_quirk"])
@@ -48,6 +54,5 @@ class Alti(LayerwiseProduct):
             T = attention_vectors(p, I, W, diag, scale)  # [B, rows, n, d]
             if self.params["ln2"]:
                 T = p.ln2_linear(T) / p.sigma2[:, I, None, None]
-            dist = torch.linalg.vector_norm(y[:, I, None, :] - T, ord=self.ord, dim=-1)
-            c[:, I] = (y_norm[:, I, None] - dist).clamp_min(0)
+            c[:, I] = self.proximity(y[:, I, None, :], y_norm[:, I, None], T).clamp_min(0)
         return row_normalise(valid_block(c, cap.mask))
