@@ -8,11 +8,19 @@ Report seconds and ratios (method / bare forward). Each timing is the median of 
 
     python benchmarks/bench_methods.py                       # shared MiniLM-SST2 over SST-2 dev, CPU
     python benchmarks/bench_methods.py --device cuda --batch-size 64
+    python benchmarks/bench_methods.py --random-base 512 --batch-size 1 --methods alti,globenc --peak-memory
+
+``--random-base N`` replaces the model and data by a seeded random BERT-base-sized classifier (12 layers, hidden
+768, 12 heads) on random token sequences of length N. ``--peak-memory`` adds each method's peak memory: on CUDA the
+allocator's peak; on CPU the peak resident memory of a fresh process that builds the model, captures the first batch
+and runs the method (the "capture forward" row: a process that only captures).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import resource
 import statistics
 import sys
 import time
@@ -42,9 +50,66 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--random-base", type=int, metavar="N", help="random BERT-base-sized model, sequences of length N")
+    ap.add_argument("--peak-memory", action="store_true", help="also measure each method's peak memory")
     args = ap.parse_args()
 
     dev = resolve_device(args.device)
+    model, adapter, batches, n_ex = setup(args, dev)
+    names = parse_methods(args.methods)
+    methods = {n: get_method(n) for n in names}
+    needs = frozenset().union(*(m.needs for m in methods.values()))
+
+    def sweep():
+        t = {"bare forward": 0.0, "capture forward": 0.0, **{n: 0.0 for n in names}}
+        with torch.no_grad():
+            for batch in batches:
+                _sync(dev); t0 = time.perf_counter()
+                model(**adapter.forward_inputs(batch))
+                _sync(dev); t["bare forward"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                cap = adapter.capture(batch, needs)
+                _sync(dev); t["capture forward"] += time.perf_counter() - t0
+                for n, m in methods.items():
+                    cap.memo.clear()  # each method pays for its own intermediates (attr-compute shares them)
+                    t0 = time.perf_counter()
+                    m.compute(cap, adapter, cap.pred)
+                    _sync(dev); t[n] += time.perf_counter() - t0
+        return t
+
+    sweep()  # warm-up
+    runs = [sweep() for _ in range(args.repeat)]
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    base = med["bare forward"]
+    what = f"random BERT-base, n = {args.random_base}" if args.random_base else args.model
+    print(f"model {what} on {dev} ({torch.get_num_threads()} threads), {n_ex} examples, "
+          f"batch {args.batch_size}, median of {args.repeat}")
+    peaks = peak_memory(args, names) if args.peak_memory else {}
+    print(f"{'':18s} {'seconds':>9s} {'x bare fwd':>11s} {'(fwd+method)/fwd':>17s} {'peak MB':>9s}")
+    for k, v in med.items():
+        total = "" if k in ("bare forward", "capture forward") else f"{(med['capture forward'] + v) / base:17.3f}"
+        peak = f"{peaks[k]:9.0f}" if k in peaks else ""
+        print(f"{k:18s} {v:9.3f} {v / base:11.3f} {total:>17s} {peak:>9s}")
+    print(f"bare forward throughput: {n_ex / base:.1f} examples/s")
+
+
+def setup(args, dev):
+    """(model, adapter, padded batches on dev, number of examples)."""
+    if args.random_base:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        from compute.adapters import adapter_for
+
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(BertConfig(attn_implementation="eager")).to(dev).eval()
+        n_ex = args.limit or max(args.batch_size, 8)
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(1000, 30000, (n_ex, args.random_base), generator=g)
+        ids[:, 0], ids[:, -1] = 101, 102
+        batches = [{"input_ids": ids[b0:b0 + args.batch_size].to(dev),
+                    "attention_mask": torch.ones_like(ids[b0:b0 + args.batch_size]).to(dev)}
+                   for b0 in range(0, n_ex, args.batch_size)]
+        return model, adapter_for(model), batches, n_ex
     lm = load_model(args.model, device=dev)
     data = load_dataset(args.data, limit=args.limit,
                         label2id={v: k for k, v in lm.info["id2label"].items()}, num_labels=lm.info["num_labels"])
@@ -55,38 +120,38 @@ def main() -> None:
         idx = order[b0:b0 + args.batch_size]
         padded = lm.tokenizer.pad({"input_ids": [enc["input_ids"][i] for i in idx]}, return_tensors="pt")
         batches.append({k: v.to(dev) for k, v in padded.items()})
-    names = parse_methods(args.methods)
-    methods = {n: get_method(n) for n in names}
-    needs = frozenset().union(*(m.needs for m in methods.values()))
+    return lm.model, lm.adapter, batches, len(data.records)
 
-    def sweep():
-        t = {"bare forward": 0.0, "capture forward": 0.0, **{n: 0.0 for n in names}}
-        with torch.no_grad():
-            for batch in batches:
-                _sync(dev); t0 = time.perf_counter()
-                lm.model(**lm.adapter.forward_inputs(batch))
-                _sync(dev); t["bare forward"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                cap = lm.adapter.capture(batch, needs)
-                _sync(dev); t["capture forward"] += time.perf_counter() - t0
-                for n, m in methods.items():
-                    cap.memo.clear()  # each method pays for its own intermediates (attr-compute shares them)
-                    t0 = time.perf_counter()
-                    m.compute(cap, lm.adapter, cap.pred)
-                    _sync(dev); t[n] += time.perf_counter() - t0
-        return t
 
-    sweep()  # warm-up
-    runs = [sweep() for _ in range(args.repeat)]
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    base = med["bare forward"]
-    n_ex = len(data.records)
-    print(f"model {args.model} on {dev} ({torch.get_num_threads()} threads), {n_ex} examples, "
-          f"batch {args.batch_size}, median of {args.repeat}")
-    print(f"{'':18s} {'seconds':>9s} {'x bare fwd':>11s}")
-    for k, v in med.items():
-        print(f"{k:18s} {v:9.3f} {v / base:11.3f}")
-    print(f"bare forward throughput: {n_ex / base:.1f} examples/s")
+def _peak_child(args, name, queue):
+    """In a fresh process: capture the first batch (and run ``name`` unless None); report the peak memory in MB."""
+    dev = resolve_device(args.device)
+    model, adapter, batches, _ = setup(args, dev)
+    m = get_method(name) if name else None
+    needs = m.needs if m else frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    with torch.no_grad():
+        cap = adapter.capture(batches[0], needs)
+        if m:
+            m.compute(cap, adapter, cap.pred)
+    if dev.type == "cuda":
+        queue.put(torch.cuda.max_memory_allocated(dev) / 2**20)
+    else:
+        queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def peak_memory(args, names) -> dict:
+    """Peak memory per method (MB) for the first batch: whole-process peak on CPU, allocator peak on CUDA."""
+    ctx = mp.get_context("spawn")
+    out = {}
+    for name in [None, *names]:
+        q = ctx.Queue()
+        p = ctx.Process(target=_peak_child, args=(args, name, q))
+        p.start()
+        out[name or "capture forward"] = q.get()
+        p.join()
+    return out
 
 
 if __name__ == "__main__":

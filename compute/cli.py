@@ -79,7 +79,7 @@ def main():
 @click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]),
               help="Reference conventions of a paper (recorded in the store).")
 @click.option("--alti-ln2", is_flag=True, help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2).")
-@click.option("--memory-mb", type=int, default=256, show_default=True, metavar="MB",
+@click.option("--memory-mb", type=int, default=32, show_default=True, metavar="MB",
               help="Memory budget of ALTI's query-row blocks.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .aggregate import valid_block
-from .decomposition import attention_vectors, layer_parts, resln_operands, rows_for_budget
+from .decomposition import contributions_by_source, layer_parts, resln_operands, rows_for_budget
 from .layerwise import LayerwiseProduct, row_normalise
 
 
@@ -24,35 +24,55 @@ class Alti(LayerwiseProduct):
     reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
     row_stochastic = True
     ord = 1  # the norm of the distances
+    block_copies = 1  # [B, rows, n, d] tensors alive per query block (the L1 proximity works in place)
 
-    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 256, **params):
+    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 32, **params):
         super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)
 
     @staticmethod
-    def proximity(y, y_norm, T):
-        """||y||_1 - ||y - T||_1, summed dimension by dimension: each term |y_k| - |y_k - T_k| is bounded by |T_k|,
-        so float32 does not lose the small differences of two large sums (cancellation)."""
-        return (y.abs() - (y - T).abs()).sum(-1)
+    def proximity_(Z: torch.Tensor, ys: torch.Tensor, ys_norm: torch.Tensor) -> torch.Tensor:
+        """sigma_i (||y_i||_1 - ||y_i - T_ij||_1) from Z = sigma_i T_ij and ys = sigma_i y_i, overwriting Z.
+
+        Summed dimension by dimension: each term |ys_k| - |ys_k - Z_k| is bounded by |Z_k|, so float32 does not lose
+        small differences of two large sums (cancellation). In place: three passes over the block, no temporaries."""
+        Z.sub_(ys).abs_()
+        torch.sub(ys.abs(), Z, out=Z)
+        return Z.sum(-1)
 
     def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
         """C^l [B, n, n]: rows sum to 1 on real tokens; pad rows and columns are 0."""
         p = layer_parts(cap, adapter, l, eps_quirk=self.params["eps_quirk"])
-        W, diag, scale = resln_operands(p)
+        U, diag, scale = resln_operands(p)
+        if self.params["ln2"]:
+            return self._layer_matrix_ln2(cap, p, U, diag, scale)
         if self.params["eps_quirk"]:
             # rebuilt as sum_j T_i(x_j) + b~_i, which is LN1 with the quirk's sigma
             y = p.ln1_linear(p.s) / scale[..., None] + p.beta1
         else:
             y = p.y  # the real LN1 output (equal to the rebuilt one with the exact epsilon)
-        if self.params["ln2"]:
-            y = p.y2  # distances to the real LN2 output, FFN effect included
+        # Work with Z = sigma_i T_ij (no division over the big block): compare it with ys = sigma_i y_i.
+        ys = y * scale[..., None]
+        ys_norm = torch.linalg.vector_norm(ys, ord=self.ord, dim=-1)
         B, n, d = y.shape
-        y_norm = torch.linalg.vector_norm(y, ord=self.ord, dim=-1)  # [B, n]
-        rows = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20)
+        rows = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=self.block_copies)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         for i0 in range(0, n, rows):
             I = slice(i0, min(n, i0 + rows))
-            T = attention_vectors(p, I, W, diag, scale)  # [B, rows, n, d]
-            if self.params["ln2"]:
-                T = p.ln2_linear(T) / p.sigma2[:, I, None, None]
-            c[:, I] = self.proximity(y[:, I, None, :], y_norm[:, I, None], T).clamp_min(0)
+            Z = contributions_by_source(p.A, U, diag, I)  # [B, j, rows, d]
+            c[:, I] = self.proximity_(Z, ys[:, None, I, :], ys_norm[:, None, I]).transpose(1, 2)
+        c = c.clamp_min(0) / scale[..., None]  # the positive scale changes no row after normalisation; kept exact
         return row_normalise(valid_block(c, cap.mask))
+
+    def _layer_matrix_ln2(self, cap, p, U, diag, scale):
+        """ALTI+LN2: vectors gamma2 P T_ij / sigma2_i against the real LN2 output (the FFN effect included)."""
+        y = p.y2
+        y_norm = torch.linalg.vector_norm(y, ord=self.ord, dim=-1)
+        B, n, d = y.shape
+        rows = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=3)
+        c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
+        for i0 in range(0, n, rows):
+            I = slice(i0, min(n, i0 + rows))
+            T = contributions_by_source(p.A, U, diag, I) / scale[:, None, I, None]
+            X = p.ln2_linear(T) / p.sigma2[:, None, I, None]
+            c[:, I] = self.proximity_(X, y[:, None, I, :], y_norm[:, None, I]).transpose(1, 2)
+        return row_normalise(valid_block(c.clamp_min(0), cap.mask))

@@ -12,11 +12,13 @@ class AltiL2(Alti):
     description = "ALTI with L2 distances (ALTI-l2)"
     reference = "Ferrando et al. (2022), Table 4-5; METHODS.md 2.2"
     ord = 2
+    block_copies = 2
 
     @staticmethod
-    def proximity(y, y_norm, T):
-        """||y||_2 - ||y - T||_2 as (||y||^2 - ||y - T||^2) / (||y|| + ||y - T||) = (2<y,T> - ||T||^2) / (...):
-        no difference of two nearly equal norms in float32."""
-        dist = torch.linalg.vector_norm(y - T, dim=-1)
-        num = (T * (2 * y - T)).sum(-1)
-        return num / (y_norm + dist).clamp_min(torch.finfo(dist.dtype).tiny)
+    def proximity_(Z: torch.Tensor, ys: torch.Tensor, ys_norm: torch.Tensor) -> torch.Tensor:
+        """sigma_i (||y_i||_2 - ||y_i - T_ij||_2), overwriting Z, in the stable form
+        (||ys||^2 - ||ys - Z||^2) / (||ys|| + ||ys - Z||) = <Z, 2 ys - Z> / (...): no difference of nearly equal norms."""
+        D = ys - Z
+        dist = torch.linalg.vector_norm(D, dim=-1)
+        num = torch.linalg.vecdot(Z, D.add_(ys))
+        return num / (ys_norm + dist).clamp_min(torch.finfo(dist.dtype).tiny)

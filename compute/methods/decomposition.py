@@ -37,7 +37,8 @@ class LayerParts:
 
     A: torch.Tensor  # [B, H, n, n] attention probabilities
     x: torch.Tensor  # [B, n, d]    layer input (residual)
-    u: torch.Tensor  # [B, H, n, d] W_O^h v_j^h (value bias included)
+    v: torch.Tensor  # [B, n, H, d_h] value vectors W_V x + b_V
+    W_O: torch.Tensor  # [d, d] output projection (out = concat_h v^h @ W_O^T + b_O)
     b_O: torch.Tensor  # [d]
     s: torch.Tensor  # [B, n, d]    real pre-LN1 state
     y: torch.Tensor  # [B, n, d]    real LN1 output
@@ -62,6 +63,16 @@ class LayerParts:
         """b~_i = gamma1 * P b_O / sigma1_i + beta1 [B, n, d]: output bias and LN1 beta, assigned to no token."""
         return self.ln1_linear(self.b_O)[None, None] / self.sigma1[..., None] + self.beta1
 
+    def project(self, W: torch.Tensor) -> torch.Tensor:
+        """u_j^h = W^h v_j^h for an output projection W [d, d] split by heads: [B, n, H, d]."""
+        B, n, H, dh = self.v.shape
+        return torch.einsum("bnhk,dhk->bnhd", self.v, W.view(W.shape[0], H, dh))
+
+    @property
+    def u(self) -> torch.Tensor:
+        """W_O^h v_j^h [B, n, H, d] (value bias included)."""
+        return self.project(self.W_O)
+
 
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 
@@ -73,43 +84,80 @@ def layer_parts(cap: Captured, adapter: Adapter, l: int, eps_quirk: bool = False
     A = cap.attentions[l]
     B, H, n, _ = A.shape
     dtype = A.dtype
-    W_O = out.weight.to(dtype)  # [d, d]: out = concat_h v^h @ W_O^T + b_O
-    d = W_O.shape[0]
-    v = cap.values[l].view(B, n, H, d // H)
-    u = torch.einsum("bnhk,dhk->bhnd", v, W_O.view(d, H, d // H))
+    W_O = out.weight.to(dtype)
     s, t = cap.ln1_in[l], cap.ln2_in[l]
     return LayerParts(
-        A=A, x=cap.hidden_states[l], u=u, b_O=out.bias.to(dtype), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
+        A=A, x=cap.hidden_states[l], v=cap.values[l].view(B, n, H, W_O.shape[0] // H), W_O=W_O,
+        b_O=out.bias.to(dtype), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
         gamma1=ln1.weight.to(dtype), beta1=ln1.bias.to(dtype), gamma2=ln2.weight.to(dtype), beta2=ln2.bias.to(dtype),
         sigma1=ln_sigma(s, ln1.eps, eps_quirk), sigma2=ln_sigma(t, ln2.eps, eps_quirk))
 
 
-def attention_vectors(p: LayerParts, rows: slice, W: torch.Tensor, diag: torch.Tensor | None,
-                      scale: torch.Tensor | None) -> torch.Tensor:
-    """(sum_h A_ij^h W_j^h + [i=j] diag_i) / scale_i for the query rows ``rows``: [B, rows, n, d].
+def operands(p: LayerParts, kind: str):
+    """(U [B, n, H, d], diag [B, n, d] | None, scale [B, n] | None) such that the decomposed vector is
+    (sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i:
 
-    Heads are contracted at once, so the largest tensor is rows x n x d (the caller sizes ``rows``)."""
-    Z = torch.einsum("bhij,bhjd->bijd", p.A[:, :, rows, :], W)
-    if diag is not None:
-        k = torch.arange(Z.shape[1], device=Z.device)
-        Z[:, k, rows.start + k, :] += diag[:, rows, :]
+        "n"      z_{i<-j}                           (N)
+        "res"    z+_{i<-j}                          (N_RES)
+        "resln"  T_i(x_j) = gamma1 P z+ / sigma1_i  (N_RESLN, ALTI)
+        "enc"    x~_{i<-j} = gamma2 P T / sigma2_i  (N_ENC, GlobEnc)
+
+    LayerNorm's linear parts are folded into W_O (gamma P W_O, a d x d product per layer) rather than applied to
+    the [B, n, H, d] vectors."""
+    if kind == "n":
+        return p.u, None, None
+    if kind == "res":
+        return p.u, p.x, None
+    W1 = p.gamma1[:, None] * center_rows(p.W_O)
+    if kind == "resln":
+        return p.project(W1), p.ln1_linear(p.x), p.sigma1
+    if kind == "enc":
+        W2 = p.gamma2[:, None] * center_rows(W1)
+        return p.project(W2), p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
+    raise ValueError(kind)
+
+
+def center_rows(W: torch.Tensor) -> torch.Tensor:
+    """P W: centre every column of W over the output dimension (so P (W v) = (P W) v)."""
+    return W - W.mean(dim=0, keepdim=True)
+
+
+def attention_vectors(p: LayerParts, rows: slice, U: torch.Tensor, diag: torch.Tensor | None,
+                      scale: torch.Tensor | None) -> torch.Tensor:
+    """(sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i for the query rows ``rows``: [B, rows, n, d] (tests, reference
+    layouts; ALTI uses the blocked, in-place ``contributions_by_source``)."""
+    Z = contributions_by_source(p.A, U, diag, rows).transpose(1, 2)
     if scale is not None:
         Z = Z / scale[:, rows, None, None]
     return Z
 
 
-def gram_norms(A: torch.Tensor, W: torch.Tensor, diag: torch.Tensor | None = None,
-               scale: torch.Tensor | None = None) -> torch.Tensor:
-    """|| sum_h A_ij^h W_j^h + [i=j] diag_i ||_2 / scale_i for all i, j: [B, n, n], via Gram matrices (METHODS.md 10).
+def contributions_by_source(A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None, rows: slice) -> torch.Tensor:
+    """sum_h A_ij^h U_j^h + [i=j] diag_i, unscaled, laid out [B, j, rows, d] (source-major).
 
-    ||sum_h a_h w^h||^2 = a^T G a with G[h, h'] = <w^h, w^h'>: O(n H^2 d + n^2 H^2) time, O(n^2 H) memory."""
-    G = torch.einsum("bhjd,bkjd->bjhk", W, W)  # [B, n, H, H]
-    Ap = A.permute(0, 3, 2, 1)  # [B, j, i, h]
+    For each (b, j) this is one [rows, H] @ [H, d] product, so the whole block is a single batched matmul with heads
+    contracted at once; no heads x n x n x d tensor exists."""
+    B, n, H, d = U.shape
+    Ablk = A[:, :, rows, :].permute(0, 3, 2, 1).reshape(B * n, -1, H)  # [B*j, rows, H]
+    Z = torch.bmm(Ablk, U.reshape(B * n, H, d)).view(B, n, -1, d)  # [B, j, rows, d]
+    if diag is not None:
+        k = torch.arange(Z.shape[2], device=Z.device)
+        Z[:, rows.start + k, k, :] += diag[:, rows, :]
+    return Z
+
+
+def gram_norms(A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None = None,
+               scale: torch.Tensor | None = None) -> torch.Tensor:
+    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2 / scale_i for all i, j: [B, n, n], via Gram matrices (METHODS.md 10).
+
+    ||sum_h a_h u^h||^2 = a^T G a with G[h, h'] = <u^h, u^h'>: O(n H^2 d + n^2 H^2) time, O(n^2 H) memory."""
+    G = torch.matmul(U, U.transpose(-1, -2))  # [B, j, H, H]
+    Ap = A.permute(0, 3, 2, 1)  # [B, j, i, H]
     q = (torch.matmul(Ap, G) * Ap).sum(-1).transpose(1, 2)  # [B, i, j]
     if diag is not None:
-        a_ii = torch.diagonal(A, dim1=2, dim2=3)  # [B, H, n]
-        cross = torch.einsum("bhid,bid->bhi", W, diag)
-        extra = 2 * (a_ii * cross).sum(1) + diag.pow(2).sum(-1)  # [B, n]
+        a_ii = torch.diagonal(A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
+        cross = torch.matmul(U, diag[..., None]).squeeze(-1)  # [B, n, H]: <U_i^h, diag_i>
+        extra = 2 * (a_ii * cross).sum(-1) + diag.pow(2).sum(-1)  # [B, n]
         q = q + torch.diag_embed(extra)
     norms = q.clamp_min(0).sqrt()
     if scale is not None:
@@ -118,13 +166,13 @@ def gram_norms(A: torch.Tensor, W: torch.Tensor, diag: torch.Tensor | None = Non
 
 
 def resln_operands(p: LayerParts):
-    """W, diag, scale of T_i(x_j) (N_RESLN, ALTI)."""
-    return p.ln1_linear(p.u), p.ln1_linear(p.x), p.sigma1
+    """U, diag, scale of T_i(x_j) (N_RESLN, ALTI)."""
+    return operands(p, "resln")
 
 
 def enc_operands(p: LayerParts):
-    """W, diag, scale of x~_{i<-j} (N_ENC, GlobEnc): LN2's linear part after LN1's."""
-    return p.ln2_linear(p.ln1_linear(p.u)), p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
+    """U, diag, scale of x~_{i<-j} (N_ENC, GlobEnc): LN2's linear part after LN1's."""
+    return operands(p, "enc")
 
 
 def rows_for_budget(B: int, n: int, d: int, itemsize: int, budget_bytes: int, copies: int = 3) -> int:
