@@ -79,8 +79,8 @@ def main():
 @click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]),
               help="Reference conventions of a paper (recorded in the store).")
 @click.option("--alti-ln2", is_flag=True, help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2).")
-@click.option("--memory-mb", type=int, default=32, show_default=True, metavar="MB",
-              help="Memory budget of ALTI's query-row blocks.")
+@click.option("--memory-mb", type=int, default=8, show_default=True, metavar="MB",
+              help="Memory budget of ALTI's source-token blocks.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,

@@ -64,7 +64,7 @@ class RunConfig:
     overwrite: bool = False
     preset: str | None = None
     alti_ln2: bool = False  # ALTI+LN2 variant for alti and alti_l2
-    memory_mb: int = 32  # budget of ALTI's query-row blocks (cache-sized blocks were fastest on CPU)
+    memory_mb: int = 8  # budget of ALTI's source-token blocks (cache-sized blocks were fastest on CPU)
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
     argv: list[str] = field(default_factory=list)
 

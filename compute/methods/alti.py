@@ -6,7 +6,7 @@ Final = row of the explained token in C^L ... C^1 (no identity: the residual is 
 
 Options: ``ln2`` (ALTI+LN2, the reference's "ours2": vectors taken through LN2, distances to the real LN2 output),
 ``eps_quirk`` (the reference's sigma without LayerNorm epsilon, y rebuilt from the contributions; --preset alti),
-``memory_mb`` (query rows are processed in blocks whose [rows, n, d] tensors fit this budget).
+``memory_mb`` (source tokens are processed in blocks whose [k, n, d] tensors fit this budget).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .aggregate import valid_block
-from .decomposition import contributions_by_source, layer_parts, resln_operands, rows_for_budget
+from .decomposition import contributions_of_sources, layer_parts, resln_operands, rows_for_budget
 from .layerwise import LayerwiseProduct, row_normalise
 
 
@@ -26,7 +26,7 @@ class Alti(LayerwiseProduct):
     ord = 1  # the norm of the distances
     block_copies = 1  # [B, rows, n, d] tensors alive per query block (the L1 proximity works in place)
 
-    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 32, **params):
+    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, **params):
         super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)
 
     @staticmethod
@@ -54,12 +54,12 @@ class Alti(LayerwiseProduct):
         ys = y * scale[..., None]
         ys_norm = torch.linalg.vector_norm(ys, ord=self.ord, dim=-1)
         B, n, d = y.shape
-        rows = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=self.block_copies)
+        cols = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=self.block_copies)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
-        for i0 in range(0, n, rows):
-            I = slice(i0, min(n, i0 + rows))
-            Z = contributions_by_source(p.A, U, diag, I)  # [B, j, rows, d]
-            c[:, I] = self.proximity_(Z, ys[:, None, I, :], ys_norm[:, None, I]).transpose(1, 2)
+        for j0 in range(0, n, cols):
+            J = slice(j0, min(n, j0 + cols))
+            Z = contributions_of_sources(p.A, U, diag, J)  # [B, j, i, d] for the source block J
+            c[:, :, J] = self.proximity_(Z, ys[:, None], ys_norm[:, None]).transpose(1, 2)
         c = c.clamp_min(0) / scale[..., None]  # the positive scale changes no row after normalisation; kept exact
         return row_normalise(valid_block(c, cap.mask))
 
@@ -68,11 +68,11 @@ class Alti(LayerwiseProduct):
         y = p.y2
         y_norm = torch.linalg.vector_norm(y, ord=self.ord, dim=-1)
         B, n, d = y.shape
-        rows = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=3)
+        cols = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=3)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
-        for i0 in range(0, n, rows):
-            I = slice(i0, min(n, i0 + rows))
-            T = contributions_by_source(p.A, U, diag, I) / scale[:, None, I, None]
-            X = p.ln2_linear(T) / p.sigma2[:, None, I, None]
-            c[:, I] = self.proximity_(X, y[:, None, I, :], y_norm[:, None, I]).transpose(1, 2)
+        for j0 in range(0, n, cols):
+            J = slice(j0, min(n, j0 + cols))
+            T = contributions_of_sources(p.A, U, diag, J) / scale[:, None, :, None]
+            X = p.ln2_linear(T) / p.sigma2[:, None, :, None]
+            c[:, :, J] = self.proximity_(X, y[:, None], y_norm[:, None]).transpose(1, 2)
         return row_normalise(valid_block(c.clamp_min(0), cap.mask))
