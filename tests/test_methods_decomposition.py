@@ -150,7 +150,7 @@ def test_alti_query_blocks_do_not_change_the_result():
     ad = adapter_for(model)
     cap = ad.capture(random_batch("bert", [9, 5]), NEEDS)
     whole = get_method("alti", memory_mb=1024).compute(cap, ad, cap.pred)
-    one_row = get_method("alti", memory_mb=0).compute(cap, ad, cap.pred)  # rows_for_budget -> 1 token per block
+    one_row = get_method("alti", memory_mb=0).compute(cap, ad, cap.pred)  # tokens_per_block -> 1 token per block
     torch.testing.assert_close(whole.matrices, one_row.matrices, rtol=1e-12, atol=1e-14)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .aggregate import valid_block
-from .decomposition import contributions_of_sources, layer_parts, resln_operands, rows_for_budget
+from .decomposition import contributions_of_sources, layer_parts, resln_operands, tokens_per_block
 from .layerwise import LayerwiseProduct, row_normalise
 
 
@@ -54,7 +54,7 @@ class Alti(LayerwiseProduct):
         ys = y * scale[..., None]
         ys_norm = torch.linalg.vector_norm(ys, ord=self.ord, dim=-1)
         B, n, d = y.shape
-        cols = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=self.block_copies)
+        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=self.block_copies)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         for j0 in range(0, n, cols):
             J = slice(j0, min(n, j0 + cols))
@@ -68,7 +68,7 @@ class Alti(LayerwiseProduct):
         y = p.y2
         y_norm = torch.linalg.vector_norm(y, ord=self.ord, dim=-1)
         B, n, d = y.shape
-        cols = rows_for_budget(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=3)
+        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=3)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         for j0 in range(0, n, cols):
             J = slice(j0, min(n, j0 + cols))

@@ -179,7 +179,7 @@ def enc_operands(p: LayerParts):
     return operands(p, "enc")
 
 
-def rows_for_budget(B: int, n: int, d: int, itemsize: int, budget_bytes: int, copies: int = 3) -> int:
+def tokens_per_block(B: int, n: int, d: int, itemsize: int, budget_bytes: int, copies: int = 3) -> int:
     """How many tokens of a block fit: a [B, k, n, d] block and ``copies`` temporaries of its size within the budget."""
     per_row = B * n * d * itemsize * copies
     return max(1, min(n, budget_bytes // max(per_row, 1)))
