@@ -57,6 +57,18 @@ class Captured:
         return self.logits.argmax(dim=-1)
 
 
+def _keep_value(lst, value_of):
+    def hook(_m, _inp, out):
+        lst.append(value_of(_first(out)))
+    return hook
+
+
+def _replace_last(lst):
+    def hook(_m, _inp, out):
+        lst[-1] = _first(out)
+    return hook
+
+
 def _keep_attention(lst):
     def hook(_m, _inp, out):
         lst.append(out[1])  # (context, attention probabilities)
@@ -78,6 +90,7 @@ class Adapter:
 
     family: str = ""
     model_types: tuple[str, ...] = ()
+    pre_ln: bool = False  # LayerNorm before attention/MLP (GPT-2, Llama) instead of after the residual add
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -102,8 +115,17 @@ class Adapter:
         """Module whose forward returns (context, attention_probs)."""
         raise NotImplementedError
 
-    def value_module(self, layer: nn.Module) -> nn.Linear:
+    def value_module(self, layer: nn.Module) -> nn.Module:
+        """Module whose output holds the value vectors W_V x + b_V (see :meth:`value_of`)."""
         raise NotImplementedError
+
+    def value_of(self, out: torch.Tensor) -> torch.Tensor:
+        """The value vectors [B, n, d] in the output of :meth:`value_module` (fused QKV projections slice it)."""
+        return out
+
+    def final_norm(self) -> nn.Module | None:
+        """A norm applied after the last layer whose output is Hugging Face's last hidden state (GPT-2's ln_f)."""
+        return None
 
     def out_proj(self, layer: nn.Module) -> nn.Linear:
         """W_O, b_O of the attention block."""
@@ -155,11 +177,15 @@ class Adapter:
                     handles.append(self.attention_probs_module(layer).register_forward_hook(
                         _keep_attention(cap.attentions)))
                 if "values" in needs:
-                    handles.append(self.value_module(layer).register_forward_hook(keep(cap.values)))
+                    handles.append(self.value_module(layer).register_forward_hook(
+                        _keep_value(cap.values, self.value_of)))
                 for name, mod in (("ln1", self.ln1(layer)), ("ln2", self.ln2(layer))):
                     if name in needs:
                         handles.append(mod.register_forward_hook(
                             keep_in_out(getattr(cap, f"{name}_in"), getattr(cap, f"{name}_out"))))
+            if "hidden_states" in needs and self.final_norm() is not None:
+                # HF's last hidden state is the final norm's output, not the last block's.
+                handles.append(self.final_norm().register_forward_hook(_replace_last(cap.hidden_states)))
             yield cap
         finally:
             for h in handles:
@@ -268,7 +294,60 @@ class DistilBertAdapter(Adapter):
         return m.classifier(m.dropout(torch.relu(m.pre_classifier(h))))
 
 
-ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter)
+class _LinearView:
+    """W and b of a GPT-2 Conv1D (y = x W + b) in nn.Linear's convention (weight [out, in])."""
+
+    def __init__(self, conv):
+        self.weight = conv.weight.t()
+        self.bias = conv.bias
+
+
+class GPT2Adapter(Adapter):
+    """GPT-2 (pre-LN, causal): r = x + Attn(ln_1(x)), x' = r + MLP(ln_2(r)); ln_f after the last block. The
+    classifier reads the last real token."""
+
+    family = "gpt2"
+    model_types = ("gpt2",)
+    pre_ln = True
+
+    def layers(self):
+        return list(self.model.transformer.h)
+
+    def embeddings(self):
+        return self.model.transformer.drop  # output = token + position embeddings = hidden_states[0]
+
+    def attention_probs_module(self, layer):
+        return layer.attn
+
+    def value_module(self, layer):
+        return layer.attn.c_attn  # fused [q | k | v], biases included
+
+    def value_of(self, out):
+        d = out.shape[-1] // 3
+        return out[..., 2 * d:]
+
+    def out_proj(self, layer):
+        return _LinearView(layer.attn.c_proj)
+
+    def ln1(self, layer):
+        return layer.ln_1
+
+    def ln2(self, layer):
+        return layer.ln_2
+
+    def final_norm(self):
+        return self.model.transformer.ln_f
+
+    def _head(self, h):
+        return self.model.score(h)  # per-position logits before HF pools the last real token
+
+    def explain_positions(self, input_ids, mask):
+        # The last real token (HF pools it); works for left and right padding.
+        pos = torch.arange(mask.shape[1], device=mask.device)
+        return (mask.long() * (pos + 1)).argmax(dim=-1)
+
+
+ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter)
 SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
 
 

@@ -124,7 +124,15 @@ def _load_hf(spec: str):
         tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
+    pad_note = None
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # GPT-2 has no pad token; padding is masked out, and HF's classifier then pools the last non-pad token.
+        tokenizer.pad_token = tokenizer.eos_token
+        pad_note = "pad token set to the eos token by attrscope"
+    if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
     info = {
+        "pad_token": pad_note,
         "model_id": os.path.abspath(spec) if local else spec,
         "model_source": "local" if local else "hub",
         "revision": getattr(config, "_commit_hash", None),

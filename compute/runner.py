@@ -121,6 +121,15 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
 
     max_length = _max_length(cfg, lm)
     methods = {name: get_method(name, **method_params(name, cfg)) for name in method_names}
+    if cfg.methods.strip() == "all":  # 'all' means every method defined for this architecture
+        skipped = [name for name, m in methods.items() if not _defined(m, lm.adapter)]
+        methods = {name: m for name, m in methods.items() if name not in skipped}
+        method_names = list(methods)
+        if skipped:
+            progress.message(f"--methods all: skipping {', '.join(skipped)}, not defined for the "
+                             f"{lm.info['model_type']} architecture (METHODS.md section 9)")
+    for m in methods.values():
+        m.check_architecture(lm.adapter)  # a method named explicitly but undefined: one line, nothing written
     layouts = _layouts(methods, lm, cfg, target_mode)
     provenance = _provenance(cfg, lm, data, method_names, target_mode, max_length, output)
 
@@ -154,6 +163,14 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     summary["store"] = os.path.abspath(output)
     summary["store_bytes"] = os.path.getsize(output)
     return summary
+
+
+def _defined(method, adapter) -> bool:
+    try:
+        method.check_architecture(adapter)
+        return True
+    except AttrscopeError:
+        return False
 
 
 def method_params(name: str, cfg: RunConfig) -> dict:
@@ -299,6 +316,9 @@ def _tokenize(lm: LoadedModel, records: list[Record], max_length: int) -> Tokeni
     enc = tok(texts, second, truncation=True, max_length=max_length, return_offsets_mapping=fast,
               return_token_type_ids=True, verbose=False)
     full = tok(texts, second, truncation=False, verbose=False)["input_ids"]
+    empty = next((r for r, ids in zip(records, enc["input_ids"]) if not ids), None)
+    if empty is not None:
+        raise AttrscopeError(f"example '{empty.id}' has no tokens (empty text and no special tokens): remove or fill it")
     segments = []
     for i in range(len(records)):
         seq = enc.sequence_ids(i) if fast else [0] * len(enc["input_ids"][i])

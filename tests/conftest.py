@@ -17,15 +17,19 @@ needs_shared = pytest.mark.skipif(
     not (SHARED_MODEL / "config.json").exists() or not SST2_DEV.exists(),
     reason="../shared (minilm-sst2 model and SST-2 data) is not present")
 
-ARCHS = ("bert", "roberta", "electra", "distilbert")
+ARCHS = ("bert", "roberta", "electra", "distilbert")  # post-LN
+PRE_LN_ARCHS = ("gpt2",)
 WORDS = ("the movie was great but long and boring film good bad not very a i it is this acting plot story "
          "loved hated fun dull [bold] slow").split()
 
 
 def tiny_config(arch: str, num_labels: int = 2, layers: int = 3):
-    from transformers import BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig
+    from transformers import BertConfig, DistilBertConfig, ElectraConfig, GPT2Config, RobertaConfig
 
     common = dict(vocab_size=120, num_labels=num_labels, attn_implementation="eager")
+    if arch == "gpt2":
+        return GPT2Config(n_embd=32, n_layer=layers, n_head=4, n_positions=64, pad_token_id=0, bos_token_id=1,
+                          eos_token_id=1, **common)
     if arch == "distilbert":
         return DistilBertConfig(dim=32, n_layers=layers, n_heads=4, hidden_dim=64, max_position_embeddings=64,
                                 **common)
@@ -46,7 +50,7 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
                                                             attn_implementation="eager")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name:
+            if "LayerNorm" in name or "layer_norm" in name or ".ln_" in name:
                 p.add_(0.2 * torch.randn_like(p))
             elif p.dim() == 2:
                 p.mul_(3.0)
@@ -59,12 +63,13 @@ def random_batch(arch: str, lengths: list[int], seed: int = 1, vocab: int = 120)
     """Right-padded batch of random ids with the architecture's special tokens at the ends."""
     g = torch.Generator().manual_seed(seed)
     n = max(lengths)
-    cls_id, sep_id, pad_id = (0, 2, 1) if arch == "roberta" else (2, 3, 0)
+    cls_id, sep_id, pad_id = {"roberta": (0, 2, 1), "gpt2": (None, None, 0)}.get(arch, (2, 3, 0))
     ids = torch.full((len(lengths), n), pad_id, dtype=torch.long)
     mask = torch.zeros(len(lengths), n, dtype=torch.long)
     for b, k in enumerate(lengths):
         ids[b, :k] = torch.randint(5, vocab, (k,), generator=g)
-        ids[b, 0], ids[b, k - 1] = cls_id, sep_id
+        if cls_id is not None:  # GPT-2 adds no special tokens
+            ids[b, 0], ids[b, k - 1] = cls_id, sep_id
         mask[b, :k] = 1
     return {"input_ids": ids, "attention_mask": mask}
 

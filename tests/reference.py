@@ -191,3 +191,57 @@ def _method_from_terms(Ds, name, pos, quirk, row_normalise_resln, ln2):
         mats.append(M)
     views = _prod_views(mats, pos)
     return views[-1], views, np.stack(mats)
+
+
+# ------------------------------------------------------------------ pre-LN (GPT-2) decomposition (METHODS.md 1.1, 9)
+def gpt2_layer_terms(model, hs, att, l):
+    """One example, GPT-2 layer l, float64, from the weights: z_{i<-j}, z+_{i<-j} and r (residual after attention).
+    Conv1D computes x @ W + b with W [in, out]."""
+    block = model.transformer.h[l]
+    x, A = hs[l], att[l]
+    H, n, _ = A.shape
+    d = x.shape[-1]
+    dh = d // H
+    ln1 = block.ln_1
+    g, b = ln1.weight.detach().numpy(), ln1.bias.detach().numpy()
+    c = x - x.mean(-1, keepdims=True)
+    xn = g * c / np.sqrt((c ** 2).mean(-1, keepdims=True) + ln1.eps) + b
+    Wqkv, bqkv = block.attn.c_attn.weight.detach().numpy(), block.attn.c_attn.bias.detach().numpy()
+    v = (xn @ Wqkv + bqkv)[:, 2 * d:].reshape(n, H, dh)
+    Wp, bp = block.attn.c_proj.weight.detach().numpy(), block.attn.c_proj.bias.detach().numpy()
+    u = np.stack([v[:, h, :] @ Wp[h * dh:(h + 1) * dh, :] for h in range(H)])  # [H, n, d]
+    z = np.matmul(A.transpose(2, 1, 0), u.transpose(1, 0, 2)).transpose(1, 0, 2)
+    zp = z.copy()
+    zp[np.arange(n), np.arange(n)] += x
+    r = zp.sum(1) + bp
+    with torch.no_grad():
+        out = r + block.mlp(block.ln_2(torch.from_numpy(r))).numpy()
+    if l + 1 < len(model.transformer.h):  # the last hidden state is ln_f's output
+        assert np.allclose(out, hs[l + 1], atol=1e-8), "recomputed block output differs from HF's"
+    return dict(z=z, zp=zp, r=r, A=A)
+
+
+def gpt2_methods(model, hs, att, names, pos):
+    """{name: (final, views, matrices)} of the pre-LN decomposition methods, by their definitions."""
+    Ds = [gpt2_layer_terms(model, hs, att, l) for l in range(att.shape[0])]
+    out = {}
+    for name in names:
+        mats = []
+        for D in Ds:
+            n = D["A"].shape[-1]
+            if name in ("alti", "alti_l2"):
+                o = 1 if name == "alti" else 2
+                dist = np.linalg.norm(D["r"][:, None, :] - D["zp"], ord=o, axis=-1)
+                M = _rownorm(np.maximum(0, np.linalg.norm(D["r"], ord=o, axis=-1)[:, None] - dist))
+            elif name == "norm_n":
+                M = np.linalg.norm(D["z"], axis=-1)
+            elif name == "norm_res":
+                M = np.linalg.norm(D["zp"], axis=-1)
+            elif name == "norm_fixedres":
+                M = 0.5 * _rownorm(np.linalg.norm(D["z"], axis=-1)) + 0.5 * np.eye(n)
+            else:
+                raise ValueError(name)
+            mats.append(M)
+        views = _prod_views(mats, pos)
+        out[name] = (views[-1], views, np.stack(mats))
+    return out

@@ -270,15 +270,15 @@ def test_methods_command_lists_the_five():
 
 @pytest.fixture
 def gpt2_dir(tmp_path):
-    """A saved GPT-2 sequence classifier (an architecture attrscope does not support), without a tokenizer."""
-    from transformers import GPT2Config, GPT2ForSequenceClassification
+    """A saved sequence classifier of an architecture attrscope has no adapter for (Llama), without a tokenizer."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    cfg = GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=16, vocab_size=50, bos_token_id=0, eos_token_id=0,
-                     pad_token_id=0)
-    path = tmp_path / "gpt2"
-    GPT2ForSequenceClassification(cfg).save_pretrained(path)
+    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, vocab_size=50, max_position_embeddings=16, pad_token_id=0)
+    path = tmp_path / "llama"
+    LlamaForSequenceClassification(cfg).save_pretrained(path)
     return path
 
 
@@ -299,7 +299,7 @@ def _error_case(case: str, tmp_path: Path, model: Path, gpt2_dir_factory):
     if case == "unsupported architecture":
         from compute.adapters import SUPPORTED_MODEL_TYPES
 
-        return [data, "--model", gpt2_dir_factory()], 1, ["'gpt2'", *SUPPORTED_MODEL_TYPES]
+        return [data, "--model", gpt2_dir_factory()], 1, ["'llama'", *SUPPORTED_MODEL_TYPES]
     if case == "no config.json":
         (tmp_path / "noconf").mkdir()
         return [data, "--model", tmp_path / "noconf"], 1, ["config.json", "noconf"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from .aggregate import valid_block
-from .decomposition import contributions_of_sources, layer_parts, resln_operands, tokens_per_block
+from ..errors import AttrscopeError
+from .decomposition import contributions_of_sources, layer_parts, operands, resln_operands, tokens_per_block
 from .layerwise import LayerwiseProduct, row_normalise
 
 
@@ -39,9 +40,20 @@ class Alti(LayerwiseProduct):
         torch.sub(ys.abs(), Z, out=Z)
         return Z.sum(-1)
 
+    def check_architecture(self, adapter) -> None:
+        super().check_architecture(adapter)
+        if adapter.pre_ln and self.params["ln2"]:
+            raise AttrscopeError(f"--alti-ln2 is not defined for the pre-LN architecture '{adapter.config.model_type}' "
+                                 "(LN2 is not on its residual path): drop --alti-ln2")
+
     def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
         """C^l [B, n, n]: rows sum to 1 on real tokens; pad rows and columns are 0."""
         p = layer_parts(cap, adapter, l, eps_quirk=self.params["eps_quirk"])
+        if adapter.pre_ln:
+            # Pre-LN (METHODS.md 1.1, 9): T_i(x_j) = sum_h A u_j + [i=j] x_i with values from LN1(x_j), no LN on T,
+            # compared with the residual stream r_i = sum_j T_i(x_j) + b_O (LN2's input).
+            U, diag, _ = operands(p, "res")
+            return self._proximity_matrix(cap, p.A, U, diag, p.t, torch.ones_like(p.sigma1))
         U, diag, scale = resln_operands(p)
         if self.params["ln2"]:
             return self._layer_matrix_ln2(cap, p, U, diag, scale)
@@ -50,6 +62,10 @@ class Alti(LayerwiseProduct):
             y = p.ln1_linear(p.s) / scale[..., None] + p.beta1
         else:
             y = p.y  # the real LN1 output (equal to the rebuilt one with the exact epsilon)
+        return self._proximity_matrix(cap, p.A, U, diag, y, scale)
+
+    def _proximity_matrix(self, cap, A, U, diag, y, scale):
+        """Row-normalised max(0, ||y_i|| - ||y_i - T_ij||) with T_ij = (sum_h A U_j + [i=j] diag_i) / scale_i."""
         # Work with Z = sigma_i T_ij (no division over the big block): compare it with ys = sigma_i y_i.
         ys = y * scale[..., None]
         ys_norm = torch.linalg.vector_norm(ys, ord=self.ord, dim=-1)
@@ -58,7 +74,7 @@ class Alti(LayerwiseProduct):
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         for j0 in range(0, n, cols):
             J = slice(j0, min(n, j0 + cols))
-            Z = contributions_of_sources(p.A, U, diag, J)  # [B, j, i, d] for the source block J
+            Z = contributions_of_sources(A, U, diag, J)  # [B, j, i, d] for the source block J
             c[:, :, J] = self.proximity_(Z, ys[:, None], ys_norm[:, None]).transpose(1, 2)
         c = c.clamp_min(0) / scale[..., None]  # the positive scale changes no row after normalisation; kept exact
         return row_normalise(valid_block(c, cap.mask))

@@ -13,6 +13,7 @@ from typing import ClassVar
 import torch
 
 from ..adapters import Adapter, Captured
+from ..errors import AttrscopeError
 
 
 @dataclass
@@ -31,9 +32,18 @@ class Method:
     needs: ClassVar[frozenset[str]] = frozenset()  # internals to capture (compute.adapters.NEEDS)
     has_layer_views: ClassVar[bool] = False
     has_matrices: ClassVar[bool] = False
+    pre_ln_ok: ClassVar[bool] = True  # defined on pre-LN architectures (METHODS.md section 9)
 
     def __init__(self, **params):
         self.params = params
+
+    def check_architecture(self, adapter: Adapter) -> None:
+        """One-line error where the method is not defined for the model's architecture (never a silent answer)."""
+        if adapter.pre_ln and not self.pre_ln_ok:
+            raise AttrscopeError(
+                f"method '{self.name}' is not defined for the pre-LN architecture '{adapter.config.model_type}' "
+                "(METHODS.md section 9): use alti, alti_l2, norm_n, norm_res, norm_fixedres, or an attention or "
+                "logit method")
 
     def n_layer_views(self, adapter: Adapter) -> int:
         return adapter.n_layers if self.has_layer_views else 0

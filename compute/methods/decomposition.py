@@ -66,7 +66,7 @@ class LayerParts:
     def project(self, W: torch.Tensor) -> torch.Tensor:
         """u_j^h = W^h v_j^h for an output projection W [d, d] split by heads: [B, n, H, d]."""
         B, n, H, dh = self.v.shape
-        return torch.einsum("bnhk,dhk->bnhd", self.v, W.view(W.shape[0], H, dh))
+        return torch.einsum("bnhk,dhk->bnhd", self.v, W.reshape(W.shape[0], H, dh))
 
     @property
     def u(self) -> torch.Tensor:
@@ -78,7 +78,8 @@ NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 
 
 def layer_parts(cap: Captured, adapter: Adapter, l: int, eps_quirk: bool = False) -> LayerParts:
-    """Gather layer ``l`` (0-based) of a captured batch. Post-LN architectures only."""
+    """Gather layer ``l`` (0-based) of a captured batch. On pre-LN models (METHODS.md 1.1, pre-LN variant) the values
+    come from LN1(x_j), s = x is LN1's input, and t = r (the residual stream after attention) is LN2's input."""
     layer = adapter.layers()[l]
     ln1, ln2, out = adapter.ln1(layer), adapter.ln2(layer), adapter.out_proj(layer)
     A = cap.attentions[l]

@@ -11,6 +11,7 @@ from .layerwise import LayerwiseProduct
 class GlobEnc(LayerwiseProduct):
     name = "globenc"
     description = "GlobEnc: norms of contributions through attention, residual, LN1 and LN2 (N_ENC), multiplied"
+    pre_ln_ok = False  # needs LayerNorm on the residual path (METHODS.md section 9)
     reference = "Modarressi, Fayyaz, Yaghoobzadeh, Pilehvar (2022), NAACL; METHODS.md 3.1-3.2"
 
     def layer_matrix(self, cap, adapter, l):

@@ -25,6 +25,7 @@ class LayerwiseProduct(Method):
         raise NotImplementedError
 
     def compute(self, cap, adapter, target):
+        self.check_architecture(adapter)
         mats = [valid_block(self.layer_matrix(cap, adapter, l), cap.mask) for l in range(adapter.n_layers)]
         if self.row_stochastic:
             views = rows_of_products(mats, cap.explain_pos)

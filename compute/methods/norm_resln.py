@@ -12,6 +12,7 @@ from .layerwise import LayerwiseProduct, row_normalise
 class NormResLN(LayerwiseProduct):
     name = "norm_resln"
     description = "N_RESLN: norm of the LN1-linearised contributions (attention + residual + LN1)"
+    pre_ln_ok = False  # needs LayerNorm on the residual path (METHODS.md section 9)
     reference = "Kobayashi et al. (2021); Modarressi et al. (2022); METHODS.md 3.1, 2.4"
 
     def __init__(self, row_normalise: bool = False, **params):

@@ -28,6 +28,7 @@ def mixing_ratio(p) -> torch.Tensor:
 class WRes(LayerwiseProduct):
     name = "w_res"
     description = "W_RES: attention off the diagonal scaled by GlobEnc's mixing ratio r, 1 - r on the diagonal"
+    pre_ln_ok = False  # needs LayerNorm on the residual path (METHODS.md section 9)
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
     row_stochastic = True
 

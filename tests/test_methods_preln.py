@@ -1,0 +1,154 @@
+"""The pre-LN path (GPT-2; METHODS.md 1.1 pre-LN variant and section 9) on tiny random float64 models: the identity
+sum_j T_i(x_j) + b_O = r_i, the explained position, ALTI / ALTI-l2 / N / N_RES / N_FIXEDRES against the naive
+reference, one-line errors for the methods that are not defined there, and batch invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_batch, tiny_model
+
+import reference as R
+from compute.adapters import adapter_for
+from compute.errors import AttrscopeError
+from compute.methods import REGISTRY, get_method
+from compute.methods.decomposition import NEEDS, attention_vectors, layer_parts, operands
+
+LENGTHS = [8, 3, 6, 1]
+DEFINED = ["alti", "alti_l2", "norm_n", "norm_res", "norm_fixedres"]
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    model = tiny_model("gpt2")
+    ad = adapter_for(model)
+    batch = random_batch("gpt2", LENGTHS)
+    with torch.no_grad():
+        cap = ad.capture(batch, NEEDS)
+    return model, ad, batch, cap
+
+
+@torch.no_grad()
+def test_pre_ln_identity_and_explained_position(gpt2):
+    model, ad, batch, cap = gpt2
+    assert ad.pre_ln
+    assert cap.explain_pos.tolist() == [k - 1 for k in LENGTHS]  # the last real token, as HF's classifier pools
+    # METHODS.md 11.9 for decoders: the head at the explained position of the last layer is the model's own logit.
+    head = ad.head_per_token(cap.hidden_states[-1])
+    torch.testing.assert_close(head[torch.arange(len(LENGTHS)), cap.explain_pos], cap.logits, rtol=0, atol=1e-12)
+    for l in range(ad.n_layers):
+        p = layer_parts(cap, ad, l)
+        U, diag, _ = operands(p, "res")
+        n = p.A.shape[-1]
+        r = attention_vectors(p, slice(0, n), U, diag, None).sum(2) + p.b_O  # sum_j T_i(x_j) + b_O
+        for b, k in enumerate(LENGTHS):
+            torch.testing.assert_close(r[b, :k], p.t[b, :k], rtol=0, atol=1e-8)  # = the residual stream r_i
+
+
+@torch.no_grad()
+def test_pre_ln_methods_equal_the_reference(gpt2):
+    model, ad, batch, cap = gpt2
+    got = {name: get_method(name).compute(cap, ad, cap.pred) for name in DEFINED}
+    for b, k in enumerate(LENGTHS):
+        _, att, hs = R.forward64(model, batch["input_ids"][b, :k].tolist())
+        ref = R.gpt2_methods(model, hs, att, DEFINED, pos=k - 1)
+        for name in DEFINED:
+            final, views, mats = ref[name]
+            res = got[name]
+            np.testing.assert_allclose(res.matrices[b, :, :k, :k].numpy(), mats, rtol=1e-8, atol=1e-10, err_msg=name)
+            np.testing.assert_allclose(res.layer_scores[b, :, :k].numpy(), views, rtol=1e-8, atol=1e-10, err_msg=name)
+            np.testing.assert_allclose(res.scores[b, :k].numpy(), final, rtol=1e-8, atol=1e-10, err_msg=name)
+        C = got["alti"].matrices[b, :, :k, :k]
+        assert torch.all(C.triu(1) == 0)  # causal attention: a token takes nothing from later tokens
+
+
+@pytest.mark.parametrize("name,params", [("globenc", {}), ("norm_resln", {}), ("w_res", {}), ("alti", {"ln2": True})])
+def test_methods_undefined_on_pre_ln_fail_with_one_line(gpt2, name, params):
+    model, ad, batch, cap = gpt2
+    with pytest.raises(AttrscopeError) as err:
+        get_method(name, **params).compute(cap, ad, cap.pred)
+    msg = str(err.value)
+    assert "\n" not in msg and "gpt2" in msg and "pre-LN" in msg
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", [n for n, m in REGISTRY.items() if m.pre_ln_ok])
+def test_gpt2_example_alone_equals_example_in_padded_batch_float32(name):
+    lengths = [5, 12, 3, 9]
+    model = tiny_model("gpt2", dtype=torch.float32)
+    ad = adapter_for(model)
+    batch = random_batch("gpt2", lengths)
+    m = get_method(name)
+    cap = ad.capture(batch, m.needs)
+    together = m.compute(cap, ad, cap.pred)
+    for b, n in enumerate(lengths):
+        cap1 = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, m.needs)
+        alone = m.compute(cap1, ad, cap1.pred)
+        for field in ("scores", "layer_scores", "matrices"):
+            x, y = getattr(together, field), getattr(alone, field)
+            if x is None:
+                continue
+            x = x[b][..., :n, :n] if field == "matrices" else x[b][..., :n]
+            scale = max(float(y.abs().max()), 1.0)
+            torch.testing.assert_close(x, y[0], rtol=1e-5, atol=1e-5 * scale)
+
+
+def _gpt2_dir(path):
+    """A saved tiny GPT-2 classifier with a byte-level BPE tokenizer trained offline on a few sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2ForSequenceClassification, GPT2TokenizerFast
+
+    from conftest import WORDS, tiny_config
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([" ".join(WORDS)] * 3, trainer)
+    tok = GPT2TokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                            unk_token="<|endoftext|>")
+    cfg = tiny_config("gpt2")
+    cfg.vocab_size, cfg.pad_token_id = len(tok), None  # like released GPT-2: no pad token
+    cfg.id2label, cfg.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
+    torch.manual_seed(0)
+    GPT2ForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_attr_compute_on_gpt2(tmp_path):
+    """End to end: 'all' skips the undefined methods with a note; the last real token is explained; predictions are
+    the model's own; naming an undefined method is a one-line error that writes nothing."""
+    import json
+
+    from click.testing import CliRunner
+    from transformers import AutoModelForSequenceClassification
+
+    from compute.cli import main
+    from store import open_store
+
+    model_dir = _gpt2_dir(tmp_path / "gpt2")
+    data = tmp_path / "d.jsonl"
+    texts = ["the movie was great", "boring and long", "i loved it not", "bad", "good acting but dull plot story"]
+    data.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "g.h5"
+    res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(out), "--batch-size", "3",
+                                    "--device", "cpu", "--matrices", "all"])
+    assert res.exit_code == 0, res.output
+    assert "skipping norm_resln, globenc, w_res" in res.output
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with open_store(out) as s:
+        assert "globenc" not in s.methods and "alti" in s.methods and len(s) == len(texts)
+        for ex in s:
+            assert ex.explain_pos == ex.n_tokens - 1
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ex.token_ids.tolist()])).logits[0]
+            assert ex.pred == int(logits.argmax())
+            assert ex.matrices("alti").shape == (3, ex.n_tokens, ex.n_tokens)
+    bad = tmp_path / "bad.h5"
+    res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(bad), "--methods", "globenc"])
+    assert res.exit_code == 1 and not bad.exists()
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "globenc" in lines[0] and "pre-LN" in lines[0]
