@@ -161,7 +161,7 @@ def gram_norms(A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None = Non
     q = torch.linalg.vecdot(torch.matmul(Ap, G), Ap).transpose(1, 2)  # [B, i, j]
     if diag is not None:
         a_ii = torch.diagonal(A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
-        cross = torch.matmul(U, diag[..., None]).squeeze(-1)  # [B, n, H]: <U_i^h, diag_i>
+        cross = (U * diag[:, :, None, :]).sum(-1)  # [B, n, H]: <U_i^h, diag_i> (faster than a batched mat-vec)
         extra = 2 * (a_ii * cross).sum(-1) + diag.pow(2).sum(-1)  # [B, n]
         q.diagonal(dim1=1, dim2=2).add_(extra)
     norms = q.clamp_min(0).sqrt()
