@@ -111,3 +111,30 @@ def shared_dev_store(tmp_path_factory):
     run(RunConfig(dataset=str(SST2_DEV), model=str(SHARED_MODEL),
                   methods="raw_attention,rollout,norm,logat,normxlogit", matrices="all", output=str(out)))
     return out
+
+
+@torch.no_grad()
+def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9)) -> None:
+    """Each example of a padded float32 batch agrees with the same example computed alone, to 1e-5 (relative to the
+    larger of 1 and its magnitude), for scores, layer views and matrices."""
+    from compute.adapters import adapter_for
+    from compute.methods import get_method
+
+    model = tiny_model(arch, dtype=torch.float32)
+    ad = adapter_for(model)
+    batch = random_batch(arch, list(lengths))
+    m = get_method(name)
+    cap = ad.capture(batch, m.needs)
+    together = m.compute(cap, ad, cap.pred)
+    for b, n in enumerate(lengths):
+        cap1 = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, m.needs)
+        assert int(cap1.pred) == int(cap.pred[b])
+        alone = m.compute(cap1, ad, cap1.pred)
+        for field in ("scores", "layer_scores", "matrices"):
+            x, y = getattr(together, field), getattr(alone, field)
+            if x is None:
+                assert y is None
+                continue
+            x = x[b][..., :n, :n] if field == "matrices" else x[b][..., :n]
+            scale = max(float(y.abs().max()), 1.0)
+            torch.testing.assert_close(x, y[0], rtol=1e-5, atol=1e-5 * scale)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ARCHS, random_batch, tiny_model
+from conftest import ARCHS, assert_batch_invariant, random_batch, tiny_model
 
 import reference as R
 from compute.adapters import adapter_for
@@ -144,29 +144,9 @@ def test_normxlogit_is_norm_times_logat_per_layer(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-@torch.no_grad()
 def test_example_alone_equals_example_in_padded_batch_float32(arch, name):
     """Batch composition and padding must not change a result: 1e-5 in float32."""
-    lengths = [5, 12, 3, 9]
-    model = tiny_model(arch, dtype=torch.float32)
-    ad = adapter_for(model)
-    batch = random_batch(arch, lengths)
-    m = get_method(name)
-    cap = ad.capture(batch, m.needs)
-    together = m.compute(cap, ad, cap.pred)
-    for b, n in enumerate(lengths):
-        single = {k: v[b:b + 1, :n] for k, v in batch.items()}
-        cap1 = ad.capture(single, m.needs)
-        assert int(cap1.pred) == int(cap.pred[b])
-        alone = m.compute(cap1, ad, cap1.pred)
-        for field in ("scores", "layer_scores", "matrices"):
-            x, y = getattr(together, field), getattr(alone, field)
-            if x is None:
-                assert y is None
-                continue
-            x = x[b][..., :n, :n] if field == "matrices" else x[b][..., :n]
-            scale = max(float(y.abs().max()), 1.0)
-            torch.testing.assert_close(x, y[0], rtol=1e-5, atol=1e-5 * scale)
+    assert_batch_invariant(arch, name)
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import random_batch, tiny_model
+from conftest import assert_batch_invariant, random_batch, tiny_model
 
 import reference as R
 from compute.adapters import adapter_for
@@ -72,26 +72,9 @@ def test_methods_undefined_on_pre_ln_fail_with_one_line(gpt2, name, params):
     assert "\n" not in msg and "gpt2" in msg and "pre-LN" in msg
 
 
-@torch.no_grad()
 @pytest.mark.parametrize("name", [n for n, m in REGISTRY.items() if m.pre_ln_ok])
 def test_gpt2_example_alone_equals_example_in_padded_batch_float32(name):
-    lengths = [5, 12, 3, 9]
-    model = tiny_model("gpt2", dtype=torch.float32)
-    ad = adapter_for(model)
-    batch = random_batch("gpt2", lengths)
-    m = get_method(name)
-    cap = ad.capture(batch, m.needs)
-    together = m.compute(cap, ad, cap.pred)
-    for b, n in enumerate(lengths):
-        cap1 = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, m.needs)
-        alone = m.compute(cap1, ad, cap1.pred)
-        for field in ("scores", "layer_scores", "matrices"):
-            x, y = getattr(together, field), getattr(alone, field)
-            if x is None:
-                continue
-            x = x[b][..., :n, :n] if field == "matrices" else x[b][..., :n]
-            scale = max(float(y.abs().max()), 1.0)
-            torch.testing.assert_close(x, y[0], rtol=1e-5, atol=1e-5 * scale)
+    assert_batch_invariant("gpt2", name)
 
 
 def _gpt2_dir(path):
