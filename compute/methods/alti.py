@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import valid_block
 from ..errors import AttrscopeError
+from .aggregate import valid_block
 from .decomposition import contributions_of_sources, layer_parts, operands, resln_operands, tokens_per_block
 from .layerwise import LayerwiseProduct, row_normalise
 
@@ -25,7 +25,7 @@ class Alti(LayerwiseProduct):
     reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
     row_stochastic = True
     ord = 1  # the norm of the distances
-    block_copies = 1  # [B, rows, n, d] tensors alive per query block (the L1 proximity works in place)
+    block_copies = 1  # [B, k, n, d] tensors alive per source block (the L1 proximity works in place)
 
     def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, **params):
         super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)
@@ -56,7 +56,9 @@ class Alti(LayerwiseProduct):
             return self._proximity_matrix(cap, p.A, U, diag, p.t, torch.ones_like(p.sigma1))
         U, diag, scale = resln_operands(p)
         if self.params["ln2"]:
-            return self._layer_matrix_ln2(cap, p, U, diag, scale)
+            # ALTI+LN2: vectors gamma2 P T_ij / sigma2_i against the real LN2 output (the FFN effect included).
+            through_ln2 = lambda Z: p.ln2_linear(Z / scale[:, None, :, None]) / p.sigma2[:, None, :, None]  # noqa: E731
+            return self._proximity_matrix(cap, p.A, U, diag, p.y2, torch.ones_like(scale), through_ln2, copies=3)
         if self.params["eps_quirk"]:
             # rebuilt as sum_j T_i(x_j) + b~_i, which is LN1 with the quirk's sigma
             y = p.ln1_linear(p.s) / scale[..., None] + p.beta1
@@ -64,31 +66,21 @@ class Alti(LayerwiseProduct):
             y = p.y  # the real LN1 output (equal to the rebuilt one with the exact epsilon)
         return self._proximity_matrix(cap, p.A, U, diag, y, scale)
 
-    def _proximity_matrix(self, cap, A, U, diag, y, scale):
-        """Row-normalised max(0, ||y_i|| - ||y_i - T_ij||) with T_ij = (sum_h A U_j + [i=j] diag_i) / scale_i."""
+    def _proximity_matrix(self, cap, A, U, diag, y, scale, block_fn=None, copies=None):
+        """Row-normalised max(0, ||y_i|| - ||y_i - T_ij||) with T_ij = (sum_h A U_j + [i=j] diag_i) / scale_i, or
+        T_ij = block_fn(sum_h A U_j + [i=j] diag_i) when a block transform is given (then scale is 1)."""
         # Work with Z = sigma_i T_ij (no division over the big block): compare it with ys = sigma_i y_i.
         ys = y * scale[..., None]
         ys_norm = torch.linalg.vector_norm(ys, ord=self.ord, dim=-1)
         B, n, d = y.shape
-        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=self.block_copies)
+        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20,
+                                copies=copies or self.block_copies)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         for j0 in range(0, n, cols):
             J = slice(j0, min(n, j0 + cols))
             Z = contributions_of_sources(A, U, diag, J)  # [B, j, i, d] for the source block J
+            if block_fn is not None:
+                Z = block_fn(Z)
             c[:, :, J] = self.proximity_(Z, ys[:, None], ys_norm[:, None]).transpose(1, 2)
         c = c.clamp_min(0) / scale[..., None]  # the positive scale changes no row after normalisation; kept exact
         return row_normalise(valid_block(c, cap.mask))
-
-    def _layer_matrix_ln2(self, cap, p, U, diag, scale):
-        """ALTI+LN2: vectors gamma2 P T_ij / sigma2_i against the real LN2 output (the FFN effect included)."""
-        y = p.y2
-        y_norm = torch.linalg.vector_norm(y, ord=self.ord, dim=-1)
-        B, n, d = y.shape
-        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=3)
-        c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
-        for j0 in range(0, n, cols):
-            J = slice(j0, min(n, j0 + cols))
-            T = contributions_of_sources(p.A, U, diag, J) / scale[:, None, :, None]
-            X = p.ln2_linear(T) / p.sigma2[:, None, :, None]
-            c[:, :, J] = self.proximity_(X, y[:, None], y_norm[:, None]).transpose(1, 2)
-        return row_normalise(valid_block(c.clamp_min(0), cap.mask))
