@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from compute.data import load_dataset  # noqa: E402
-from compute.methods import REGISTRY, get_method, parse_methods  # noqa: E402
+from compute.methods import get_method, parse_methods  # noqa: E402
 from compute.models import load_model, resolve_device  # noqa: E402
 
 

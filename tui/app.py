@@ -20,7 +20,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header
 from textual.worker import get_current_worker
 
-from store import Store, StoreError, open_store
+from store import Store, open_store
 
 from .colors import MODES, Mode, default_k, detect_mode, normalize, top_k
 from .commands import BrowseCommands
