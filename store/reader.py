@@ -86,11 +86,16 @@ class Store:
     def model_info(self) -> dict:
         """Model and library provenance (root attributes)."""
         out = {}
-        for key, value in self._f.attrs.items():
+        for key, value in self._attrs().items():
             if key in ("labels", "methods", "summary"):
                 continue
             out[key] = value.item() if isinstance(value, np.generic) else value
         return out
+
+    def _attrs(self) -> dict:
+        """The root attributes, read under the lock (refresh() may swap the file handle from another thread)."""
+        with self._lock:
+            return dict(self._f.attrs.items())
 
     @cached_property
     def config(self) -> dict:
@@ -99,11 +104,11 @@ class Store:
 
     @property
     def complete(self) -> bool:
-        return bool(self._f.attrs.get("complete", False))
+        return bool(self._attrs().get("complete", False))
 
     @property
     def summary(self) -> dict | None:
-        s = self._f.attrs.get("summary")
+        s = self._attrs().get("summary")
         return json.loads(s) if s else None
 
     def method_info(self, name: str) -> dict:
