@@ -12,7 +12,7 @@ import reference as R
 from compute.adapters import adapter_for
 from compute.methods import get_method
 from compute.methods.aggregate import prod_rows_normalised
-from compute.methods.decomposition import (NEEDS, attention_vectors, enc_operands, gram_norms, layer_parts,
+from compute.methods.decomposition import (NEEDS, attention_vectors, decomposed_norms, enc_operands, layer_parts, operands,
                                            resln_operands)
 from compute.methods.w_res import mixing_ratio
 
@@ -71,9 +71,11 @@ def test_gram_trick_equals_materialised_norms(captured):
     for l in range(ad.n_layers):
         p = layer_parts(cap, ad, l)
         n = p.A.shape[-1]
-        for W, diag, scale in [(p.u, None, None), (p.u, p.x, None), resln_operands(p), enc_operands(p)]:
-            full = torch.linalg.vector_norm(attention_vectors(p, slice(0, n), W, diag, scale), dim=-1)
-            torch.testing.assert_close(gram_norms(p.A, W, diag, scale), full, rtol=1e-9, atol=1e-10)
+        for kind in ("n", "res", "resln", "enc"):
+            full = torch.linalg.vector_norm(attention_vectors(p, slice(0, n), *operands(p, kind)), dim=-1)
+            torch.testing.assert_close(decomposed_norms(p, kind), full, rtol=1e-9, atol=1e-10)
+            # token chunks of one token each (the chunk boundary cannot matter)
+            torch.testing.assert_close(decomposed_norms(p, kind, chunk_bytes=1), full, rtol=1e-9, atol=1e-10)
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ enters only through sigma2). Aggregated unnormalised (PROD; views scaled to sum 
 
 from __future__ import annotations
 
-from .decomposition import enc_operands, gram_norms, layer_parts
+from .decomposition import decomposed_norms, layer_parts
 from .layerwise import LayerwiseProduct
 
 
@@ -16,4 +16,4 @@ class GlobEnc(LayerwiseProduct):
 
     def layer_matrix(self, cap, adapter, l):
         p = layer_parts(cap, adapter, l)
-        return gram_norms(p.A, *enc_operands(p))
+        return decomposed_norms(p, "enc")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .aggregate import valid_block
-from .decomposition import gram_norms, layer_parts
+from .decomposition import decomposed_norms, layer_parts
 from .layerwise import LayerwiseProduct, row_normalise
 
 
@@ -17,5 +17,5 @@ class NormFixedRes(LayerwiseProduct):
 
     def layer_matrix(self, cap, adapter, l):
         p = layer_parts(cap, adapter, l)
-        N = row_normalise(valid_block(gram_norms(p.A, p.u), cap.mask))
+        N = row_normalise(valid_block(decomposed_norms(p, "n"), cap.mask))
         return 0.5 * N + 0.5 * torch.eye(N.shape[-1], dtype=N.dtype, device=N.device)

@@ -3,7 +3,7 @@ Aggregated unnormalised (PROD, views scaled to sum 1)."""
 
 from __future__ import annotations
 
-from .decomposition import gram_norms, layer_parts
+from .decomposition import decomposed_norms, layer_parts
 from .layerwise import LayerwiseProduct
 
 
@@ -14,4 +14,4 @@ class NormRes(LayerwiseProduct):
 
     def layer_matrix(self, cap, adapter, l):
         p = layer_parts(cap, adapter, l)
-        return gram_norms(p.A, p.u, diag=p.x)
+        return decomposed_norms(p, "res")

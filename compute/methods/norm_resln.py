@@ -5,7 +5,7 @@ Rollout" baseline (``row_normalise=True``, set by --preset alti; METHODS.md 2.4 
 
 from __future__ import annotations
 
-from .decomposition import gram_norms, layer_parts, resln_operands
+from .decomposition import decomposed_norms, layer_parts
 from .layerwise import LayerwiseProduct, row_normalise
 
 
@@ -21,5 +21,5 @@ class NormResLN(LayerwiseProduct):
 
     def layer_matrix(self, cap, adapter, l):
         p = layer_parts(cap, adapter, l)
-        N = gram_norms(p.A, *resln_operands(p))
+        N = decomposed_norms(p, "resln")
         return row_normalise(N) if self.params["row_normalise"] else N
