@@ -33,6 +33,8 @@ class Captured:
     lengths: torch.Tensor  # [B]
     explain_pos: torch.Tensor  # [B] row explained by the methods ([CLS] for encoder classifiers)
     logits: torch.Tensor  # [B, C]
+    special: torch.Tensor | None = None  # [B, n] bool, True on special tokens ([CLS], [SEP], ...)
+    inputs: dict = field(default_factory=dict)  # the model's forward inputs (gradient methods re-run the model)
     hidden_states: list[torch.Tensor] = field(default_factory=list)
     attentions: list[torch.Tensor] = field(default_factory=list)  # [B, H, n, n]
     values: list[torch.Tensor] = field(default_factory=list)  # [B, n, d] = W_V x + b_V
@@ -95,6 +97,10 @@ class Adapter:
     def __init__(self, model: nn.Module):
         self.model = model
         self.config = model.config
+        # Set from the tokenizer by compute.models.load_model (integrated gradients' [MASK] baseline, AttCAT's
+        # special-token masking); tiny test models fall back to special_mask's positional rule.
+        self.mask_token_id: int | None = None
+        self.special_ids: list[int] | None = None
 
     # --- structure -------------------------------------------------------------------------------------------
     @property
@@ -149,6 +155,19 @@ class Adapter:
     def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Position whose row is explained: [CLS] (position 0) for encoder classifiers."""
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def special_mask(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, n] bool: the tokenizer's special tokens among the real ones. Without a tokenizer's list (models
+        built in tests) an encoder's first and last real tokens ([CLS] ... [SEP]) and none of a decoder's."""
+        if self.special_ids is not None:
+            ids = torch.as_tensor(self.special_ids, dtype=input_ids.dtype, device=input_ids.device)
+            return torch.isin(input_ids, ids) & mask
+        special = torch.zeros_like(mask)
+        if not self.pre_ln:
+            b = torch.arange(mask.shape[0], device=mask.device)
+            special[b, 0] = True
+            special[b, mask.sum(-1) - 1] = True
+        return special & mask
 
     # --- capture ---------------------------------------------------------------------------------------------
     @contextmanager
@@ -206,7 +225,8 @@ class Adapter:
             raise ValueError(f"unknown internals requested: {sorted(unknown)}")
         input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
         cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
-                       explain_pos=self.explain_positions(input_ids, mask), logits=None)
+                       explain_pos=self.explain_positions(input_ids, mask), logits=None,
+                       special=self.special_mask(input_ids, mask), inputs=self.forward_inputs(enc))
         with self.hooks(cap, frozenset(needs)), torch.set_grad_enabled(grad):
             out = self.model(**self.forward_inputs(enc))
         cap.logits = out.logits

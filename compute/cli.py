@@ -81,11 +81,23 @@ def main():
 @click.option("--alti-ln2", is_flag=True, help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2).")
 @click.option("--memory-mb", type=int, default=8, show_default=True, metavar="MB",
               help="Memory budget of ALTI's source-token blocks.")
+@click.option("--ig-steps", type=int, metavar="M", help="Integrated gradients: quadrature steps [default: 50, or the preset's].")
+@click.option("--ig-rule", type=click.Choice(["gausslegendre", "riemann"]), default=None,
+              help="Integrated gradients: quadrature rule [default: gausslegendre].")
+@click.option("--ig-baseline", type=click.Choice(["mask", "zero"]), default=None,
+              help="Integrated gradients: [MASK]-sequence or zero baseline [default: mask, or the preset's].")
+@click.option("--ig-memory-mb", type=int, default=1024, show_default=True, metavar="MB",
+              help="Integrated gradients: memory for the (example, step) rows of one forward/backward.")
+@click.option("--attcat-layers", type=click.Choice(["inputs", "outputs"]), default=None,
+              help="cat/attcat: layer inputs h^0..h^L-1 (reference code) or outputs h^1..h^L (paper) [default: inputs].")
+@click.option("--attgrads-variant", type=click.Choice(["ref", "gradsam"]), default=None,
+              help="attgrads: last-layer Grad-CAM style (reference) or Grad-SAM over all layers [default: ref].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
-            alti_ln2, memory_mb, quiet, debug):
+            alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
+            quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -96,7 +108,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         device=device, dtype=dtype, max_length=max_length, text_column=text_column, pair_column=pair_column,
         label_column=label_column, id_column=id_column, split=split, target=target, matrices=matrices,
         store_dtype=store_dtype, resume=resume, overwrite=overwrite, preset=preset, alti_ln2=alti_ln2,
-        memory_mb=memory_mb, argv=[PROG, *sys.argv[1:]])
+        memory_mb=memory_mb, ig_steps=ig_steps, ig_rule=ig_rule, ig_baseline=ig_baseline, ig_memory_mb=ig_memory_mb,
+        attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, argv=[PROG, *sys.argv[1:]])
     _guarded(lambda: _run(cfg, quiet), debug)
 
 

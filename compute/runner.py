@@ -28,14 +28,25 @@ from .methods import get_method, parse_methods
 from .models import LoadedModel, load_model, resolve_device
 
 # Reference conventions per paper (METHODS.md 1.3 and 14): the class each paper explains and method parameters.
+_GRAD_BASELINES = ("grad_l2", "gxi_l2", "gxi_mean", "ig_l2", "ig_mean")
 PRESETS: dict[str, dict] = {
-    # ALTI's code drops the LayerNorm epsilon (14.1) and row-normalises its "Norm Rollout" baseline (14.6).
-    "alti": {"target": "predicted", "methods": {"alti": {"eps_quirk": True}, "alti_l2": {"eps_quirk": True},
-                                                "norm_resln": {"row_normalise": True}}},
-    "globenc": {"target": "label"},
-    "attcat": {"target": "label"},
+    # ALTI's code drops the LayerNorm epsilon (14.1) and row-normalises its "Norm Rollout" baseline (14.6); its
+    # Captum baselines explain the softmax probability, feed the embedding output back through inputs_embeds
+    # (14.4) and integrate over 100 steps (2.4).
+    "alti": {"target": "predicted", "methods": {
+        "alti": {"eps_quirk": True}, "alti_l2": {"eps_quirk": True}, "norm_resln": {"row_normalise": True},
+        **{m: {"output": "prob", "double_embedding": True} for m in _GRAD_BASELINES},
+        **{m: {"output": "prob", "double_embedding": True, "steps": 100} for m in ("ig_l2", "ig_mean")}}},
+    # GlobEnc's saliency (14.7): gold-class logit, gradient x input on the embedding output, L2 norm = gxi_l2.
+    "globenc": {"target": "label", "methods": {"gxi_l2": {"output": "logit"}}},
+    # AttCAT's explanation pass masks [CLS]/[SEP] as keys (14.9) and explains the gold label (14.10).
+    "attcat": {"target": "label", "methods": {m: {"mask_specials": True}
+                                              for m in ("cat", "attcat", "grads", "attgrads")}},
     "masklrp": {"target": "label"},
-    "normxlogit": {"target": "predicted"},
+    # NormXLogit's Captum baselines: logits, inputs_embeds quirk, zero IG baseline (7.2).
+    "normxlogit": {"target": "predicted", "methods": {
+        **{m: {"double_embedding": True} for m in _GRAD_BASELINES},
+        **{m: {"double_embedding": True, "baseline": "zero"} for m in ("ig_l2", "ig_mean")}}},
 }
 
 LOCAL_EXTENSIONS = (".jsonl", ".csv", ".tsv", ".parquet")
@@ -65,6 +76,12 @@ class RunConfig:
     preset: str | None = None
     alti_ln2: bool = False  # ALTI+LN2 variant for alti and alti_l2
     memory_mb: int = 8  # budget of ALTI's source-token blocks (cache-sized blocks were fastest on CPU)
+    ig_steps: int | None = None  # None: the preset's, else 50
+    ig_rule: str | None = None  # gausslegendre | riemann (None: gausslegendre)
+    ig_baseline: str | None = None  # mask | zero (None: the preset's, else mask)
+    ig_memory_mb: int = 1024  # rows of (example, step) per forward/backward of integrated gradients
+    attcat_layers: str | None = None  # inputs | outputs (cat, attcat)
+    attgrads_variant: str | None = None  # ref | gradsam
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
     argv: list[str] = field(default_factory=list)
 
@@ -180,6 +197,15 @@ def method_params(name: str, cfg: RunConfig) -> dict:
         params["memory_mb"] = cfg.memory_mb
         if cfg.alti_ln2:
             params["ln2"] = True
+    if name in ("ig_l2", "ig_mean"):
+        params["memory_mb"] = cfg.ig_memory_mb
+        for key, value in (("steps", cfg.ig_steps), ("rule", cfg.ig_rule), ("baseline", cfg.ig_baseline)):
+            if value is not None:
+                params[key] = value
+    if name in ("cat", "attcat") and cfg.attcat_layers:
+        params["layers"] = cfg.attcat_layers
+    if name == "attgrads" and cfg.attgrads_variant:
+        params["variant"] = cfg.attgrads_variant
     return params
 
 
@@ -192,6 +218,10 @@ def _check_options(cfg: RunConfig) -> None:
         raise UsageError("--max-length must be at least 2 (room for the special tokens)")
     if cfg.memory_mb < 1:
         raise UsageError("--memory-mb must be at least 1")
+    if cfg.ig_steps is not None and cfg.ig_steps < 1:
+        raise UsageError("--ig-steps must be at least 1")
+    if cfg.ig_memory_mb < 1:
+        raise UsageError("--ig-memory-mb must be at least 1")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
@@ -227,7 +257,8 @@ def _layouts(methods, lm: LoadedModel, cfg: RunConfig, target_mode: str) -> list
         out.append(MethodLayout(
             name=name, signed=m.signed, n_layer_views=m.n_layer_views(lm.adapter), matrices=mat,
             n_matrix_layers=lm.adapter.n_layers if mat != "none" else 0,
-            class_scores=bool(m.class_specific and target_mode == "all"), description=m.description,
+            class_scores=bool(m.class_specific and target_mode == "all"), example_values=tuple(m.example_values),
+            description=m.description,
             params={**m.params, "store_dtype": cfg.store_dtype, "reference": m.reference,
                     "class_specific": m.class_specific,
                     "target": target_mode if m.class_specific else None}))
@@ -255,7 +286,8 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
 
 # Settings that must match for --resume to continue a store.
 _RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
-                "pair_column", "label_column", "id_column", "alti_ln2")
+                "pair_column", "label_column", "id_column", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline",
+                "attcat_layers", "attgrads_variant")
 
 
 def _open_writer(output, cfg, lm, layouts, provenance) -> tuple[StoreWriter, int]:
@@ -431,6 +463,8 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
             out["matrices"] = res.matrices
         if m.class_specific and target_mode == "all":
             out["class_scores"] = m.compute_classes(cap, lm.adapter, num_labels)
+        for key, value in (res.example_values or {}).items():
+            out[f"value:{key}"] = value
         results[name] = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
         _sync(device)
         stats["methods"][name] += time.perf_counter() - t0
@@ -455,6 +489,7 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
                 d["matrices"] = m if cfg.matrices == "all" else m[:, pos:pos + 1, :]
             if "class_scores" in res:
                 d["class_scores"] = res["class_scores"][b, :, :n]
+            d["example_values"] = {k[6:]: float(v[b]) for k, v in res.items() if k.startswith("value:")}
             per[name] = d
         offsets = np.asarray(tok.offsets[i], dtype=np.int32) if tok.offsets is not None else np.full((n, 2), -1)
         segment = np.asarray(tok.segments[i], dtype=np.int8)

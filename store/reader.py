@@ -335,5 +335,11 @@ class Example:
         start = self._tok.start * C
         return self._s._read(f"{g}/class_scores", slice(start, start + C * self.n_tokens)).reshape(C, self.n_tokens)
 
+    def example_values(self, method: str) -> dict[str, float]:
+        """The method's per-example scalars, e.g. {"ig_delta": ...} for integrated gradients ({} for most methods)."""
+        g, lay = self._method(method)
+        return {key: float(self._s._read(f"{g}/example_values/{key}", self.index))
+                for key in lay.get("example_values", ())}
+
     def __repr__(self) -> str:
         return f"<Example {self.index} id={self.id!r} n_tokens={self.n_tokens} label={self.label} pred={self.pred}>"

@@ -17,6 +17,7 @@ Layout (format 1.x; README "Store schema" documents it for users):
     /methods/<name>/layer_scores  float32 [T * V]        per example a [V, n] block (V = n_layer_views)
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
     /methods/<name>/class_scores  float32 [T * C]        per example a [C, n] block (--target all)
+    /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta")
 
 Every ragged array is flat with offsets derived from the index row (tok_off, n_tokens, sq_off), so every dataset has a
 fixed dtype and only grows by appends, which is what HDF5's single-writer/multiple-reader (SWMR) mode allows.

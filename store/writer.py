@@ -33,6 +33,7 @@ class MethodLayout:
     matrices: str = "none"  # "none" | "cls" | "all"
     n_matrix_layers: int = 0  # L of the per-layer matrices
     class_scores: bool = False
+    example_values: tuple[str, ...] = ()  # per-example scalars (e.g. the completeness delta of integrated gradients)
     description: str = ""
     params: dict = field(default_factory=dict)
 
@@ -56,7 +57,8 @@ class ExampleData:
     explain_pos: int
     n_orig_tokens: int
     truncated: bool
-    results: dict  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n]}
+    results: dict  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
+    #                                "example_values": {key: float}}
 
 
 def _json_bytes(obj) -> np.ndarray:
@@ -234,6 +236,11 @@ class StoreWriter:
             if layout.class_scores:
                 parts["class_scores"].append(
                     _checked(res["class_scores"], (self.num_labels, n), name, "class_scores", ex.id).ravel())
+            for key in layout.example_values:
+                value = res.get("example_values", {}).get(key)
+                if value is None:
+                    raise ValueError(f"example {ex.id}: method '{name}' gave no value '{key}'")
+                parts.setdefault(f"example_values/{key}", []).append(np.asarray([value], dtype=np.float32))
         for key, arrays in parts.items():
             if arrays:
                 ds = g[key]
@@ -328,6 +335,10 @@ def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenan
             _flat(g, "matrices", np.dtype(dtype), schema.CHUNK_MATRIX)
         if m.class_scores:
             _flat(g, "class_scores", np.float32, schema.CHUNK_FLAT)
+        if m.example_values:
+            ev = g.create_group("example_values")
+            for key in m.example_values:
+                _flat(ev, key, np.float32, schema.CHUNK_ROWS)
 
 
 def _copy_committed(old: h5py.File, tmp: str) -> None:
@@ -342,7 +353,8 @@ def _copy_committed(old: h5py.File, tmp: str) -> None:
         tokstr_end = int(old["tokens/str_off"][tok_end - 1]) + int(old["tokens/str_len"][tok_end - 1]) if tok_end else 0
     else:
         tok_end = sq_end = str_end = tokstr_end = 0
-    methods = [MethodLayout(**m) for m in json.loads(old.attrs["methods"])]
+    methods = [MethodLayout(**{**m, "example_values": tuple(m.get("example_values", ()))})
+               for m in json.loads(old.attrs["methods"])]
     prov = json.loads(bytes(old["provenance"][:]).decode("utf-8"))
     labels = {int(k): v for k, v in json.loads(old.attrs["labels"]).items()}
     skip = {"encoding-type", "encoding-version", "created", "n_layers", "n_heads", "num_labels", "labels",
@@ -365,6 +377,8 @@ def _copy_committed(old: h5py.File, tmp: str) -> None:
                 ends[f"methods/{m.name}/matrices"] = tok_end * m.n_matrix_layers
             if m.class_scores:
                 ends[f"methods/{m.name}/class_scores"] = tok_end * len(labels)
+            for key in m.example_values:
+                ends[f"methods/{m.name}/example_values/{key}"] = n
         for key, end in ends.items():
             if old[key].shape[0] < end:
                 raise StoreError(f"store is damaged: '{key}' is shorter than its committed rows; start again with --overwrite")

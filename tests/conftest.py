@@ -59,6 +59,9 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
     return model.to(dtype).eval()
 
 
+MASK_ID = 4  # [MASK] of write_tiny_model_dir's vocabulary; any id works for a random model
+
+
 def random_batch(arch: str, lengths: list[int], seed: int = 1, vocab: int = 120):
     """Right-padded batch of random ids with the architecture's special tokens at the ends."""
     g = torch.Generator().manual_seed(seed)
@@ -114,16 +117,17 @@ def shared_dev_store(tmp_path_factory):
 
 
 @torch.no_grad()
-def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9)) -> None:
+def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9), params: dict | None = None) -> None:
     """Each example of a padded float32 batch agrees with the same example computed alone, to 1e-5 (relative to the
-    larger of 1 and its magnitude), for scores, layer views and matrices."""
+    larger of 1 and its magnitude), for scores, layer views, matrices and per-example values."""
     from compute.adapters import adapter_for
     from compute.methods import get_method
 
     model = tiny_model(arch, dtype=torch.float32)
     ad = adapter_for(model)
+    ad.mask_token_id = MASK_ID
     batch = random_batch(arch, list(lengths))
-    m = get_method(name)
+    m = get_method(name, **(params or {}))
     cap = ad.capture(batch, m.needs)
     together = m.compute(cap, ad, cap.pred)
     for b, n in enumerate(lengths):
@@ -138,3 +142,5 @@ def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9)) -> None:
             x = x[b][..., :n, :n] if field == "matrices" else x[b][..., :n]
             scale = max(float(y.abs().max()), 1.0)
             torch.testing.assert_close(x, y[0], rtol=1e-5, atol=1e-5 * scale)
+        for key, v in (together.example_values or {}).items():
+            torch.testing.assert_close(v[b], alone.example_values[key][0], rtol=1e-5, atol=1e-5)

@@ -245,3 +245,86 @@ def gpt2_methods(model, hs, att, names, pos):
         views = _prod_views(mats, pos)
         out[name] = (views[-1], views, np.stack(mats))
     return out
+
+
+# ------------------------------------------------------------------ gradient family (METHODS.md 2.4, 4.2)
+# The explained function F: the pre-softmax logit of the target class as a function of X, the embedding-module output
+# [1, n, d] (word + position + type embeddings after the embedding LayerNorm) of one unpadded BERT example. F is
+# evaluated by calling the submodules directly: the encoder with no attention mask (an unpadded example's extended
+# mask is all zeros), then the pooler and the classifier (dropout is inactive in eval mode).
+def bert_embedding_output(model, input_ids: list[int], token_type_ids: list[int] | None = None) -> torch.Tensor:
+    """X = model.bert.embeddings(ids, types) of one example: [1, n, d] (no graph)."""
+    ids = torch.tensor([input_ids])
+    types = torch.zeros_like(ids) if token_type_ids is None else torch.tensor([token_type_ids])
+    with torch.no_grad():
+        return model.bert.embeddings(input_ids=ids, token_type_ids=types)
+
+
+def bert_logit(model, X: torch.Tensor, target: int) -> torch.Tensor:
+    """F(X): the target's logit at embedding-module output X [1, n, d] (a scalar, with X's graph)."""
+    h = model.bert.encoder(X).last_hidden_state
+    return model.classifier(model.bert.pooler(h))[0, target]
+
+
+def bert_logit_grad(model, X: torch.Tensor, target: int) -> tuple[float, np.ndarray]:
+    """(F(X), dF/dX [n, d]) by torch.autograd.grad."""
+    X = X.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        F = bert_logit(model, X, target)
+        (g,) = torch.autograd.grad(F, X)
+    return float(F), g[0].numpy()
+
+
+def mask_baseline_ids(input_ids: list[int], mask_token_id: int, keep_ids) -> list[int]:
+    """The same sequence with every token not in ``keep_ids`` ([CLS], [SEP]) replaced by [MASK]."""
+    keep = set(keep_ids)
+    return [t if t in keep else mask_token_id for t in input_ids]
+
+
+def gradient_methods(model, input_ids: list[int], target: int, mask_token_id: int, keep_ids, steps: int,
+                     token_type_ids: list[int] | None = None) -> dict:
+    """{grad_l2, gxi_l2, gxi_mean, ig_l2, ig_mean: [n]; ig_delta, F, F_baseline: float} of one example (METHODS.md
+    2.4), w.r.t. the embedding-module output, target logit, [MASK] baseline, Gauss-Legendre IG one node at a time."""
+    X = bert_embedding_output(model, input_ids, token_type_ids)
+    F, g = bert_logit_grad(model, X, target)
+    x = X[0].numpy()
+    out = {}
+    a = np.linalg.norm(g, axis=-1)
+    out["grad_l2"] = a / a.sum()
+    out["gxi_l2"] = np.linalg.norm(x * g, axis=-1)
+    out["gxi_mean"] = np.abs(x * g).mean(-1)
+
+    Xb = bert_embedding_output(model, mask_baseline_ids(input_ids, mask_token_id, keep_ids), token_type_ids)
+    xb = Xb[0].numpy()
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    avg = np.zeros_like(x)
+    for node, weight in zip(nodes, weights):
+        alpha, w = (node + 1) / 2, weight / 2
+        _, gk = bert_logit_grad(model, Xb + alpha * (X - Xb), target)
+        avg += w * gk
+    ig = (x - xb) * avg  # [n, d]
+    out["ig_l2"] = np.linalg.norm(ig, axis=-1)
+    out["ig_mean"] = np.abs(ig).mean(-1)
+    with torch.no_grad():
+        Fb = float(bert_logit(model, Xb, target))
+    out["ig_delta"] = float(ig.sum()) - (F - Fb)
+    out["F"], out["F_baseline"] = F, Fb
+    return out
+
+
+def cat_attcat(model, input_ids: list[int], target: int, token_type_ids: list[int] | None = None) -> dict:
+    """{cat, attcat: (final [n], layer terms [L, n]), "grad_h0": dF/dh^0 [n, d]} of one example (METHODS.md 4.2, REF
+    layers = inputs h^0..h^{L-1}): one eager forward of the whole model with HF's hidden states and attentions, one
+    autograd.grad of the target logit w.r.t. hidden_states[:L]. No special-token masking."""
+    ids = torch.tensor([input_ids])
+    types = torch.zeros_like(ids) if token_type_ids is None else torch.tensor([token_type_ids])
+    with torch.enable_grad():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=types,
+                    output_hidden_states=True, output_attentions=True)
+        L = len(out.attentions)
+        hs = out.hidden_states[:L]
+        grads = torch.autograd.grad(out.logits[0, target], hs)
+    cat_l = np.stack([(gl[0] * hl[0]).sum(-1).detach().numpy() for gl, hl in zip(grads, hs)])  # [L, n]
+    alpha = np.stack([a[0].detach().numpy().mean(0).mean(0) for a in out.attentions])  # heads, then query rows
+    att_l = cat_l * alpha
+    return {"cat": (cat_l.sum(0), cat_l), "attcat": (att_l.sum(0), att_l), "grad_h0": grads[0][0].numpy()}

@@ -5,8 +5,17 @@ from __future__ import annotations
 from ..errors import UsageError
 from .alti import Alti
 from .alti_l2 import AltiL2
+from .attcat import AttCat
+from .attgrads import AttGrads
 from .base import Method, MethodResult
+from .cat import Cat
 from .globenc import GlobEnc
+from .grad_l2 import GradL2
+from .grads import Grads
+from .gxi_l2 import GxIL2
+from .gxi_mean import GxIMean
+from .ig_l2 import IGL2
+from .ig_mean import IGMean
 from .logat import LogAt
 from .norm import Norm
 from .norm_fixedres import NormFixedRes
@@ -22,6 +31,7 @@ from .w_res import WRes
 # Canonical order (DESIGN.md section 4).
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
+    GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
     Norm, LogAt, NormXLogit)}
 
 

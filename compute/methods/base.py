@@ -21,6 +21,7 @@ class MethodResult:
     scores: torch.Tensor  # [B, n]      final attribution of every token
     layer_scores: torch.Tensor | None = None  # [B, V, n]   per-layer views
     matrices: torch.Tensor | None = None  # [B, L, n, n] per-layer token-to-token matrices (row = query/receiver)
+    example_values: dict | None = None  # name -> [B] per-example scalars (Method.example_values)
 
 
 class Method:
@@ -33,6 +34,7 @@ class Method:
     has_layer_views: ClassVar[bool] = False
     has_matrices: ClassVar[bool] = False
     pre_ln_ok: ClassVar[bool] = True  # defined on pre-LN architectures (METHODS.md section 9)
+    example_values: ClassVar[tuple[str, ...]] = ()  # per-example scalars stored beside the scores
 
     def __init__(self, **params):
         self.params = params

@@ -1,0 +1,29 @@
+"""AttCAT (Qiang et al. 2022; METHODS.md 4.2): AttCAT_j = sum_l CAT^l_j * alpha^l_j, signed.
+
+alpha^l_j is the attention token j RECEIVES in layer l: mean over heads, then over the real query rows (not the
+[CLS] row, 14.8). With ``mask_specials`` (--preset attcat) [CLS]/[SEP] are masked as keys during the explanation
+pass, so their alpha, and their score, is 0. Layer view l = CAT^l * alpha^l."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import MethodResult
+from .cat import cat_terms
+from .gradients import GradientMethod, valid_mean_rows, wide
+
+
+class AttCat(GradientMethod):
+    name = "attcat"
+    description = "sum over layers of (gradient . hidden state) x attention received, per token"
+    reference = "Qiang et al. (2022) AttCAT, NeurIPS; METHODS.md 4.2"
+    signed = True
+    has_layer_views = True
+
+    def from_grads(self, gp, grads, cap):
+        layers = self.params.get("layers", "inputs")
+        terms = cat_terms(gp, grads, layers)  # [B, L, n]
+        # the attention of layer l acts on h^{l-1} (its input): the same layer index in both variants
+        alpha = valid_mean_rows(torch.stack([wide(a).mean(1) for a in gp.attentions], dim=1), cap.mask)  # [B, L, n]
+        views = terms * alpha * cap.mask[:, None]
+        return MethodResult(scores=views.sum(1), layer_scores=views)

@@ -1,0 +1,30 @@
+"""CAT (Qiang et al. 2022, the AttCAT ablation; METHODS.md 4.2): CAT_j = sum_l <dF/dh^l_j, h^l_j>, signed.
+
+h^l are the layer INPUTS h^0..h^{L-1} (the reference code's choice, 14.8); ``layers="outputs"`` takes h^1..h^L as
+the paper's text does. Layer view l = the term of layer l."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import MethodResult
+from .gradients import GradientMethod, wide
+
+
+def cat_terms(gp, grads, layers: str) -> torch.Tensor:
+    """CAT^l_j = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
+    L = gp.adapter.n_layers
+    idx = range(L) if layers == "inputs" else range(1, L + 1)
+    return torch.stack([wide(grads["hidden"][i] * gp.hidden_states[i]).sum(-1) for i in idx], dim=1)
+
+
+class Cat(GradientMethod):
+    name = "cat"
+    description = "sum over layers of gradient . hidden state at each token (AttCAT without the attention weight)"
+    reference = "Qiang et al. (2022) AttCAT, ablation CAT; METHODS.md 4.2"
+    signed = True
+    has_layer_views = True
+
+    def from_grads(self, gp, grads, cap):
+        terms = cat_terms(gp, grads, self.params.get("layers", "inputs")) * cap.mask[:, None]
+        return MethodResult(scores=terms.sum(1), layer_scores=terms)

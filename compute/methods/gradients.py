@@ -1,0 +1,305 @@
+"""Gradients of the explained output, shared by the gradient methods of one batch (METHODS.md 1.3, 2.4, 4, 14.4).
+
+The explained function F maps X, the embedding-module output [B, n, d] (word + position + type embeddings after the
+embedding LayerNorm), to one output per example: the pre-softmax logit of the target class (default) or its softmax
+probability (ALTI's Captum wrapper). X enters the real model through a forward hook that replaces the embedding
+module's output, so position and type embeddings and the embedding LayerNorm are applied exactly once. With
+``double_embedding`` (the reference code's quirk, METHODS.md 14.4) X is fed to ``inputs_embeds`` instead and the
+model adds them a second time.
+
+One forward pass (with grad) per batch and spec; one backward per target: the selected outputs of all examples are
+summed, and since examples never interact, each example's gradient is its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..adapters import Adapter, Captured
+from ..errors import AttrscopeError
+from .base import Method, MethodResult
+
+
+@dataclass(frozen=True)
+class Explained:
+    """How F is evaluated."""
+
+    output: str = "logit"  # "logit" (pre-softmax) | "prob" (softmax probability)
+    double_embedding: bool = False  # REF quirk: X through inputs_embeds (embeddings added twice)
+    mask_specials: bool = False  # AttCAT REF: special tokens masked as keys in the explanation pass
+
+
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """Methods compute in float32 at least (half-precision models), float64 stays float64 (tests)."""
+    return t.float() if t.element_size() < 4 else t
+
+
+def spec_from(params: dict) -> Explained:
+    return Explained(output=params.get("output", "logit"), double_embedding=bool(params.get("double_embedding")),
+                     mask_specials=bool(params.get("mask_specials")))
+
+
+def model_inputs(cap: Captured, spec: Explained, repeat: int = 1) -> dict:
+    """The batch's forward inputs, with specials masked as keys if asked, each example repeated ``repeat`` times
+    (consecutive rows)."""
+    inputs = dict(cap.inputs)
+    if spec.mask_specials:
+        keep = cap.mask & ~cap.special
+        # a sequence of special tokens only ([CLS] [SEP]) keeps them: with every key masked, the softmax would
+        # spread over the pad positions too, and the result would depend on the batch
+        keep = torch.where(keep.any(-1, keepdim=True), keep, cap.mask)
+        inputs["attention_mask"] = keep.to(cap.inputs["attention_mask"].dtype)
+    if repeat > 1:
+        inputs = {k: v.repeat_interleave(repeat, dim=0) for k, v in inputs.items()}
+    return inputs
+
+
+class _Stop(Exception):
+    pass
+
+
+def embedding_output(adapter: Adapter, inputs: dict) -> torch.Tensor:
+    """The embedding module's output for ``inputs`` (the model is stopped right after it)."""
+    box = []
+
+    def hook(_m, _inp, out):
+        box.append(out[0] if isinstance(out, tuple) else out)
+        raise _Stop
+
+    h = adapter.embeddings().register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            adapter.model(**inputs)
+    except _Stop:
+        pass
+    finally:
+        h.remove()
+    return box[0]
+
+
+def select(logits: torch.Tensor, target: torch.Tensor, output: str) -> torch.Tensor:
+    """F for every row: the target's logit or softmax probability [R]."""
+    out = torch.softmax(logits, dim=-1) if output == "prob" else logits
+    return out.gather(1, target[:, None])[:, 0]
+
+
+def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained, internals: Captured | None = None,
+               grad: bool = True):
+    """Logits of the model at embedding-space input X [R, n, d] (with ``grad`` the graph follows X). With
+    ``internals``, layer inputs and outputs and attention probabilities are recorded into it."""
+    from contextlib import nullcontext
+
+    handles = []
+    if spec.double_embedding:
+        call = {k: v for k, v in inputs.items() if k != "input_ids"}
+        call["inputs_embeds"] = X
+    else:
+        call = inputs
+        handles.append(adapter.embeddings().register_forward_hook(lambda _m, _i, _o: X))
+    try:
+        ctx = adapter.hooks(internals, frozenset({"hidden_states", "attentions"})) if internals else nullcontext()
+        with ctx, torch.set_grad_enabled(grad):
+            return adapter.model(**call).logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class GradientPass:
+    """One forward of F at X = E with every layer's input/output and attention kept, and gradients of the
+    selected output with respect to all of them, per target (the graph is kept for further targets)."""
+
+    def __init__(self, cap: Captured, adapter: Adapter, spec: Explained):
+        self.adapter, self.spec = adapter, spec
+        inputs = model_inputs(cap, spec)
+        E = embedding_output(adapter, inputs)
+        self.X = E.detach().requires_grad_(True)
+        self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
+                                  explain_pos=cap.explain_pos, logits=None)
+        self.logits = forward_at(adapter, inputs, self.X, spec, self.internals)
+        self._grads: dict[tuple, dict] = {}
+
+    @property
+    def hidden_states(self) -> list[torch.Tensor]:
+        """h^0..h^L (h^0 = the embedding-module output seen by layer 1)."""
+        return self.internals.hidden_states
+
+    @property
+    def attentions(self) -> list[torch.Tensor]:
+        return self.internals.attentions
+
+    def grads(self, target: torch.Tensor) -> dict:
+        """{"X": dF/dX [B, n, d], "hidden": [dF/dh^l], "attentions": [dF/dA^l]} for the target class of each example."""
+        key = tuple(target.tolist())
+        if key not in self._grads:
+            hs, att = self.hidden_states, self.attentions
+            wrt = [self.X, *hs, *att]
+            with torch.enable_grad():
+                y = select(self.logits, target, self.spec.output).sum()
+                g = torch.autograd.grad(y, wrt, retain_graph=True, allow_unused=True)
+            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, wrt)]
+            self._grads[key] = {"X": g[0], "hidden": g[1:1 + len(hs)], "attentions": g[1 + len(hs):]}
+        return self._grads[key]
+
+
+def gradient_pass(cap: Captured, adapter: Adapter, spec: Explained) -> GradientPass:
+    """The batch's gradient pass for ``spec``, shared by every gradient method of the batch (cap.memo)."""
+    return cap.cached(("gradient_pass", spec), lambda: GradientPass(cap, adapter, spec))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def quadrature(steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes alpha_k in [0, 1] and weights w_k of the path integral: Gauss-Legendre (Captum's default, the reference
+    code's) or the right Riemann sum alpha_k = k/m, w_k = 1/m (the IG paper's)."""
+    if rule == "gausslegendre":
+        x, w = np.polynomial.legendre.leggauss(steps)
+        return (x + 1) / 2, w / 2
+    if rule == "riemann":
+        return np.arange(1, steps + 1) / steps, np.full(steps, 1.0 / steps)
+    raise ValueError(rule)
+
+
+def ig_baseline(cap: Captured, adapter: Adapter, spec: Explained, E: torch.Tensor, kind: str) -> torch.Tensor:
+    """Baseline in X space: "mask" = the embedding-module output of the same sequence with every non-special token
+    replaced by [MASK] (same positions and types); "zero" = zeros. Pad rows equal E's (they carry no attribution)."""
+    if kind == "zero":
+        B0 = torch.zeros_like(E)
+    elif kind == "mask":
+        if adapter.mask_token_id is None:
+            raise AttrscopeError("integrated gradients' [MASK] baseline needs a tokenizer with a mask token: "
+                                 "pass --ig-baseline zero")
+        ids = torch.where(cap.special | ~cap.mask, cap.input_ids, torch.full_like(cap.input_ids, adapter.mask_token_id))
+        B0 = embedding_output(adapter, {**model_inputs(cap, spec), "input_ids": ids})
+    else:
+        raise ValueError(kind)
+    return torch.where(cap.mask[..., None], B0, E)
+
+
+def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_mb: int) -> int:
+    """Interpolation rows (example x step) per forward/backward within ``memory_mb``: a rough count of what one row
+    keeps for the backward, L x (about 16 d-vectors and 3 attention maps per token)."""
+    cfg = adapter.config
+    d = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "dim", 0) or getattr(cfg, "n_embd"))
+    per_row = adapter.n_layers * n * (16 * d + 3 * adapter.n_heads * n) * itemsize
+    return max(1, int(memory_mb * 2**20 // max(per_row, 1)))
+
+
+def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, *, steps: int,
+                         rule: str, baseline: str, memory_mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """IG_jk = (X_jk - X'_jk) * sum_k w_k dF/dX_jk at X' + alpha_k (X - X'): [B, n, d], and the completeness delta
+    sum_jk IG_jk - (F(X) - F(X')) per example [B] (Captum's convergence delta).
+
+    All (example, step) rows are stacked and run in chunks of ``rows_per_pass`` (one forward and one backward per
+    chunk); a row only ever sees its own example."""
+    inputs = model_inputs(cap, spec)
+    E = embedding_output(adapter, inputs)
+    X0 = ig_baseline(cap, adapter, spec, E, baseline)
+    alphas, weights = quadrature(steps, rule)
+    B, n, d = E.shape
+    alpha = torch.as_tensor(alphas, dtype=E.dtype, device=E.device)
+    weight = torch.as_tensor(weights, dtype=E.dtype, device=E.device)
+    total = torch.zeros_like(E)
+    R = B * steps
+    ex_of = torch.arange(R, device=E.device) // steps  # row r = (example r // m, step r % m)
+    step_of = torch.arange(R, device=E.device) % steps
+    chunk = rows_per_pass(adapter, n, E.element_size(), memory_mb)
+    for r0 in range(0, R, chunk):
+        ex, st = ex_of[r0:r0 + chunk], step_of[r0:r0 + chunk]
+        rows_in = {k: v[ex] for k, v in inputs.items()}
+        X = (X0[ex] + alpha[st, None, None] * (E[ex] - X0[ex])).requires_grad_(True)
+        with torch.enable_grad():
+            y = select(forward_at(adapter, rows_in, X, spec), target[ex], spec.output).sum()
+            (g,) = torch.autograd.grad(y, X)
+        total.index_add_(0, ex, g * weight[st, None, None])
+    attr = (E - X0) * total
+    ends = forward_at(adapter, {k: torch.cat([v, v]) for k, v in inputs.items()}, torch.cat([E, X0]), spec, grad=False)
+    f = select(wide(ends), torch.cat([target, target]), spec.output)
+    delta = wide(attr).sum(dim=(1, 2)) - (f[:B] - f[B:])
+    return attr, delta
+
+
+def valid_mean_rows(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the real query rows i of M [B, ..., n, n] -> [B, ..., n] (pad rows excluded)."""
+    m = mask.to(M.dtype)
+    shape = (m.shape[0],) + (1,) * (M.dim() - 3) + (m.shape[1], 1)
+    return (M * m.view(shape)).sum(-2) / m.sum(-1).clamp_min(1).view((m.shape[0],) + (1,) * (M.dim() - 2))
+
+
+class GradientMethod(Method):
+    """Base of the methods read off one gradient pass. Parameters (METHODS.md 14.4, 14.9): output ("logit" |
+    "prob"), double_embedding, mask_specials; they select the explained function and are recorded in the store."""
+
+    class_specific = True
+    needs = frozenset()  # the method runs its own forward + backward
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.spec = spec_from(self.params)
+
+    def from_grads(self, gp: GradientPass, grads: dict, cap: Captured) -> MethodResult:
+        raise NotImplementedError
+
+    def compute(self, cap, adapter, target):
+        self.check_architecture(adapter)
+        gp = gradient_pass(cap, adapter, self.spec)
+        grads = gp.grads(target)
+        with torch.no_grad():
+            return self.from_grads(gp, grads, cap)
+
+    def compute_classes(self, cap, adapter, num_classes):
+        # one forward, one backward per class
+        gp = gradient_pass(cap, adapter, self.spec)
+        B = cap.input_ids.shape[0]
+        rows = []
+        for c in range(num_classes):
+            grads = gp.grads(torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device))
+            with torch.no_grad():
+                rows.append(self.from_grads(gp, grads, cap).scores)
+        return torch.stack(rows, dim=1)
+
+
+class IntegratedGradientsMethod(Method):
+    """Base of ig_l2 / ig_mean. Parameters: steps (50), rule ("gausslegendre" | "riemann"), baseline ("mask" |
+    "zero"), memory_mb (rows per forward/backward), and the Explained parameters. Both methods of a run share one
+    integration per target (cap.memo)."""
+
+    class_specific = True
+    needs = frozenset()
+    example_values = ("ig_delta",)
+
+    def __init__(self, **params):
+        params = {"steps": 50, "rule": "gausslegendre", "baseline": "mask", "memory_mb": 1024, **params}
+        super().__init__(**params)
+        self.spec = spec_from(self.params)
+
+    def check_architecture(self, adapter):
+        super().check_architecture(adapter)
+        if self.params["baseline"] == "mask" and adapter.mask_token_id is None:
+            raise AttrscopeError(f"method '{self.name}': the [MASK] baseline needs a tokenizer with a mask token, "
+                                 f"which this '{adapter.config.model_type}' model lacks: pass --ig-baseline zero")
+
+    def aggregate(self, attr: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _integrate(self, cap, adapter, target):
+        p = self.params
+        key = ("ig", self.spec, tuple(target.tolist()), p["steps"], p["rule"], p["baseline"])
+        return cap.cached(key, lambda: integrated_gradients(
+            cap, adapter, self.spec, target, steps=p["steps"], rule=p["rule"], baseline=p["baseline"],
+            memory_mb=p["memory_mb"]))
+
+    def compute(self, cap, adapter, target):
+        self.check_architecture(adapter)
+        attr, delta = self._integrate(cap, adapter, target)
+        return MethodResult(scores=self.aggregate(wide(attr)) * cap.mask, example_values={"ig_delta": delta})
+
+    def compute_classes(self, cap, adapter, num_classes):
+        B = cap.input_ids.shape[0]
+        rows = []
+        for c in range(num_classes):
+            target = torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device)
+            rows.append(self.aggregate(wide(self._integrate(cap, adapter, target)[0])) * cap.mask)
+        return torch.stack(rows, dim=1)

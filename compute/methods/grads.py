@@ -1,0 +1,22 @@
+"""Grads (METHODS.md 4.3, Mask-LRP's definition; AttCAT's own generator is broken, 14.12): the gradient of the
+target output with respect to the last layer's attention probabilities, averaged over heads and the real query
+rows, positive part; the explained ([CLS]) column set to 0."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import MethodResult
+from .gradients import GradientMethod, valid_mean_rows, wide
+
+
+class Grads(GradientMethod):
+    name = "grads"
+    description = "positive part of the gradient w.r.t. last-layer attention, mean over heads and query rows"
+    reference = "Song et al. (2024) Mask-LRP baselines; Qiang et al. (2022); METHODS.md 4.3"
+
+    def from_grads(self, gp, grads, cap):
+        g = valid_mean_rows(wide(grads["attentions"][-1]).mean(1), cap.mask).clamp_min(0)  # [B, n]
+        g = g * cap.mask
+        g[torch.arange(g.shape[0], device=g.device), cap.explain_pos] = 0
+        return MethodResult(scores=g)

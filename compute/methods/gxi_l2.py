@@ -1,0 +1,18 @@
+"""GxI_l2 (METHODS.md 2.4): a_j = ||E_j * dF/dE_j||_2, gradient times input on the embedding-module output."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import MethodResult
+from .gradients import GradientMethod, wide
+
+
+class GxIL2(GradientMethod):
+    name = "gxi_l2"
+    description = "L2 norm of gradient x input at each token's embedding (embedding-module output)"
+    reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
+
+    def from_grads(self, gp, grads, cap):
+        a = torch.linalg.vector_norm(wide(gp.X * grads["X"]), dim=-1)
+        return MethodResult(scores=a * cap.mask)
