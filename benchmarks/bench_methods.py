@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from compute.data import load_dataset  # noqa: E402
 from compute.methods import get_method, parse_methods  # noqa: E402
+from compute.methods.gradients import GradientMethod, IntegratedGradientsMethod  # noqa: E402
 from compute.models import load_model, resolve_device  # noqa: E402
 
 
@@ -52,13 +53,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--random-base", type=int, metavar="N", help="random BERT-base-sized model, sequences of length N")
     ap.add_argument("--peak-memory", action="store_true", help="also measure each method's peak memory")
+    ap.add_argument("--ig-steps", type=int, default=16, help="quadrature steps of ig_l2/ig_mean (default 16)")
     args = ap.parse_args()
 
     dev = resolve_device(args.device)
     model, adapter, batches, n_ex = setup(args, dev)
     names = parse_methods(args.methods)
-    methods = {n: get_method(n) for n in names}
+    methods = {n: get_method(n, **({"steps": args.ig_steps} if n.startswith("ig_") else {})) for n in names}
     needs = frozenset().union(*(m.needs for m in methods.values()))
+    grad_names = [n for n in names if isinstance(methods[n], (GradientMethod, IntegratedGradientsMethod))]
 
     def sweep():
         t = {"bare forward": 0.0, "capture forward": 0.0, **{n: 0.0 for n in names}}
@@ -67,6 +70,10 @@ def main() -> None:
                 _sync(dev); t0 = time.perf_counter()
                 model(**adapter.forward_inputs(batch))
                 _sync(dev); t["bare forward"] += time.perf_counter() - t0
+                if grad_names:
+                    t0 = time.perf_counter()
+                    bare_forward_backward(model, batch)
+                    _sync(dev); t["bare fwd + bwd"] = t.get("bare fwd + bwd", 0.0) + time.perf_counter() - t0
                 t0 = time.perf_counter()
                 cap = adapter.capture(batch, needs)
                 _sync(dev); t["capture forward"] += time.perf_counter() - t0
@@ -86,11 +93,32 @@ def main() -> None:
           f"batch {args.batch_size}, median of {args.repeat}")
     peaks = peak_memory(args, names) if args.peak_memory else {}
     print(f"{'':18s} {'seconds':>9s} {'x bare fwd':>11s} {'(fwd+method)/fwd':>17s} {'peak MB':>9s}")
+    fb = med.pop("bare fwd + bwd", None)
     for k, v in med.items():
+        if k in grad_names:
+            continue
         total = "" if k in ("bare forward", "capture forward") else f"{(med['capture forward'] + v) / base:17.3f}"
         peak = f"{peaks[k]:9.0f}" if k in peaks else ""
         print(f"{k:18s} {v:9.3f} {v / base:11.3f} {total:>17s} {peak:>9s}")
     print(f"bare forward throughput: {n_ex / base:.1f} examples/s")
+    if grad_names:
+        # gradient methods run their own forward + backward: compare with a bare one (IG: with m of them)
+        print(f"\n{'':18s} {'seconds':>9s} {'x (fwd+bwd)':>12s} {'x m(fwd+bwd)':>13s}")
+        print(f"{'bare fwd + bwd':18s} {fb:9.3f} {1.0:12.3f}")
+        for k in grad_names:
+            v = med[k]
+            per_m = f"{v / (args.ig_steps * fb):13.3f}" if k.startswith("ig_") else ""
+            print(f"{k:18s} {v:9.3f} {v / fb:12.3f} {per_m:>13s}")
+
+
+def bare_forward_backward(model, batch) -> None:
+    """The model alone, forward with grad from its input embeddings, one backward of the summed predicted logits to
+    them: the least a gradient method can cost."""
+    inputs = {k: v for k, v in batch.items() if k != "input_ids"}
+    with torch.enable_grad():
+        E = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
+        logits = model(inputs_embeds=E, **inputs).logits
+        torch.autograd.grad(logits.gather(1, logits.argmax(-1, keepdim=True)).sum(), E)
 
 
 def setup(args, dev):
@@ -109,7 +137,9 @@ def setup(args, dev):
         batches = [{"input_ids": ids[b0:b0 + args.batch_size].to(dev),
                     "attention_mask": torch.ones_like(ids[b0:b0 + args.batch_size]).to(dev)}
                    for b0 in range(0, n_ex, args.batch_size)]
-        return model, adapter_for(model), batches, n_ex
+        ad = adapter_for(model)
+        ad.mask_token_id = 103  # [MASK] of bert-base-uncased
+        return model, ad, batches, n_ex
     lm = load_model(args.model, device=dev)
     data = load_dataset(args.data, limit=args.limit,
                         label2id={v: k for k, v in lm.info["id2label"].items()}, num_labels=lm.info["num_labels"])

@@ -258,11 +258,33 @@ def test_truncation_is_recorded(tiny_model_dirs, tmp_path):
         assert [ex.pred for ex in s] == probs.argmax(-1).tolist()
 
 
-def test_methods_command_lists_the_five():
+def test_methods_command_lists_every_method():
     res = invoke("methods")
     assert res.exit_code == 0
     listed = [ln.split()[0] for ln in res.stdout.splitlines() if ln.strip()]
     assert listed == list(METHODS)
+
+
+def test_gradient_methods_with_attcat_preset(tiny_model_dirs, tmp_path):
+    """--preset attcat: gold label, specials masked as keys (their AttCAT score is 0), recorded in the params; the IG
+    options and the per-example completeness delta land in the store."""
+    write_jsonl(tmp_path / "d.jsonl", 6)
+    out = tmp_path / "g.h5"
+    compute(tmp_path / "d.jsonl", tiny_model_dirs["bert"], out, "--methods", "grad_l2,ig_l2,ig_mean,attcat",
+            "--preset", "attcat", "--ig-steps", 4, "--ig-rule", "riemann", "-q")
+    with open_store(out) as s:
+        assert s.method_info("attcat")["params"]["mask_specials"] is True
+        ig = s.method_info("ig_l2")["params"]
+        assert (ig["steps"], ig["rule"], ig["baseline"], ig["target"]) == (4, "riemann", "mask", "label")
+        for ex in s:
+            check_example(ex, methods=("grad_l2", "ig_l2", "ig_mean", "attcat"))
+            assert ex.target == ex.label
+            special = ex.segment < 0
+            assert special.sum() == 2 and (ex.scores("attcat")[special] == 0).all()
+            d = ex.example_values("ig_l2")["ig_delta"]
+            assert np.isfinite(d) and d == ex.example_values("ig_mean")["ig_delta"]
+            assert ex.example_values("grad_l2") == {}
+            np.testing.assert_allclose(ex.scores("grad_l2").sum(), 1, rtol=1e-5)
 
 
 # --- errors ---------------------------------------------------------------------------------------------------------
@@ -311,11 +333,14 @@ def _error_case(case: str, tmp_path: Path, model: Path, gpt2_dir_factory):
         return [data, "--model", model, "--matrices", "some"], 2, ["--matrices", "some"]
     if case == "resume without store":
         return [data, "--model", model, "--resume"], 1, ["--resume", "does not exist"]
+    if case == "zero ig steps":
+        return [data, "--model", model, "--ig-steps", 0], 2, ["--ig-steps", "at least 1"]
     raise AssertionError(case)
 
 
 ERROR_CASES = ["missing dataset", "empty dataset", "no text column", "unknown method", "unsupported architecture",
-               "no config.json", "resume and overwrite", "unknown option", "bad choice", "resume without store"]
+               "no config.json", "resume and overwrite", "unknown option", "bad choice", "resume without store",
+               "zero ig steps"]
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)
