@@ -34,7 +34,7 @@ def layouts() -> list[MethodLayout]:
                      description="rollout", params={"store_dtype": "float32"}),
         MethodLayout("logat", signed=True, n_layer_views=L, matrices="cls", n_matrix_layers=L, class_scores=True,
                      description="logat", params={"store_dtype": "float16"}),
-        MethodLayout("norm", signed=False, description="norm"),
+        MethodLayout("norm", signed=False, description="norm", example_values=("delta", "steps")),
     ]
 
 
@@ -48,7 +48,7 @@ def example(i: int) -> ExampleData:
         "rollout": {"scores": rng.random(n), "layer_scores": rng.random((L, n)), "matrices": rng.random((L, n, n))},
         "logat": {"scores": rng.normal(size=n), "layer_scores": rng.normal(size=(L, n)),
                   "matrices": rng.random((L, 1, n)), "class_scores": rng.normal(size=(2, n))},
-        "norm": {"scores": rng.random(n)},
+        "norm": {"scores": rng.random(n), "example_values": {"delta": float(rng.normal()), "steps": float(i)}},
     }
     spans = np.stack([np.arange(n), np.arange(n) + 1], axis=1)
     spans[0] = spans[-1] = -1
@@ -98,6 +98,10 @@ def assert_example(got, exp: ExampleData) -> None:
             np.testing.assert_allclose(got.class_scores(name), res["class_scores"], rtol=1e-6)
         else:
             assert got.class_scores(name) is None
+        values = got.example_values(name)
+        assert values.keys() == res.get("example_values", {}).keys()
+        for key, v in values.items():
+            np.testing.assert_allclose(v, res["example_values"][key], rtol=1e-6)
 
 
 def one_line(message: str) -> str:
@@ -440,6 +444,7 @@ def test_resume_after_writer_died(tmp_path, writer_factory, death):
     assert f["methods/rollout/matrices"].shape[0] == sq * L
     assert f["methods/logat/matrices"].shape[0] == n_tok * L
     assert f["methods/logat/class_scores"].shape[0] == n_tok * 2
+    assert f["methods/norm/example_values/delta"].shape[0] == 6
     n_str = sum(len(t.encode()) for i in range(6) for t in example(i).tokens)
     assert f["tokens/strings"].shape[0] == n_str
     assert not os.path.exists(str(path) + ".resume-tmp")
