@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ARCHS, assert_batch_invariant, random_batch, tiny_model
+from conftest import ARCHS, MASK_ID, assert_batch_invariant, random_batch, tiny_model
 
 import reference as R
 from compute.adapters import adapter_for
@@ -156,6 +156,7 @@ def test_bfloat16_model_gives_float32_results_close_to_float32():
     for dtype in (torch.float32, torch.bfloat16):
         model = tiny_model("bert", dtype=dtype)
         ad = adapter_for(model)
+        ad.mask_token_id = MASK_ID
         cap = ad.capture(batch, frozenset().union(*(m.needs for m in REGISTRY.values())))
         out[dtype] = {name: get_method(name).compute(cap, ad, torch.zeros(2, dtype=torch.long)).scores
                       for name in REGISTRY}
