@@ -272,7 +272,7 @@ def bert_logit_grad(model, X: torch.Tensor, target: int) -> tuple[float, np.ndar
     with torch.enable_grad():
         F = bert_logit(model, X, target)
         (g,) = torch.autograd.grad(F, X)
-    return float(F), g[0].numpy()
+    return float(F.detach()), g[0].numpy()
 
 
 def mask_baseline_ids(input_ids: list[int], mask_token_id: int, keep_ids) -> list[int]:
@@ -283,8 +283,9 @@ def mask_baseline_ids(input_ids: list[int], mask_token_id: int, keep_ids) -> lis
 
 def gradient_methods(model, input_ids: list[int], target: int, mask_token_id: int, keep_ids, steps: int,
                      token_type_ids: list[int] | None = None) -> dict:
-    """{grad_l2, gxi_l2, gxi_mean, ig_l2, ig_mean: [n]; ig_delta, F, F_baseline: float} of one example (METHODS.md
-    2.4), w.r.t. the embedding-module output, target logit, [MASK] baseline, Gauss-Legendre IG one node at a time."""
+    """{grad_l2, gxi_l2, gxi_mean, ig_l2, ig_mean: [n]; ig_delta, F = F(X), F_baseline = F(X'): float; grad: dF/dX
+    [n, d]} of one example (METHODS.md 2.4): w.r.t. the embedding-module output, the target's logit, the [MASK]
+    baseline X' (tokens in ``keep_ids`` kept), Gauss-Legendre IG on [0, 1] evaluated one node at a time."""
     X = bert_embedding_output(model, input_ids, token_type_ids)
     F, g = bert_logit_grad(model, X, target)
     x = X[0].numpy()
@@ -308,14 +309,15 @@ def gradient_methods(model, input_ids: list[int], target: int, mask_token_id: in
     with torch.no_grad():
         Fb = float(bert_logit(model, Xb, target))
     out["ig_delta"] = float(ig.sum()) - (F - Fb)
-    out["F"], out["F_baseline"] = F, Fb
+    out["F"], out["F_baseline"], out["grad"] = F, Fb, g
     return out
 
 
 def cat_attcat(model, input_ids: list[int], target: int, token_type_ids: list[int] | None = None) -> dict:
-    """{cat, attcat: (final [n], layer terms [L, n]), "grad_h0": dF/dh^0 [n, d]} of one example (METHODS.md 4.2, REF
-    layers = inputs h^0..h^{L-1}): one eager forward of the whole model with HF's hidden states and attentions, one
-    autograd.grad of the target logit w.r.t. hidden_states[:L]. No special-token masking."""
+    """{cat, attcat: (final [n], layer terms [L, n]); logits [C]; grad_h0: dF/dh^0 [n, d]} of one example (METHODS.md
+    4.2, REF layers = the inputs h^0..h^{L-1}; alpha^l_j = attention token j receives, mean over heads then query
+    rows): one eager forward of the whole model with HF's output_hidden_states/output_attentions, one autograd.grad
+    of the target logit w.r.t. hidden_states[:L]. No special-token masking, all-ones attention mask."""
     ids = torch.tensor([input_ids])
     types = torch.zeros_like(ids) if token_type_ids is None else torch.tensor([token_type_ids])
     with torch.enable_grad():
@@ -327,4 +329,5 @@ def cat_attcat(model, input_ids: list[int], target: int, token_type_ids: list[in
     cat_l = np.stack([(gl[0] * hl[0]).sum(-1).detach().numpy() for gl, hl in zip(grads, hs)])  # [L, n]
     alpha = np.stack([a[0].detach().numpy().mean(0).mean(0) for a in out.attentions])  # heads, then query rows
     att_l = cat_l * alpha
-    return {"cat": (cat_l.sum(0), cat_l), "attcat": (att_l.sum(0), att_l), "grad_h0": grads[0][0].numpy()}
+    return {"cat": (cat_l.sum(0), cat_l), "attcat": (att_l.sum(0), att_l), "logits": out.logits[0].detach().numpy(),
+            "grad_h0": grads[0][0].numpy()}
