@@ -455,14 +455,17 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
     results: dict[str, dict[str, np.ndarray]] = {}
     for name, m in methods.items():
         t0 = time.perf_counter()
+        out = {}
+        if m.class_specific and target_mode == "all":
+            # every class first: methods that cache per target (integrated gradients) then read the predicted
+            # class's result off them instead of computing it again
+            out["class_scores"] = m.compute_classes(cap, lm.adapter, num_labels)
         res = m.compute(cap, lm.adapter, target)
-        out = {"scores": res.scores}
+        out["scores"] = res.scores
         if res.layer_scores is not None:
             out["layer_scores"] = res.layer_scores
         if res.matrices is not None and cfg.matrices != "none":
             out["matrices"] = res.matrices
-        if m.class_specific and target_mode == "all":
-            out["class_scores"] = m.compute_classes(cap, lm.adapter, num_labels)
         for key, value in (res.example_values or {}).items():
             out[f"value:{key}"] = value
         results[name] = {k: v.detach().float().cpu().numpy() for k, v in out.items()}

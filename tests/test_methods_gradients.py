@@ -147,6 +147,25 @@ def test_per_class_scores_equal_single_target_runs(name):
         torch.testing.assert_close(joint[:, c], single, rtol=1e-9, atol=1e-12)
 
 
+def test_ig_for_the_predicted_class_is_read_off_the_per_class_integrations(monkeypatch):
+    """--target all integrates every class once; the scores and deltas of a mixed target are then gathered from
+    those integrations (no extra one) and equal a fresh computation."""
+    import compute.methods.gradients as G
+
+    _, ad, _, cap = setup("bert", num_labels=3)
+    m = get_method("ig_l2", steps=4)
+    m.compute_classes(cap, ad, 3)
+    target = torch.tensor([2, 0, 1, 2])
+    integrate = G.integrated_gradients
+    monkeypatch.setattr(G, "integrated_gradients", lambda *a, **k: pytest.fail("integrated again"))
+    gathered = m.compute(cap, ad, target)
+    monkeypatch.setattr(G, "integrated_gradients", integrate)
+    cap.memo.clear()
+    fresh = get_method("ig_l2", steps=4).compute(cap, ad, target)
+    torch.testing.assert_close(gathered.scores, fresh.scores, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(gathered.example_values["ig_delta"], fresh.example_values["ig_delta"])
+
+
 def test_grads_and_attgrads_definitions():
     """grads: mean over heads and query rows of dF/dA^L, positive part, explained column 0. attgrads (ref): min-max
     normalised (mean_h A w_h)^+ with w_h the mean gradient of head h, explained row, own entry 0; gradsam: mean over
