@@ -182,7 +182,7 @@ def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_mb: int) -> in
     """Interpolation rows (example x step) per forward/backward within ``memory_mb``: a rough count of what one row
     keeps for the backward, L x (about 16 d-vectors and 3 attention maps per token)."""
     cfg = adapter.config
-    d = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "dim", 0) or getattr(cfg, "n_embd"))
+    d = int(cfg.hidden_size)  # DistilBERT and GPT-2 configs map it to dim / n_embd
     per_row = adapter.n_layers * n * (16 * d + 3 * adapter.n_heads * n) * itemsize
     return max(1, int(memory_mb * 2**20 // max(per_row, 1)))
 
