@@ -171,6 +171,25 @@ async def test_m_cycles_methods(store_path, color_env):
 
 
 @async_test
+async def test_method_bar_shows_per_example_values(tmp_path, color_env):
+    """A method's per-example scalars (integrated gradients' completeness delta) are shown beside its name."""
+    from tui.app import create_app
+
+    path = tmp_path / "values.h5"
+    make_store(str(path), n_examples=4, L=3, seed=0, with_values=True)
+    app = create_app(path)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await settle(pilot)
+        assert "ig_delta" not in screen_text(app)  # rollout has none
+        await pilot.press("M")  # back to the last method, norm
+        await settle(pilot)
+        assert "method norm 3/3" in screen_text(app) and "ig_delta -1.25e-02" in screen_text(app)
+        await pilot.press("j")
+        await settle(pilot)
+        assert "ig_delta -2.50e-02" in screen_text(app)
+
+
+@async_test
 async def test_command_palette_offers_methods_layers_and_ids(store_path, color_env):
     from tui.app import create_app
 

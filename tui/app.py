@@ -272,7 +272,8 @@ class AttrApp(App[int]):
         self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.row_count,
                                                monochrome=self.color_mode == "mono")
         self.query_one(TextPanel).show_example(ex)
-        self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer)
+        self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer,
+                                       ex.values.get(info.name))
         self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k)
         cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top)
         self.query_one(TokenView).show_tokens(TokenLayout(cells))

@@ -51,6 +51,7 @@ class LoadedExample:
     n_orig_tokens: int
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     layer_scores: dict[str, np.ndarray | None] = field(default_factory=dict)
+    values: dict[str, dict[str, float]] = field(default_factory=dict)  # per-example scalars (IG's ig_delta)
 
     @property
     def correct(self) -> bool | None:
@@ -80,14 +81,15 @@ def read_meta(store: Store) -> StoreMeta:
 
 def read_example(store: Store, i: int, methods: tuple[str, ...]) -> LoadedExample:
     ex = store[i]
-    scores, layers = {}, {}
+    scores, layers, values = {}, {}, {}
     for m in methods:
         scores[m] = np.asarray(ex.scores(m), dtype=np.float32)
         ls = ex.layer_scores(m)
         layers[m] = None if ls is None else np.asarray(ls, dtype=np.float32)
+        values[m] = ex.example_values(m)
     return LoadedExample(index=i, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
-                         scores=scores, layer_scores=layers)
+                         scores=scores, layer_scores=layers, values=values)
 
 
 class LRU:

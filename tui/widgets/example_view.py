@@ -103,12 +103,16 @@ class MethodBar(Static):
 
     DEFAULT_CSS = "MethodBar { height: 2; }"
 
-    def show(self, info: MethodInfo, position: int, total: int, layer: int | None) -> None:
+    def show(self, info: MethodInfo, position: int, total: int, layer: int | None,
+             values: dict[str, float] | None = None) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append("method ", _DIM)
         t.append(info.name, Style(bold=True, underline=True))
         t.append(f" {position + 1}/{total}", _DIM)
         t.append("  signed" if info.signed else "  non-negative", _DIM)
+        for key, value in (values or {}).items():  # e.g. IG's completeness delta of this example
+            t.append(f"  {printable(key)} ", _DIM)
+            t.append(f"{value:+.2e}")
         if info.description:
             t.append(f"  {info.description}", _DIM)
         self.update(Group(t, _LayerLadder(info, layer)))
