@@ -367,7 +367,58 @@ class GPT2Adapter(Adapter):
         return (mask.long() * (pos + 1)).argmax(dim=-1)
 
 
-ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter)
+class LlamaAdapter(Adapter):
+    """Llama (pre-LN with RMSNorm, causal, rotary positions inside attention, grouped-query attention):
+    r = x + Attn(norm_1(x)), x' = r + MLP(norm_2(r)); a final norm after the last layer. The classifier reads the
+    last real token. Value heads shared by several query heads are repeated, so every query head has its own."""
+
+    family = "llama"
+    model_types = ("llama",)
+    pre_ln = True
+
+    def _base(self):
+        return self.model.model
+
+    def layers(self):
+        return list(self._base().layers)
+
+    def embeddings(self):
+        return self._base().embed_tokens  # no position embeddings on the residual stream (rotary is in attention)
+
+    def attention_probs_module(self, layer):
+        return layer.self_attn
+
+    def value_module(self, layer):
+        return layer.self_attn.v_proj
+
+    def value_of(self, out):
+        H = self.n_heads
+        kv = int(getattr(self.config, "num_key_value_heads", None) or H)
+        B, n, dkv = out.shape
+        dh = dkv // kv
+        return out.view(B, n, kv, dh).repeat_interleave(H // kv, dim=2).reshape(B, n, H * dh)
+
+    def out_proj(self, layer):
+        return layer.self_attn.o_proj
+
+    def ln1(self, layer):
+        return layer.input_layernorm
+
+    def ln2(self, layer):
+        return layer.post_attention_layernorm
+
+    def final_norm(self):
+        return self._base().norm
+
+    def _head(self, h):
+        return self.model.score(h)
+
+    def explain_positions(self, input_ids, mask):
+        pos = torch.arange(mask.shape[1], device=mask.device)
+        return (mask.long() * (pos + 1)).argmax(dim=-1)
+
+
+ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter, LlamaAdapter)
 SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
 
 

@@ -18,18 +18,22 @@ needs_shared = pytest.mark.skipif(
     reason="../shared (minilm-sst2 model and SST-2 data) is not present")
 
 ARCHS = ("bert", "roberta", "electra", "distilbert")  # post-LN
-PRE_LN_ARCHS = ("gpt2",)
+PRE_LN_ARCHS = ("gpt2", "llama")
 WORDS = ("the movie was great but long and boring film good bad not very a i it is this acting plot story "
          "loved hated fun dull [bold] slow").split()
 
 
 def tiny_config(arch: str, num_labels: int = 2, layers: int = 3):
-    from transformers import BertConfig, DistilBertConfig, ElectraConfig, GPT2Config, RobertaConfig
+    from transformers import BertConfig, DistilBertConfig, ElectraConfig, GPT2Config, LlamaConfig, RobertaConfig
 
     common = dict(vocab_size=120, num_labels=num_labels, attn_implementation="eager")
     if arch == "gpt2":
         return GPT2Config(n_embd=32, n_layer=layers, n_head=4, n_positions=64, pad_token_id=0, bos_token_id=1,
                           eos_token_id=1, **common)
+    if arch == "llama":  # grouped-query attention: 4 query heads share 2 value heads
+        return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                           eos_token_id=1, **common)
     if arch == "distilbert":
         return DistilBertConfig(dim=32, n_layers=layers, n_heads=4, hidden_dim=64, max_position_embeddings=64,
                                 **common)
@@ -50,7 +54,7 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
                                                             attn_implementation="eager")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name or ".ln_" in name:
+            if "norm" in name.lower() or ".ln_" in name:  # LayerNorm / RMSNorm gains and biases
                 p.add_(0.2 * torch.randn_like(p))
             elif p.dim() == 2:
                 p.mul_(3.0)
@@ -66,12 +70,13 @@ def random_batch(arch: str, lengths: list[int], seed: int = 1, vocab: int = 120)
     """Right-padded batch of random ids with the architecture's special tokens at the ends."""
     g = torch.Generator().manual_seed(seed)
     n = max(lengths)
-    cls_id, sep_id, pad_id = {"roberta": (0, 2, 1), "gpt2": (None, None, 0)}.get(arch, (2, 3, 0))
+    cls_id, sep_id, pad_id = {"roberta": (0, 2, 1), "gpt2": (None, None, 0), "llama": (None, None, 0)}.get(
+        arch, (2, 3, 0))
     ids = torch.full((len(lengths), n), pad_id, dtype=torch.long)
     mask = torch.zeros(len(lengths), n, dtype=torch.long)
     for b, k in enumerate(lengths):
         ids[b, :k] = torch.randint(5, vocab, (k,), generator=g)
-        if cls_id is not None:  # GPT-2 adds no special tokens
+        if cls_id is not None:  # the decoders' batches carry no special tokens
             ids[b, 0], ids[b, k - 1] = cls_id, sep_id
         mask[b, :k] = 1
     return {"input_ids": ids, "attention_mask": mask}

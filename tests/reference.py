@@ -221,9 +221,35 @@ def gpt2_layer_terms(model, hs, att, l):
     return dict(z=z, zp=zp, r=r, A=A)
 
 
+def llama_layer_terms(model, hs, att, l):
+    """As gpt2_layer_terms for a Llama layer: values of the shared key/value head repeated for each query head,
+    o_proj without bias."""
+    layer = model.model.layers[l]
+    x, A = hs[l], att[l]
+    H, n, _ = A.shape
+    with torch.no_grad():  # HF's RMSNorm runs in float32 even in a float64 model: use the module itself
+        xn = layer.input_layernorm(torch.from_numpy(x)).numpy()
+    Wv = layer.self_attn.v_proj.weight.detach().numpy()  # [kv * dh, d]
+    Wo = layer.self_attn.o_proj.weight.detach().numpy()  # [d, H * dh]
+    dh = Wo.shape[1] // H
+    kv = Wv.shape[0] // dh
+    v = (xn @ Wv.T).reshape(n, kv, dh)
+    u = np.stack([v[:, h // (H // kv), :] @ Wo[:, h * dh:(h + 1) * dh].T for h in range(H)])  # [H, n, d]
+    z = np.matmul(A.transpose(2, 1, 0), u.transpose(1, 0, 2)).transpose(1, 0, 2)
+    zp = z.copy()
+    zp[np.arange(n), np.arange(n)] += x
+    r = zp.sum(1)
+    with torch.no_grad():
+        out = r + layer.mlp(layer.post_attention_layernorm(torch.from_numpy(r))).numpy()
+    if l + 1 < len(model.model.layers):  # the last hidden state is the final norm's output
+        assert np.allclose(out, hs[l + 1], atol=1e-8), "recomputed block output differs from HF's"
+    return dict(z=z, zp=zp, r=r, A=A)
+
+
 def gpt2_methods(model, hs, att, names, pos):
-    """{name: (final, views, matrices)} of the pre-LN decomposition methods, by their definitions."""
-    Ds = [gpt2_layer_terms(model, hs, att, l) for l in range(att.shape[0])]
+    """{name: (final, views, matrices)} of the pre-LN decomposition methods (GPT-2 or Llama), by their definitions."""
+    terms = llama_layer_terms if model.config.model_type == "llama" else gpt2_layer_terms
+    Ds = [terms(model, hs, att, l) for l in range(att.shape[0])]
     out = {}
     for name in names:
         mats = []

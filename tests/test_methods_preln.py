@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_batch_invariant, random_batch, tiny_model
+from conftest import PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
 
 import reference as R
 from compute.adapters import adapter_for
@@ -19,11 +19,12 @@ LENGTHS = [8, 3, 6, 1]
 DEFINED = ["alti", "alti_l2", "norm_n", "norm_res", "norm_fixedres"]
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    model = tiny_model("gpt2")
+@pytest.fixture(scope="module", params=PRE_LN_ARCHS)
+def gpt2(request):
+    """A tiny pre-LN decoder (GPT-2, or Llama with RMSNorm and grouped-query attention) and a padded batch."""
+    model = tiny_model(request.param)
     ad = adapter_for(model)
-    batch = random_batch("gpt2", LENGTHS)
+    batch = random_batch(request.param, LENGTHS)
     with torch.no_grad():
         cap = ad.capture(batch, NEEDS)
     return model, ad, batch, cap
@@ -69,12 +70,13 @@ def test_methods_undefined_on_pre_ln_fail_with_one_line(gpt2, name, params):
     with pytest.raises(AttrscopeError) as err:
         get_method(name, **params).compute(cap, ad, cap.pred)
     msg = str(err.value)
-    assert "\n" not in msg and "gpt2" in msg and "pre-LN" in msg
+    assert "\n" not in msg and ad.config.model_type in msg and "pre-LN" in msg
 
 
+@pytest.mark.parametrize("arch", PRE_LN_ARCHS)
 @pytest.mark.parametrize("name", [n for n, m in REGISTRY.items() if m.pre_ln_ok])
-def test_gpt2_example_alone_equals_example_in_padded_batch_float32(name):
-    assert_batch_invariant("gpt2", name)
+def test_pre_ln_example_alone_equals_example_in_padded_batch_float32(name, arch):
+    assert_batch_invariant(arch, name, params={"baseline": "zero"} if name.startswith("ig_") else None)
 
 
 def _gpt2_dir(path):

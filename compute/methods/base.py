@@ -44,7 +44,7 @@ class Method:
         if adapter.pre_ln and not self.pre_ln_ok:
             raise AttrscopeError(
                 f"method '{self.name}' is not defined for the pre-LN architecture '{adapter.config.model_type}' "
-                "(METHODS.md section 9): use alti, alti_l2, norm_n, norm_res, norm_fixedres, or an attention or "
+                "(METHODS.md section 9): use alti, alti_l2, norm_n, norm_res, norm_fixedres, or a gradient, attention or "
                 "logit method")
 
     def n_layer_views(self, adapter: Adapter) -> int:

@@ -87,11 +87,19 @@ def layer_parts(cap: Captured, adapter: Adapter, l: int, eps_quirk: bool = False
     dtype = A.dtype
     W_O = out.weight.to(dtype)
     s, t = cap.ln1_in[l], cap.ln2_in[l]
+
+    def bias(module, size):  # Llama's o_proj and RMSNorm have none
+        b = getattr(module, "bias", None)
+        return torch.zeros(size, dtype=dtype, device=A.device) if b is None else b.to(dtype)
+
+    d = W_O.shape[0]
+    # sigma is LayerNorm's (centred); RMSNorm models are pre-LN, where no method reads it
+    eps1, eps2 = (getattr(m, "eps", getattr(m, "variance_epsilon", 0.0)) for m in (ln1, ln2))
     return LayerParts(
-        A=A, x=cap.hidden_states[l], v=cap.values[l].view(B, n, H, W_O.shape[0] // H), W_O=W_O,
-        b_O=out.bias.to(dtype), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
-        gamma1=ln1.weight.to(dtype), beta1=ln1.bias.to(dtype), gamma2=ln2.weight.to(dtype), beta2=ln2.bias.to(dtype),
-        sigma1=ln_sigma(s, ln1.eps, eps_quirk), sigma2=ln_sigma(t, ln2.eps, eps_quirk))
+        A=A, x=cap.hidden_states[l], v=cap.values[l].view(B, n, H, -1), W_O=W_O,
+        b_O=bias(out, d), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
+        gamma1=ln1.weight.to(dtype), beta1=bias(ln1, d), gamma2=ln2.weight.to(dtype), beta2=bias(ln2, d),
+        sigma1=ln_sigma(s, eps1, eps_quirk), sigma2=ln_sigma(t, eps2, eps_quirk))
 
 
 def operand_weights(p: LayerParts, kind: str):
