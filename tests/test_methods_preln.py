@@ -137,3 +137,41 @@ def test_attr_compute_on_gpt2(tmp_path):
     assert res.exit_code == 1 and not bad.exists()
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "globenc" in lines[0] and "pre-LN" in lines[0]
+
+
+def test_attr_compute_on_llama(tmp_path):
+    """End to end on a saved tiny Llama (grouped-query attention) with a BPE tokenizer and no pad token: every method
+    defined on pre-LN runs, the last real token is explained, predictions are the model's own."""
+    import json
+
+    from click.testing import CliRunner
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, LlamaForSequenceClassification
+
+    from compute.cli import main
+    from conftest import tiny_config
+    from store import open_store
+
+    tok = AutoTokenizer.from_pretrained(_gpt2_dir(tmp_path / "gpt2"))
+    cfg = tiny_config("llama")
+    cfg.vocab_size, cfg.pad_token_id = len(tok), None
+    cfg.id2label, cfg.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
+    torch.manual_seed(0)
+    model_dir = tmp_path / "llama"
+    LlamaForSequenceClassification(cfg).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    data = tmp_path / "d.jsonl"
+    texts = ["the movie was great", "boring and long", "bad", "good acting but dull plot story"]
+    data.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "l.h5"
+    res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(out), "--batch-size", "3",
+                                    "--device", "cpu", "--ig-steps", "4", "--ig-baseline", "zero"])
+    assert res.exit_code == 0, res.output
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with open_store(out) as s:
+        assert set(s.methods) == {n for n, m in REGISTRY.items() if m.pre_ln_ok}
+        for ex in s:
+            assert ex.explain_pos == ex.n_tokens - 1
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ex.token_ids.tolist()])).logits[0]
+            assert ex.pred == int(logits.argmax())
+            np.testing.assert_allclose(ex.scores("alti").sum(), 1, rtol=1e-5)
