@@ -314,6 +314,12 @@ class DistilBertAdapter(Adapter):
         return m.classifier(m.dropout(torch.relu(m.pre_classifier(h))))
 
 
+def last_real_token(mask: torch.Tensor) -> torch.Tensor:
+    """[B] position of each row's last real token, which decoder classifiers pool (left or right padding)."""
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    return (mask.long() * (pos + 1)).argmax(dim=-1)
+
+
 class _LinearView:
     """W and b of a GPT-2 Conv1D (y = x W + b) in nn.Linear's convention (weight [out, in])."""
 
@@ -362,9 +368,7 @@ class GPT2Adapter(Adapter):
         return self.model.score(h)  # per-position logits before HF pools the last real token
 
     def explain_positions(self, input_ids, mask):
-        # The last real token (HF pools it); works for left and right padding.
-        pos = torch.arange(mask.shape[1], device=mask.device)
-        return (mask.long() * (pos + 1)).argmax(dim=-1)
+        return last_real_token(mask)
 
 
 class LlamaAdapter(Adapter):
@@ -414,8 +418,7 @@ class LlamaAdapter(Adapter):
         return self.model.score(h)
 
     def explain_positions(self, input_ids, mask):
-        pos = torch.arange(mask.shape[1], device=mask.device)
-        return (mask.long() * (pos + 1)).argmax(dim=-1)
+        return last_real_token(mask)
 
 
 ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter, LlamaAdapter)
