@@ -228,7 +228,7 @@ class Adapter:
                        explain_pos=self.explain_positions(input_ids, mask), logits=None,
                        special=self.special_mask(input_ids, mask), inputs=self.forward_inputs(enc))
         with self.hooks(cap, frozenset(needs)), torch.set_grad_enabled(grad):
-            out = self.model(**self.forward_inputs(enc))
+            out = self.model(**cap.inputs)
         cap.logits = out.logits
         if not grad and cap.logits.dtype in (torch.float16, torch.bfloat16):
             _upcast(cap)  # methods compute in float32 even when the model runs in half precision

@@ -453,6 +453,7 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
     else:
         target = pred  # "predicted"; with "all" the final scores explain the predicted class
     results: dict[str, dict[str, np.ndarray]] = {}
+    values: dict[str, dict[str, np.ndarray]] = {}  # per-example scalars [B] (Method.example_values)
     for name, m in methods.items():
         t0 = time.perf_counter()
         out = {}
@@ -466,9 +467,8 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
             out["layer_scores"] = res.layer_scores
         if res.matrices is not None and cfg.matrices != "none":
             out["matrices"] = res.matrices
-        for key, value in (res.example_values or {}).items():
-            out[f"value:{key}"] = value
         results[name] = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+        values[name] = {k: v.detach().float().cpu().numpy() for k, v in (res.example_values or {}).items()}
         _sync(device)
         stats["methods"][name] += time.perf_counter() - t0
 
@@ -492,7 +492,7 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
                 d["matrices"] = m if cfg.matrices == "all" else m[:, pos:pos + 1, :]
             if "class_scores" in res:
                 d["class_scores"] = res["class_scores"][b, :, :n]
-            d["example_values"] = {k[6:]: float(v[b]) for k, v in res.items() if k.startswith("value:")}
+            d["example_values"] = {k: float(v[b]) for k, v in values[name].items()}
             per[name] = d
         offsets = np.asarray(tok.offsets[i], dtype=np.int32) if tok.offsets is not None else np.full((n, 2), -1)
         segment = np.asarray(tok.segments[i], dtype=np.int8)

@@ -68,11 +68,6 @@ class LayerParts:
         B, n, H, dh = self.v.shape
         return torch.einsum("bnhk,dhk->bnhd", self.v, W.reshape(W.shape[0], H, dh))
 
-    @property
-    def u(self) -> torch.Tensor:
-        """W_O^h v_j^h [B, n, H, d] (value bias included)."""
-        return self.project(self.W_O)
-
 
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 

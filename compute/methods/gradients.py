@@ -230,7 +230,9 @@ def valid_mean_rows(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 class GradientMethod(Method):
     """Base of the methods read off one gradient pass. Parameters (METHODS.md 14.4, 14.9): output ("logit" |
-    "prob"), double_embedding, mask_specials; they select the explained function and are recorded in the store."""
+    "prob"), double_embedding, mask_specials; they select the explained function and are recorded in the store.
+    Method.compute_classes needs no override: the pass is memoised per batch and its gradients per target, so
+    --target all costs one forward and one backward per class."""
 
     class_specific = True
     needs = frozenset()  # the method runs its own forward + backward
@@ -248,17 +250,6 @@ class GradientMethod(Method):
         grads = gp.grads(target)
         with torch.no_grad():
             return self.from_grads(gp, grads, cap)
-
-    def compute_classes(self, cap, adapter, num_classes):
-        # one forward, one backward per class
-        gp = gradient_pass(cap, adapter, self.spec)
-        B = cap.input_ids.shape[0]
-        rows = []
-        for c in range(num_classes):
-            grads = gp.grads(torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device))
-            with torch.no_grad():
-                rows.append(self.from_grads(gp, grads, cap).scores)
-        return torch.stack(rows, dim=1)
 
 
 class IntegratedGradientsMethod(Method):
@@ -309,11 +300,3 @@ class IntegratedGradientsMethod(Method):
         self.check_architecture(adapter)
         attr, delta = self._integrate(cap, adapter, target)
         return MethodResult(scores=self.aggregate(wide(attr)) * cap.mask, example_values={"ig_delta": delta})
-
-    def compute_classes(self, cap, adapter, num_classes):
-        B = cap.input_ids.shape[0]
-        rows = []
-        for c in range(num_classes):
-            target = torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device)
-            rows.append(self.aggregate(wide(self._integrate(cap, adapter, target)[0])) * cap.mask)
-        return torch.stack(rows, dim=1)
