@@ -195,6 +195,28 @@ class Store:
         if name not in self._method_layouts:
             raise KeyError(f"method '{name}' is not in the store; it holds: {', '.join(self.methods) or 'none'}")
 
+    # ------------------------------------------------------------------ head masks
+    @property
+    def head_masks(self) -> list[str]:
+        """Names of the stored head masks (Mask-LRP: "positional", "syntactic", "mask_lrp")."""
+        with self._lock:
+            return list(self._f["head_masks"]) if "head_masks" in self._f else []
+
+    def head_mask(self, name: str) -> "HeadMask":
+        """The [L, H] head mask ``name``; ``.attrs`` holds its settings and provenance, ``.stats`` the statistics
+        it came from (counts, rates, thresholds)."""
+        names = self.head_masks
+        if name not in names:
+            raise KeyError(f"head mask '{name}' is not in the store; it holds: {', '.join(names) or 'none'}")
+        with self._lock:
+            g = self._f["head_masks"][name]
+            mask = g["mask"][()]
+            stats = {k: g[k][()] for k in g if k != "mask"}
+            attrs = json.loads(g.attrs.get("settings", "{}"))
+        out = np.asarray(mask).view(HeadMask)
+        out.attrs, out.stats = attrs, stats
+        return out
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         if self._f is not None:
@@ -209,6 +231,17 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<Store {self.path!r}: {len(self)} examples, methods {self.methods}>"
+
+
+class HeadMask(np.ndarray):
+    """An [L, H] mask array that carries ``attrs`` (settings, provenance) and ``stats`` (arrays it came from)."""
+
+    attrs: dict
+    stats: dict
+
+    def __array_finalize__(self, obj):
+        self.attrs = getattr(obj, "attrs", {})
+        self.stats = getattr(obj, "stats", {})
 
 
 class Example:

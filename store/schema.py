@@ -1,6 +1,6 @@
 """The on-disk layout of an attrscope store (HDF5), shared by the writer and the reader.
 
-Layout (format 1.x; README "Store schema" documents it for users):
+Layout (format 1.x, 1.1 added /head_masks; README "Store schema" documents it for users):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete)
@@ -18,6 +18,8 @@ Layout (format 1.x; README "Store schema" documents it for users):
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
     /methods/<name>/class_scores  float32 [T * C]        per example a [C, n] block (--target all)
     /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta")
+    /head_masks/<name>/mask       [L, H]                 Mask-LRP head masks ("positional", "syntactic", "mask_lrp");
+    /head_masks/<name>/<stat>                            the statistics they came from; settings JSON in attrs
 
 Every ragged array is flat with offsets derived from the index row (tok_off, n_tokens, sq_off), so every dataset has a
 fixed dtype and only grows by appends, which is what HDF5's single-writer/multiple-reader (SWMR) mode allows.
@@ -28,8 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.0.0"
+ENCODING_VERSION = "1.1.0"  # 1.1: /head_masks
 METHOD_ENCODING_TYPE = "attrscope-method"
+HEAD_MASK_ENCODING_TYPE = "attrscope-head-mask"
 
 FLAG_TRUNCATED = 1
 

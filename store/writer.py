@@ -39,6 +39,19 @@ class MethodLayout:
 
 
 @dataclass
+class HeadMaskData:
+    """One [L, H] head mask with the statistics it came from (Mask-LRP, METHODS.md 6.1).
+
+    ``arrays`` are stored as datasets beside the mask (counts, rates, thresholds, ...); ``attrs`` are JSON-able
+    settings and provenance (thresholds, parser, dataset, number of examples)."""
+
+    name: str
+    mask: np.ndarray  # [L, H]
+    arrays: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
 class ExampleData:
     """One example ready to commit. Arrays are unpadded and aligned with ``token_ids``."""
 
@@ -111,14 +124,17 @@ class StoreWriter:
         methods: list[MethodLayout],
         provenance: dict,
         attrs: dict | None = None,
+        head_masks: list[HeadMaskData] | None = None,
     ) -> "StoreWriter":
-        """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode."""
+        """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode. Head masks are written
+        here, before SWMR mode, which allows no new groups afterwards."""
         if os.path.exists(path):
             raise StoreError(f"store '{path}' already exists")
         f = h5py.File(path, "w", libver="latest", locking=False)
         try:
             _create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
                            provenance=provenance, attrs=attrs or {})
+            write_head_masks(f, head_masks or [])
             f.flush()
             f.swmr_mode = True
         except BaseException:
@@ -292,6 +308,20 @@ def _attr_value(value):
     return json.dumps(value, default=str)
 
 
+def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
+    """``/head_masks/<name>``: dataset ``mask`` [L, H], the statistics beside it, settings as attributes."""
+    if not masks:
+        return
+    root = f.require_group("head_masks")
+    for hm in masks:
+        g = root.create_group(hm.name)
+        g.attrs["encoding-type"] = schema.HEAD_MASK_ENCODING_TYPE
+        g.create_dataset("mask", data=np.asarray(hm.mask))
+        for key, value in hm.arrays.items():
+            g.create_dataset(key, data=np.asarray(value))
+        g.attrs["settings"] = json.dumps(hm.attrs, sort_keys=True, default=str)
+
+
 def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs) -> None:
     f.attrs["encoding-type"] = schema.ENCODING_TYPE
     f.attrs["encoding-version"] = schema.ENCODING_VERSION
@@ -386,3 +416,5 @@ def _copy_committed(old: h5py.File, tmp: str) -> None:
             for s in range(0, end, step):
                 _append(f[key], old[key][s:min(end, s + step)])
         _append(f["examples/index"], index)
+        if "head_masks" in old:
+            old.copy(old["head_masks"], f, name="head_masks")
