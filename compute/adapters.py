@@ -34,6 +34,7 @@ class Captured:
     explain_pos: torch.Tensor  # [B] row explained by the methods ([CLS] for encoder classifiers)
     logits: torch.Tensor  # [B, C]
     special: torch.Tensor | None = None  # [B, n] bool, True on special tokens ([CLS], [SEP], ...)
+    sep: torch.Tensor | None = None  # [B, n] bool, True on separator tokens ([SEP], </s>)
     inputs: dict = field(default_factory=dict)  # the model's forward inputs (gradient methods re-run the model)
     hidden_states: list[torch.Tensor] = field(default_factory=list)
     attentions: list[torch.Tensor] = field(default_factory=list)  # [B, H, n, n]
@@ -101,6 +102,7 @@ class Adapter:
         # special-token masking); tiny test models fall back to special_mask's positional rule.
         self.mask_token_id: int | None = None
         self.special_ids: list[int] | None = None
+        self.sep_token_id: int | None = None  # Mask-LRP's explanation pass masks [SEP] as a key (METHODS.md 6.5)
 
     # --- structure -------------------------------------------------------------------------------------------
     @property
@@ -152,6 +154,32 @@ class Adapter:
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def twin(self, dtype: torch.dtype) -> "Adapter":
+        """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because
+        they divide by sums that pass near zero, where float32 rounding of the forward is amplified (see
+        compute.methods.relevance)."""
+        if next(self.model.parameters()).dtype == dtype:
+            return self
+        twins = self.__dict__.setdefault("_twins", {})
+        if dtype not in twins:
+            import copy
+
+            twin = type(self)(copy.deepcopy(self.model).to(dtype))
+            twin.mask_token_id, twin.special_ids, twin.sep_token_id = self.mask_token_id, self.special_ids, self.sep_token_id
+            twins[dtype] = twin
+        return twins[dtype]
+
+    # --- relevance propagation (Chefer's LRP rules, METHODS.md 5.1) ----------------------------------------------
+    def lrp_linears(self, layer: nn.Module) -> dict[str, nn.Module] | None:
+        """The Linear modules of a post-LN encoder layer that the LRP rules pass through, by role: q, k, v (fed by
+        the layer input), o (attention output), f1, f2 (feed-forward), or None where no rule set exists."""
+        return None
+
+    def lrp_head(self) -> list[nn.Module] | None:
+        """The classification head's two Linear modules, reading the explained token ([CLS]): dense (pooler,
+        RoBERTa/ELECTRA head dense, DistilBERT pre_classifier), then the classifier. None: no rule set."""
+        return None
+
     def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Position whose row is explained: [CLS] (position 0) for encoder classifiers."""
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
@@ -168,6 +196,15 @@ class Adapter:
             special[b, 0] = True
             special[b, mask.sum(-1) - 1] = True
         return special & mask
+
+    def sep_mask(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, n] bool: the separator tokens. Without the tokenizer's id an encoder's last real token."""
+        if self.sep_token_id is not None:
+            return (input_ids == self.sep_token_id) & mask
+        sep = torch.zeros_like(mask)
+        if not self.pre_ln:
+            sep[torch.arange(mask.shape[0], device=mask.device), mask.sum(-1) - 1] = True
+        return sep & mask
 
     # --- capture ---------------------------------------------------------------------------------------------
     @contextmanager
@@ -226,7 +263,8 @@ class Adapter:
         input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
         cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
                        explain_pos=self.explain_positions(input_ids, mask), logits=None,
-                       special=self.special_mask(input_ids, mask), inputs=self.forward_inputs(enc))
+                       special=self.special_mask(input_ids, mask), sep=self.sep_mask(input_ids, mask),
+                       inputs=self.forward_inputs(enc))
         with self.hooks(cap, frozenset(needs)), torch.set_grad_enabled(grad):
             out = self.model(**cap.inputs)
         cap.logits = out.logits
@@ -272,6 +310,17 @@ class BertAdapter(Adapter):
     def ln2(self, layer):
         return layer.output.LayerNorm
 
+    def lrp_linears(self, layer):
+        sa = layer.attention.self
+        return {"q": sa.query, "k": sa.key, "v": sa.value, "o": layer.attention.output.dense,
+                "f1": layer.intermediate.dense, "f2": layer.output.dense}
+
+    def lrp_head(self):
+        m = self.model
+        if self.config.model_type == "bert":
+            return [m.bert.pooler.dense, m.classifier]  # pooler dense -> tanh -> dropout -> classifier
+        return [m.classifier.dense, m.classifier.out_proj]  # RoBERTa (tanh) / ELECTRA (GELU) heads
+
     def _head(self, h):
         B, n, d = h.shape
         m = self.model
@@ -307,6 +356,13 @@ class DistilBertAdapter(Adapter):
 
     def ln2(self, layer):
         return layer.output_layer_norm
+
+    def lrp_linears(self, layer):
+        at = layer.attention
+        return {"q": at.q_lin, "k": at.k_lin, "v": at.v_lin, "o": at.out_lin, "f1": layer.ffn.lin1, "f2": layer.ffn.lin2}
+
+    def lrp_head(self):
+        return [self.model.pre_classifier, self.model.classifier]  # -> ReLU -> dropout -> classifier
 
     def _head(self, h):
         # DistilBertForSequenceClassification: classifier(dropout(relu(pre_classifier(h)))).

@@ -52,6 +52,7 @@ def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32"
     model = model.to(device=device, dtype=torch_dtype).eval()
     adapter = adapter_for(model)
     adapter.mask_token_id = getattr(tokenizer, "mask_token_id", None)
+    adapter.sep_token_id = getattr(tokenizer, "sep_token_id", None)
     # [UNK] is in the tokenizer's special list but stands for a word of the text
     unk = getattr(tokenizer, "unk_token_id", None)
     adapter.special_ids = [i for i in getattr(tokenizer, "all_special_ids", []) or [] if i != unk] or None

@@ -357,3 +357,208 @@ def cat_attcat(model, input_ids: list[int], target: int, token_type_ids: list[in
     att_l = cat_l * alpha
     return {"cat": (cat_l.sum(0), cat_l), "attcat": (att_l.sum(0), att_l), "logits": out.logits[0].detach().numpy(),
             "grad_h0": grads[0][0].numpy()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LRP (Chefer's rules, METHODS.md 5.1), Mask-LRP (6.2-6.3), GAE (5.2): one example, activations recomputed from the
+# weights (checked against HF's hidden states), every rule in its textbook form (four products for a Linear).
+def _np(t):
+    return t.detach().numpy()
+
+
+def _sdiv(a, b):
+    den = b + 1e-9
+    den = np.where(den == 0, 1e-9, den)
+    return np.where(b != 0, a / den, 0.0)
+
+
+def _lin_rel(R, X, W):
+    """alpha1-beta0: Z = X+ W+^T + X- W-^T, R_in = X+ (S W+) + X- (S W-)."""
+    Xp, Xn, Wp, Wn = np.maximum(X, 0), np.minimum(X, 0), np.maximum(W, 0), np.minimum(W, 0)
+    S = _sdiv(R, Xp @ Wp.T + Xn @ Wn.T)
+    return Xp * (S @ Wp) + Xn * (S @ Wn)
+
+
+def _add_rel(R, a_in, b_in):
+    S = _sdiv(R, a_in + b_in)
+    a, b = a_in * S, b_in * S
+    both = abs(a.sum()) + abs(b.sum())
+    a = a * _sdiv(_sdiv(abs(a.sum()), both) * R.sum(), a.sum())
+    b = b * _sdiv(_sdiv(abs(b.sum()), both) * R.sum(), b.sum())
+    return a, b
+
+
+def _lrp_modules(model, l):
+    if model.config.model_type == "distilbert":
+        L = model.distilbert.transformer.layer[l]
+        at = L.attention
+        return dict(q=at.q_lin, k=at.k_lin, v=at.v_lin, o=at.out_lin, ln1=L.sa_layer_norm, f1=L.ffn.lin1,
+                    act=L.ffn.activation, f2=L.ffn.lin2, ln2=L.output_layer_norm)
+    L = model.base_model.encoder.layer[l]
+    return dict(q=L.attention.self.query, k=L.attention.self.key, v=L.attention.self.value, o=L.attention.output.dense,
+                ln1=L.attention.output.LayerNorm, f1=L.intermediate.dense, act=L.intermediate.intermediate_act_fn,
+                f2=L.output.dense, ln2=L.output.LayerNorm)
+
+
+def _head_modules(model):
+    mt = model.config.model_type
+    if mt == "bert":
+        return model.bert.pooler.dense, torch.tanh, model.classifier
+    if mt == "distilbert":
+        return model.pre_classifier, torch.relu, model.classifier
+    act = torch.tanh if mt != "electra" else model.classifier.activation
+    return model.classifier.dense, act, model.classifier.out_proj
+
+
+def lrp_reference(model, input_ids: list[int], target: int, head_mask=None, rollout_uses_masked=False,
+                  renormalise=False, token_type_ids=None) -> dict:
+    """{"input": R at the encoder input [n, d], "inputs": [L, n] per-layer input sums, "RA": [L, H, n, n],
+    "grads": dF/dA [L, H, n, n] (autograd through HF), "att": A [L, H, n, n]}."""
+    ids = torch.tensor([input_ids])
+    kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "output_attentions": True,
+          "output_hidden_states": True}
+    if token_type_ids is not None and model.config.model_type != "distilbert":
+        kw["token_type_ids"] = torch.tensor([token_type_ids])
+    with torch.enable_grad():
+        out = model(**kw)
+        grads = torch.autograd.grad(out.logits[0, target], out.attentions)
+    att = np.stack([_np(a[0]) for a in out.attentions])
+    hs = [_np(h[0]) for h in out.hidden_states]
+    Lnum, H, n, _ = att.shape
+    W = lambda m: _np(m.weight)  # noqa: E731
+    B = lambda m: _np(m.bias)  # noqa: E731
+    acts = []
+    with torch.no_grad():
+        for l in range(Lnum):
+            m = _lrp_modules(model, l)
+            x = hs[l]
+            q, k, v = (x @ W(m[r]).T + B(m[r]) for r in ("q", "k", "v"))
+            dh = x.shape[1] // H
+            Qh, Kh, Vh = (t.reshape(n, H, dh).transpose(1, 0, 2) for t in (q, k, v))
+            S = Qh @ Kh.transpose(0, 2, 1) / np.sqrt(dh)
+            A = np.exp(S - S.max(-1, keepdims=True))
+            A = A / A.sum(-1, keepdims=True)
+            assert np.allclose(A, att[l], atol=1e-10)
+            ctx = (A @ Vh).transpose(1, 0, 2).reshape(n, -1)
+            o = ctx @ W(m["o"]).T + B(m["o"])
+            y = _np(m["ln1"](torch.from_numpy(o + x)))
+            f1 = y @ W(m["f1"]).T + B(m["f1"])
+            hh = _np(m["act"](torch.from_numpy(f1)))
+            f2 = hh @ W(m["f2"]).T + B(m["f2"])
+            xo = _np(m["ln2"](torch.from_numpy(f2 + y)))
+            assert np.allclose(xo, hs[l + 1], atol=1e-10), "recomputed layer output differs from HF's"
+            acts.append(dict(x=x, Qh=Qh, Kh=Kh, Vh=Vh, A=A, ctx=ctx, o=o, y=y, hh=hh, f2=f2, m=m))
+        dense, act, clf = _head_modules(model)
+        pooled_in = hs[-1][0]
+        pooled = _np(act(torch.from_numpy(pooled_in @ W(dense).T + B(dense))))
+    R = np.zeros(clf.weight.shape[0])
+    R[target] = 1.0
+    R = _lin_rel(R[None], pooled[None], W(clf))
+    R = _lin_rel(R, pooled_in[None], W(dense))[0]
+    Rout = np.zeros_like(hs[-1])
+    Rout[0] = pooled_in * _sdiv(R, pooled_in)
+    RA, inputs = [None] * Lnum, [None] * Lnum
+    for l in range(Lnum - 1, -1, -1):
+        a = acts[l]
+        m = a["m"]
+        Rf, Ry_res = _add_rel(Rout, a["f2"], a["y"])
+        Ry = _lin_rel(_lin_rel(Rf, a["hh"], W(m["f2"])), a["y"], W(m["f1"]))
+        Ry = a["y"] * (_sdiv(Ry, a["y"]) + _sdiv(Ry_res, a["y"]))
+        Ro, Rx_res = _add_rel(Ry, a["o"], a["x"])
+        Rctx = _lin_rel(Ro, a["ctx"], W(m["o"])).reshape(n, H, -1).transpose(1, 0, 2)  # [H, n, dh]
+        Sc = _sdiv(Rctx, a["A"] @ a["Vh"])
+        R_A = a["A"] * (Sc @ a["Vh"].transpose(0, 2, 1)) / 2
+        R_V = a["Vh"] * (a["A"].transpose(0, 2, 1) @ Sc) / 2
+        scale = np.ones(H) if head_mask is None else np.asarray(head_mask[l], dtype=float)
+        if head_mask is not None and renormalise:
+            scale = scale * _sdiv(Rctx.sum(), (Rctx.sum((1, 2)) * scale).sum())
+        R_Ad, R_V = R_A * scale[:, None, None], R_V * scale[:, None, None]
+        RA[l] = R_Ad if rollout_uses_masked else R_A
+        S1 = _sdiv(R_Ad, a["Qh"] @ a["Kh"].transpose(0, 2, 1))
+        R_Q = a["Qh"] * (S1 @ a["Kh"]) / 2
+        R_K = a["Kh"] * (S1.transpose(0, 2, 1) @ a["Qh"]) / 2
+        merge = lambda t: t.transpose(1, 0, 2).reshape(n, -1)  # noqa: E731
+        x = a["x"]
+        Rq = _lin_rel(merge(R_Q), x, W(m["q"]))
+        Rk = _lin_rel(merge(R_K), x, W(m["k"]))
+        Rv = _lin_rel(merge(R_V), x, W(m["v"]))
+        Rout = x * (_sdiv(Rq + Rk + Rv, x) + _sdiv(Rx_res, x))
+        inputs[l] = Rout.sum(-1)
+    return {"input": Rout, "inputs": np.stack(inputs), "RA": np.stack(RA),
+            "grads": np.stack([_np(g[0]) for g in grads]), "att": att}
+
+
+def _roll_views(maps, pos=0, zero_self=True):
+    n = maps.shape[-1]
+    R = np.eye(n)
+    views = []
+    for M in maps:
+        M = M + np.eye(n)
+        R = (M / M.sum(-1, keepdims=True)) @ R
+        row = R[pos].copy()
+        if zero_self:
+            row[pos] = 0
+        views.append(row)
+    return np.stack(views)
+
+
+def lrp_methods(ref: dict, pos: int = 0) -> dict:
+    """{name: (final [n], views [V, n], matrices or None)} for lrp, partial_lrp, transatt (or mask_lrp, given the
+    masked propagation's ref) and gae, by their definitions."""
+    out = {}
+    views = ref["inputs"].copy()
+    views[:, pos] = 0
+    out["lrp"] = (views[0], views, None)
+    P = np.maximum(ref["RA"], 0).mean(1)  # [L, n, n]
+    pv = P[:, pos, :].copy()
+    pv[:, pos] = 0
+    out["partial_lrp"] = (pv[-1], pv, P)
+    T = np.maximum(ref["grads"] * ref["RA"], 0).mean(1)
+    tv = _roll_views(T, pos)
+    out["transatt"] = (tv[-1], tv, T)
+    G = np.maximum(ref["grads"] * ref["att"], 0).mean(1)
+    n = G.shape[-1]
+    R = np.eye(n)
+    gv = []
+    for M in G:
+        R = R + M @ R
+        gv.append(R[pos].copy())
+    gv = np.stack(gv)
+    out["gae"] = (gv[-1], gv, G)
+    return out
+
+
+def gae_reference(model, input_ids: list[int], target: int) -> tuple[np.ndarray, np.ndarray]:
+    """GAE (Chefer 2021b) of one example from HF's own attentions and autograd: (final [n], views [L, n])."""
+    ids = torch.tensor([input_ids])
+    with torch.enable_grad():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+        grads = torch.autograd.grad(out.logits[0, target], out.attentions)
+    n = ids.shape[1]
+    R = np.eye(n)
+    views = []
+    for A, G in zip(out.attentions, grads):
+        M = np.maximum(_np(G[0]) * _np(A[0]), 0).mean(0)
+        R = R + M @ R
+        views.append(R[0].copy())
+    return views[-1], np.stack(views)
+
+
+def positional_statistics(model, tokenizer, texts, exclude_self=True) -> tuple[np.ndarray, int]:
+    """Mask-LRP's positional statistic by its definition, one example at a time: (freq_max [L, H], n_queries), with
+    freq = (queries whose argmax key is at offset o) / (all queries), maximised over o (o != 0 if exclude_self)."""
+    counts, total = {}, 0
+    for t in texts:
+        enc = tokenizer(t, return_tensors="pt")
+        with torch.no_grad():
+            att = torch.stack(model(**enc, output_attentions=True).attentions)[:, 0]  # [L, H, n, n]
+        n = att.shape[-1]
+        off = (att.argmax(-1) - torch.arange(n)).numpy()
+        total += n
+        for o in np.unique(off):
+            counts[int(o)] = counts.get(int(o), 0) + (off == o).sum(-1)
+    freq_max = np.zeros(att.shape[:2])
+    for o, c in counts.items():
+        if not (exclude_self and o == 0):
+            freq_max = np.maximum(freq_max, c / total)
+    return freq_max, total

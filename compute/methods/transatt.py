@@ -1,0 +1,27 @@
+"""Transformer attribution (Chefer et al. 2021a; "LRP" in AttCAT's code, "GAE" in Mask-LRP's tables; METHODS.md
+4.3, 5.2, 14.13): per layer A_bar^l = mean_h (dF/dA^{l,h} * R^{A,l,h})^+ (gradient of the target logit times the
+LRP relevance of the attention probabilities, positive part per head), then ROLL from layer 1 (add I, row-normalise,
+later layers on the left), the explained ([CLS]) row with its own entry set to 0. Layer view l = that row of the
+rollout up to layer l; matrices = A_bar^l."""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregate import valid_block
+from .base import MethodResult
+from .relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
+
+
+class TransAtt(RelevanceMethod):
+    name = "transatt"
+    description = "gradient x LRP attention relevance (positive, head mean), rolled out over layers"
+    reference = "Chefer et al. (2021a); METHODS.md 4.3, 5.2, 14.13"
+    has_layer_views = True
+    has_matrices = True
+
+    def from_relevance(self, rel, gp, target, cap):
+        grads = gp.grads(target)["attentions"]
+        maps = [valid_block(positive_head_mean(G.to(R.dtype) * R), cap.mask) for G, R in zip(grads, rel.attention)]
+        views = gradient_weighted_rollout(maps, cap.mask, cap.explain_pos)
+        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=torch.stack(maps, dim=1))

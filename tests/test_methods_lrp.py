@@ -1,0 +1,201 @@
+"""The LRP family (METHODS.md 5, 6.2-6.3, 11.6, 11.7) on tiny random float64 models of the post-LN architectures:
+the batched closed-form rules against a naive one-example reference (tests/reference.py: activations recomputed from
+the weights, every rule in its textbook four-product form), Mask-LRP with an all-ones mask equal to TransAtt,
+GAE's identity with zero gradients, relevance conservation, and batch invariance in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ARCHS, MASK_ID, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
+
+import reference as R
+from compute.adapters import adapter_for
+from compute.errors import AttrscopeError
+from compute.methods import get_method
+from compute.methods.gradients import Explained
+from compute.methods.relevance import linear_relprop, relevance
+
+LRP_METHODS = ("lrp", "partial_lrp", "transatt", "mask_lrp", "gae")
+LENGTHS = [7, 4, 9, 1]
+
+
+def setup(arch, num_labels=3, dtype=torch.float64, lengths=LENGTHS, seed=0):
+    model = tiny_model(arch, num_labels=num_labels, dtype=dtype, seed=seed)
+    ad = adapter_for(model)
+    ad.mask_token_id = MASK_ID
+    batch = random_batch(arch, lengths)
+    with torch.no_grad():
+        cap = ad.capture(batch, frozenset())
+    return model, ad, batch, cap
+
+
+def random_mask(L, H, seed=3):
+    g = np.random.default_rng(seed)
+    m = (g.random((L, H)) < 0.5).astype(int)
+    m[0, 0] = 1
+    return m.tolist()
+
+
+def test_linear_rule_equals_the_four_product_form():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(5, 7, 16, generator=g, dtype=torch.float64)
+    W = torch.randn(12, 16, generator=g, dtype=torch.float64)
+    Rout = torch.rand(5, 7, 12, generator=g, dtype=torch.float64)
+    ours = linear_relprop(Rout, X, W, X @ W.T)
+    ref = R._lin_rel(Rout.numpy().reshape(-1, 12), X.numpy().reshape(-1, 16), W.numpy()).reshape(5, 7, 16)
+    np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-10, atol=1e-13)
+    # alpha1-beta0 conserves each output's relevance (no bias in Z)
+    np.testing.assert_allclose(ours.sum(-1).numpy(), Rout.sum(-1).numpy(), rtol=1e-8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "head_mask"])
+def test_methods_equal_the_naive_reference(arch, masked):
+    """Every stored vector, layer view and matrix of lrp, partial_lrp, transatt (mask_lrp with a random mask) and
+    gae equals the one-example float64 reference, for each example of a padded batch."""
+    model, ad, batch, cap = setup(arch)
+    L, H = ad.n_layers, ad.n_heads
+    mask = random_mask(L, H) if masked else None
+    names = ("mask_lrp",) if masked else ("lrp", "partial_lrp", "transatt", "gae")
+    res = {nm: get_method(nm, **({"head_mask": mask} if nm == "mask_lrp" else {})).compute(cap, ad, cap.pred)
+           for nm in names}
+    for b, n in enumerate(LENGTHS):
+        ids = batch["input_ids"][b, :n].tolist()
+        types = batch["token_type_ids"][b, :n].tolist() if "token_type_ids" in batch else None
+        ref = R.lrp_reference(model, ids, int(cap.pred[b]), head_mask=mask, token_type_ids=types)
+        want = R.lrp_methods(ref)
+        for nm in names:
+            final, views, mats = want["transatt" if nm == "mask_lrp" else nm]
+            got = res[nm]
+            scale = max(np.abs(views).max(), 1e-12)
+            np.testing.assert_allclose(got.scores[b, :n].numpy(), final, rtol=1e-7, atol=1e-9 * scale, err_msg=nm)
+            np.testing.assert_allclose(got.layer_scores[b, :, :n].numpy(), views, rtol=1e-7, atol=1e-9 * scale,
+                                       err_msg=nm)
+            if mats is not None:
+                np.testing.assert_allclose(got.matrices[b, :, :n, :n].numpy(), mats, rtol=1e-7,
+                                           atol=1e-9 * max(np.abs(mats).max(), 1e-12), err_msg=nm)
+            assert (got.scores[b, n:] == 0).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mask_lrp_with_all_ones_mask_is_transatt_exactly(arch):
+    """11.6: Mask-LRP with M = all ones equals TransAtt (bit for bit: multiplying by 1 changes nothing)."""
+    _, ad, _, cap = setup(arch)
+    ones = [[1] * ad.n_heads for _ in range(ad.n_layers)]
+    t = get_method("transatt").compute(cap, ad, cap.pred)
+    m = get_method("mask_lrp", head_mask=ones).compute(cap, ad, cap.pred)
+    for field in ("scores", "layer_scores", "matrices"):
+        assert torch.equal(getattr(t, field), getattr(m, field)), field
+
+
+@pytest.mark.parametrize("arch", ARCHS + PRE_LN_ARCHS)
+def test_gae_with_zero_gradients_is_the_identity_row(arch):
+    """11.6: with dF/dA = 0 (a classifier with zero weights: logits = bias) A_bar = 0 and R = I."""
+    model, ad, _, cap = setup(arch)
+    head = ad.model.score if arch in PRE_LN_ARCHS else (
+        ad.model.classifier.out_proj if arch in ("roberta", "electra") else ad.model.classifier)
+    with torch.no_grad():
+        head.weight.zero_()
+    with torch.no_grad():
+        cap = ad.capture(random_batch(arch, LENGTHS), frozenset())
+    res = get_method("gae").compute(cap, ad, cap.pred)
+    want = torch.zeros_like(res.scores)
+    want[torch.arange(len(LENGTHS)), cap.explain_pos] = 1
+    assert torch.equal(res.scores, want)
+    assert torch.equal(res.layer_scores, want[:, None].expand_as(res.layer_scores))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_relevance_is_conserved_down_to_the_input(arch):
+    """11.7: the one-hot start's total (1) arrives at the encoder input, and at every layer's input: every rule
+    conserves its total up to safe_divide's 1e-9 (the add rule by construction, alpha1-beta0 and LRP-0 because the
+    denominators are exactly the summed contributions). With a head mask the total shrinks (REF); renormalised it
+    is conserved again (the paper's variant)."""
+    _, ad, _, cap = setup(arch)
+    spec = Explained()
+    rel = relevance(cap, ad, spec, cap.pred)
+    ones = torch.ones(len(LENGTHS), dtype=torch.float64)
+    torch.testing.assert_close(rel.input.sum((1, 2)), ones, rtol=0, atol=1e-6)
+    for per_layer in rel.inputs:
+        torch.testing.assert_close(per_layer.sum(-1), ones, rtol=0, atol=1e-6)
+    half = torch.ones(ad.n_layers, ad.n_heads, dtype=torch.float64)
+    half[:, ::2] = 0
+    masked = relevance(cap, ad, spec, cap.pred, half)
+    assert (masked.input.sum((1, 2)) < 1 - 1e-3).all()
+    renorm = relevance(cap, ad, spec, cap.pred, half, renormalise=True)
+    torch.testing.assert_close(renorm.input.sum((1, 2)), ones, rtol=0, atol=1e-6)
+
+
+def test_rollout_uses_masked_option_changes_only_the_rollout_input():
+    model, ad, batch, cap = setup("bert")
+    mask = random_mask(ad.n_layers, ad.n_heads)
+    a = get_method("mask_lrp", head_mask=mask).compute(cap, ad, cap.pred)
+    b = get_method("mask_lrp", head_mask=mask, rollout_uses_masked=True).compute(cap, ad, cap.pred)
+    assert not torch.allclose(a.scores, b.scores)
+    ids = batch["input_ids"][0, :LENGTHS[0]].tolist()
+    types = batch["token_type_ids"][0, :LENGTHS[0]].tolist() if "token_type_ids" in batch else None
+    ref = R.lrp_reference(model, ids, int(cap.pred[0]), head_mask=mask, rollout_uses_masked=True,
+                          token_type_ids=types)
+    np.testing.assert_allclose(b.scores[0, :LENGTHS[0]].numpy(), R.lrp_methods(ref)["transatt"][0], rtol=1e-7,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", LRP_METHODS)
+def test_batch_invariance_float32(arch, name):
+    params = {"head_mask": random_mask(3, 4)} if name == "mask_lrp" else None
+    assert_batch_invariant(arch, name, params=params)
+
+
+@pytest.mark.parametrize("arch", PRE_LN_ARCHS)
+def test_gae_batch_invariance_on_decoders(arch):
+    assert_batch_invariant(arch, "gae")
+
+
+@pytest.mark.parametrize("arch", PRE_LN_ARCHS)
+@pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
+def test_lrp_rules_missing_for_decoders_is_one_line_error(arch, name):
+    model = tiny_model(arch)
+    ad = adapter_for(model)
+    with pytest.raises(AttrscopeError) as err:
+        get_method(name).check_architecture(ad)
+    msg = str(err.value)
+    assert "\n" not in msg and name in msg and arch in msg
+
+
+def test_mask_lrp_mask_of_wrong_shape_is_one_line_error():
+    _, ad, _, _ = setup("bert")
+    with pytest.raises(AttrscopeError, match="layers x"):
+        get_method("mask_lrp", head_mask=[[1, 0]]).check_architecture(ad)
+
+
+def test_mask_sep_masks_the_separator_as_a_key():
+    """Mask-LRP's explanation pass (METHODS.md 6.5): [SEP] gets no attention in the pass the methods read."""
+    from compute.methods.gradients import gradient_pass
+
+    _, ad, _, cap = setup("bert")
+    gp = gradient_pass(cap, ad, Explained(mask_sep=True))
+    b = torch.arange(len(LENGTHS))
+    last = cap.lengths - 1
+    for A in gp.attentions:
+        sep_col = A[b, :, :, last]  # [B, H, n]
+        assert (sep_col[cap.lengths > 1] == 0).all()
+
+
+@pytest.mark.parametrize("name", ("lrp", "transatt"))
+def test_float32_model_runs_the_rules_on_a_float64_twin(name):
+    """The LRP rules divide by sums that pass near zero (residual adds, Q.K^T scores), where float32 rounding of the
+    forward is amplified without bound, so by default a float32 model's LRP runs on a float64 copy: the result
+    equals the float64 model's to rounding, and dtype="model" keeps the reference's float32 computation."""
+    _, ad32, batch, _ = setup("bert", dtype=torch.float32)
+    _, ad64, _, _ = setup("bert", dtype=torch.float64)
+    with torch.no_grad():
+        cap32, cap64 = ad32.capture(batch, frozenset()), ad64.capture(batch, frozenset())
+    got = get_method(name).compute(cap32, ad32, cap64.pred)
+    want = get_method(name).compute(cap64, ad64, cap64.pred)
+    assert got.scores.dtype == torch.float64
+    torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=1e-9, atol=1e-12)
+    plain = get_method(name, dtype="model").compute(cap32, ad32, cap64.pred)
+    assert plain.scores.dtype == torch.float32
