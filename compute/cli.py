@@ -92,12 +92,33 @@ def main():
               help="cat/attcat: layer inputs h^0..h^L-1 (reference code) or outputs h^1..h^L (paper) [default: inputs].")
 @click.option("--attgrads-variant", type=click.Choice(["ref", "gradsam"]), default=None,
               help="attgrads: last-layer Grad-CAM style (reference) or Grad-SAM over all layers [default: ref].")
+@click.option("--lrp-dtype", type=click.Choice(["float64", "model"]), default="float64", show_default=True,
+              help="Precision of the LRP rules (lrp, partial_lrp, transatt, mask_lrp): float64 on a copy of the model, "
+                   "or the model's own dtype (the reference; unstable, see README).")
+@click.option("--head-stats-data", metavar="DATASET", default=None,
+              help="mask_lrp: dataset of the head-statistics pass [default: the run's dataset].")
+@click.option("--head-stats-limit", type=int, metavar="N", default=None,
+              help="mask_lrp: use the first N examples for the head statistics.")
+@click.option("--parses", type=click.Path(dir_okay=False), default=None,
+              help="mask_lrp: dependency parses as CoNLL-U (default: spaCy, pip install 'attrscope[parse]').")
+@click.option("--head-mask", "head_mask", type=click.Path(dir_okay=False), metavar="STORE.h5", default=None,
+              help="mask_lrp: reuse the head masks of another store instead of computing them.")
+@click.option("--pos-self", type=click.Choice(["exclude", "count"]), default=None,
+              help="Positional statistics: offset 0 excluded (the paper) or counted (the reference) "
+                   "[default: exclude; count under --preset masklrp].")
+@click.option("--mask-combine", type=click.Choice(["union", "sum"]), default="union", show_default=True,
+              help="mask_lrp: union (the reference) or sum (the paper) of the positional and syntactic masks.")
+@click.option("--mask-rollout", type=click.Choice(["unmasked", "masked"]), default="unmasked", show_default=True,
+              help="mask_lrp: roll out each layer's unmasked attention relevance (the reference) or the masked one.")
+@click.option("--mask-renormalise", is_flag=True,
+              help="mask_lrp: rescale the kept heads' relevance to the layer's total (the paper's variant).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
             alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
-            quiet, debug):
+            lrp_dtype, head_stats_data, head_stats_limit, parses, head_mask, pos_self, mask_combine, mask_rollout,
+            mask_renormalise, quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -109,7 +130,10 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         label_column=label_column, id_column=id_column, split=split, target=target, matrices=matrices,
         store_dtype=store_dtype, resume=resume, overwrite=overwrite, preset=preset, alti_ln2=alti_ln2,
         memory_mb=memory_mb, ig_steps=ig_steps, ig_rule=ig_rule, ig_baseline=ig_baseline, ig_memory_mb=ig_memory_mb,
-        attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, argv=[PROG, *sys.argv[1:]])
+        attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, lrp_dtype=lrp_dtype,
+        head_stats_data=head_stats_data, head_stats_limit=head_stats_limit, parses=parses, head_mask=head_mask,
+        pos_self=pos_self, mask_combine=mask_combine, mask_rollout=mask_rollout, mask_renormalise=mask_renormalise,
+        argv=[PROG, *sys.argv[1:]])
     _guarded(lambda: _run(cfg, quiet), debug)
 
 

@@ -42,7 +42,10 @@ PRESETS: dict[str, dict] = {
     # AttCAT's explanation pass masks [CLS]/[SEP] as keys (14.9) and explains the gold label (14.10).
     "attcat": {"target": "label", "methods": {m: {"mask_specials": True}
                                               for m in ("cat", "attcat", "grads", "attgrads")}},
-    "masklrp": {"target": "label"},
+    # Mask-LRP's explanation pass masks [SEP] as a key (6.5); its statistics count offset 0 as positional and it
+    # explains the gold label (14.14).
+    "masklrp": {"target": "label", "pos_self": "count",
+                "methods": {m: {"mask_sep": True} for m in ("lrp", "partial_lrp", "transatt", "gae", "mask_lrp")}},
     # NormXLogit's Captum baselines: logits, inputs_embeds quirk, zero IG baseline (7.2).
     "normxlogit": {"target": "predicted", "methods": {
         **{m: {"double_embedding": True} for m in _GRAD_BASELINES},
@@ -82,6 +85,15 @@ class RunConfig:
     ig_memory_mb: int = 1024  # rows of (example, step) per forward/backward of integrated gradients
     attcat_layers: str | None = None  # inputs | outputs (cat, attcat)
     attgrads_variant: str | None = None  # ref | gradsam
+    lrp_dtype: str = "float64"  # float64 | model: precision of the LRP rules (lrp, partial_lrp, transatt, mask_lrp)
+    head_stats_data: str | None = None  # dataset of the head-statistics pass (None: the run's dataset)
+    head_stats_limit: int | None = None  # its first N examples
+    parses: str | None = None  # CoNLL-U parses for the syntactic statistics (None: spaCy)
+    head_mask: str | None = None  # reuse the head masks of this store instead of computing them
+    pos_self: str | None = None  # exclude | count: positional offset 0 (None: the preset's, else exclude)
+    mask_combine: str = "union"  # union | sum of the positional and syntactic masks
+    mask_rollout: str = "unmasked"  # unmasked | masked attention relevance in mask_lrp's rollout
+    mask_renormalise: bool = False  # the paper's rescaling of the kept heads' relevance
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
     argv: list[str] = field(default_factory=list)
 
@@ -147,10 +159,23 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
                              f"{lm.info['model_type']} architecture (METHODS.md section 9)")
     for m in methods.values():
         m.check_architecture(lm.adapter)  # a method named explicitly but undefined: one line, nothing written
+    head_masks = []
+    if "mask_lrp" in methods:
+        try:
+            head_masks = _head_masks(cfg, lm, data, dataset_spec, max_length, output, progress)
+        except AttrscopeError as err:
+            if cfg.methods.strip() != "all" or cfg.parses or cfg.head_mask or cfg.head_stats_data:
+                raise
+            del methods["mask_lrp"]  # bare --methods all on a machine without a parser
+            method_names = list(methods)
+            progress.message(f"--methods all: skipping mask_lrp ({err})")
+        else:
+            methods["mask_lrp"].params["head_mask"] = next(h for h in head_masks if h.name == "mask_lrp").mask.tolist()
+            methods["mask_lrp"].check_architecture(lm.adapter)
     layouts = _layouts(methods, lm, cfg, target_mode)
     provenance = _provenance(cfg, lm, data, method_names, target_mode, max_length, output)
 
-    writer, done = _open_writer(output, cfg, lm, layouts, provenance)
+    writer, done = _open_writer(output, cfg, lm, layouts, provenance, head_masks)
     records = data.records[done:]
     try:
         tok = _tokenize(lm, records, max_length)
@@ -182,6 +207,35 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     return summary
 
 
+def _head_masks(cfg: RunConfig, lm: LoadedModel, data: Dataset, dataset_spec: str, max_length: int, output: str,
+                progress: Progress) -> list:
+    """mask_lrp's head masks: the resumed store's own, another store's (--head-mask), or a statistics pass."""
+    from .head_pass import HeadPassOptions, compute_head_masks, masks_from_store
+
+    L, H = lm.adapter.n_layers, lm.adapter.n_heads
+    if cfg.resume:
+        return masks_from_store(output, L, H)
+    if cfg.head_mask:
+        if not os.path.exists(cfg.head_mask):
+            raise AttrscopeError(f"--head-mask: store '{cfg.head_mask}' not found: check the path")
+        return masks_from_store(cfg.head_mask, L, H)
+    records, source = data.records, data.source
+    if cfg.head_stats_data:
+        id2label = lm.info["id2label"]
+        other = load_dataset(cfg.head_stats_data, text_column=cfg.text_column, pair_column=cfg.pair_column,
+                             label_column=cfg.label_column, id_column=cfg.id_column, split=cfg.split,
+                             limit=cfg.head_stats_limit, label2id={v: k for k, v in id2label.items()},
+                             num_labels=len(id2label))
+        records, source = other.records, other.source
+    if cfg.head_stats_limit is not None:
+        records = records[:cfg.head_stats_limit]
+    pos_self = cfg.pos_self or PRESETS.get(cfg.preset, {}).get("pos_self", "exclude")
+    opt = HeadPassOptions(source=source, batch_size=cfg.batch_size, max_length=max_length, parses=cfg.parses,
+                          exclude_self=pos_self == "exclude", combine=cfg.mask_combine,
+                          mask_sep=bool(method_params("mask_lrp", cfg).get("mask_sep")))
+    return compute_head_masks(lm, records, opt, progress.message)
+
+
 def _defined(method, adapter) -> bool:
     try:
         method.check_architecture(adapter)
@@ -206,6 +260,11 @@ def method_params(name: str, cfg: RunConfig) -> dict:
         params["layers"] = cfg.attcat_layers
     if name == "attgrads" and cfg.attgrads_variant:
         params["variant"] = cfg.attgrads_variant
+    if name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
+        params["dtype"] = cfg.lrp_dtype
+    if name == "mask_lrp":
+        params.update(combine=cfg.mask_combine, rollout_uses_masked=cfg.mask_rollout == "masked",
+                      renormalise=bool(cfg.mask_renormalise))
     return params
 
 
@@ -222,6 +281,10 @@ def _check_options(cfg: RunConfig) -> None:
         raise UsageError("--ig-steps must be at least 1")
     if cfg.ig_memory_mb < 1:
         raise UsageError("--ig-memory-mb must be at least 1")
+    if cfg.head_stats_limit is not None and cfg.head_stats_limit < 1:
+        raise UsageError("--head-stats-limit must be at least 1")
+    if cfg.parses and not os.path.exists(cfg.parses):
+        raise AttrscopeError(f"--parses: file '{cfg.parses}' not found: check the path")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
@@ -287,10 +350,11 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
 # Settings that must match for --resume to continue a store.
 _RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
                 "pair_column", "label_column", "id_column", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline",
-                "attcat_layers", "attgrads_variant")
+                "attcat_layers", "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout",
+                "mask_renormalise")
 
 
-def _open_writer(output, cfg, lm, layouts, provenance) -> tuple[StoreWriter, int]:
+def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[StoreWriter, int]:
     if cfg.resume:
         try:
             with open_store(output) as old:
@@ -307,7 +371,8 @@ def _open_writer(output, cfg, lm, layouts, provenance) -> tuple[StoreWriter, int
              "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
     writer = StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
-                                labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs)
+                                labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
+                                head_masks=list(head_masks))
     return writer, 0
 
 
