@@ -23,8 +23,9 @@ from textual.worker import get_current_worker
 from store import Store, open_store
 
 from .colors import MODES, Mode, default_k, detect_mode, normalize, top_k
-from .commands import BrowseCommands
+from .commands import BrowseCommands, HeadsCommands
 from .data import LRU, LoadedExample, StoreMeta, read_example, read_meta
+from .heads import HeadsScreen
 from .help import HelpScreen
 from .render import TokenLayout, printable, token_cells
 from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel, TokenView
@@ -70,7 +71,7 @@ class ReadFailed(Message):
 
 class AttrApp(App[int]):
     TITLE = "attr-tui"
-    COMMANDS = App.COMMANDS | {BrowseCommands}
+    COMMANDS = App.COMMANDS | {BrowseCommands, HeadsCommands}
 
     CSS = """
     #body { height: 1fr; }
@@ -84,6 +85,7 @@ class AttrApp(App[int]):
         Binding("m", "next_method", "method", id="method.next"),
         Binding("M", "prev_method", "previous method", id="method.previous", show=False),
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
+        Binding("h", "heads", "heads", id="heads"),
         Binding("question_mark", "help", "help", id="help"),
         Binding("q", "quit", "quit", id="quit"),
         # Examples move with j/k wherever the focus is (the list itself binds them too, with arrows and pages).
@@ -336,6 +338,11 @@ class AttrApp(App[int]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.color_mode))
+
+    def action_heads(self) -> None:
+        """The heads screen: the store's head masks (it reads them itself, on a worker)."""
+        if not isinstance(self.screen, HeadsScreen):
+            self.push_screen(HeadsScreen(self.color_mode))
 
 
 def create_app(path_or_store: str | os.PathLike | Store, *, color_mode: str | None = None,

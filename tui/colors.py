@@ -156,6 +156,24 @@ def token_style(value: float, mode: Mode, *, top: bool = False) -> Style:
     return Style(color=fg, bgcolor=bg, bold=top, underline=top)
 
 
+#: Head-mask marks: not selected, selected, selected by two or more sources (a mask combined by "sum").
+MASK_MARKS = ("·", "●", "◆")
+
+
+def mask_mark(value: int) -> str:
+    """The glyph of a head-mask value: the shape alone tells selected from not (NO_COLOR keeps it readable)."""
+    return MASK_MARKS[min(max(int(value), 0), len(MASK_MARKS) - 1)]
+
+
+def mask_style(value: int, mode: Mode) -> Style:
+    """Style of a head-mask cell: a selected head is bold on the warm ramp (brighter when selected twice); in mono
+    mode it is bold only and the glyph (:func:`mask_mark`) carries the rest. Unselected heads are unstyled."""
+    v = int(value)
+    if v <= 0:
+        return Style()
+    return token_style(0.6 if v == 1 else 1.0, mode) + Style(bold=True)
+
+
 def format_score(x: float) -> str:
     """Short, fixed-looking number for the colour bar: 3 significant digits."""
     if x == 0:

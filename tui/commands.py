@@ -1,4 +1,5 @@
-"""Command palette (ctrl+p): only commands that make sense for the current state (method, layers, examples)."""
+"""Command palette (ctrl+p): only commands that make sense for the current screen and state (method, layers,
+examples on the browse screen; masks on the heads screen)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 from textual.markup import escape
 
+from .heads import HeadsScreen
 from .render import printable
 
 _MAX_ID_HITS = 20
@@ -19,7 +21,7 @@ class BrowseCommands(Provider):
     def _commands(self) -> list[tuple[str, object, str]]:
         app = self.app
         meta = app.meta
-        if meta is None:
+        if meta is None or isinstance(self.screen, HeadsScreen):
             return []
         out = []
         for i, m in enumerate(meta.methods):
@@ -50,6 +52,8 @@ class BrowseCommands(Provider):
             score = matcher.match(text)
             if score > 0:
                 yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
+        if isinstance(self.screen, HeadsScreen):
+            return
         ids = self.app.example_list.ids
         q = query.strip()
         if not q or not ids:
@@ -63,3 +67,35 @@ class BrowseCommands(Provider):
                 found += 1
                 if found >= _MAX_ID_HITS:
                     return
+
+
+class HeadsCommands(Provider):
+    """Open the heads screen; on it, switch to another mask or close it."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        screen = self.screen
+        if isinstance(screen, HeadsScreen):
+            out = []
+            for i, m in enumerate(screen.masks or ()):
+                if i != screen.current:
+                    n_layers, n_heads = m.shape
+                    out.append((f"mask: {printable(m.name)}", partial(screen.set_mask, i),
+                                f"{m.n_selected} of {n_layers * n_heads} heads selected"))
+            out.append(("heads: close", screen.action_close, "back to the examples"))
+            return out
+        meta = self.app.meta
+        if meta is None:
+            return []
+        names = ", ".join(printable(n) for n in meta.head_masks) or "none in this store"
+        return [("heads: head masks", self.app.action_heads, f"layers × heads grid of the head masks ({names})")]
+
+    async def discover(self) -> Hits:
+        for text, command, help_text in self._commands():
+            yield DiscoveryHit(Content(text), command, text=text, help=escape(help_text))
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for text, command, help_text in self._commands():
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))

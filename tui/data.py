@@ -33,6 +33,7 @@ class StoreMeta:
     model: str
     complete: bool
     index: np.ndarray
+    head_masks: tuple[str, ...] = ()  # names only: the heads screen reads the masks when it opens
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,53 @@ class LoadedExample:
         return views[layer]
 
 
+@dataclass(frozen=True)
+class HeadMaskInfo:
+    """One head mask as the heads screen uses it: the [L, H] mask (0/1, or 0..k when combined by "sum"), its
+    settings (``attrs``) and the statistics it came from (``stats``; every one optional)."""
+
+    name: str
+    mask: np.ndarray  # [L, H] int
+    attrs: dict
+    stats: dict[str, np.ndarray]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.mask.shape[0]), int(self.mask.shape[1])
+
+    @property
+    def n_selected(self) -> int:
+        return int((self.mask > 0).sum())
+
+    @property
+    def combined(self) -> bool:
+        """A mask made from the others (Mask-LRP's union or sum of the positional and syntactic masks)."""
+        return "how" in self.attrs or self.name == "mask_lrp"
+
+
+#: Head masks come in this order (others after them, in store order): the sources first, then their combination.
+HEAD_MASK_ORDER = ("positional", "syntactic", "mask_lrp")
+
+
+def read_head_masks(store: Store) -> tuple[tuple[HeadMaskInfo, ...], list[str]]:
+    """All head masks of a store, and a note for every one that could not be used (not an [L, H] array)."""
+    names = list(getattr(store, "head_masks", None) or [])
+    names.sort(key=lambda n: HEAD_MASK_ORDER.index(n) if n in HEAD_MASK_ORDER else len(HEAD_MASK_ORDER))
+    masks, problems = [], []
+    for name in names:
+        hm = store.head_mask(name)
+        mask = np.array(hm).view(np.ndarray)
+        if mask.ndim != 2 or not mask.size:
+            problems.append(f"head mask '{name}' has shape {tuple(mask.shape)}, not [layers, heads]")
+            continue
+        if not np.issubdtype(mask.dtype, np.integer):
+            mask = np.rint(np.nan_to_num(mask.astype(np.float64))).astype(np.int64)
+        stats = {str(k): np.asarray(v) for k, v in dict(getattr(hm, "stats", None) or {}).items()}
+        attrs = dict(getattr(hm, "attrs", None) or {})
+        masks.append(HeadMaskInfo(str(name), mask.astype(np.int64), attrs, stats))
+    return tuple(masks), problems
+
+
 def read_meta(store: Store) -> StoreMeta:
     methods = []
     for m in store.methods:
@@ -75,8 +123,9 @@ def read_meta(store: Store) -> StoreMeta:
                                   str(info.get("description") or "")))
     model_info = store.model_info
     model = str(model_info.get("model_id") or model_info.get("model") or "")
+    head_masks = tuple(str(n) for n in (getattr(store, "head_masks", None) or ()))
     return StoreMeta(os.path.basename(store.path), tuple(methods), dict(store.labels), int(store.n_layers), model,
-                     store.complete, store.index)
+                     store.complete, store.index, head_masks)
 
 
 def read_example(store: Store, i: int, methods: tuple[str, ...]) -> LoadedExample:

@@ -19,6 +19,7 @@ KEYS = (
     ("]  [", "next / previous layer", "Home End", "first / last example"),
     ("m  M", "next / previous method", "g", "glyphs on / off"),
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
+    ("h", "head masks (m mask, arrows)", "h  esc", "back from head masks"),
     ("ctrl+p", "command palette", "q", "quit"),
 )
 
