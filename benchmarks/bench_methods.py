@@ -9,6 +9,10 @@ Report seconds and ratios (method / bare forward). Each timing is the median of 
     python benchmarks/bench_methods.py                       # shared MiniLM-SST2 over SST-2 dev, CPU
     python benchmarks/bench_methods.py --device cuda --batch-size 64
     python benchmarks/bench_methods.py --random-base 512 --batch-size 1 --methods alti,globenc --peak-memory
+    python benchmarks/bench_methods.py --methods lrp,partial_lrp,transatt,mask_lrp,gae --repeat 1
+
+Gradient, integrated-gradient and LRP methods run their own forward and backward; they are compared with a bare
+forward + backward of the model (integrated gradients with m of them).
 
 ``--random-base N`` replaces the model and data by a seeded random BERT-base-sized classifier (12 layers, hidden
 768, 12 heads) on random token sequences of length N. ``--peak-memory`` adds each method's peak memory: on CUDA the
@@ -34,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from compute.data import load_dataset  # noqa: E402
 from compute.methods import get_method, parse_methods  # noqa: E402
 from compute.methods.gradients import GradientMethod, IntegratedGradientsMethod  # noqa: E402
+from compute.methods.relevance import RelevanceMethod  # noqa: E402
 from compute.models import load_model, resolve_device  # noqa: E402
 
 
@@ -54,14 +59,30 @@ def main() -> None:
     ap.add_argument("--random-base", type=int, metavar="N", help="random BERT-base-sized model, sequences of length N")
     ap.add_argument("--peak-memory", action="store_true", help="also measure each method's peak memory")
     ap.add_argument("--ig-steps", type=int, default=16, help="quadrature steps of ig_l2/ig_mean (default 16)")
+    ap.add_argument("--lrp-dtype", choices=["float64", "model"], default="float64",
+                    help="precision of the LRP rules (as attr-compute's --lrp-dtype)")
     args = ap.parse_args()
 
     dev = resolve_device(args.device)
     model, adapter, batches, n_ex = setup(args, dev)
     names = parse_methods(args.methods)
-    methods = {n: get_method(n, **({"steps": args.ig_steps} if n.startswith("ig_") else {})) for n in names}
+    # mask_lrp: every other head kept (its cost does not depend on the mask; the statistics pass is timed apart)
+    half = [[(l + h) % 2 for h in range(adapter.n_heads)] for l in range(adapter.n_layers)]
+
+    def params(n):
+        if n.startswith("ig_"):
+            return {"steps": args.ig_steps}
+        if n in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
+            return {"dtype": args.lrp_dtype, **({"head_mask": half} if n == "mask_lrp" else {})}
+        return {}
+
+    methods = {n: get_method(n, **params(n)) for n in names}
+    if args.methods.strip() == "all":  # methods without a rule set for this architecture are left out
+        methods = {n: m for n, m in methods.items() if _defined(m, adapter)}
+        names = list(methods)
     needs = frozenset().union(*(m.needs for m in methods.values()))
-    grad_names = [n for n in names if isinstance(methods[n], (GradientMethod, IntegratedGradientsMethod))]
+    grad_names = [n for n in names
+                  if isinstance(methods[n], (GradientMethod, IntegratedGradientsMethod, RelevanceMethod))]
 
     def sweep():
         t = {"bare forward": 0.0, "capture forward": 0.0, **{n: 0.0 for n in names}}
@@ -111,6 +132,14 @@ def main() -> None:
             print(f"{k:18s} {v:9.3f} {v / fb:12.3f} {per_m:>13s}")
 
 
+def _defined(method, adapter) -> bool:
+    try:
+        method.check_architecture(adapter)
+        return True
+    except Exception:  # noqa: BLE001 - AttrscopeError: not defined for this architecture
+        return False
+
+
 def bare_forward_backward(model, batch) -> None:
     """The model alone, forward with grad from its input embeddings, one backward of the summed predicted logits to
     them: the least a gradient method can cost."""
@@ -157,7 +186,8 @@ def _peak_child(args, name, queue):
     """In a fresh process: capture the first batch (and run ``name`` unless None); report the peak memory in MB."""
     dev = resolve_device(args.device)
     model, adapter, batches, _ = setup(args, dev)
-    m = get_method(name) if name else None
+    extra = {"head_mask": [[1] * adapter.n_heads] * adapter.n_layers} if name == "mask_lrp" else {}
+    m = get_method(name, **extra) if name else None
     needs = m.needs if m else frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
