@@ -217,6 +217,48 @@ class Store:
         out.attrs, out.stats = attrs, stats
         return out
 
+    # ------------------------------------------------------------------ metrics
+    @property
+    def metric_methods(self) -> list[str]:
+        """Methods that have faithfulness metrics in the store."""
+        with self._lock:
+            return list(self._f["metrics"]) if "metrics" in self._f else []
+
+    def _metric_group(self, method: str):
+        if method not in self.metric_methods:
+            raise KeyError(f"no metrics for method '{method}' in the store; it has metrics for: "
+                           f"{', '.join(self.metric_methods) or 'none'} (attr-compute eval STORE --metrics ...)")
+        return self._f["metrics"][method]
+
+    def metrics(self, method: str) -> dict[str, np.ndarray]:
+        """{metric name: per-example values [N]} of ``method`` (NaN where a metric is undefined for an example);
+        row i belongs to store[i]. Summaries and settings: :meth:`metric_summaries`, :meth:`metric_info`."""
+        with self._lock:
+            g = self._metric_group(method)
+            return {name: g[name]["values"][()] for name in g}
+
+    def metric_info(self, method: str, name: str) -> dict:
+        """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""
+        with self._lock:
+            g = self._metric_group(method)
+            if name not in g:
+                raise KeyError(f"metric '{name}' of '{method}' is not in the store; it has: {', '.join(g) or 'none'}")
+            mg = g[name]
+            return {"settings": json.loads(mg.attrs.get("settings", "{}")),
+                    "summary": json.loads(mg.attrs.get("summary", "{}")),
+                    "higher_is_better": bool(mg.attrs.get("higher_is_better", True)),
+                    "description": str(mg.attrs.get("description", "")),
+                    "curves": mg["curves"][()] if "curves" in mg else None,
+                    "levels": mg["levels"][()] if "levels" in mg else None}
+
+    def metric_summaries(self, method: str) -> dict[str, dict]:
+        """{metric name: {"summary": ..., "settings": ..., "higher_is_better": ...}} of ``method``."""
+        with self._lock:
+            g = self._metric_group(method)
+            return {name: {"summary": json.loads(g[name].attrs.get("summary", "{}")),
+                           "settings": json.loads(g[name].attrs.get("settings", "{}")),
+                           "higher_is_better": bool(g[name].attrs.get("higher_is_better", True))} for name in g}
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         if self._f is not None:
@@ -328,6 +370,13 @@ class Example:
         return self._s._read("tokens/segment", self._tok)
 
     # attributions -----------------------------------------------------------------
+    @property
+    def evidence(self) -> np.ndarray | None:
+        """[n] bool: evidence / answer tokens (stores made with --evidence-column), else None."""
+        if "tokens/evidence" not in self._s._f:
+            return None
+        return self._s._read("tokens/evidence", self._tok).astype(bool)
+
     def _method(self, name: str) -> tuple[str, dict]:
         self._s._need_method(name)
         return f"methods/{name}", self._s._method_layouts[name]

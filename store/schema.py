@@ -1,6 +1,6 @@
 """The on-disk layout of an attrscope store (HDF5), shared by the writer and the reader.
 
-Layout (format 1.x, 1.1 added /head_masks; README "Store schema" documents it for users):
+Layout (format 1.x, 1.1 added /head_masks, 1.2 /metrics; README "Store schema" documents it for users):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete)
@@ -13,6 +13,7 @@ Layout (format 1.x, 1.1 added /head_masks; README "Store schema" documents it fo
     /tokens/str_off        int64   [T]     offset of each token string in /tokens/strings
     /tokens/str_len        int32   [T]
     /tokens/strings        uint8           token strings (tokenizer's convert_ids_to_tokens), UTF-8
+    /tokens/evidence       uint8   [T]     1 on evidence / answer tokens (only in stores made with --evidence-column)
     /methods/<name>/scores        float32 [T]            final attribution, aligned with the tokens
     /methods/<name>/layer_scores  float32 [T * V]        per example a [V, n] block (V = n_layer_views)
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
@@ -20,6 +21,8 @@ Layout (format 1.x, 1.1 added /head_masks; README "Store schema" documents it fo
     /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta")
     /head_masks/<name>/mask       [L, H]                 Mask-LRP head masks ("positional", "syntactic", "mask_lrp");
     /head_masks/<name>/<stat>                            the statistics they came from; settings JSON in attrs
+    /metrics/<method>/<name>/values   float32 [N]        faithfulness metric per example (format 1.2); curves,
+                                                          levels [N, K]; settings and summary JSON in attrs
 
 Every ragged array is flat with offsets derived from the index row (tok_off, n_tokens, sq_off), so every dataset has a
 fixed dtype and only grows by appends, which is what HDF5's single-writer/multiple-reader (SWMR) mode allows.
@@ -30,9 +33,10 @@ from __future__ import annotations
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.1.0"  # 1.1: /head_masks
+ENCODING_VERSION = "1.2.0"  # 1.1: /head_masks, 1.2: /metrics
 METHOD_ENCODING_TYPE = "attrscope-method"
 HEAD_MASK_ENCODING_TYPE = "attrscope-head-mask"
+METRIC_ENCODING_TYPE = "attrscope-metric"
 
 FLAG_TRUNCATED = 1
 

@@ -52,6 +52,21 @@ class HeadMaskData:
 
 
 @dataclass
+class MetricData:
+    """One metric of one method over every example of a store (rows aligned with /examples/index)."""
+
+    method: str
+    name: str
+    values: np.ndarray  # [N] per-example values (NaN: undefined for that example)
+    settings: dict  # the metric's exact settings (JSON-able)
+    summary: dict  # dataset-level numbers (mean, std, n, ...)
+    higher_is_better: bool
+    description: str = ""
+    curves: np.ndarray | None = None  # [N, K] per-level values (probabilities, log-odds ...), NaN-padded
+    levels: np.ndarray | None = None  # [N, K] the level of each curve point (perturbed tokens), -1 padded
+
+
+@dataclass
 class ExampleData:
     """One example ready to commit. Arrays are unpadded and aligned with ``token_ids``."""
 
@@ -70,7 +85,8 @@ class ExampleData:
     explain_pos: int
     n_orig_tokens: int
     truncated: bool
-    results: dict  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
+    evidence: np.ndarray | None = None  # [n] bool: evidence / answer tokens (stores made with --evidence-column)
+    results: dict = field(default_factory=dict)  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
     #                                "example_values": {key: float}}
 
 
@@ -125,6 +141,7 @@ class StoreWriter:
         provenance: dict,
         attrs: dict | None = None,
         head_masks: list[HeadMaskData] | None = None,
+        evidence: bool = False,
     ) -> "StoreWriter":
         """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode. Head masks are written
         here, before SWMR mode, which allows no new groups afterwards."""
@@ -133,7 +150,7 @@ class StoreWriter:
         f = h5py.File(path, "w", libver="latest", locking=False)
         try:
             _create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
-                           provenance=provenance, attrs=attrs or {})
+                           provenance=provenance, attrs=attrs or {}, evidence=evidence)
             write_head_masks(f, head_masks or [])
             f.flush()
             f.swmr_mode = True
@@ -211,6 +228,9 @@ class StoreWriter:
             tok_cols["ids"].append(np.asarray(ex.token_ids, dtype=np.int32))
             tok_cols["spans"].append(np.asarray(ex.spans, dtype=np.int32).reshape(n, 2))
             tok_cols["segment"].append(np.asarray(ex.segment, dtype=np.int8))
+            if "tokens/evidence" in f:
+                ev = np.zeros(n, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, dtype=np.uint8)
+                tok_cols.setdefault("evidence", []).append(ev.reshape(n))
             r["row"], r["tok_off"], r["n_tokens"], r["sq_off"] = ex.row, tok_end, n, sq_end
             r["label"], r["pred"], r["target"], r["explain_pos"] = ex.label, ex.pred, ex.target, ex.explain_pos
             r["n_orig_tokens"] = ex.n_orig_tokens
@@ -308,6 +328,48 @@ def _attr_value(value):
     return json.dumps(value, default=str)
 
 
+def add_metrics(path: str, metrics: list[MetricData]) -> None:
+    """Write metrics into a store that no writer holds (after attr-compute closed it): ``/metrics/<method>/<name>``
+    with ``values`` [N], optional ``curves`` / ``levels`` [N, K], and the settings and summary as JSON attributes.
+    A metric of the same name is replaced. The file is written to a copy that atomically replaces the store, so a
+    failure leaves the store as it was."""
+    if not metrics:
+        return
+    tmp = path + ".metrics-tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    import shutil
+
+    shutil.copyfile(path, tmp)
+    try:
+        with h5py.File(tmp, "a", locking=False) as f:
+            n = int(f["examples/index"].shape[0])
+            root = f.require_group("metrics")
+            for m in metrics:
+                if np.asarray(m.values).shape != (n,):
+                    raise StoreError(f"metric '{m.name}' of '{m.method}' has {np.asarray(m.values).shape[0]} values "
+                                     f"for {n} examples")
+                g = root.require_group(m.method)
+                if m.name in g:
+                    del g[m.name]
+                mg = g.create_group(m.name)
+                mg.attrs["encoding-type"] = schema.METRIC_ENCODING_TYPE
+                mg.create_dataset("values", data=np.asarray(m.values, dtype=np.float32))
+                if m.curves is not None:
+                    mg.create_dataset("curves", data=np.asarray(m.curves, dtype=np.float32), compression="gzip")
+                if m.levels is not None:
+                    mg.create_dataset("levels", data=np.asarray(m.levels, dtype=np.int32), compression="gzip")
+                mg.attrs["settings"] = json.dumps(m.settings, sort_keys=True, default=str)
+                mg.attrs["summary"] = json.dumps(m.summary, sort_keys=True, default=str)
+                mg.attrs["higher_is_better"] = bool(m.higher_is_better)
+                mg.attrs["description"] = m.description
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
     """``/head_masks/<name>``: dataset ``mask`` [L, H], the statistics beside it, settings as attributes."""
     if not masks:
@@ -322,7 +384,7 @@ def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
         g.attrs["settings"] = json.dumps(hm.attrs, sort_keys=True, default=str)
 
 
-def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs) -> None:
+def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs, evidence=False) -> None:
     f.attrs["encoding-type"] = schema.ENCODING_TYPE
     f.attrs["encoding-version"] = schema.ENCODING_VERSION
     f.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -347,6 +409,8 @@ def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenan
     _flat(tok, "str_off", np.int64, schema.CHUNK_FLAT)
     _flat(tok, "str_len", np.int32, schema.CHUNK_FLAT)
     _flat(tok, "strings", np.uint8, schema.CHUNK_FLAT)
+    if evidence:
+        _flat(tok, "evidence", np.uint8, schema.CHUNK_FLAT)
 
     mg = f.create_group("methods")
     for m in methods:
@@ -392,11 +456,12 @@ def _copy_committed(old: h5py.File, tmp: str) -> None:
     attrs = {k: v for k, v in old.attrs.items() if k not in skip}
     with h5py.File(tmp, "w", libver="latest", locking=False) as f:
         _create_layout(f, n_layers=int(old.attrs["n_layers"]), n_heads=int(old.attrs["n_heads"]), labels=labels,
-                       methods=methods, provenance=prov, attrs=attrs)
+                       methods=methods, provenance=prov, attrs=attrs, evidence="tokens/evidence" in old)
         f.attrs["created"] = old.attrs["created"]
         ends = {"examples/strings": str_end, "tokens/strings": tokstr_end}
-        for key in ("ids", "spans", "segment", "str_off", "str_len"):
-            ends[f"tokens/{key}"] = tok_end
+        for key in ("ids", "spans", "segment", "str_off", "str_len", "evidence"):
+            if f"tokens/{key}" in old:
+                ends[f"tokens/{key}"] = tok_end
         for m in methods:
             ends[f"methods/{m.name}/scores"] = tok_end
             if m.n_layer_views:
@@ -416,5 +481,6 @@ def _copy_committed(old: h5py.File, tmp: str) -> None:
             for s in range(0, end, step):
                 _append(f[key], old[key][s:min(end, s + step)])
         _append(f["examples/index"], index)
-        if "head_masks" in old:
-            old.copy(old["head_masks"], f, name="head_masks")
+        for group in ("head_masks", "metrics"):  # metrics only exist in complete stores (nothing is appended)
+            if group in old:
+                old.copy(old[group], f, name=group)
