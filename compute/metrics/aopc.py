@@ -1,0 +1,48 @@
+"""AOPC (METHODS.md 8.2, 14.10): area over the perturbation curve, the mean fall of the class probability over 9
+levels of most-important tokens perturbed (deleted, or replaced by [PAD] / [MASK]). Higher = more faithful.
+
+The three papers differ in every detail; PRESETS holds each one's convention and the settings name them all."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import EvalExample, Metric, MetricResult, Predictor
+from .perturbation import LEVEL_DEFAULTS, chosen_class, level_curves, resolve_settings
+
+DEFAULTS = {**LEVEL_DEFAULTS, "absolute": False}
+
+# METHODS.md 8.2. pad_id / mask_id are the tokenizer's and come from the caller.
+PRESETS = {
+    # AttCAT Table 1: AOPC by deletion, |p0 - pk| (REF), i/9 of the length, specials kept, gold label, PAD attended.
+    "attcat": {"levels": "ninths", "perturbation": "delete", "protect": "cls_sep", "cls": "label", "side": "top",
+               "absolute": True, "attend": "all", "skip_last": True},
+    # Mask-LRP Table 1: [PAD] replacement, signed, otherwise as AttCAT.
+    "masklrp": {"levels": "ninths", "perturbation": "pad", "protect": "cls_sep", "cls": "label", "side": "top",
+                "absolute": False, "attend": "all", "skip_last": True},
+    # NormXLogit Table 1 (encoders): [MASK] replacement, 10..90%, only [CLS] kept, predicted class, original mask.
+    "normxlogit": {"levels": "tenths", "perturbation": "mask", "protect": "cls", "cls": "predicted", "side": "top",
+                   "absolute": False, "attend": "original", "skip_last": False},
+}
+
+
+class AOPC(Metric):
+    name = "aopc"
+    description = "mean over 9 levels of p0 - pk, the class probability fall when the top-k tokens are perturbed"
+    reference = "AttCAT (Qiang et al. 2022), Mask-LRP (Song et al. 2024), NormXLogit (Abbasi et al.); METHODS.md 8.2"
+    higher_is_better = True
+    needs_model = True
+
+    def __init__(self, **settings):
+        """Settings: levels ninths|tenths, perturbation delete|pad|mask, protect cls_sep|cls, cls label|predicted,
+        side top|bottom, absolute, attend all|original, skip_last (None: True for ninths), pad_id, mask_id, and
+        preset attcat|masklrp|normxlogit (its values under the caller's)."""
+        super().__init__(**resolve_settings(self.name, settings, DEFAULTS, PRESETS))
+
+    def evaluate(self, examples: list[EvalExample], predictor: Predictor | None) -> MetricResult:
+        s = self.settings
+        lc = level_curves(examples, predictor, s, chosen_class(examples, s["cls"]), self.name)
+        drop = lc.p0[:, None] - lc.pk  # [E, 9]
+        if s["absolute"]:
+            drop = np.abs(drop)
+        return MetricResult(values=drop.mean(1), curves=lc.pk, levels=lc.counts)

@@ -1,0 +1,75 @@
+"""The metric interface. One subclass per file; the registry in ``compute.metrics`` finds them by name.
+
+A metric evaluates one method's stored attributions over a list of examples read back from a store. Metrics that
+perturb inputs call a :class:`Predictor`, which runs the model on many token sequences at once (all levels of all
+examples of a call go through the model together, length-sorted and chunked), so a metric builds every perturbed
+sequence of its examples first and makes one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+import numpy as np
+
+
+@dataclass
+class EvalExample:
+    """One stored example, as the metrics see it. Per-token arrays are aligned with ``token_ids``."""
+
+    index: int  # row of the example in the store
+    id: str
+    token_ids: np.ndarray  # [n] int64, special tokens included
+    special: np.ndarray  # [n] bool: [CLS], [SEP], <s>, </s> ... (the tokenizer's special tokens)
+    scores: np.ndarray  # [n] float64: the method's final attribution
+    label: int  # gold class, -1 when the dataset has none
+    pred: int  # the model's predicted class on the unperturbed input
+    explain_pos: int  # the explained position ([CLS])
+    class_scores: np.ndarray | None = None  # [C, n] per-class attributions (stores made with --target all)
+    other_scores: dict = field(default_factory=dict)  # name -> [n]: other methods of the store (spearman)
+    evidence: np.ndarray | None = None  # [n] bool: evidence / answer tokens, when the dataset gives them
+    # The same example and method in another store (robustness across seeds: jaccard_25, seed_spearman); the
+    # caller pairs examples by id and only where both stores hold the same tokens.
+    paired_scores: np.ndarray | None = None  # [n]
+    paired_pred: int | None = None
+
+
+class Predictor(Protocol):
+    """Runs the model. ``sequences``: token id arrays (any lengths); ``attend``: per sequence a bool array of the
+    positions the model attends to (None: all of them). Token type ids are not passed (the reference code of all
+    the papers leaves them out). Returns softmax probabilities [R, C] as float64."""
+
+    def __call__(self, sequences: list[np.ndarray], attend: list[np.ndarray] | None = None) -> np.ndarray: ...
+
+
+@dataclass
+class MetricResult:
+    """values: [E] one number per example (NaN where the metric is undefined for it, e.g. too short);
+    curves: [E, K] the per-level quantity (probabilities, or log-odds) the value was computed from, NaN-padded;
+    levels: [E, K] the level of each curve point (number of perturbed tokens), -1 padded."""
+
+    values: np.ndarray
+    curves: np.ndarray | None = None
+    levels: np.ndarray | None = None
+
+
+class Metric:
+    name: ClassVar[str]
+    description: ClassVar[str]
+    reference: ClassVar[str]
+    higher_is_better: ClassVar[bool]
+    needs_model: ClassVar[bool] = False  # perturbs inputs and calls the Predictor
+
+    def __init__(self, **settings):
+        self.settings = settings
+
+    def evaluate(self, examples: list[EvalExample], predictor: Predictor | None) -> MetricResult:
+        raise NotImplementedError
+
+    def summary(self, result: MetricResult) -> dict:
+        """Dataset-level numbers: by default mean, std and count of the finite per-example values."""
+        v = np.asarray(result.values, dtype=np.float64)
+        v = v[np.isfinite(v)]
+        return {"mean": float(v.mean()) if v.size else float("nan"),
+                "std": float(v.std()) if v.size else float("nan"), "n": int(v.size)}
