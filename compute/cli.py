@@ -52,6 +52,44 @@ def main():
     """
 
 
+def metric_options(fn):
+    """Options shared by ``run --metrics`` and ``eval`` (METHODS.md section 8)."""
+    opts = [
+        click.option("--saliency", default="gxi_l2", show_default=True, metavar="METHOD",
+                     help="spearman: the saliency method of the same store to correlate with (GlobEnc's evaluation)."),
+        click.option("--precision-k", "precision_k", type=int, default=20, show_default=True, metavar="K",
+                     help="precision_at_k: top-K positions."),
+        click.option("--other", "other_store", type=click.Path(dir_okay=False), metavar="STORE.h5", default=None,
+                     help="jaccard_25, seed_spearman: the store to compare with (e.g. another seed)."),
+        click.option("--perturbation", type=click.Choice(["delete", "pad", "mask"]), default=None,
+                     help="aopc/lodds/accuracy: delete tokens or replace them by [PAD] / [MASK] [default: the preset's]."),
+        click.option("--levels", type=click.Choice(["ninths", "tenths"]), default=None,
+                     help="aopc/lodds/accuracy: k = round(i/9 n) (AttCAT, Mask-LRP) or int(i/10 n) (NormXLogit)."),
+        click.option("--metric-class", type=click.Choice(["label", "predicted"]), default=None,
+                     help="aopc/lodds/accuracy: the class whose probability is tracked."),
+        click.option("--side", type=click.Choice(["top", "bottom"]), default=None,
+                     help="aopc/lodds/accuracy: perturb the most (top) or least (bottom) important tokens first."),
+        click.option("--metric-batch-size", type=int, default=64, show_default=True, metavar="N",
+                     help="Perturbed sequences per forward pass."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, perturbation, levels, metric_class,
+                 side, metric_batch_size):
+    from .evaluate import EvalConfig
+
+    if metric_batch_size < 1:
+        from .errors import UsageError
+
+        raise UsageError("--metric-batch-size must be at least 1")
+    return EvalConfig(metrics=metrics, methods=methods, preset=preset, saliency=saliency, k=precision_k,
+                      other=other_store, batch_size=metric_batch_size,
+                      overrides={"perturbation": perturbation, "levels": levels, "cls": metric_class, "side": side})
+
+
 @main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dataset", required=False)
 @click.option("-o", "--output", metavar="STORE.h5", help="Store to write [default: <dataset name>.h5 here].")
@@ -112,13 +150,21 @@ def main():
               help="mask_lrp: roll out each layer's unmasked attention relevance (the reference) or the masked one.")
 @click.option("--mask-renormalise", is_flag=True,
               help="mask_lrp: rescale the kept heads' relevance to the layer's total (the paper's variant).")
+@click.option("--evidence-column", metavar="C", default=None,
+              help="Column of evidence / answer character spans [[start, end], ...] (precision_at_k, dot_product, "
+                   "average_precision).")
+@click.option("--metrics", default=None, metavar="LIST",
+              help="Faithfulness metrics computed after the run (name or name@preset, e.g. "
+                   "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics.")
+@metric_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
             alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
             lrp_dtype, head_stats_data, head_stats_limit, parses, head_mask, pos_self, mask_combine, mask_rollout,
-            mask_renormalise, quiet, debug):
+            mask_renormalise, evidence_column, metrics, saliency, precision_k, other_store, perturbation, levels,
+            metric_class, side, metric_batch_size, quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -133,8 +179,108 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, lrp_dtype=lrp_dtype,
         head_stats_data=head_stats_data, head_stats_limit=head_stats_limit, parses=parses, head_mask=head_mask,
         pos_self=pos_self, mask_combine=mask_combine, mask_rollout=mask_rollout, mask_renormalise=mask_renormalise,
-        argv=[PROG, *sys.argv[1:]])
-    _guarded(lambda: _run(cfg, quiet), debug)
+        evidence_column=evidence_column, metrics=metrics, argv=[PROG, *sys.argv[1:]])
+
+    def go():
+        if metrics:
+            cfg.eval = _eval_config(metrics, None, preset, saliency, precision_k, other_store, perturbation, levels,
+                                    metric_class, side, metric_batch_size)
+            from .evaluate import parse_metric_specs
+
+            parse_metric_specs(metrics)  # a usage error before anything runs
+        _run(cfg, quiet)
+
+    _guarded(go, debug)
+
+
+@main.command("eval", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("store", type=click.Path(dir_okay=False))
+@click.option("--metrics", required=True, metavar="LIST",
+              help="Comma-separated metrics, each name or name@preset (attcat, masklrp, normxlogit).")
+@click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Methods of the store to evaluate.")
+@click.option("--model", metavar="ID_OR_PATH", default=None, help="The model [default: the one recorded in the store].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:K.")
+@click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]), default=None,
+              help="Default preset of the metrics named without one [default: the store's run preset].")
+@metric_options
+@click.option("-q", "--quiet", is_flag=True, help="No summary.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def eval_cmd(store, metrics, methods, model, device, preset, saliency, precision_k, other_store, perturbation, levels,
+             metric_class, side, metric_batch_size, quiet, debug):
+    """Add faithfulness metrics to an existing STORE (the model is reloaded from its provenance or --model)."""
+
+    def go():
+        import os
+
+        from .evaluate import evaluate_store
+        from .models import resolve_device
+
+        if not os.path.exists(store):
+            raise AttrscopeError(f"store '{store}' not found: check the path")
+        cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
+                           perturbation, levels, metric_class, side, metric_batch_size)
+        summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
+                                 message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)))
+        if not quiet:
+            click.echo(_metrics_table(store, summary["methods"]), err=True)
+
+    _guarded(go, debug)
+
+
+@main.command("report", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("store", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["markdown", "csv"]), default="markdown", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to a file [default: stdout].")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def report_cmd(store, fmt, output, debug):
+    """One table of every method x metric in STORE, the papers' numbers beside ours, and the papers' rankings
+    checked against ours."""
+
+    def go():
+        from .report import make_report
+
+        text = make_report(store, fmt)
+        if output:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        else:
+            click.echo(text, nl=False)
+
+    _guarded(go, debug)
+
+
+@main.command("metrics")
+def metrics_cmd():
+    """List the faithfulness metrics."""
+    from .metrics import REGISTRY, presets_of
+
+    for name, m in REGISTRY.items():
+        better = "higher" if m.higher_is_better else "lower"
+        presets = ", ".join(presets_of(name)) or "-"
+        click.echo(f"{name:18s} {m.description} [{better} is better; presets: {presets}]")
+
+
+def _store_preset(store: str) -> str | None:
+    from store import open_store
+
+    try:
+        with open_store(store) as s:
+            return s.config.get("config", {}).get("preset")
+    except Exception:  # noqa: BLE001 - evaluate_store reports an unreadable store in one line
+        return None
+
+
+def _metrics_table(store: str, methods: list[str]) -> str:
+    from store import open_store
+
+    lines = []
+    with open_store(store) as s:
+        for m in methods:
+            if m not in s.metric_methods:
+                continue
+            cells = [f"{k}={v['summary'].get('mean', float('nan')):.4f}" for k, v in s.metric_summaries(m).items()]
+            lines.append(f"{m:15s} " + "  ".join(cells))
+    return "\n".join(lines)
 
 
 @main.command("methods")

@@ -45,6 +45,8 @@ class Record:
     text: str
     pair: str | None  # second segment for sentence-pair tasks
     label: int  # class index, -1 when the dataset has no label (or the cell is empty)
+    # Evidence / answer character spans (segment, start, end), segment 0 = text, 1 = pair (--evidence-column).
+    evidence: tuple[tuple[int, int, int], ...] | None = None
 
 
 @dataclass
@@ -76,6 +78,7 @@ def load_dataset(
     pair_column=None,
     label_column=None,
     id_column=None,
+    evidence_column=None,
     split=None,
     limit=None,
     label2id: dict[str, int] | None = None,
@@ -99,6 +102,12 @@ def load_dataset(
         raise AttrscopeError(f"dataset '{spec}' has no rows: add at least one example")
 
     cols = _resolve_columns(table.columns, spec, text_column, pair_column, label_column, id_column)
+    cols["evidence"] = None
+    if evidence_column is not None:
+        cols["evidence"] = _find_column(table.columns, evidence_column)
+        if cols["evidence"] is None:
+            raise AttrscopeError(f"column {evidence_column!r} (from --evidence-column) is not in '{spec}' (columns: "
+                                 f"{', '.join(repr(c) for c in table.columns)}): pass one of those")
     labels = _LabelMapper(label2id, num_labels)
     records = _to_records(table.rows, cols, labels, limit, spec)
     return Dataset(
@@ -435,8 +444,37 @@ def _to_records(rows, cols: dict, labels: _LabelMapper, limit: int | None, spec:
                 "make the id column unique, or pass --id-column with a unique column"
             )
         first_row_of_id[id_] = row_no
-        records.append(Record(row=row_no, id=id_, text=text, pair=pair, label=label))
+        evidence = _evidence(row.get(cols["evidence"]), where, text, pair) if cols.get("evidence") else None
+        records.append(Record(row=row_no, id=id_, text=text, pair=pair, label=label, evidence=evidence))
     return records
+
+
+def _evidence(value, where: str, text: str, pair: str | None) -> tuple[tuple[int, int, int], ...]:
+    """An evidence cell: a list of character spans [start, end) in the text, or [segment, start, end] with segment 1
+    for the pair text; in CSV/TSV the list is written as JSON. Empty or missing: no evidence."""
+    import json
+
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise AttrscopeError(f"{where}: the evidence cell {_show(value)} is not JSON: write character spans "
+                                 "like [[0, 5], [10, 14]]") from None
+    spans = []
+    try:
+        for item in list(value):
+            item = [int(v) for v in item]
+            seg, a, b = (0, *item) if len(item) == 2 else item
+            seg_text = text if seg == 0 else pair
+            if seg not in (0, 1) or seg_text is None or not 0 <= a < b <= len(seg_text):
+                raise ValueError
+            spans.append((seg, a, b))
+    except (TypeError, ValueError):
+        raise AttrscopeError(f"{where}: evidence {_show(value)} is not a list of character spans [start, end) "
+                             "(or [segment, start, end]) inside the text: fix the cell") from None
+    return tuple(spans)
 
 
 def _text(row: dict, column: str, where: str) -> str:

@@ -70,6 +70,7 @@ class RunConfig:
     pair_column: str | None = None
     label_column: str | None = None
     id_column: str | None = None
+    evidence_column: str | None = None  # character spans of evidence / answer tokens (precision_at_k, AP, ...)
     split: str | None = None
     target: str | None = None  # predicted | label | all (None: the preset's, else predicted)
     matrices: str = "cls"
@@ -94,6 +95,8 @@ class RunConfig:
     mask_combine: str = "union"  # union | sum of the positional and syntactic masks
     mask_rollout: str = "unmasked"  # unmasked | masked attention relevance in mask_lrp's rollout
     mask_renormalise: bool = False  # the paper's rescaling of the kept heads' relevance
+    metrics: str | None = None  # faithfulness metrics computed over the finished store (compute.evaluate)
+    eval: object = None  # its EvalConfig (the CLI builds it from the metric options)
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
     argv: list[str] = field(default_factory=list)
 
@@ -142,7 +145,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     id2label = info["id2label"]
     data = load_dataset(
         dataset_spec, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
-        id_column=cfg.id_column, split=cfg.split, limit=cfg.limit,
+        id_column=cfg.id_column, evidence_column=cfg.evidence_column, split=cfg.split, limit=cfg.limit,
         label2id={v: k for k, v in id2label.items()}, num_labels=len(id2label))
     if target_mode == "label" and any(r.label < 0 for r in data.records):
         first = next(r for r in data.records if r.label < 0)
@@ -202,6 +205,15 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         "resumed_from": done if cfg.resume else None,
     }
     writer.close(complete=True, summary=summary)
+    if cfg.metrics:
+        from .evaluate import EvalConfig, evaluate_store
+
+        ecfg = cfg.eval or EvalConfig(metrics=cfg.metrics, preset=cfg.preset)
+        if ecfg.preset is None:
+            ecfg.preset = cfg.preset
+        t0 = time.perf_counter()
+        summary["metrics"] = evaluate_store(output, ecfg, lm=lm, message=progress.message)
+        summary["metric_seconds"] = round(time.perf_counter() - t0, 3)
     summary["store"] = os.path.abspath(output)
     summary["store_bytes"] = os.path.getsize(output)
     return summary
@@ -285,6 +297,10 @@ def _check_options(cfg: RunConfig) -> None:
         raise UsageError("--head-stats-limit must be at least 1")
     if cfg.parses and not os.path.exists(cfg.parses):
         raise AttrscopeError(f"--parses: file '{cfg.parses}' not found: check the path")
+    if cfg.metrics:
+        from .evaluate import parse_metric_specs
+
+        parse_metric_specs(cfg.metrics)
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
@@ -349,7 +365,7 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
 
 # Settings that must match for --resume to continue a store.
 _RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
-                "pair_column", "label_column", "id_column", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline",
+                "pair_column", "label_column", "id_column", "evidence_column", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline",
                 "attcat_layers", "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout",
                 "mask_renormalise")
 
@@ -372,7 +388,7 @@ def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[S
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
     writer = StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
                                 labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
-                                head_masks=list(head_masks))
+                                head_masks=list(head_masks), evidence=cfg.evidence_column is not None)
     return writer, 0
 
 
@@ -562,9 +578,14 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
         offsets = np.asarray(tok.offsets[i], dtype=np.int32) if tok.offsets is not None else np.full((n, 2), -1)
         segment = np.asarray(tok.segments[i], dtype=np.int8)
         offsets[segment < 0] = -1
+        evidence = None
+        if r.evidence is not None:  # tokens overlapping an evidence span of their own segment
+            evidence = np.zeros(n, dtype=bool)
+            for seg, a, b in r.evidence:
+                evidence |= (segment == seg) & (offsets[:, 0] < b) & (a < offsets[:, 1])
         out.append(ExampleData(
             row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
             tokens=convert(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
             pred=int(pred_np[b]), probs=probs[b], target=int(target_np[b]), explain_pos=pos,
-            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per))
+            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per, evidence=evidence))
     return out

@@ -562,3 +562,40 @@ def positional_statistics(model, tokenizer, texts, exclude_self=True) -> tuple[n
         if not (exclude_self and o == 0):
             freq_max = np.maximum(freq_max, c / total)
     return freq_max, total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Comprehensiveness / sufficiency, the ALTI reference procedure (METHODS.md 8.1), one example and one perturbed
+# input at a time through plain transformers.
+def alti_comp_suff(model, token_ids: list[int], scores, pred: int) -> tuple[float, float]:
+    import math
+
+    n = len(token_ids)
+    # dense ranks, then positions by rank descending with ties in position order (a stable sort)
+    uniq = sorted(set(float(x) for x in scores))
+    dense = [uniq.index(float(x)) + 1 for x in scores]
+    order = sorted(range(n), key=lambda k: dense[k], reverse=True)
+    order.remove(0)
+    order.remove(n - 1)
+    m = len(order)
+    levels = [0] + [math.ceil(m * b) for b in (0.01, 0.05, 0.1, 0.2, 0.5)]
+
+    def prob(kept):
+        ids = [token_ids[0]] + [token_ids[k] for k in range(n) if k in kept] + [token_ids[-1]]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+        return float(torch.softmax(logits, -1)[pred])
+
+    comp, suff = [], []
+    lo, hi = 1.0, 0.0
+    for j in levels:
+        p = prob(set(order[j:]))
+        if p <= lo:
+            lo = p
+        comp.append(lo)
+        p = prob(set(order[:j]))
+        if p > hi:
+            hi = p
+        suff.append(hi)
+    fx = comp[0]
+    return (sum(fx - c for c in comp[1:]) / 6, sum(fx - s for s in suff[1:]) / 6)

@@ -1,0 +1,248 @@
+"""Faithfulness metrics over a finished store (``attr-compute eval STORE --metrics ...``, and ``attr-compute
+--metrics ...`` after its main loop): read each method's attributions back, perturb, run the model, write
+``/metrics/<method>/<metric>`` into the store.
+
+Metric specs are ``name`` or ``name@preset`` (``aopc@attcat``): the preset picks a paper's exact variant
+(METHODS.md 8.2) and the stored name keeps the suffix, so several variants live side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from store import MetricData, add_metrics, open_store
+from store.errors import StoreError
+
+from .errors import AttrscopeError, UsageError
+from .metrics import REGISTRY, get_metric, presets_of
+from .metrics.base import EvalExample
+
+
+@dataclass
+class EvalConfig:
+    metrics: str  # comma-separated specs: name or name@preset
+    methods: str | None = None  # None: every method of the store
+    preset: str | None = None  # default preset for metrics named without one (the run's --preset)
+    saliency: str = "gxi_l2"  # spearman's second method
+    k: int = 20  # precision_at_k
+    other: str | None = None  # another store (jaccard_25, seed_spearman)
+    batch_size: int = 64  # perturbed sequences per forward
+    chunk: int = 256  # examples evaluated per predictor call
+    overrides: dict = field(default_factory=dict)  # explicit metric settings (perturbation, levels, cls, side)
+
+
+class ModelPredictor:
+    """Probabilities of many token sequences: length-sorted, padded, ``batch_size`` per forward, no token types.
+    Identical (sequence, attend) pairs are run once per call and remembered across calls (the variants of AOPC
+    and LOdds of several presets share most of their perturbed inputs)."""
+
+    def __init__(self, model, pad_id: int, batch_size: int, cache_limit: int = 2_000_000):
+        self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+        self.device = next(model.parameters()).device
+        self.cache: dict[bytes, np.ndarray] = {}
+        self.cache_limit = cache_limit
+        self.forwarded = 0  # sequences actually run (for the benchmark and the summary)
+        self.seconds = 0.0
+
+    @staticmethod
+    def _key(seq: np.ndarray, att: np.ndarray | None) -> bytes:
+        s = np.asarray(seq, dtype=np.int64).tobytes()
+        return s + b"|" + (b"" if att is None else np.packbits(np.asarray(att, dtype=bool)).tobytes()
+                           + len(att).to_bytes(4, "little"))
+
+    def __call__(self, sequences, attend=None):
+        keys = [self._key(s, None if attend is None else attend[i]) for i, s in enumerate(sequences)]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.cache))
+        index = {k: i for i, k in enumerate(keys)}
+        t0 = time.perf_counter()
+        order = sorted(todo, key=lambda k: -len(sequences[index[k]]))
+        for b0 in range(0, len(order), self.batch_size):
+            chunk = order[b0:b0 + self.batch_size]
+            n = max(len(sequences[index[k]]) for k in chunk)
+            ids = torch.full((len(chunk), n), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), n), dtype=torch.long)
+            for r, k in enumerate(chunk):
+                i = index[k]
+                s = np.asarray(sequences[i], dtype=np.int64)
+                ids[r, :len(s)] = torch.from_numpy(s)
+                mask[r, :len(s)] = 1 if attend is None else torch.from_numpy(np.asarray(attend[i], dtype=np.int64))
+            with torch.no_grad():
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            probs = torch.softmax(logits.double(), dim=-1).cpu().numpy()
+            for r, k in enumerate(chunk):
+                self.cache[k] = probs[r]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - t0
+        self.forwarded += len(todo)
+        out = np.stack([self.cache[k] for k in keys]) if keys else np.zeros((0, 0))
+        if len(self.cache) > self.cache_limit:
+            self.cache.clear()
+        return out
+
+
+def parse_metric_specs(spec: str) -> list[tuple[str, str, str | None]]:
+    """'aopc,lodds@masklrp' -> [(stored name, metric name, preset)]."""
+    out = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        name, _, preset = item.partition("@")
+        if name not in REGISTRY:
+            raise UsageError(f"unknown metric '{name}': choose from {', '.join(REGISTRY)}")
+        out.append((item, name, preset or None))
+    if not out:
+        raise UsageError("--metrics is empty: pass names such as comprehensiveness,sufficiency,aopc")
+    return list(dict.fromkeys(out))
+
+
+def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids) -> list[EvalExample]:
+    out = []
+    class_specific = bool(s.method_info(method)["params"].get("class_specific"))
+    for i in idx:
+        ex = s[i]
+        seg = ex.segment
+        cs = ex.class_scores(method)
+        if cs is None and not class_specific:  # a class-independent method explains every class the same way
+            cs = np.tile(ex.scores(method), (s.num_labels, 1))
+        others = {}
+        if cfg.saliency in s.methods:
+            others[cfg.saliency] = ex.scores(cfg.saliency).astype(np.float64)
+        paired_scores = paired_pred = None
+        if other is not None:
+            j = other_ids.get(ex.id)
+            if j is not None:
+                oex = other[j]
+                if np.array_equal(oex.token_ids, ex.token_ids) and method in other.methods:
+                    paired_scores, paired_pred = oex.scores(method).astype(np.float64), oex.pred
+        out.append(EvalExample(index=i, id=ex.id, token_ids=ex.token_ids.astype(np.int64), special=seg < 0,
+                               scores=ex.scores(method).astype(np.float64), label=ex.label if ex.label is not None
+                               else -1, pred=ex.pred, explain_pos=ex.explain_pos,
+                               class_scores=None if cs is None else cs.astype(np.float64), other_scores=others,
+                               evidence=ex.evidence, paired_scores=paired_scores, paired_pred=paired_pred))
+    return out
+
+
+def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed: bool) -> dict:
+    from .metrics import presets_of
+
+    settings = dict(presets_of(name).get(preset, {})) if preset else {}
+    if preset and not settings and presets_of(name):
+        raise UsageError(f"metric '{name}' has no preset '{preset}': choose from {', '.join(presets_of(name))}")
+    settings.update({k: v for k, v in cfg.overrides.items() if v is not None and k in _OVERRIDABLE.get(name, ())})
+    if name in ("aopc", "lodds", "accuracy"):
+        settings.setdefault("pad_id", int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0))
+        if getattr(tokenizer, "mask_token_id", None) is not None:
+            settings.setdefault("mask_id", int(tokenizer.mask_token_id))
+    if name == "spearman":
+        settings.setdefault("saliency", cfg.saliency)
+    if name == "precision_at_k":
+        settings.setdefault("k", cfg.k)
+    if name in ("dot_product", "average_precision"):
+        settings.setdefault("signed", bool(signed))
+    return settings
+
+
+_OVERRIDABLE = {"aopc": ("perturbation", "levels", "cls", "side"), "lodds": ("perturbation", "levels", "cls", "side"),
+                "accuracy": ("perturbation", "levels", "side")}  # accuracy always reads the gold label
+
+
+def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None = None, device="cpu",
+                   message=lambda s: None) -> dict:
+    """Compute ``cfg.metrics`` for the store's methods and write them into the store. ``lm``: a loaded model (the
+    run's own), else it is loaded from the store's provenance or ``model_spec``. Returns a summary dict."""
+    from .models import load_model
+
+    specs = parse_metric_specs(cfg.metrics)
+    try:
+        s = open_store(path)
+    except StoreError as err:
+        raise AttrscopeError(str(err)) from None
+    with s:
+        if not s.complete:
+            raise AttrscopeError(f"store '{path}' is not complete (a run is writing it, or it was interrupted): "
+                                 "finish it with attr-compute --resume first")
+        methods = s.methods if not cfg.methods or cfg.methods == "all" else [m.strip() for m in cfg.methods.split(",")]
+        for m in methods:
+            if m not in s.methods:
+                raise UsageError(f"method '{m}' is not in store '{path}': it holds {', '.join(s.methods)}")
+        needs_model = any(REGISTRY[name].needs_model for _, name, _ in specs)
+        if lm is None:
+            spec = model_spec or s.config.get("model", {}).get("model_id")
+            dtype = s.config.get("config", {}).get("dtype", "float32")
+            lm = load_model(spec, device=torch.device(device), dtype=dtype)
+        _check_needs(s, specs, cfg, methods, path)
+        other = other_ids = None
+        if cfg.other:
+            try:
+                other = open_store(cfg.other)
+            except StoreError as err:
+                raise AttrscopeError(str(err)) from None
+            other_ids = {x: i for i, x in enumerate(other.ids())}
+        pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+        predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size) if needs_model else None
+        out, timings = [], {}
+        N = len(s)
+        for method in methods:
+            signed = s.is_signed(method)
+            for stored, name, preset in specs:
+                # a name without @preset takes the run's preset where the metric has one (aopc under --preset attcat)
+                preset = preset or (cfg.preset if cfg.preset in presets_of(name) else None)
+                metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed))
+                t0 = time.perf_counter()
+                parts = [metric.evaluate(_examples(s, list(range(a, min(a + cfg.chunk, N))), method, cfg, other,
+                                                   other_ids), predictor)
+                         for a in range(0, N, cfg.chunk)]
+                res = _concat(parts, N)
+                timings[f"{method}/{stored}"] = round(time.perf_counter() - t0, 3)
+                out.append(MetricData(method=method, name=stored, values=res.values, settings={
+                    **metric.settings, "preset": preset, "metric": name}, summary=metric.summary(res),
+                    higher_is_better=metric.higher_is_better, description=metric.description,
+                    curves=res.curves, levels=res.levels))
+        if other is not None:
+            other.close()
+    add_metrics(path, out)
+    summary = {"metrics": [x[0] for x in specs], "methods": methods, "seconds": timings,
+               "sequences_forwarded": predictor.forwarded if predictor else 0,
+               "model_seconds": round(predictor.seconds, 3) if predictor else 0.0}
+    message(f"metrics: {len(specs)} x {len(methods)} methods, {summary['sequences_forwarded']} perturbed "
+            f"sequences through the model ({summary['model_seconds']:.1f} s)")
+    return summary
+
+
+def _check_needs(s, specs, cfg, methods, path) -> None:
+    names = {name for _, name, _ in specs}
+    if "kendall" in names:
+        lacking = [m for m in methods if s.method_info(m)["params"].get("class_specific")
+                   and not s.method_info(m).get("class_scores")]
+        if lacking:
+            raise AttrscopeError(f"metric 'kendall' needs per-class attributions of {', '.join(lacking)}, which store "
+                                 f"'{path}' lacks: compute it with --target all")
+    if "spearman" in names and cfg.saliency not in s.methods:
+        raise AttrscopeError(f"metric 'spearman' compares with the saliency method '{cfg.saliency}', which store "
+                             f"'{path}' lacks: compute it too, or pass --saliency METHOD")
+    if names & {"jaccard_25", "seed_spearman"} and not cfg.other:
+        raise UsageError("jaccard_25 and seed_spearman compare two stores: pass --other STORE.h5")
+
+
+def _concat(parts, N):
+    from .metrics.base import MetricResult
+
+    values = np.concatenate([np.asarray(p.values, dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    curves = levels = None
+    if parts and all(p.curves is not None for p in parts):
+        K = max(p.curves.shape[1] for p in parts)
+        curves = np.full((N, K), np.nan)
+        levels = np.full((N, K), -1, dtype=np.int64)
+        r = 0
+        for p in parts:
+            e, k = p.curves.shape
+            curves[r:r + e, :k] = p.curves
+            if p.levels is not None:
+                levels[r:r + e, :k] = p.levels
+            r += e
+    return MetricResult(values=values, curves=curves, levels=levels)

@@ -1,0 +1,221 @@
+"""``attr-compute report STORE``: every method x metric of a store in one table, the papers' numbers beside ours
+where the setting is comparable (METHODS.md section 12, SST-2 columns), and each paper's claimed ranking checked
+against ours.
+
+Comparable means the same metric variant (the preset a paper's evaluation uses) on SST-2; the papers used
+BERT-base checkpoints, so absolute numbers differ with the model: the orderings are what can be compared.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+
+from store import open_store
+from store.errors import StoreError
+
+from .errors import AttrscopeError
+
+# (paper, metric as stored by its preset, {our method: paper's number}, claim) -- SST-2 columns of METHODS.md 12.
+PAPERS = [
+    {
+        "paper": "ALTI (Ferrando et al. 2022), Table 2, BERT SST-2",
+        "metric": "comprehensiveness", "preset": None,
+        "values": {"grad_l2": .204, "ig_l2": .223, "ig_mean": .211, "gxi_l2": .199, "gxi_mean": .207, "rollout": .074,
+                   "globenc": .174, "alti": .317, "alti_l2": .300, "norm_resln": .134},
+        "claim": "alti",
+        "note": "alti_l2 and 'Norms' (norm_resln, row-normalised under --preset alti) from Table 4",
+    },
+    {
+        "paper": "ALTI (Ferrando et al. 2022), Table 2, BERT SST-2",
+        "metric": "sufficiency", "preset": None,
+        "values": {"grad_l2": .076, "ig_l2": .084, "ig_mean": .112, "gxi_l2": .080, "gxi_mean": .073, "rollout": .270,
+                   "globenc": .125, "alti": .044, "alti_l2": .045, "norm_resln": .180},
+        "claim": "alti",
+        "note": "alti_l2 and 'Norms' from Table 4",
+    },
+    {
+        "paper": "GlobEnc (Modarressi et al. 2022), Table 1, BERT-base SST-2 (Spearman with gradient x input)",
+        "metric": "spearman", "preset": None,
+        "values": {"w_fixedres": -0.24, "w_res": 0.19, "norm_n": 0.44, "norm_fixedres": 0.48, "norm_res": 0.73,
+                   "norm_resln": -0.21, "globenc": 0.77},
+        "claim": "globenc",
+        "note": "W (raw attention product) has no method here",
+    },
+    {
+        "paper": "AttCAT (Qiang et al. 2022), Table 1, BERT SST2 (AOPC, deletion)",
+        "metric": "aopc", "preset": "attcat",
+        "values": {"raw_attention": .331, "rollout": .286, "grads": .335, "attgrads": .351, "partial_lrp": .341,
+                   "transatt": .354, "cat": .352, "attcat": .371},
+        "claim": "attcat",
+    },
+    {
+        "paper": "AttCAT (Qiang et al. 2022), Table 1, BERT SST2 (LOdds, [PAD] replacement)",
+        "metric": "lodds", "preset": "attcat",
+        "values": {"raw_attention": -.885, "rollout": -.641, "grads": -.252, "attgrads": -.603, "partial_lrp": -.922,
+                   "transatt": -1.038, "cat": -1.115, "attcat": -1.319},
+        "claim": "attcat",
+    },
+    {
+        "paper": "AttCAT (Qiang et al. 2022), Table 2, SST2 (Kendall tau, lower = more class-confident)",
+        "metric": "kendall", "preset": None,
+        "values": {"grads": .150, "attgrads": .116, "partial_lrp": .955, "transatt": .336, "cat": .101, "attcat": .018},
+        "claim": "attcat",
+    },
+    {
+        "paper": "Mask-LRP (Song et al. 2024), Table 1, BERT-base SST-2 (AOPC, [PAD])",
+        "metric": "aopc", "preset": "masklrp",
+        "values": {"raw_attention": .374, "rollout": .337, "lrp": .336, "partial_lrp": .396, "transatt": .423,
+                   "attcat": .405, "mask_lrp": .438},
+        "claim": "mask_lrp",
+        "note": "the paper's 'GAE' is transatt (METHODS.md 14.13)",
+    },
+    {
+        "paper": "Mask-LRP (Song et al. 2024), Table 1, BERT-base SST-2 (LOdds, [PAD])",
+        "metric": "lodds", "preset": "masklrp",
+        "values": {"raw_attention": -.992, "rollout": -.911, "lrp": -.888, "partial_lrp": -1.052, "transatt": -1.171,
+                   "attcat": -1.110, "mask_lrp": -1.208},
+        "claim": "mask_lrp",
+        "note": "the paper's 'GAE' is transatt (METHODS.md 14.13)",
+    },
+    {
+        "paper": "NormXLogit (Abbasi et al.), Table 1, BERT SST-2 (AOPC, [MASK])",
+        "metric": "aopc", "preset": "normxlogit",
+        "values": {"grad_l2": .331, "gxi_mean": .339, "ig_mean": .367, "norm": .311, "logat": .364, "normxlogit": .423},
+        "claim": "normxlogit",
+        "note": "Grad. Norm = grad_l2, GI = gxi_mean, IG = ig_mean (L1 aggregations in the paper's code)",
+    },
+]
+
+
+def _metric_key(preset: str | None, metric: str) -> str:
+    return metric if preset is None else f"{metric}@{preset}"
+
+
+def _find(summaries: dict, metric: str, preset: str | None) -> str | None:
+    """The stored metric that is this paper's variant: 'aopc@attcat', or 'aopc' computed with that preset."""
+    for name, info in summaries.items():
+        st = info.get("settings", {})
+        if st.get("metric", name.partition("@")[0]) != metric:
+            continue
+        if (st.get("preset") or None) == preset:
+            if metric in ("comprehensiveness", "sufficiency") and st.get("variant", "alti") != "alti":
+                continue
+            return name
+    return None
+
+
+def _fmt(x, digits=3) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def make_report(path: str, fmt: str = "markdown") -> str:
+    try:
+        s = open_store(path)
+    except StoreError as err:
+        raise AttrscopeError(str(err)) from None
+    with s:
+        if not s.metric_methods:
+            raise AttrscopeError(f"store '{path}' has no metrics: add them with attr-compute eval {path} --metrics ...")
+        summ = {m: s.metric_summaries(m) for m in s.metric_methods}
+        metrics = list(dict.fromkeys(k for m in summ.values() for k in m))
+        info = {"store": path, "model": s.model_info.get("model_id"), "dataset": s.model_info.get("dataset"),
+                "examples": len(s), "command": " ".join(s.config.get("command", []))}
+    if fmt == "csv":
+        return _csv(summ, metrics)
+    return _markdown(summ, metrics, info)
+
+
+def _csv(summ, metrics) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["method", "metric", "mean", "std", "n", "higher_is_better", "paper", "paper_value"])
+    for method, ms in summ.items():
+        for name in metrics:
+            if name not in ms:
+                continue
+            sm = ms[name]["summary"]
+            paper, value = "", ""
+            for p in PAPERS:
+                if _find(ms, p["metric"], p["preset"]) == name and method in p["values"]:
+                    paper, value = p["paper"], p["values"][method]
+            w.writerow([method, name, sm.get("mean"), sm.get("std"), sm.get("n"), ms[name]["higher_is_better"], paper,
+                        value])
+    return buf.getvalue()
+
+
+def _markdown(summ, metrics, info) -> str:
+    out = [f"# Faithfulness report: {info['store']}", "",
+           f"Model `{info['model']}`, dataset `{info['dataset']}`, {info['examples']} examples.", ""]
+    if info["command"]:
+        out += [f"Attributions made with: `{info['command']}`", ""]
+    arrows = {}
+    for ms in summ.values():
+        for k, v in ms.items():
+            arrows[k] = "↑" if v["higher_is_better"] else "↓"
+    out += ["## All methods x metrics (mean over examples)", "",
+            "| method | " + " | ".join(f"{k} {arrows[k]}" for k in metrics) + " |",
+            "|---|" + "---|" * len(metrics)]
+    for method, ms in summ.items():
+        out.append(f"| `{method}` | " + " | ".join(_fmt(ms[k]["summary"].get("mean")) if k in ms else "—"
+                                                  for k in metrics) + " |")
+    out += ["", "## Beside the papers (SST-2; the papers used BERT-base checkpoints, so compare orderings)", ""]
+    verdicts = []
+    for p in PAPERS:
+        rows = []
+        for method, paper_value in p["values"].items():
+            name = _find(summ.get(method, {}), p["metric"], p["preset"])
+            if name is None:
+                continue
+            rows.append((method, summ[method][name]["summary"].get("mean"), paper_value,
+                         summ[method][name]["higher_is_better"]))
+        if len(rows) < 2:
+            continue
+        higher = rows[0][3]
+        out += [f"### {p['paper']}", "", f"metric `{_metric_key(p['preset'], p['metric'])}` "
+                f"({'higher' if higher else 'lower'} is better)" + (f"; {p['note']}" if p.get("note") else ""), "",
+                "| method | ours | paper | our rank | paper rank |", "|---|---|---|---|---|"]
+        ours_rank = _ranks([r[1] for r in rows], higher)
+        paper_rank = _ranks([r[2] for r in rows], higher)
+        for (method, ours, paper_value, _), ro, rp in zip(rows, ours_rank, paper_rank):
+            out.append(f"| `{method}` | {_fmt(ours)} | {_fmt(paper_value)} | {ro} | {rp} |")
+        tau = _kendall([r[1] for r in rows], [r[2] for r in rows])
+        claim = p["claim"]
+        if claim in [r[0] for r in rows]:
+            best = [r[0] for r, rk in zip(rows, ours_rank) if rk == 1]
+            holds = claim in best
+            verdict = (f"{p['paper']} ({_metric_key(p['preset'], p['metric'])}): the paper ranks `{claim}` first; "
+                       f"here {'it is first too' if holds else 'first is ' + ', '.join(f'`{b}`' for b in best)}")
+            verdicts.append(("holds" if holds else "does not hold", verdict, tau))
+        out += ["", f"Kendall tau between our ordering and the paper's over these {len(rows)} methods: {_fmt(tau, 2)}.",
+                ""]
+    if verdicts:
+        out += ["## The papers' claimed orderings, checked", ""]
+        for status, text, tau in verdicts:
+            out.append(f"- **{status}** — {text} (ordering agreement tau {_fmt(tau, 2)}).")
+        out.append("")
+    return "\n".join(out)
+
+
+def _ranks(values, higher: bool) -> list[int]:
+    """1 = best; NaN last."""
+    key = [(-v if higher else v) if v is not None and not math.isnan(v) else math.inf for v in values]
+    order = sorted(range(len(values)), key=lambda i: key[i])
+    ranks = [0] * len(values)
+    for r, i in enumerate(order, 1):
+        ranks[i] = r
+    return ranks
+
+
+def _kendall(a, b) -> float:
+    """Kendall tau-a between two score lists (pairs with a NaN skipped)."""
+    num = den = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            x, y = a[i] - a[j], b[i] - b[j]
+            if any(v is None or math.isnan(v) for v in (a[i], a[j])):
+                continue
+            den += 1
+            num += (x > 0) - (x < 0) if y > 0 else ((x < 0) - (x > 0) if y < 0 else 0)
+    return num / den if den else float("nan")

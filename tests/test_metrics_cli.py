@@ -1,0 +1,162 @@
+"""Metrics in attr-compute: --metrics in a run, ``attr-compute eval STORE``, ``attr-compute report STORE``, the
+metric store layout and API, and the one-line errors (tiny models from conftest)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from compute.cli import main
+from store import open_store
+
+WORDS = "the movie was great but long and boring film good bad not very a plot story loved hated fun dull".split()
+
+
+def write_data(path: Path, n: int = 10, evidence: bool = False) -> list[dict]:
+    rows = []
+    for i in range(n):
+        words = [WORDS[(i * 5 + 3 * k) % len(WORDS)] for k in range(4 + i % 7)]
+        text = " ".join(words)
+        row = {"id": f"e{i}", "text": text, "label": i % 2}
+        if evidence:  # the second word is the evidence
+            a = len(words[0]) + 1
+            row["evidence"] = [[a, a + len(words[1])]]
+        rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
+
+
+def ok(res):
+    assert res.exit_code == 0, (res.exit_code, res.stderr, res.exception)
+    return res
+
+
+def one_line(res, code=1) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == code and len(lines) == 1 and "Traceback" not in res.stderr, (res.exit_code, res.stderr)
+    return lines[0]
+
+
+METRICS = "comprehensiveness,sufficiency,aopc,aopc@attcat,lodds@attcat,aopc@masklrp,lodds@masklrp,aopc@normxlogit," \
+          "accuracy@normxlogit,kendall,spearman"
+METHODS = "raw_attention,rollout,gxi_l2,attcat,norm"
+
+
+@pytest.fixture(scope="module")
+def metric_store(tiny_model_dirs, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("metrics")
+    rows = write_data(tmp / "d.jsonl")
+    out = tmp / "m.h5"
+    ok(invoke("run", tmp / "d.jsonl", "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu",
+              "--methods", METHODS, "--target", "all", "--metrics", METRICS, "-q"))
+    return {"out": out, "rows": rows, "tmp": tmp, "model": tiny_model_dirs["bert"]}
+
+
+def test_run_with_metrics_stores_every_metric(metric_store):
+    with open_store(metric_store["out"]) as s:
+        assert sorted(s.metric_methods) == sorted(METHODS.split(","))
+        for method in METHODS.split(","):
+            vals = s.metrics(method)
+            assert set(vals) == set(METRICS.split(","))
+            summ = s.metric_summaries(method)
+            for name, v in vals.items():
+                assert v.shape == (len(s),)
+                finite = v[np.isfinite(v)]
+                assert finite.size > 0, (method, name)
+                np.testing.assert_allclose(summ[name]["summary"]["mean"], finite.mean(), rtol=1e-5)
+            # the paper variants are recorded with their exact settings
+            assert summ["aopc@attcat"]["settings"]["preset"] == "attcat"
+            assert summ["aopc@attcat"]["settings"]["perturbation"] == "delete"
+            assert summ["lodds@masklrp"]["settings"]["perturbation"] == "pad"
+            assert summ["aopc@normxlogit"]["settings"]["perturbation"] == "mask"
+            assert summ["spearman"]["settings"]["saliency"] == "gxi_l2"
+            info = s.metric_info(method, "comprehensiveness")
+            assert info["curves"].shape == (len(s), 6) and info["levels"][:, 0].tolist() == [0] * len(s)
+        # a method correlated with itself: spearman 1; a class-independent method: kendall 1
+        np.testing.assert_allclose(s.metrics("gxi_l2")["spearman"], 1.0, atol=1e-6)
+        np.testing.assert_allclose(s.metrics("raw_attention")["kendall"], 1.0, atol=1e-6)
+
+
+def test_eval_adds_metrics_to_an_existing_store(metric_store, tmp_path):
+    out = tmp_path / "plain.h5"
+    ok(invoke("run", metric_store["tmp"] / "d.jsonl", "--model", metric_store["model"], "-o", out, "--device", "cpu",
+              "--methods", "rollout,norm", "-q"))
+    with open_store(out) as s:
+        assert s.metric_methods == []
+    ok(invoke("eval", out, "--metrics", "comprehensiveness,aopc@masklrp", "--device", "cpu", "-q"))
+    with open_store(out) as s, open_store(metric_store["out"]) as ref:
+        assert sorted(s.metric_methods) == ["norm", "rollout"]
+        for m in ("rollout", "norm"):
+            for k in ("comprehensiveness", "aopc@masklrp"):
+                np.testing.assert_allclose(s.metrics(m)[k], ref.metrics(m)[k], rtol=1e-5, atol=1e-6)
+    # again with another variant under the same name: replaced, not duplicated
+    ok(invoke("eval", out, "--metrics", "comprehensiveness", "--device", "cpu", "--methods", "rollout", "-q",
+              "--model", metric_store["model"]))
+    with open_store(out) as s:
+        assert sorted(s.metrics("rollout")) == ["aopc@masklrp", "comprehensiveness"]
+
+
+def test_report_markdown_and_csv(metric_store, tmp_path):
+    res = ok(invoke("report", metric_store["out"]))
+    text = res.stdout
+    assert "| method |" in text and "`attcat`" in text
+    assert "AttCAT (Qiang et al. 2022)" in text and "our rank" in text
+    assert "claimed orderings, checked" in text
+    res = ok(invoke("report", metric_store["out"], "--format", "csv", "-o", tmp_path / "r.csv"))
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "r.csv").read_text())))
+    assert {r["method"] for r in rows} == set(METHODS.split(","))
+    attcat_aopc = [r for r in rows if r["method"] == "attcat" and r["metric"] == "aopc@attcat"]
+    assert attcat_aopc and float(attcat_aopc[0]["paper_value"]) == pytest.approx(0.371)
+
+
+def test_evidence_metrics(tiny_model_dirs, tmp_path):
+    write_data(tmp_path / "ev.jsonl", evidence=True)
+    out = tmp_path / "ev.h5"
+    ok(invoke("run", tmp_path / "ev.jsonl", "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu",
+              "--methods", "rollout,norm", "--evidence-column", "evidence", "-q",
+              "--metrics", "precision_at_k,dot_product,average_precision", "--precision-k", "2"))
+    with open_store(out) as s:
+        for ex in s:
+            assert ex.evidence.sum() == 1 and ex.evidence[2]  # [CLS] w0 w1: the second word is token 2
+        ap = s.metrics("norm")["average_precision"]
+        assert np.all((ap > 0) & (ap <= 1))
+
+
+def test_errors_are_one_line(metric_store, tmp_path):
+    out = metric_store["out"]
+    assert "unknown metric" in one_line(invoke("eval", out, "--metrics", "nope"), 2)
+    assert "not found" in one_line(invoke("eval", tmp_path / "missing.h5", "--metrics", "aopc"))
+    plain = tmp_path / "p.h5"
+    ok(invoke("run", metric_store["tmp"] / "d.jsonl", "--model", metric_store["model"], "-o", plain, "--device",
+              "cpu", "--methods", "attcat,norm", "-q"))
+    assert "--target all" in one_line(invoke("eval", plain, "--metrics", "kendall", "--device", "cpu"))
+    assert "saliency" in one_line(invoke("eval", plain, "--metrics", "spearman", "--device", "cpu"))
+    assert "--other" in one_line(invoke("eval", plain, "--metrics", "jaccard_25", "--device", "cpu"), 2)
+    assert "no preset" in one_line(invoke("eval", plain, "--metrics", "aopc@alti", "--device", "cpu"), 2)
+    assert "no metrics" in one_line(invoke("report", plain))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "a film", "label": 1, "evidence": "[[0, 99]]"}) + "\n")
+    assert "evidence" in one_line(invoke("run", bad, "--model", metric_store["model"], "-o", tmp_path / "b.h5",
+                                         "--evidence-column", "evidence"))
+
+
+def test_jaccard_between_two_stores(metric_store, tmp_path):
+    other = tmp_path / "o.h5"
+    ok(invoke("run", metric_store["tmp"] / "d.jsonl", "--model", metric_store["model"], "-o", other, "--device",
+              "cpu", "--methods", "rollout", "-q"))
+    ok(invoke("eval", other, "--metrics", "jaccard_25,seed_spearman", "--other", metric_store["out"], "--device",
+              "cpu", "-q"))
+    with open_store(other) as s:
+        m = s.metrics("rollout")
+        np.testing.assert_allclose(m["jaccard_25"], 1.0)  # the same model: identical rankings
+        np.testing.assert_allclose(m["seed_spearman"], 1.0)
