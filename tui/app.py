@@ -23,16 +23,19 @@ from textual.worker import get_current_worker
 from store import Store, open_store
 
 from .colors import MODES, Mode, default_k, detect_mode, normalize, top_k
-from .commands import BrowseCommands, HeadsCommands
-from .data import LRU, LoadedExample, StoreMeta, read_example, read_meta
+from .commands import BrowseCommands, HeadsCommands, MetricsCommands
+from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .heads import HeadsScreen
 from .help import HelpScreen
+from .metrics import MetricsScreen
+from .metricsview import MetricLine
 from .render import TokenLayout, printable, token_cells
 from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel, TokenView
 
 POLL_SECONDS = 2.0
 STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
 CACHE_SIZE = 64
+COMPACT_FOOTER_BELOW = 90  # columns: below this the browse footer drops its spacing so that every key fits
 _LAYERS = Binding.Group("layer")
 
 
@@ -47,6 +50,14 @@ class IdsLoaded(Message):
     def __init__(self, ids: list[str]):
         super().__init__()
         self.ids = ids
+
+
+class MetricValuesLoaded(Message):
+    """The store's per-example metric values (for the method bar); no curves."""
+
+    def __init__(self, data: MetricsData):
+        super().__init__()
+        self.data = data
 
 
 class ExampleLoaded(Message):
@@ -71,12 +82,13 @@ class ReadFailed(Message):
 
 class AttrApp(App[int]):
     TITLE = "attr-tui"
-    COMMANDS = App.COMMANDS | {BrowseCommands, HeadsCommands}
+    COMMANDS = App.COMMANDS | {BrowseCommands, HeadsCommands, MetricsCommands}
 
     CSS = """
     #body { height: 1fr; }
     #examples { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
     #main { width: 1fr; padding: 0 0 0 1; }
+    Footer.-compact FooterLabel { margin: 0 1 0 0; }
     """
 
     BINDINGS = [
@@ -86,6 +98,7 @@ class AttrApp(App[int]):
         Binding("M", "prev_method", "previous method", id="method.previous", show=False),
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
         Binding("h", "heads", "heads", id="heads"),
+        Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
         Binding("q", "quit", "quit", id="quit"),
         # Examples move with j/k wherever the focus is (the list itself binds them too, with arrows and pages).
@@ -107,6 +120,7 @@ class AttrApp(App[int]):
         self.method_index = 0
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
+        self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
         self._last_growth = time.monotonic()
         self._last_error: tuple[str, float] = ("", 0.0)
@@ -125,10 +139,19 @@ class AttrApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._fit_footer()
         self.sub_title = "loading…"
         self.query_one(InfoPanel).show_message("reading the store…")
         self.query_one(ExampleList).focus()
         self._read_header()
+
+    def on_resize(self, event) -> None:
+        self._fit_footer()
+
+    def _fit_footer(self) -> None:
+        """The browse footer, compact on narrow terminals (at 80 columns its keys do not fit otherwise)."""
+        for footer in self.screen_stack[0].query(Footer) if self.screen_stack else ():
+            footer.compact = self.size.width < COMPACT_FOOTER_BELOW
 
     def on_unmount(self) -> None:
         if self.owns_store:
@@ -170,6 +193,15 @@ class AttrApp(App[int]):
             self.post_message(IdsLoaded(ids))
         except Exception as err:  # a damaged store: say so, keep the UI alive
             self.post_message(ReadFailed("the store header", str(err)))
+            return
+        try:
+            with self.store_lock:
+                metrics, _ = read_metrics(self.store, curves=False)
+        except Exception as err:  # the examples stay browsable without them
+            self.post_message(ReadFailed("the metrics", str(err)))
+            return
+        if metrics.names:
+            self.post_message(MetricValuesLoaded(metrics))
 
     def _load(self, index: int) -> None:
         methods = tuple(m.name for m in self.meta.methods)
@@ -232,6 +264,10 @@ class AttrApp(App[int]):
             self._poll_timer.stop()
             self._poll_timer = None
 
+    def on_metric_values_loaded(self, message: MetricValuesLoaded) -> None:
+        self.metrics = message.data
+        self._render_current()
+
     def on_example_loaded(self, message: ExampleLoaded) -> None:
         self.cache.put(message.example.index, message.example)
         if message.example.index == self.current:
@@ -248,6 +284,8 @@ class AttrApp(App[int]):
     def on_example_list_highlighted(self, message: ExampleList.Highlighted) -> None:
         self.current = message.index
         self.query_one(TokenView).scroll_home(animate=False)
+        if isinstance(self.screen, MetricsScreen):  # its line of the current example's values follows
+            self.screen.show_example_values()
         if self.meta is None:
             return
         if message.index in self.cache:
@@ -274,8 +312,9 @@ class AttrApp(App[int]):
         self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.row_count,
                                                monochrome=self.color_mode == "mono")
         self.query_one(TextPanel).show_example(ex)
+        metrics = MetricLine(self.metrics.of(info.name), ex.index, info.name) if self.metrics.names else None
         self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer,
-                                       ex.values.get(info.name))
+                                       ex.values.get(info.name), metrics)
         self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k)
         cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top)
         self.query_one(TokenView).show_tokens(TokenLayout(cells))
@@ -343,6 +382,11 @@ class AttrApp(App[int]):
         """The heads screen: the store's head masks (it reads them itself, on a worker)."""
         if not isinstance(self.screen, HeadsScreen):
             self.push_screen(HeadsScreen(self.color_mode))
+
+    def action_metrics(self) -> None:
+        """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""
+        if not isinstance(self.screen, MetricsScreen):
+            self.push_screen(MetricsScreen(self.color_mode))
 
 
 def create_app(path_or_store: str | os.PathLike | Store, *, color_mode: str | None = None,

@@ -1,5 +1,5 @@
 """Command palette (ctrl+p): only commands that make sense for the current screen and state (method, layers,
-examples on the browse screen; masks on the heads screen)."""
+examples on the browse screen; masks on the heads screen; sort column, order and method on the metrics screen)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from textual.content import Content
 from textual.markup import escape
 
 from .heads import HeadsScreen
+from .metrics import MetricsScreen
+from .metricsview import SORT_MARKS, arrow, higher_is_better, short_name
 from .render import printable
 
 _MAX_ID_HITS = 20
@@ -21,7 +23,7 @@ class BrowseCommands(Provider):
     def _commands(self) -> list[tuple[str, object, str]]:
         app = self.app
         meta = app.meta
-        if meta is None or isinstance(self.screen, HeadsScreen):
+        if meta is None or isinstance(self.screen, (HeadsScreen, MetricsScreen)):
             return []
         out = []
         for i, m in enumerate(meta.methods):
@@ -52,7 +54,7 @@ class BrowseCommands(Provider):
             score = matcher.match(text)
             if score > 0:
                 yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
-        if isinstance(self.screen, HeadsScreen):
+        if isinstance(self.screen, (HeadsScreen, MetricsScreen)):
             return
         ids = self.app.example_list.ids
         q = query.strip()
@@ -84,10 +86,56 @@ class HeadsCommands(Provider):
             out.append(("heads: close", screen.action_close, "back to the examples"))
             return out
         meta = self.app.meta
-        if meta is None:
+        if meta is None or isinstance(screen, MetricsScreen):
             return []
         names = ", ".join(printable(n) for n in meta.head_masks) or "none in this store"
         return [("heads: head masks", self.app.action_heads, f"layers × heads grid of the head masks ({names})")]
+
+    async def discover(self) -> Hits:
+        for text, command, help_text in self._commands():
+            yield DiscoveryHit(Content(text), command, text=text, help=escape(help_text))
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for text, command, help_text in self._commands():
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
+
+
+class MetricsCommands(Provider):
+    """Open the metrics screen; on it, sort by another metric, flip the order, go to a method, or close it."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        screen = self.screen
+        if isinstance(screen, HeadsScreen):
+            return []
+        if isinstance(screen, MetricsScreen):
+            out = []
+            data = screen.data
+            if screen.has_metrics:
+                for i, name in enumerate(data.names):
+                    if i != screen.sort:
+                        best = "high → low" if higher_is_better(data, name) else "low → high"
+                        out.append((f"sort: {printable(name)}", partial(screen.set_sort, i),
+                                    f"{short_name(name)} {arrow(higher_is_better(data, name))}, {best} (best first)"))
+                other = not screen.descending
+                how = f"{SORT_MARKS[other]} {'high → low' if other else 'low → high'} by {short_name(screen.sort_name)}"
+                out.append((f"order: {'descending' if other else 'ascending'}", screen.action_toggle_order, how))
+                for m in data.methods:
+                    if m != screen.cursor:
+                        n = len(data.of(m))
+                        out.append((f"method: {printable(m)}", partial(screen.set_cursor, m),
+                                    f"its {n} metric{'s' if n != 1 else ''} in the panel"))
+            out.append(("metrics: close", screen.action_close, "back to the examples"))
+            return out
+        app = self.app
+        if app.meta is None:
+            return []
+        found = app.metrics.methods
+        what = (f"{len(found)} method{'s' if len(found) != 1 else ''} × {len(app.metrics.names)} metrics" if found
+                else "none in this store")
+        return [("metrics: faithfulness metrics", app.action_metrics, f"methods × metrics table, sortable ({what})")]
 
     async def discover(self) -> Hits:
         for text, command, help_text in self._commands():

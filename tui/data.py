@@ -5,6 +5,7 @@ Every function here touches HDF5 and must run on a worker thread, under the app'
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -113,6 +114,151 @@ def read_head_masks(store: Store) -> tuple[tuple[HeadMaskInfo, ...], list[str]]:
         attrs = dict(getattr(hm, "attrs", None) or {})
         masks.append(HeadMaskInfo(str(name), mask.astype(np.int64), attrs, stats))
     return tuple(masks), problems
+
+
+#: Metrics come in this order (by base name, the name before "@preset"), others after them alphabetically: the
+#: ERASER pair first, then the perturbation curves, then agreement and evidence metrics.
+METRIC_ORDER = ("comprehensiveness", "sufficiency", "aopc", "lodds", "accuracy", "kendall", "spearman",
+                "precision_at_k", "dot_product", "average_precision", "jaccard_25", "seed_spearman")
+
+
+def metric_sort_key(name: str) -> tuple:
+    """Column order of a metric name: known metrics in :data:`METRIC_ORDER`, each without preset before its presets."""
+    base, _, preset = name.partition("@")
+    known = METRIC_ORDER.index(base) if base in METRIC_ORDER else len(METRIC_ORDER)
+    return known, base, preset
+
+
+@dataclass(frozen=True, eq=False)
+class MetricInfo:
+    """One faithfulness metric of one method: per-example values (row i = example i of the store; NaN where the
+    metric is undefined), its dataset summary and settings, and (read for the metrics screen only) the mean curve
+    over the examples with the mean level of each point."""
+
+    method: str
+    name: str  # as stored: may carry a preset suffix ("aopc@attcat")
+    values: np.ndarray  # [N] float64
+    summary: dict
+    settings: dict
+    higher_is_better: bool
+    description: str = ""
+    curve: np.ndarray | None = None  # [K] mean over examples of the per-level curves (NaN: no example has it)
+    curve_levels: np.ndarray | None = None  # [K] mean level (perturbed tokens) of each curve point
+
+    @property
+    def base(self) -> str:
+        return self.name.partition("@")[0]
+
+    @property
+    def preset(self) -> str | None:
+        return self.name.partition("@")[2] or None
+
+    def _stat(self, key: str) -> float | None:
+        v = self.summary.get(key) if isinstance(self.summary, dict) else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        return float(v) if math.isfinite(float(v)) else None
+
+    @property
+    def mean(self) -> float | None:
+        """Mean over the examples: the stored summary's, else computed from the finite values (None: no value)."""
+        v = self._stat("mean")
+        if v is None:
+            finite = self.values[np.isfinite(self.values)]
+            v = float(finite.mean()) if finite.size else None
+        return v
+
+    @property
+    def std(self) -> float | None:
+        v = self._stat("std")
+        if v is None:
+            finite = self.values[np.isfinite(self.values)]
+            v = float(finite.std()) if finite.size else None
+        return v
+
+    @property
+    def n(self) -> int:
+        v = self._stat("n")
+        return int(v) if v is not None else int(np.isfinite(self.values).sum())
+
+    def value(self, index: int | None) -> float | None:
+        """The metric of example ``index`` (None: no such row, or undefined for that example)."""
+        if index is None or not 0 <= index < len(self.values):
+            return None
+        v = float(self.values[index])
+        return v if math.isfinite(v) else None
+
+
+@dataclass(frozen=True, eq=False)
+class MetricsData:
+    """Every metric of every method: ``methods`` (rows, store order) and ``names`` (columns, :func:`metric_sort_key`
+    order, the union over the methods); ``table[method][name]``."""
+
+    methods: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    table: dict[str, dict[str, MetricInfo]] = field(default_factory=dict)
+
+    def get(self, method: str | None, name: str) -> MetricInfo | None:
+        return self.table.get(method, {}).get(name) if method is not None else None
+
+    def of(self, method: str | None) -> list[MetricInfo]:
+        """The metrics of one method, in column order ([] when it has none)."""
+        row = self.table.get(method, {}) if method is not None else {}
+        return [row[n] for n in self.names if n in row]
+
+
+def _mean_curve(curves, levels, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Mean over the examples of [N, K] curves (NaN-padded) and of their levels (-1 padded)."""
+    if curves is None:
+        return None, None
+    c = np.asarray(curves, dtype=np.float64)
+    if c.ndim != 2 or c.shape[0] != n or not c.shape[1]:
+        return None, None
+    finite = np.isfinite(c)
+    count = finite.sum(axis=0)
+    curve = np.where(count > 0, np.where(finite, c, 0.0).sum(axis=0) / np.maximum(count, 1), np.nan)
+    lv = None
+    if levels is not None:
+        lv_all = np.asarray(levels, dtype=np.float64)
+        if lv_all.shape == c.shape:
+            ok = lv_all >= 0
+            k = ok.sum(axis=0)
+            lv = np.where(k > 0, np.where(ok, lv_all, 0.0).sum(axis=0) / np.maximum(k, 1), np.nan)
+    return curve, lv
+
+
+def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, list[str]]:
+    """Every method's metrics, and a note for every metric that could not be used. ``curves``: also read the
+    per-level curves (the metrics screen) and descriptions; the browse screen only needs values and summaries."""
+    found = list(getattr(store, "metric_methods", None) or [])
+    if not found:
+        return MetricsData(), []
+    order = {m: i for i, m in enumerate(getattr(store, "methods", None) or [])}
+    found.sort(key=lambda m: (order.get(m, len(order)), m))
+    table: dict[str, dict[str, MetricInfo]] = {}
+    problems: list[str] = []
+    for method in found:
+        values = store.metrics(method)
+        summaries = {} if curves else store.metric_summaries(method)
+        row = {}
+        for name, v in values.items():
+            arr = np.asarray(v, dtype=np.float64)
+            if arr.ndim != 1:
+                problems.append(f"metric '{name}' of '{method}' has shape {tuple(arr.shape)}, not [examples]")
+                continue
+            if curves:
+                info = store.metric_info(method, name)
+                curve, lv = _mean_curve(info.get("curves"), info.get("levels"), len(arr))
+                desc = str(info.get("description") or "")
+            else:
+                info, curve, lv, desc = summaries.get(name, {}), None, None, ""
+            row[str(name)] = MetricInfo(str(method), str(name), arr, dict(info.get("summary") or {}),
+                                        dict(info.get("settings") or {}), bool(info.get("higher_is_better", True)),
+                                        desc, curve, lv)
+        if row:
+            table[str(method)] = row
+    names = sorted({n for row in table.values() for n in row}, key=metric_sort_key)
+    return MetricsData(tuple(table), tuple(names), table), problems
 
 
 def read_meta(store: Store) -> StoreMeta:

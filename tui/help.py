@@ -19,8 +19,8 @@ KEYS = (
     ("]  [", "next / previous layer", "Home End", "first / last example"),
     ("m  M", "next / previous method", "g", "glyphs on / off"),
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
-    ("h", "head masks (m mask, arrows)", "h  esc", "back from head masks"),
-    ("ctrl+p", "command palette", "q", "quit"),
+    ("h", "head masks (m mask, arrows)", "f", "metrics (←→ s: sort)"),
+    ("ctrl+p", "command palette", "q  esc", "quit; close h / f"),
 )
 
 _H = Style(bold=True, underline=True)

@@ -1,7 +1,9 @@
-"""Widgets of the browse screen and of the heads screen (HeadGrid)."""
+"""Widgets of the browse screen, of the heads screen (HeadGrid) and of the metrics screen (MetricTable)."""
 
 from .example_list import ExampleList
 from .example_view import ColorBarView, InfoPanel, MethodBar, TextPanel, TokenView
 from .heads import HeadGrid
+from .metrics import MetricTable
 
-__all__ = ["ExampleList", "InfoPanel", "MethodBar", "ColorBarView", "TextPanel", "TokenView", "HeadGrid"]
+__all__ = ["ExampleList", "InfoPanel", "MethodBar", "ColorBarView", "TextPanel", "TokenView", "HeadGrid",
+           "MetricTable"]

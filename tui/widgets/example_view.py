@@ -5,7 +5,7 @@ These widgets only format what the app hands them (a LoadedExample and view sett
 
 from __future__ import annotations
 
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.style import Style
 from rich.text import Text
 from textual.containers import VerticalScroll
@@ -99,12 +99,13 @@ class _LayerLadder:
 
 
 class MethodBar(Static):
-    """Line 1: the method, its position among the methods, signed or not. Line 2: the layer ladder."""
+    """Line 1: the method, its position among the methods, signed or not. Line 2 (only in stores with metrics): the
+    current example's faithfulness metrics for this method. Last line: the layer ladder."""
 
-    DEFAULT_CSS = "MethodBar { height: 2; }"
+    DEFAULT_CSS = "MethodBar { height: auto; min-height: 2; }"
 
     def show(self, info: MethodInfo, position: int, total: int, layer: int | None,
-             values: dict[str, float] | None = None) -> None:
+             values: dict[str, float] | None = None, metrics: RenderableType | None = None) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append("method ", _DIM)
         t.append(info.name, Style(bold=True, underline=True))
@@ -115,7 +116,8 @@ class MethodBar(Static):
             t.append(f"{value:+.2e}")
         if info.description:
             t.append(f"  {info.description}", _DIM)
-        self.update(Group(t, _LayerLadder(info, layer)))
+        lines = [t] if metrics is None else [t, metrics]
+        self.update(Group(*lines, _LayerLadder(info, layer)))
 
 
 class ColorBarView(Static):
