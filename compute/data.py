@@ -102,7 +102,6 @@ def load_dataset(
         raise AttrscopeError(f"dataset '{spec}' has no rows: add at least one example")
 
     cols = _resolve_columns(table.columns, spec, text_column, pair_column, label_column, id_column)
-    cols["evidence"] = None
     if evidence_column is not None:
         cols["evidence"] = _find_column(table.columns, evidence_column)
         if cols["evidence"] is None:
