@@ -17,7 +17,25 @@ from .render import printable
 _MAX_ID_HITS = 20
 
 
-class BrowseCommands(Provider):
+class _ListedCommands(Provider):
+    """A provider whose commands are a list of (text, callable, help) built for the current state."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        raise NotImplementedError
+
+    async def discover(self) -> Hits:
+        for text, command, help_text in self._commands():
+            yield DiscoveryHit(Content(text), command, text=text, help=escape(help_text))
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for text, command, help_text in self._commands():
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
+
+
+class BrowseCommands(_ListedCommands):
     """Switch method, jump to a layer or the final view, go to an example by id, toggle glyphs."""
 
     def _commands(self) -> list[tuple[str, object, str]]:
@@ -44,16 +62,9 @@ class BrowseCommands(Provider):
                         "sign marks and the ' ░▒▓█' ramp before every token"))
         return out
 
-    async def discover(self) -> Hits:
-        for text, command, help_text in self._commands():
-            yield DiscoveryHit(Content(text), command, text=text, help=escape(help_text))
-
     async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for text, command, help_text in self._commands():
-            score = matcher.match(text)
-            if score > 0:
-                yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
+        async for hit in super().search(query):
+            yield hit
         if isinstance(self.screen, (HeadsScreen, MetricsScreen)):
             return
         ids = self.app.example_list.ids
@@ -71,7 +82,7 @@ class BrowseCommands(Provider):
                     return
 
 
-class HeadsCommands(Provider):
+class HeadsCommands(_ListedCommands):
     """Open the heads screen; on it, switch to another mask or close it."""
 
     def _commands(self) -> list[tuple[str, object, str]]:
@@ -91,19 +102,8 @@ class HeadsCommands(Provider):
         names = ", ".join(printable(n) for n in meta.head_masks) or "none in this store"
         return [("heads: head masks", self.app.action_heads, f"layers × heads grid of the head masks ({names})")]
 
-    async def discover(self) -> Hits:
-        for text, command, help_text in self._commands():
-            yield DiscoveryHit(Content(text), command, text=text, help=escape(help_text))
 
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for text, command, help_text in self._commands():
-            score = matcher.match(text)
-            if score > 0:
-                yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
-
-
-class MetricsCommands(Provider):
+class MetricsCommands(_ListedCommands):
     """Open the metrics screen; on it, sort by another metric, flip the order, go to a method, or close it."""
 
     def _commands(self) -> list[tuple[str, object, str]]:
@@ -136,14 +136,3 @@ class MetricsCommands(Provider):
         what = (f"{len(found)} method{'s' if len(found) != 1 else ''} × {len(app.metrics.names)} metrics" if found
                 else "none in this store")
         return [("metrics: faithfulness metrics", app.action_metrics, f"methods × metrics table, sortable ({what})")]
-
-    async def discover(self) -> Hits:
-        for text, command, help_text in self._commands():
-            yield DiscoveryHit(Content(text), command, text=text, help=escape(help_text))
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for text, command, help_text in self._commands():
-            score = matcher.match(text)
-            if score > 0:
-                yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
