@@ -106,6 +106,14 @@ def _find(summaries: dict, metric: str, preset: str | None) -> str | None:
     return None
 
 
+def _metric_order(name: str):
+    from .metrics import REGISTRY
+
+    base, _, preset = name.partition("@")
+    names = list(REGISTRY)
+    return (names.index(base) if base in names else len(names), preset)
+
+
 def _fmt(x, digits=3) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
@@ -118,8 +126,9 @@ def make_report(path: str, fmt: str = "markdown") -> str:
     with s:
         if not s.metric_methods:
             raise AttrscopeError(f"store '{path}' has no metrics: add them with attr-compute eval {path} --metrics ...")
-        summ = {m: s.metric_summaries(m) for m in s.metric_methods}
-        metrics = list(dict.fromkeys(k for m in summ.values() for k in m))
+        # the store's method order (canonical), metrics in the registry's order, then by preset
+        summ = {m: s.metric_summaries(m) for m in s.methods if m in s.metric_methods}
+        metrics = sorted(dict.fromkeys(k for m in summ.values() for k in m), key=_metric_order)
         info = {"store": path, "model": s.model_info.get("model_id"), "dataset": s.model_info.get("dataset"),
                 "examples": len(s), "command": " ".join(s.config.get("command", []))}
     if fmt == "csv":
