@@ -17,9 +17,9 @@ from store.errors import StoreError
 from .data import Record
 from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks
+from .methods.gradients import kept_keys
 from .parses import load_parses
-
-MASK_NAMES = ("positional", "syntactic", "mask_lrp")
+from .runner import _pad
 
 
 @dataclass
@@ -57,33 +57,21 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
     stats = HeadStatistics(adapter.n_layers, adapter.n_heads)
     order = sorted(range(len(records)), key=lambda i: -len(enc["input_ids"][i]))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    keep_types = "token_type_ids" in adapter.forward_inputs({"token_type_ids": None})
     t1 = time.perf_counter()
     for b0 in range(0, len(order), opt.batch_size):
         rows = order[b0:b0 + opt.batch_size]
         ids = [enc["input_ids"][i] for i in rows]
-        n = max(len(x) for x in ids)
-        batch = {"input_ids": torch.full((len(rows), n), pad_id, dtype=torch.long),
-                 "attention_mask": torch.zeros((len(rows), n), dtype=torch.long)}
-        if keep_types:
-            batch["token_type_ids"] = torch.zeros((len(rows), n), dtype=torch.long)
+        batch = {"input_ids": _pad(ids, pad_id, device), "attention_mask": _pad([[1] * len(x) for x in ids], 0, device),
+                 "token_type_ids": _pad([enc["token_type_ids"][i] for i in rows], 0, device)}
         aligned = []
-        for r, i in enumerate(rows):
-            m = len(ids[r])
-            batch["input_ids"][r, :m] = torch.as_tensor(ids[r])
-            batch["attention_mask"][r, :m] = 1
-            if keep_types:
-                batch["token_type_ids"][r, :m] = torch.as_tensor(enc["token_type_ids"][i])
+        for i in rows:
             seg = np.array([-1 if s is None else s for s in enc.sequence_ids(i)])
             spans = np.asarray(enc["offset_mapping"][i], dtype=np.int64)
             spans[seg < 0] = -1
             aligned.append(align_dependencies(parses.by_example[i], spans, seg))
-        batch = {k: v.to(device) for k, v in batch.items()}
         real = batch["attention_mask"].bool()
-        if opt.mask_sep:
-            keep = real & ~adapter.sep_mask(batch["input_ids"], real)
-            keep = torch.where(keep.any(-1, keepdim=True), keep, real)
-            batch["attention_mask"] = keep.long()
+        if opt.mask_sep:  # as the explanation pass of the LRP methods (Explained.mask_sep)
+            batch["attention_mask"] = kept_keys(real, adapter.sep_mask(batch["input_ids"], real)).long()
         with torch.no_grad():
             cap = adapter.capture(batch, frozenset({"attentions"}))
         stats.update(argmax_keys(cap.attentions), real, aligned)

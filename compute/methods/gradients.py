@@ -46,15 +46,20 @@ def spec_from(params: dict) -> Explained:
                      dtype=params.get("dtype", "model"))
 
 
+def kept_keys(mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """[B, n] attention mask of the real tokens with ``drop`` masked as keys. A row that would keep none (a sequence
+    of special tokens only, [CLS] [SEP]) keeps them all: with every key masked the softmax would spread over the pad
+    positions too, and the result would depend on the batch."""
+    keep = mask & ~drop
+    return torch.where(keep.any(-1, keepdim=True), keep, mask)
+
+
 def model_inputs(cap: Captured, spec: Explained, repeat: int = 1) -> dict:
     """The batch's forward inputs, with specials masked as keys if asked, each example repeated ``repeat`` times
     (consecutive rows)."""
     inputs = dict(cap.inputs)
     if spec.mask_specials or spec.mask_sep:
-        keep = cap.mask & ~(cap.special if spec.mask_specials else cap.sep)
-        # a sequence of special tokens only ([CLS] [SEP]) keeps them: with every key masked, the softmax would
-        # spread over the pad positions too, and the result would depend on the batch
-        keep = torch.where(keep.any(-1, keepdim=True), keep, cap.mask)
+        keep = kept_keys(cap.mask, cap.special if spec.mask_specials else cap.sep)
         inputs["attention_mask"] = keep.to(cap.inputs["attention_mask"].dtype)
     if repeat > 1:
         inputs = {k: v.repeat_interleave(repeat, dim=0) for k, v in inputs.items()}

@@ -12,17 +12,15 @@ from __future__ import annotations
 import torch
 
 from ..errors import AttrscopeError
-from .aggregate import valid_block
-from .base import MethodResult
-from .relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
+from .transatt import TransAtt
 
 
-class MaskLRP(RelevanceMethod):
+class MaskLRP(TransAtt):
+    """TransAtt's read-out (gradient x attention relevance, ROLL) of a propagation that runs through the mask."""
+
     name = "mask_lrp"
     description = "TransAtt with relevance propagated through the positional and syntactic heads only"
     reference = "Song et al. (2024); METHODS.md 6.2-6.3, 14.14"
-    has_layer_views = True
-    has_matrices = True
 
     def head_mask(self, cap):
         mask = self.params.get("head_mask")
@@ -43,9 +41,3 @@ class MaskLRP(RelevanceMethod):
     def options(self):
         return {"rollout_uses_masked": bool(self.params.get("rollout_uses_masked", False)),
                 "renormalise": bool(self.params.get("renormalise", False))}
-
-    def from_relevance(self, rel, gp, target, cap):
-        grads = gp.grads(target)["attentions"]
-        maps = [valid_block(positive_head_mean(G.to(R.dtype) * R), cap.mask) for G, R in zip(grads, rel.attention)]
-        views = gradient_weighted_rollout(maps, cap.mask, cap.explain_pos)
-        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=torch.stack(maps, dim=1))

@@ -157,8 +157,8 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
     (x1, y1), (x2, y2) = [(wide(i.detach()), wide(o.detach())) for i, o in rec.head]
     lin1, lin2 = adapter.lrp_head()
     R = torch.nn.functional.one_hot(target, y2.shape[-1]).to(y2.dtype)
-    R = linear_relprop(R, x2, wide(lin2.weight), y2 - _bias(lin2, y2))
-    R = linear_relprop(R, x1, wide(lin1.weight), y1 - _bias(lin1, y1))
+    R = linear_relprop(R, x2, wide(lin2.weight), _unbiased(lin2, y2))
+    R = linear_relprop(R, x1, wide(lin1.weight), _unbiased(lin1, y1))
     last = wide(gp.hidden_states[-1].detach())
     b = torch.arange(last.shape[0], device=last.device)
     R_out = torch.zeros_like(last)
@@ -177,13 +177,13 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
 
         # output sublayer: LN2 (identity) <- add(FFN out, y) ; FFN: f2 <- activation (identity) <- f1
         R_f, R_y_res = add_relprop(R_out, y2f, y)
-        R_h = linear_relprop(R_f, h, wide(lin["f2"].weight), y2f - _bias(lin["f2"], y2f))
-        R_y_ffn = linear_relprop(R_h, y, wide(lin["f1"].weight), y1f - _bias(lin["f1"], y1f))
+        R_h = linear_relprop(R_f, h, wide(lin["f2"].weight), _unbiased(lin["f2"], y2f))
+        R_y_ffn = linear_relprop(R_h, y, wide(lin["f1"].weight), _unbiased(lin["f1"], y1f))
         R_y = clone_relprop(y, R_y_ffn, R_y_res)
 
         # attention sublayer: LN1 (identity) <- add(attention out, x) ; o <- A.V <- (softmax identity) Q.K^T
         R_o, R_x_res = add_relprop(R_y, yo, x)
-        R_ctx = _heads(linear_relprop(R_o, ctx, wide(lin["o"].weight), yo - _bias(lin["o"], yo)), H)
+        R_ctx = _heads(linear_relprop(R_o, ctx, wide(lin["o"].weight), _unbiased(lin["o"], yo)), H)
         V, Q, K = _heads(yv, H), _heads(yq, H), _heads(yk, H)
         S = safe_div(R_ctx, _heads(ctx, H))
         R_A = A * (S @ V.transpose(-1, -2)) / 2
@@ -204,15 +204,16 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
 
         # Q, K, V share the layer input: one fused rule over [W_q; W_k; W_v] sums the three relevances (the clone)
         W_qkv = torch.cat([wide(lin[r].weight) for r in ("q", "k", "v")])
-        Y_qkv = torch.cat([yq - _bias(lin["q"], yq), yk - _bias(lin["k"], yk), yv - _bias(lin["v"], yv)], dim=-1)
+        Y_qkv = torch.cat([_unbiased(lin["q"], yq), _unbiased(lin["k"], yk), _unbiased(lin["v"], yv)], dim=-1)
         R_x_att = linear_relprop(torch.cat([_merge(R_Q), _merge(R_K), _merge(R_V)], dim=-1), x, W_qkv, Y_qkv)
         R_out = clone_relprop(x, R_x_att, R_x_res)
         inputs[li] = R_out.sum(-1)
     return Relevance(input=R_out, inputs=inputs, attention=attention)
 
 
-def _bias(mod, like: torch.Tensor) -> torch.Tensor | float:
-    return wide(mod.bias) if mod.bias is not None else 0.0
+def _unbiased(mod, y: torch.Tensor) -> torch.Tensor:
+    """A Linear's recorded output less its bias: Y = X W^T, what the alpha1-beta0 rule's Z is built from."""
+    return y - wide(mod.bias) if mod.bias is not None else y
 
 
 def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
