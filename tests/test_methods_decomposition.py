@@ -12,7 +12,8 @@ import reference as R
 from compute.adapters import adapter_for
 from compute.methods import get_method
 from compute.methods.aggregate import prod_rows_normalised
-from compute.methods.decomposition import (NEEDS, attention_vectors, decomposed_norms, enc_operands, layer_parts, operands,
+from compute.methods.decomposition import (NEEDS, attention_vectors, decomposed_inner, decomposed_norms,
+                                           decomposed_sq_norms, diagonal_vectors, enc_operands, layer_parts, operands,
                                            resln_operands)
 from compute.methods.w_res import mixing_ratio
 
@@ -74,8 +75,59 @@ def test_gram_trick_equals_materialised_norms(captured):
         for kind in ("n", "res", "resln", "enc"):
             full = torch.linalg.vector_norm(attention_vectors(p, slice(0, n), *operands(p, kind)), dim=-1)
             torch.testing.assert_close(decomposed_norms(p, kind), full, rtol=1e-9, atol=1e-10)
-            # token chunks of one token each (the chunk boundary cannot matter)
+            # token chunks and source blocks of one token each (the block boundaries cannot matter)
             torch.testing.assert_close(decomposed_norms(p, kind, chunk_bytes=1), full, rtol=1e-9, atol=1e-10)
+
+
+@torch.no_grad()
+def test_inner_products_and_squared_norms_without_vectors_equal_the_materialised_ones(captured):
+    """ALTI-l2's shortcut: <y_i, T_ij> and ||T_ij||^2 from products of weights and values equal the ones of the built
+    vectors; diagonal=False leaves every off-diagonal entry as it is; the self vectors are T_ii."""
+    _, _, ad, _, cap = captured
+    gen = torch.Generator().manual_seed(3)
+    for l in range(ad.n_layers):
+        p = layer_parts(cap, ad, l)
+        n = p.A.shape[-1]
+        y = torch.randn(p.x.shape, generator=gen, dtype=p.x.dtype)
+        off = ~torch.eye(n, dtype=torch.bool)
+        for kind in ("n", "res", "resln", "enc"):
+            T = attention_vectors(p, slice(0, n), *operands(p, kind))  # [B, i, j, d]
+            inner = torch.linalg.vecdot(T, y[:, :, None])
+            torch.testing.assert_close(decomposed_inner(p, kind, y), inner, rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(decomposed_inner(p, kind, y, diagonal=False)[:, off], inner[:, off],
+                                       rtol=1e-9, atol=1e-10)
+            sq = torch.linalg.vecdot(T, T)
+            torch.testing.assert_close(decomposed_sq_norms(p, kind), sq, rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(decomposed_sq_norms(p, kind, diagonal=False)[:, off], sq[:, off],
+                                       rtol=1e-9, atol=1e-10)
+            torch.testing.assert_close(diagonal_vectors(p, kind), torch.diagonal(T, dim1=1, dim2=2).transpose(1, 2),
+                                       rtol=1e-9, atol=1e-10)
+
+
+@torch.no_grad()
+def test_gram_factors_cached_across_batches_follow_weight_changes(captured):
+    """W^T W is kept per layer across batches: changing the weights in place (or replacing them) must not reuse it."""
+    model, _, ad, _, cap = captured
+    layer = ad.layers()[0]
+    out, ln1 = ad.out_proj(layer), ad.ln1(layer)
+    saved = out.weight.clone(), ln1.weight
+
+    def check():
+        p = layer_parts(cap, ad, 0)
+        n = p.A.shape[-1]
+        for kind in ("n", "resln"):
+            full = torch.linalg.vector_norm(attention_vectors(p, slice(0, n), *operands(p, kind)), dim=-1)
+            torch.testing.assert_close(decomposed_norms(p, kind), full, rtol=1e-9, atol=1e-10)
+
+    try:
+        check()
+        out.weight.mul_(1.7)
+        check()
+        ln1.weight = torch.nn.Parameter(ln1.weight * 0.5)
+        check()
+    finally:
+        out.weight.copy_(saved[0])
+        ln1.weight = saved[1]
 
 
 @torch.no_grad()

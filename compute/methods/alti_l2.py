@@ -1,24 +1,35 @@
-"""ALTI-l2 (the reference's "ours_l2"; METHODS.md 2.2): ALTI with L2 distances and ||y_i||_2."""
+"""ALTI-l2 (the reference's "ours_l2"; METHODS.md 2.2): ALTI with L2 distances and ||y_i||_2.
+
+Unlike L1, the L2 distance needs no vectors: ||y_i - T_ij||^2 = ||y_i||^2 - 2 <y_i, T_ij> + ||T_ij||^2, with ||T_ij||^2
+from the head Gram matrices (as the norm family) and <y_i, T_ij> from one [n, d] x [d, d] product and per-head
+[n, dh] x [dh, n] products (``decomposed_inner``): O(n d^2 + n^2 d + n^2 H^2), no n^2 x d block at all."""
 
 from __future__ import annotations
 
 import torch
 
 from .alti import Alti
+from .decomposition import LayerParts, decomposed_inner, decomposed_sq_norms, diagonal_vectors
 
 
 class AltiL2(Alti):
     name = "alti_l2"
     description = "ALTI with L2 distances (ALTI-l2)"
     reference = "Ferrando et al. (2022), Table 4-5; METHODS.md 2.2"
-    ord = 2
-    block_copies = 2
 
-    @staticmethod
-    def proximity_(Z: torch.Tensor, ys: torch.Tensor, ys_norm: torch.Tensor) -> torch.Tensor:
-        """sigma_i (||y_i||_2 - ||y_i - T_ij||_2), overwriting Z, in the stable form
-        (||ys||^2 - ||ys - Z||^2) / (||ys|| + ||ys - Z||) = <Z, 2 ys - Z> / (...): no difference of nearly equal norms."""
-        D = ys - Z
-        dist = torch.linalg.vector_norm(D, dim=-1)
-        num = torch.linalg.vecdot(Z, D.add_(ys))
-        return num / (ys_norm + dist).clamp_min(torch.finfo(dist.dtype).tiny)
+    def proximities(self, p: LayerParts, kind: str, y: torch.Tensor) -> torch.Tensor:
+        """||y_i||_2 - ||y_i - T_ij||_2 for every i, j [B, n, n], in the stable form
+        (||y||^2 - ||y - T||^2) / (||y|| + ||y - T||) = (2 <y, T> - ||T||^2) / (...): no difference of nearly equal
+        norms. The diagonal, whose T_ii carries the residual and can come close to y_i (where the distance from
+        expanded squares would lose digits), is computed from the vectors themselves."""
+        # entries i = j are overwritten below: their residual terms are not computed here
+        inner = decomposed_inner(p, kind, y, diagonal=False)
+        sq = decomposed_sq_norms(p, kind, diagonal=False)
+        y_norm = torch.linalg.vector_norm(y, dim=-1)[..., None]
+        num = 2 * inner - sq  # ||y||^2 - ||y - T||^2
+        dist = (y_norm.square() - num).clamp_min_(0).sqrt_()
+        own = diagonal_vectors(p, kind)  # T_ii [B, n, d]
+        D = y - own
+        num.diagonal(dim1=1, dim2=2).copy_(torch.linalg.vecdot(own, D + y))
+        dist.diagonal(dim1=1, dim2=2).copy_(torch.linalg.vector_norm(D, dim=-1))
+        return num / (y_norm + dist).clamp_min_(torch.finfo(dist.dtype).tiny)

@@ -14,6 +14,7 @@ Norms of these vectors use Gram matrices over heads (``decomposed_norms``): no h
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +26,10 @@ def center(v: torch.Tensor) -> torch.Tensor:
     return v - v.mean(dim=-1, keepdim=True)
 
 
-def ln_sigma(s: torch.Tensor, eps: float, eps_quirk: bool = False) -> torch.Tensor:
-    """sigma(s) = sqrt(mean((s - mean s)^2) + eps). With ``eps_quirk`` (ALTI's reference code) eps is dropped."""
-    var = center(s).pow(2).mean(dim=-1)
-    return var.sqrt() if eps_quirk else (var + eps).sqrt()
+def ln_sigma(s: torch.Tensor, eps: float) -> torch.Tensor:
+    """sigma(s) = sqrt(mean((s - mean s)^2) + eps) (ALTI's reference code drops eps: eps = 0)."""
+    # one fused norm of the centred rows (torch.var is 10x slower on CPU)
+    return (torch.linalg.vector_norm(center(s), dim=-1).square() / s.shape[-1] + eps).sqrt()
 
 
 @dataclass
@@ -48,8 +49,30 @@ class LayerParts:
     beta1: torch.Tensor
     gamma2: torch.Tensor
     beta2: torch.Tensor
-    sigma1: torch.Tensor  # [B, n]
-    sigma2: torch.Tensor  # [B, n]
+    eps1: float  # LayerNorm epsilons (0 under the reference's quirk)
+    eps2: float
+    cache: dict | None = None  # per-layer tensors that depend only on the weights, kept across batches
+    weights_key: tuple = ()  # the layer, dtype, device and the versions of its weights
+    weights: tuple = ()  # the weight tensors themselves (identity checked on a hit)
+
+    def cached(self, key, fn):
+        """fn(), remembered across batches while this layer's weights are the same tensors, unmodified."""
+        if self.cache is None:
+            return fn()
+        key = (*self.weights_key, *key)
+        hit = self.cache.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], self.weights)):
+            hit = self.cache[key] = (self.weights, fn())
+        return hit[1]
+
+    @functools.cached_property
+    def sigma1(self) -> torch.Tensor:
+        """[B, n] LN1's sigma of the real pre-LN1 state (computed when a method needs it)."""
+        return ln_sigma(self.s, self.eps1)
+
+    @functools.cached_property
+    def sigma2(self) -> torch.Tensor:
+        return ln_sigma(self.t, self.eps2)
 
     def ln1_linear(self, v: torch.Tensor) -> torch.Tensor:
         """gamma1 * P v (the linear part of LN1, without 1/sigma1)."""
@@ -90,11 +113,15 @@ def layer_parts(cap: Captured, adapter: Adapter, l: int, eps_quirk: bool = False
     d = W_O.shape[0]
     # sigma is LayerNorm's (centred); RMSNorm models are pre-LN, where no method reads it
     eps1, eps2 = (getattr(m, "eps", getattr(m, "variance_epsilon", 0.0)) for m in (ln1, ln2))
+    # weights change (in place or replaced) only in tests: their versions and identities guard the cache
+    params = tuple(m.weight for m in (ln1, ln2, out))
     return LayerParts(
+        cache=adapter.__dict__.setdefault("_weight_cache", {}), weights=params,
+        weights_key=(l, dtype, A.device, *(w._version for w in params)),
         A=A, x=cap.hidden_states[l], v=cap.values[l].view(B, n, H, -1), W_O=W_O,
         b_O=bias(out, d), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
         gamma1=ln1.weight.to(dtype), beta1=bias(ln1, d), gamma2=ln2.weight.to(dtype), beta2=bias(ln2, d),
-        sigma1=ln_sigma(s, eps1, eps_quirk), sigma2=ln_sigma(t, eps2, eps_quirk))
+        eps1=0.0 if eps_quirk else eps1, eps2=0.0 if eps_quirk else eps2)
 
 
 def operand_weights(p: LayerParts, kind: str):
@@ -112,11 +139,12 @@ def operand_weights(p: LayerParts, kind: str):
         return p.W_O, None, None
     if kind == "res":
         return p.W_O, p.x, None
-    W1 = p.gamma1[:, None] * center_rows(p.W_O)
+    W1 = p.cached(("W", "resln"), lambda: p.gamma1[:, None] * center_rows(p.W_O))
     if kind == "resln":
         return W1, p.ln1_linear(p.x), p.sigma1
     if kind == "enc":
-        return p.gamma2[:, None] * center_rows(W1), p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
+        W2 = p.cached(("W", "enc"), lambda: p.gamma2[:, None] * center_rows(W1))
+        return W2, p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
     raise ValueError(kind)
 
 
@@ -126,33 +154,90 @@ def operands(p: LayerParts, kind: str):
     return p.project(W), diag, scale
 
 
-def decomposed_norms(p: LayerParts, kind: str, chunk_bytes: int = 2 << 20) -> torch.Tensor:
-    """||decomposed vector_{i<-j}||_2 for every i, j [B, n, n] (METHODS.md 10): Gram matrices over heads, built
-    from the projected vectors a cache-sized chunk of tokens at a time (``head_gram``)."""
+def decomposed_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None) -> torch.Tensor:
+    """||decomposed vector_{i<-j}||_2 for every i, j [B, n, n] (METHODS.md 10): Gram matrices over heads
+    (``head_gram``) contracted with the attention weights (``gram_quadratic``). ``chunk_bytes`` overrides both
+    steps' block sizes (tests)."""
+    _, _, scale = operand_weights(p, kind)
+    norms = decomposed_sq_norms(p, kind, chunk_bytes, scaled=False).sqrt()
+    return norms if scale is None else norms / scale[..., None]
+
+
+def decomposed_sq_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None, scaled: bool = True,
+                        diagonal: bool = True) -> torch.Tensor:
+    """||decomposed vector_{i<-j}||_2^2 [B, n, n] (divided by scale_i^2 unless ``scaled`` is False), clamped at 0.
+    Without ``diagonal`` the residual term is left out, so entries i = j are wrong (callers that overwrite them)."""
     W, diag, scale = operand_weights(p, kind)
-    G, cross = head_gram(p.v, W, diag, chunk_bytes)
-    return gram_norms(p.A, G, diag, scale, cross)
+    diag = diag if diagonal else None
+    factors = p.cached(("gram", kind), lambda: gram_factors(W, p.v.shape[2]))
+    sizes = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+    G, cross = head_gram(p.v, factors, W, diag, **sizes)
+    q = gram_quadratic(p.A, G, diag, cross, **sizes).clamp_min_(0)
+    return q / scale[..., None].square() if scaled and scale is not None else q
 
 
-def head_gram(v: torch.Tensor, W: torch.Tensor, diag: torch.Tensor | None = None, chunk_bytes: int = 2 << 20):
-    """G_j[h, h'] = <U_j^h, U_j^h'> [B, n, H, H] and cross_i[h] = <U_i^h, diag_i> [B, n, H] (or None), U_j^h = W^h v_j^h.
+def decomposed_inner(p: LayerParts, kind: str, y: torch.Tensor, diagonal: bool = True) -> torch.Tensor:
+    """<y_i, decomposed vector_{i<-j}> for every i, j [B, n, n] and vectors y_i [B, n, d], without the vectors:
+    <y_i, W^h v_j^h> = <(W^T y_i)^h, v_j^h>, so one [n, d] x [d, d] product and per head an [n, dh] x [dh, n] one
+    (O(n d^2 + n^2 d) instead of the O(n^2 H d) of building the vectors). ``diagonal`` as in decomposed_sq_norms."""
+    W, diag, scale = operand_weights(p, kind)
+    diag = diag if diagonal else None
+    B, n, H, dh = p.v.shape
+    Yt = (y @ W).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]: (W^h)^T y_i
+    S = torch.matmul(Yt, p.v.permute(0, 2, 3, 1))  # [B, H, i, j] = <y_i, U_j^h>
+    inner = S.mul_(p.A).sum(1)  # sum over heads: [B, i, j]
+    if diag is not None:
+        inner.diagonal(dim1=1, dim2=2).add_(torch.linalg.vecdot(y, diag))
+    return inner if scale is None else inner / scale[..., None]
 
-    The [B, n, H, d] projected vectors are never held whole: each chunk of tokens is projected, reduced while it
-    is in cache, and dropped (1.5x faster on CPU than one projection followed by the reductions, and less memory)."""
+
+def diagonal_vectors(p: LayerParts, kind: str) -> torch.Tensor:
+    """The decomposed vectors of every token to itself, x_{i<-i} [B, n, d]: (sum_h A_ii^h W^h v_i^h + diag_i) / scale_i
+    = (W (a_ii * v_i) + diag_i) / scale_i, one [n, d] x [d, d] product."""
+    W, diag, scale = operand_weights(p, kind)
+    a_ii = torch.diagonal(p.A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
+    own = torch.flatten(a_ii[..., None] * p.v, 2) @ W.T
+    if diag is not None:
+        own = own + diag
+    return own if scale is None else own / scale[..., None]
+
+
+def gram_factors(W: torch.Tensor, H: int) -> list[torch.Tensor]:
+    """The upper block triangle of P = W^T W by block rows: factors[g] = P[g-th head's rows, heads 0..g] [dh, (g+1)dh].
+
+    <W^h a, W^g b> = a^T P^{hg} b, so with P (one d x d product per layer and kind, cached across batches) the
+    head Gram matrices need no projected vectors: per token and head g one [dh] x [dh, (g+1) dh] product and a
+    dot product per block, half of what projecting v would cost and with a large M dimension for the matmul."""
+    d = W.shape[1]
+    dh = d // H
+    P = W.T @ W
+    return [P[g * dh:(g + 1) * dh, :(g + 1) * dh].contiguous() for g in range(H)]
+
+
+def head_gram(v: torch.Tensor, factors: list[torch.Tensor], W: torch.Tensor, diag: torch.Tensor | None = None,
+              chunk_bytes: int = 4 << 20):
+    """G_j[h, h'] = <U_j^h, U_j^h'> [B, n, H, H] and cross_i[h] = <U_i^h, diag_i> [B, n, H] (or None), U_j^h = W^h v_j^h,
+    from the ``gram_factors`` of W: G[h, g] = sum_k v^h_k (P^{g,<=g} v^g)_{h,k} for h <= g, mirrored.
+
+    cross is v^h . (W^T diag)^h (one [N, d] x [d, d] product). Tokens go in chunks whose [c, d] products stay within
+    ``chunk_bytes``."""
     B, n, H, dh = v.shape
-    d = W.shape[0]
-    Wh = W.view(d, H, dh).permute(1, 2, 0)  # [H, dh, d]: the per-head blocks W^h, transposed
-    vf = v.reshape(B * n, H, dh)
-    df = diag.reshape(B * n, d) if diag is not None else None
-    G = v.new_empty(B * n, H, H)
-    cross = v.new_empty(B * n, H) if diag is not None else None
-    step = max(1, chunk_bytes // (H * d * v.element_size()))
-    for s in range(0, B * n, step):
-        U = torch.bmm(vf[s:s + step].transpose(0, 1), Wh).transpose(0, 1)  # [c, H, d]
-        torch.bmm(U, U.transpose(1, 2), out=G[s:s + step])
-        if cross is not None:
-            cross[s:s + step] = (U * df[s:s + step, None]).sum(-1)  # in cache: faster than a batched mat-vec
-    return G.view(B, n, H, H), (cross.view(B, n, H) if cross is not None else None)
+    N = B * n
+    vf = v.reshape(N, H, dh)
+    G = v.new_zeros(N, H, H)
+    step = max(1, chunk_bytes // (H * dh * v.element_size()))
+    for s in range(0, N, step):
+        vs = vf[s:s + step]
+        c = vs.shape[0]
+        for g in range(H):
+            R = torch.mm(vs[:, g], factors[g]).view(c, g + 1, dh)  # P^{h,g} v^g for every h <= g
+            G[s:s + step, :g + 1, g] = torch.linalg.vecdot(R, vs[:, :g + 1])
+    # mirror the upper triangle (the diagonal is counted once)
+    G = G + G.transpose(1, 2) - torch.diag_embed(torch.diagonal(G, dim1=1, dim2=2))
+    cross = None
+    if diag is not None:
+        cross = torch.linalg.vecdot((diag.reshape(N, -1) @ W).view(N, H, dh), vf).view(B, n, H)
+    return G.view(B, n, H, H), cross
 
 
 def center_rows(W: torch.Tensor) -> torch.Tensor:
@@ -189,21 +274,34 @@ def contributions_of_sources(A: torch.Tensor, U: torch.Tensor, diag: torch.Tenso
 
 
 def gram_norms(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None = None,
-               scale: torch.Tensor | None = None, cross: torch.Tensor | None = None) -> torch.Tensor:
-    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2 / scale_i for all i, j: [B, n, n], from the head Gram matrices
+               scale: torch.Tensor | None = None, cross: torch.Tensor | None = None,
+               chunk_bytes: int = 512 << 10) -> torch.Tensor:
+    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2 / scale_i for all i, j: [B, n, n] (``gram_quadratic``, square root)."""
+    norms = gram_quadratic(A, G, diag, cross, chunk_bytes).clamp_min_(0).sqrt()
+    return norms if scale is None else norms / scale[..., None]
+
+
+def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None = None,
+                   cross: torch.Tensor | None = None, chunk_bytes: int = 512 << 10) -> torch.Tensor:
+    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2^2 for all i, j: [B, n, n], from the head Gram matrices
     G [B, n, H, H] and cross [B, n, H] of ``head_gram`` (METHODS.md 10).
 
-    ||sum_h a_h u^h||^2 = a^T G a: O(n H^2 d + n^2 H^2) time, O(n^2 H) memory."""
-    Ap = A.permute(0, 3, 2, 1)  # [B, j, i, H]
-    q = torch.linalg.vecdot(torch.matmul(Ap, G), Ap).transpose(1, 2)  # [B, i, j]
+    ||sum_h a_h u^h||^2 = a^T G a: O(n H^2 d + n^2 H^2) time, O(n^2 H) memory. Per source token j the quadratic
+    forms of all queries are one [H, H] x [H, n] product; source tokens go in blocks whose copy of A fits
+    ``chunk_bytes`` (in cache: 3x faster at n = 512 than one pass over all of them)."""
+    B, H, n, _ = A.shape
+    q = A.new_empty(B, n, n)  # [b, j, i] (source-major while it is built)
+    k = max(1, chunk_bytes // (B * n * H * A.element_size()))
+    for j0 in range(0, n, k):
+        J = slice(j0, j0 + k)
+        Aj = A[:, :, :, J].permute(0, 3, 1, 2).contiguous()  # [B, k, H, i]
+        torch.sum(torch.matmul(G[:, J], Aj).mul_(Aj), dim=2, out=q[:, J])
+    q = q.transpose(1, 2)
     if diag is not None:
         a_ii = torch.diagonal(A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
-        extra = 2 * (a_ii * cross).sum(-1) + diag.pow(2).sum(-1)  # [B, n]
+        extra = 2 * torch.linalg.vecdot(a_ii, cross) + torch.linalg.vecdot(diag, diag)  # [B, n]
         q.diagonal(dim1=1, dim2=2).add_(extra)
-    norms = q.clamp_min(0).sqrt()
-    if scale is not None:
-        norms = norms / scale[..., None]
-    return norms
+    return q
 
 
 def resln_operands(p: LayerParts):

@@ -9,17 +9,14 @@ from __future__ import annotations
 import torch
 
 from .aggregate import valid_block
-from .decomposition import enc_operands, layer_parts
+from .decomposition import diagonal_vectors, layer_parts
 from .layerwise import LayerwiseProduct, row_normalise
 
 
 def mixing_ratio(p) -> torch.Tensor:
     """r_i [B, n] from the N_ENC vectors."""
-    U, diag, scale = enc_operands(p)
-    scale = scale[..., None]
-    total = p.ln2_linear(p.ln1_linear(p.s - p.b_O)) / scale  # sum_j x~_{i<-j}
-    a_ii = torch.diagonal(p.A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
-    own = (torch.einsum("bnh,bnhd->bnd", a_ii, U) + diag) / scale  # x~_{i<-i}
+    total = p.ln2_linear(p.ln1_linear(p.s - p.b_O)) / (p.sigma1 * p.sigma2)[..., None]  # sum_j x~_{i<-j}
+    own = diagonal_vectors(p, "enc")  # x~_{i<-i}
     other = torch.linalg.vector_norm(total - own, dim=-1)
     own_norm = torch.linalg.vector_norm(own, dim=-1)
     return other / (other + own_norm).clamp_min(torch.finfo(other.dtype).tiny)
