@@ -54,6 +54,7 @@ class LayerParts:
     cache: dict | None = None  # per-layer tensors that depend only on the weights, kept across batches
     weights_key: tuple = ()  # the layer, dtype, device and the versions of its weights
     weights: tuple = ()  # the weight tensors themselves (identity checked on a hit)
+    memo: dict | None = None  # the batch's memo (Captured.memo): results shared by the methods of one batch
 
     def cached(self, key, fn):
         """fn(), remembered across batches while this layer's weights are the same tensors, unmodified."""
@@ -116,7 +117,7 @@ def layer_parts(cap: Captured, adapter: Adapter, l: int, eps_quirk: bool = False
     # weights change (in place or replaced) only in tests: their versions and identities guard the cache
     params = tuple(m.weight for m in (ln1, ln2, out))
     return LayerParts(
-        cache=adapter.__dict__.setdefault("_weight_cache", {}), weights=params,
+        cache=adapter.__dict__.setdefault("_weight_cache", {}), weights=params, memo=cap.memo,
         weights_key=(l, dtype, A.device, *(w._version for w in params)),
         A=A, x=cap.hidden_states[l], v=cap.values[l].view(B, n, H, -1), W_O=W_O,
         b_O=bias(out, d), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
@@ -157,10 +158,18 @@ def operands(p: LayerParts, kind: str):
 def decomposed_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None) -> torch.Tensor:
     """||decomposed vector_{i<-j}||_2 for every i, j [B, n, n] (METHODS.md 10): Gram matrices over heads
     (``head_gram``) contracted with the attention weights (``gram_quadratic``). ``chunk_bytes`` overrides both
-    steps' block sizes (tests)."""
-    _, _, scale = operand_weights(p, kind)
-    norms = decomposed_sq_norms(p, kind, chunk_bytes, scaled=False).sqrt()
-    return norms if scale is None else norms / scale[..., None]
+    steps' block sizes (tests). Shared by the methods of one batch (N by N and N_FIXEDRES, ...) through the memo."""
+    def norms():
+        _, _, scale = operand_weights(p, kind)
+        q = decomposed_sq_norms(p, kind, chunk_bytes, scaled=False).sqrt()
+        return q if scale is None else q / scale[..., None]
+
+    if p.memo is None or chunk_bytes is not None:
+        return norms()
+    key = ("decomposed_norms", kind, p.weights_key, tuple(map(id, p.weights)), p.eps1, p.eps2)
+    if key not in p.memo:
+        p.memo[key] = norms()
+    return p.memo[key]
 
 
 def decomposed_sq_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None, scaled: bool = True,
