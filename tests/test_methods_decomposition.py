@@ -107,7 +107,7 @@ def test_inner_products_and_squared_norms_without_vectors_equal_the_materialised
 @torch.no_grad()
 def test_gram_factors_cached_across_batches_follow_weight_changes(captured):
     """W^T W is kept per layer across batches: changing the weights in place (or replacing them) must not reuse it."""
-    model, _, ad, _, cap = captured
+    _, _, ad, _, cap = captured
     layer = ad.layers()[0]
     out, ln1 = ad.out_proj(layer), ad.ln1(layer)
     saved = out.weight.clone(), ln1.weight
