@@ -13,8 +13,7 @@ from compute.adapters import adapter_for
 from compute.methods import get_method
 from compute.methods.aggregate import prod_rows_normalised
 from compute.methods.decomposition import (NEEDS, attention_vectors, decomposed_inner, decomposed_norms,
-                                           decomposed_sq_norms, diagonal_vectors, enc_operands, layer_parts, operands,
-                                           resln_operands)
+                                           decomposed_sq_norms, diagonal_vectors, layer_parts, operands)
 from compute.methods.w_res import mixing_ratio
 
 LENGTHS = [8, 3, 6, 1]  # padded batch, including a single-token example
@@ -43,7 +42,7 @@ def test_attention_block_identity(captured):
     for l in range(ad.n_layers):
         p = layer_parts(cap, ad, l)
         n = p.A.shape[-1]
-        T = attention_vectors(p, slice(0, n), *resln_operands(p))  # [B, n, n, d]
+        T = attention_vectors(p, slice(0, n), *operands(p, "resln"))  # [B, n, n, d]
         rebuilt = T.sum(2) + p.b_tilde
         for b in range(len(LENGTHS)):
             k = _valid(cap, b)
@@ -57,7 +56,7 @@ def test_globenc_identity_through_ln2(captured):
     for l in range(ad.n_layers):
         p = layer_parts(cap, ad, l)
         n = p.A.shape[-1]
-        X = attention_vectors(p, slice(0, n), *enc_operands(p))  # x~ for all i, j
+        X = attention_vectors(p, slice(0, n), *operands(p, "enc"))  # x~ for all i, j
         ffn = p.t - p.y  # t_i = y_i + FFN(y_i)
         rebuilt = X.sum(2) + p.ln2_linear(p.b_tilde + ffn) / p.sigma2[..., None] + p.beta2
         for b in range(len(LENGTHS)):

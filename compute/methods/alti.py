@@ -62,12 +62,10 @@ class Alti(LayerwiseProduct):
         ([B, k, n, d] within ``memory_mb``; heads contracted in the product). Work with Z = scale_i T_ij (no division
         over the big block) against ys = scale_i y_i; the positive scale is divided out of c at the end."""
         U, diag, scale = operands(p, kind)
-        if scale is None:
-            scale = y.new_ones(y.shape[:-1])
-        ys = y * scale[..., None]
+        ys = y if scale is None else y * scale[..., None]
         ys_abs = ys.abs()
         B, n, d = y.shape
-        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20, copies=1)
+        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20)
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         sources = SourceBlocks(p.A, U, diag)
         buffer = y.new_empty(cols * B, n, d)  # one for every block
@@ -80,4 +78,4 @@ class Alti(LayerwiseProduct):
             # a token takes nothing). In place, no temporaries.
             Z.sub_(ys).abs_()
             c[:, :, J] = torch.sub(ys_abs, Z, out=Z).sum(-1).permute(1, 2, 0)
-        return c / scale[..., None]
+        return c if scale is None else c / scale[..., None]

@@ -15,7 +15,7 @@ Norms of these vectors use Gram matrices over heads (``decomposed_norms``): no h
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,6 +55,16 @@ class LayerParts:
     weights_key: tuple = ()  # the layer, dtype, device and the versions of its weights
     weights: tuple = ()  # the weight tensors themselves (identity checked on a hit)
     memo: dict | None = None  # the batch's memo (Captured.memo): results shared by the methods of one batch
+    by_kind: dict = field(default_factory=dict, repr=False)  # operand_weights per kind, for this instance
+
+    def shared(self, key, fn):
+        """fn(), shared by the methods of this batch (through the batch's memo) while the layer's weights stay."""
+        if self.memo is None:
+            return fn()
+        key = (*key, self.weights_key, tuple(map(id, self.weights)), self.eps1, self.eps2)
+        if key not in self.memo:
+            self.memo[key] = fn()
+        return self.memo[key]
 
     def cached(self, key, fn):
         """fn(), remembered across batches while this layer's weights are the same tensors, unmodified."""
@@ -135,7 +145,13 @@ def operand_weights(p: LayerParts, kind: str):
         "enc"    x~_{i<-j} = gamma2 P T / sigma2_i  (N_ENC, GlobEnc)
 
     LayerNorm's linear parts are folded into W_O (gamma P W_O, a d x d product per layer) rather than applied to
-    the [B, n, H, d] vectors."""
+    the [B, n, H, d] vectors. Computed once per kind for a LayerParts (its users ask for the same kind repeatedly)."""
+    if kind not in p.by_kind:
+        p.by_kind[kind] = _operand_weights(p, kind)
+    return p.by_kind[kind]
+
+
+def _operand_weights(p: LayerParts, kind: str):
     if kind == "n":
         return p.W_O, None, None
     if kind == "res":
@@ -164,12 +180,7 @@ def decomposed_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None) -
         q = decomposed_sq_norms(p, kind, chunk_bytes, scaled=False).sqrt()
         return q if scale is None else q / scale[..., None]
 
-    if p.memo is None or chunk_bytes is not None:
-        return norms()
-    key = ("decomposed_norms", kind, p.weights_key, tuple(map(id, p.weights)), p.eps1, p.eps2)
-    if key not in p.memo:
-        p.memo[key] = norms()
-    return p.memo[key]
+    return norms() if chunk_bytes is not None else p.shared(("decomposed_norms", kind), norms)
 
 
 def decomposed_sq_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None, scaled: bool = True,
@@ -292,14 +303,6 @@ class SourceBlocks:
         return Z
 
 
-def gram_norms(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None = None,
-               scale: torch.Tensor | None = None, cross: torch.Tensor | None = None,
-               chunk_bytes: int = 512 << 10) -> torch.Tensor:
-    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2 / scale_i for all i, j: [B, n, n] (``gram_quadratic``, square root)."""
-    norms = gram_quadratic(A, G, diag, cross, chunk_bytes).clamp_min_(0).sqrt()
-    return norms if scale is None else norms / scale[..., None]
-
-
 def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None = None,
                    cross: torch.Tensor | None = None, chunk_bytes: int = 512 << 10) -> torch.Tensor:
     """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2^2 for all i, j: [B, n, n], from the head Gram matrices
@@ -323,17 +326,7 @@ def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None =
     return q
 
 
-def resln_operands(p: LayerParts):
-    """U, diag, scale of T_i(x_j) (N_RESLN, ALTI)."""
-    return operands(p, "resln")
-
-
-def enc_operands(p: LayerParts):
-    """U, diag, scale of x~_{i<-j} (N_ENC, GlobEnc): LN2's linear part after LN1's."""
-    return operands(p, "enc")
-
-
-def tokens_per_block(B: int, n: int, d: int, itemsize: int, budget_bytes: int, copies: int = 3) -> int:
+def tokens_per_block(B: int, n: int, d: int, itemsize: int, budget_bytes: int, copies: int = 1) -> int:
     """How many tokens of a block fit: a [B, k, n, d] block and ``copies`` temporaries of its size within the budget."""
     per_row = B * n * d * itemsize * copies
     return max(1, min(n, budget_bytes // max(per_row, 1)))
