@@ -82,6 +82,22 @@ def random_batch(arch: str, lengths: list[int], seed: int = 1, vocab: int = 120)
     return {"input_ids": ids, "attention_mask": mask}
 
 
+TINY_LENGTHS = (7, 4, 9, 1)  # a padded batch: the longest, a short one, and a one-token example
+
+
+def captured_tiny(arch, num_labels=3, dtype=torch.float64, lengths=TINY_LENGTHS, seed=0):
+    """(model, adapter, batch, capture without internals) of a tiny random model: the gradient and LRP tests' start."""
+    from compute.adapters import adapter_for
+
+    model = tiny_model(arch, num_labels=num_labels, dtype=dtype, seed=seed)
+    ad = adapter_for(model)
+    ad.mask_token_id = MASK_ID
+    batch = random_batch(arch, list(lengths))
+    with torch.no_grad():
+        cap = ad.capture(batch, frozenset())
+    return model, ad, batch, cap
+
+
 def write_tiny_model_dir(path: Path, arch: str = "bert", seed: int = 0) -> Path:
     """A saved tiny classifier with a WordPiece tokenizer over WORDS + letters, usable as --model PATH."""
     from transformers import BertTokenizerFast, DistilBertTokenizerFast

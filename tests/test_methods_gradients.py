@@ -6,26 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, MASK_ID, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
+from conftest import ARCHS, MASK_ID, PRE_LN_ARCHS, assert_batch_invariant
+from conftest import TINY_LENGTHS
+from conftest import captured_tiny as setup
 
-from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
 from compute.methods import get_method
 from compute.methods.gradients import GradientPass, Explained, quadrature
 
 ALL_ARCHS = ARCHS + PRE_LN_ARCHS
 GRADIENT_METHODS = ("grad_l2", "gxi_l2", "gxi_mean", "ig_l2", "ig_mean", "cat", "attcat", "grads", "attgrads")
-LENGTHS = [7, 4, 9, 1]
-
-
-def setup(arch, num_labels=3, dtype=torch.float64, lengths=LENGTHS):
-    model = tiny_model(arch, num_labels=num_labels, dtype=dtype)
-    ad = adapter_for(model)
-    ad.mask_token_id = MASK_ID
-    batch = random_batch(arch, lengths)
-    with torch.no_grad():
-        cap = ad.capture(batch, frozenset())
-    return model, ad, batch, cap
+LENGTHS = TINY_LENGTHS
 
 
 def hf_pass(model, batch, b, n):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ARCHS, MASK_ID, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
+from conftest import ARCHS, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
+from conftest import TINY_LENGTHS
+from conftest import captured_tiny as setup
 
 import reference as R
 from compute.adapters import adapter_for
@@ -18,17 +20,7 @@ from compute.methods.gradients import Explained
 from compute.methods.relevance import linear_relprop, relevance
 
 LRP_METHODS = ("lrp", "partial_lrp", "transatt", "mask_lrp", "gae")
-LENGTHS = [7, 4, 9, 1]
-
-
-def setup(arch, num_labels=3, dtype=torch.float64, lengths=LENGTHS, seed=0):
-    model = tiny_model(arch, num_labels=num_labels, dtype=dtype, seed=seed)
-    ad = adapter_for(model)
-    ad.mask_token_id = MASK_ID
-    batch = random_batch(arch, lengths)
-    with torch.no_grad():
-        cap = ad.capture(batch, frozenset())
-    return model, ad, batch, cap
+LENGTHS = TINY_LENGTHS
 
 
 def random_mask(L, H, seed=3):
@@ -99,7 +91,7 @@ def test_gae_with_zero_gradients_is_the_identity_row(arch):
     with torch.no_grad():
         head.weight.zero_()
     with torch.no_grad():
-        cap = ad.capture(random_batch(arch, LENGTHS), frozenset())
+        cap = ad.capture(random_batch(arch, list(LENGTHS)), frozenset())
     res = get_method("gae").compute(cap, ad, cap.pred)
     want = torch.zeros_like(res.scores)
     want[torch.arange(len(LENGTHS)), cap.explain_pos] = 1
