@@ -45,6 +45,23 @@ async def settle(pilot, rounds: int = 40) -> None:
     await pilot.pause()
 
 
+async def open_modal(pilot, key: str, screen_type, loaded: str):
+    """Press ``key`` on the browse screen (none: already pressed) and wait until the ``screen_type`` screen has read
+    its data (its attribute ``loaded`` is set) and laid out."""
+    app = pilot.app
+    await settle(pilot)
+    if key:
+        await pilot.press(key)
+    for _ in range(100):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if isinstance(app.screen, screen_type) and getattr(app.screen, loaded) is not None:
+            break
+    await pilot.pause()
+    await pilot.pause()
+    return app.screen
+
+
 def screen_text(app) -> str:
     """The screen as plain text: what a user reads, colours dropped."""
     update = app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from synthetic import make_store
-from test_tui import async_test, screen_text, set_color_env, settle
+from test_tui import async_test, open_modal, screen_text, set_color_env, settle
 
 RELATIONS = ["nsubj", "obj", "amod", "advmod"]
 
@@ -118,18 +118,7 @@ async def open_heads(pilot, key: str = "h"):
     """Press ``key`` on the browse screen and wait until the heads screen has read its masks and laid out."""
     from tui.heads import HeadsScreen
 
-    app = pilot.app
-    await settle(pilot)
-    if key:
-        await pilot.press(key)
-    for _ in range(100):
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if isinstance(app.screen, HeadsScreen) and app.screen.masks is not None:
-            break
-    await pilot.pause()
-    await pilot.pause()
-    return app.screen
+    return await open_modal(pilot, key, HeadsScreen, "masks")
 
 
 def detail(screen) -> str:

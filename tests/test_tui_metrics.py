@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 from synthetic import make_store
-from test_tui import async_test, screen_text, set_color_env, settle
+from test_tui import async_test, open_modal, screen_text, set_color_env, settle
 
 N = 12
 NAN_ROW = 3  # every metric is undefined for example 3
@@ -125,18 +125,7 @@ async def open_metrics(pilot, key: str = "f"):
     """Press ``key`` on the browse screen and wait until the metrics screen has read its metrics and laid out."""
     from tui.metrics import MetricsScreen
 
-    app = pilot.app
-    await settle(pilot)
-    if key:
-        await pilot.press(key)
-    for _ in range(100):
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        if isinstance(app.screen, MetricsScreen) and app.screen.data is not None:
-            break
-    await pilot.pause()
-    await pilot.pause()
-    return app.screen
+    return await open_modal(pilot, key, MetricsScreen, "data")
 
 
 def table_rows(app) -> dict[str, str]:

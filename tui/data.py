@@ -15,6 +15,19 @@ import numpy as np
 from store import Store
 
 
+def read_for_screen(screen, reader, loaded, failed) -> None:
+    """A screen's one read of the store, as its worker's body: ``reader(store)`` under the app's lock, then
+    ``loaded(*result)`` posted to the screen, or ``failed(error)`` for a damaged group (the UI stays alive)."""
+    app = screen.app
+    try:
+        with app.store_lock:
+            result = reader(app.store)
+    except Exception as err:
+        screen.post_message(failed(str(err)))
+        return
+    screen.post_message(loaded(*result))
+
+
 @dataclass(frozen=True)
 class MethodInfo:
     name: str

@@ -21,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Static
 
 from .colors import Mode
-from .data import HeadMaskInfo, read_head_masks
+from .data import HeadMaskInfo, read_for_screen, read_head_masks
 from .headmasks import EMPTY_MESSAGE, detail_text, legend_text, settings_text, tabs_text
 from .widgets.heads import HeadGrid
 
@@ -98,14 +98,7 @@ class HeadsScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- worker (the only HDF5 read of this screen)
     def _read_masks(self) -> None:
-        app = self.app
-        try:
-            with app.store_lock:
-                masks, problems = read_head_masks(app.store)
-        except Exception as err:  # a damaged group: say so, keep the UI alive
-            self.post_message(HeadsFailed(str(err)))
-            return
-        self.post_message(HeadsLoaded(masks, problems))
+        read_for_screen(self, read_head_masks, HeadsLoaded, HeadsFailed)
 
     def on_heads_loaded(self, message: HeadsLoaded) -> None:
         self.masks = message.masks

@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Static
 
 from .colors import Mode
-from .data import MetricsData, read_metrics
+from .data import MetricsData, read_for_screen, read_metrics
 from .metricsview import (
     EMPTY_MESSAGE,
     ExampleValues,
@@ -105,14 +105,7 @@ class MetricsScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- worker (the only HDF5 read of this screen)
     def _read_metrics(self) -> None:
-        app = self.app
-        try:
-            with app.store_lock:
-                data, problems = read_metrics(app.store)
-        except Exception as err:  # a damaged group: say so, keep the UI alive
-            self.post_message(MetricsFailed(str(err)))
-            return
-        self.post_message(MetricsLoaded(data, problems))
+        read_for_screen(self, read_metrics, MetricsLoaded, MetricsFailed)
 
     def on_metrics_loaded(self, message: MetricsLoaded) -> None:
         self.data = message.data
