@@ -63,6 +63,13 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
     return model.to(dtype).eval()
 
 
+# Hugging Face's Llama computes RMSNorm and RoPE in float32 even in a float64 model, so an example inside a padded batch
+# and the same example alone differ at float32 rounding (1.5e-7 relative seen with transformers 5.23); every other
+# architecture is float64 throughout. Tests that compare a batched result with a one-example pass use these tolerances.
+def alone_vs_batch_tol(arch: str, rtol: float, atol: float) -> dict:
+    return {"rtol": max(rtol, 1e-6), "atol": max(atol, 1e-7)} if arch == "llama" else {"rtol": rtol, "atol": atol}
+
+
 MASK_ID = 4  # [MASK] of write_tiny_model_dir's vocabulary; any id works for a random model
 
 
