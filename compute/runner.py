@@ -192,7 +192,7 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         writer.close()
         raise
     progress.stop()
-    total_tokens = int(writer._tok_end)
+    total_tokens = writer.n_tokens
     n_examples = writer.n_committed
     summary = {
         "examples": n_examples,

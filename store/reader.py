@@ -1,7 +1,11 @@
 """Reading an attrscope store: ``open_store(path)`` -> :class:`Store`, ``store[i]`` -> :class:`Example`.
 
-The reader opens the file in SWMR read mode, so it works while ``attr-compute`` is still writing and after a writer
-was killed. It only trusts the rows of /examples/index: data past the last committed row is never read.
+The reader works while ``attr-compute`` is still writing and after a writer was killed (SWMR), and it only trusts the
+rows of /examples/index: data past the last committed row is never read. Opening reads the header and the last index
+row, nothing that grows with the number of examples; index rows are read in blocks when asked for, and checked.
+
+Every failure to read (a truncated copy, a flipped byte caught by a checksum, an index that contradicts itself)
+is raised as :class:`StoreError` with one line that names the file; nothing waits on a damaged file.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import json
 import os
 import threading
 import warnings
+from collections import OrderedDict
+from contextlib import contextmanager
 from functools import cached_property
 
 import h5py
@@ -17,8 +23,15 @@ import numpy as np
 
 from . import schema
 from .errors import StoreError
+from .attrs import read_attrs
+from .integrity import damaged, one_line, open_for_reading
+from .scale import ScaleAccumulator, ViewScale
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
+_BLOCK = 1024  # index rows read (and checked) together
+_BLOCKS_KEPT = 64
+# What h5py raises for a file it cannot read; turned into StoreError by Store._reading.
+_READ_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError, UnicodeDecodeError)
 
 
 def open_store(path: str | os.PathLike) -> "Store":
@@ -29,45 +42,63 @@ def open_store(path: str | os.PathLike) -> "Store":
 class Store:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise StoreError(f"store '{self.path}' not found: check the path or create it with attr-compute")
         # Reads from several threads (the TUI's workers) and refresh()'s handle swap are serialised by this lock.
         self._lock = threading.RLock()
-        self._f = self._open_file()
+        self._f: h5py.File | None = open_for_reading(self.path)
+        self.warnings: list[str] = []  # e.g. a newer minor format (unknown parts are ignored)
         try:
-            self._check_version()
+            with self._reading("the store header"):
+                self._read_header()
+            self._blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+            self._n = 0
+            self._opened = False  # refresh() reopens the file from its second call on
+            self._extent = schema.Extent()
+            self._ids: list[str] | None = None
+            self._id_rows: dict[str, int] | None = None
+            self._scales: dict[str, ScaleAccumulator] = {}
+            self._scale_rows: dict[str, int] = {}
+            self.refresh()
         except BaseException:
-            self._f.close()
+            self.close()
             raise
-        a = self._f.attrs
-        self.n_layers = int(a["n_layers"])
-        self.n_heads = int(a["n_heads"])
-        self.labels: dict[int, str] = {int(k): v for k, v in json.loads(a["labels"]).items()}
-        self.num_labels = int(a["num_labels"])
-        self._method_layouts = {m["name"]: m for m in json.loads(a["methods"])}
-        self.methods: list[str] = list(self._method_layouts)
-        self._index = None
-        self._ids = None
-        self.refresh()
 
-    def _open_file(self) -> h5py.File:
-        if os.path.isdir(self.path):
-            raise StoreError(f"'{self.path}' is a directory: pass the .h5 file written by attr-compute")
-        # No file lock: a reader must never stop attr-compute from stamping its store complete.
+    # ------------------------------------------------------------------ reading safely
+    @contextmanager
+    def _reading(self, what: str):
+        """Hold the lock, and turn any failure of HDF5 (or of a damaged file's contents) into a StoreError."""
+        with self._lock:
+            if self._f is None:
+                raise StoreError(f"store '{self.path}' is closed")
+            try:
+                yield self._f
+            except StoreError:
+                raise
+            except _READ_ERRORS as err:
+                raise damaged(self.path, what, err) from None
+
+    def _read(self, name: str, sel, expect: int | None = None) -> np.ndarray:
+        """``self._f[name][sel]``; ``expect``: the number of elements the index promises (a shorter read is damage)."""
+        with self._reading(f"/{name}") as f:
+            out = f[name][sel]
+        if expect is not None and np.size(out) != expect:
+            raise damaged(self.path, f"/{name}", f"{np.size(out)} values where the index needs {expect}")
+        return out
+
+    def _json_attr(self, attrs, key: str, what: str, default=None):
+        raw = attrs.get(key)
+        if raw is None:
+            return default
         try:
-            return h5py.File(self.path, "r", swmr=True, locking=False)
-        except OSError:
-            try:  # a file written without SWMR support (e.g. by another tool) still opens the ordinary way
-                return h5py.File(self.path, "r", locking=False)
-            except OSError as err:
-                msg = " ".join(str(err).split())
-                raise StoreError(f"'{self.path}' is not a readable HDF5 file ({msg}): pass a store written by attr-compute") from None
+            return json.loads(raw)
+        except (TypeError, ValueError) as err:
+            raise damaged(self.path, what, err) from None
 
     # ------------------------------------------------------------------ header
-    def _check_version(self) -> None:
-        a = self._f.attrs
+    def _read_header(self) -> None:
+        a = read_attrs(self._f)
         if a.get("encoding-type") != schema.ENCODING_TYPE:
-            raise StoreError(f"'{self.path}' is not an attrscope store (no encoding-type '{schema.ENCODING_TYPE}'): pass a file written by attr-compute")
+            raise StoreError(f"'{self.path}' is not an attrscope store (no encoding-type '{schema.ENCODING_TYPE}'): "
+                             "pass a file written by attr-compute")
         version = str(a.get("encoding-version", "0.0.0"))
         try:
             major, minor = (int(x) for x in version.split(".")[:2])
@@ -77,30 +108,52 @@ class Store:
             raise StoreError(
                 f"'{self.path}' is store format {version}; this attrscope reads format {_MAJOR}.x: "
                 f"use an attrscope release that reads format {major}.x")
+        self.format_version = version
+        self._minor = minor
         if minor > _MINOR:
-            warnings.warn(
-                f"'{self.path}' is store format {version}, newer than {schema.ENCODING_VERSION}: "
-                "unknown parts are ignored; upgrade attrscope to read them", stacklevel=3)
+            note = (f"'{self.path}' is store format {version}, newer than {schema.ENCODING_VERSION}: unknown parts are "
+                    "ignored; upgrade attrscope to read them")
+            self.warnings.append(note)
+            warnings.warn(note, stacklevel=4)
+        self.n_layers = int(a["n_layers"])
+        self.n_heads = int(a["n_heads"])
+        self.labels: dict[int, str] = {int(k): v for k, v in self._json_attr(a, "labels", "the labels").items()}
+        self.num_labels = int(a["num_labels"])
+        if self.num_labels != len(self.labels):
+            raise damaged(self.path, "the labels", f"{len(self.labels)} names for {self.num_labels} labels")
+        layouts = self._json_attr(a, "methods", "the method list")
+        if not isinstance(layouts, list) or not all(_layout_ok(m) for m in layouts):
+            raise damaged(self.path, "the method list", "a layout lacks its fields")
+        self._method_layouts = {m["name"]: m for m in layouts}
+        self.methods: list[str] = list(self._method_layouts)
+        f = self._f
+        self._separate_ids = schema.IDS in f
+        self._evidence = schema.TOKEN_EVIDENCE in f
+        self._flats = (schema.example_datasets(self._separate_ids) + schema.token_datasets(self._evidence)
+                       + [d for m in self._method_layouts.values() for d in schema.method_datasets(m, self.num_labels)])
 
     @property
     def model_info(self) -> dict:
         """Model and library provenance (root attributes)."""
         out = {}
         for key, value in self._attrs().items():
-            if key in ("labels", "methods", "summary"):
-                continue
-            out[key] = value.item() if isinstance(value, np.generic) else value
+            if key not in ("labels", "methods", "summary"):
+                out[key] = value
         return out
 
     def _attrs(self) -> dict:
         """The root attributes, read under the lock (refresh() may swap the file handle from another thread)."""
-        with self._lock:
-            return dict(self._f.attrs.items())
+        with self._reading("the root attributes") as f:
+            return read_attrs(f)
 
     @cached_property
     def config(self) -> dict:
         """The full run configuration that produced the store."""
-        return json.loads(bytes(self._read("provenance", slice(None))).decode("utf-8"))
+        raw = self._read(schema.PROVENANCE, slice(None))
+        try:
+            return json.loads(bytes(raw).decode("utf-8"))
+        except ValueError as err:
+            raise damaged(self.path, "/provenance", err) from None
 
     @property
     def complete(self) -> bool:
@@ -108,99 +161,241 @@ class Store:
 
     @property
     def summary(self) -> dict | None:
-        s = self._attrs().get("summary")
-        return json.loads(s) if s else None
+        a = self._attrs()
+        return self._json_attr(a, "summary", "the run summary") if a.get("summary") else None
+
+    @property
+    def has_evidence(self) -> bool:
+        """Whether the store has per-token evidence flags (made with --evidence-column)."""
+        return self._evidence
 
     def method_info(self, name: str) -> dict:
         """Layout and parameters of a method: signed, n_layer_views, matrices, class_scores, description, params."""
         self._need_method(name)
         info = dict(self._method_layouts[name])
-        with self._lock:
-            info["seconds"] = self._f["methods"][name].attrs.get("seconds")
+        with self._reading(f"/methods/{name}") as f:
+            info["seconds"] = read_attrs(f[schema.METHODS][name]).get("seconds")
         return info
 
     def is_signed(self, name: str) -> bool:
         return bool(self.method_info(name)["signed"])
 
-    # ------------------------------------------------------------------ examples
+    # ------------------------------------------------------------------ committed rows
     def refresh(self) -> int:
         """Pick up examples committed since the store was opened (or last refreshed). Returns the new length.
 
         The file is reopened rather than refreshed dataset by dataset: h5py's Dataset.refresh() on several
         datasets of one file made later reads of the index return stale chunks (seen with h5py 3.16 / HDF5 1.14),
-        and a fresh SWMR open is cheap and always sees the last flushed state."""
+        and a fresh open is cheap and always sees the last flushed state."""
         with self._lock:
-            if self._index is not None and not self.complete:
+            if self._opened and not self.complete:
                 # Close first: a handle opened while another is still open shares its cached (stale) view.
                 self._f.close()
-                self._f = self._open_file()
-            idx = self._f["examples/index"]
-            n = idx.shape[0]
-            if self._index is None or n != len(self._index):
-                self._index = idx[:n]
-                self._ids = None
+                self._f = None
+                self._f = open_for_reading(self.path)
+            self._opened = True
+            with self._reading("/examples/index") as f:
+                n = int(f[schema.INDEX].shape[0])
+            if n != self._n:
+                self._check_extent(n)
+                self._blocks.pop((self._n - 1) // _BLOCK if self._n else 0, None)  # the old partial block
+                self._n = n
+                self._ids = self._id_rows = None
             return n
+
+    def _check_extent(self, n: int) -> None:
+        """Every flat dataset reaches at least as far as the last committed row says (O(1), at open and refresh)."""
+        if n == 0:
+            return
+        last = self._read(schema.INDEX, slice(n - 1, n))[0]
+        t_end = int(last["tok_off"]) + int(last["n_tokens"])
+        if int(last["n_tokens"]) < 1 or int(last["tok_off"]) < 0:
+            raise damaged(self.path, "/examples/index", f"its last row has {int(last['n_tokens'])} tokens at "
+                                                         f"{int(last['tok_off'])}")
+        with self._reading("/tokens") as f:
+            if f["tokens/str_off"].shape[0] < t_end:
+                raise damaged(self.path, "/tokens/str_off", "shorter than its committed rows")
+        off = self._read("tokens/str_off", slice(t_end - 1, t_end), 1)
+        ln = self._read("tokens/str_len", slice(t_end - 1, t_end), 1)
+        extent = schema.extent_of_last_row(last, n, self._separate_ids, int(off[0]) + int(ln[0]))
+        with self._reading("the dataset lengths") as f:
+            for d in self._flats:
+                have = f[d.path].shape[0] if d.path in f else -1
+                if have < d.length(extent):
+                    raise damaged(self.path, f"/{d.path}", f"{max(have, 0)} entries where the committed examples "
+                                                          f"need {d.length(extent)}")
+        self._extent = extent
+
+    def _block(self, b: int) -> np.ndarray:
+        """Index rows of block ``b``, read once and checked against each other and against the row before."""
+        rows = self._blocks.get(b)
+        if rows is not None:
+            self._blocks.move_to_end(b)
+            return rows
+        lo, hi = b * _BLOCK, min((b + 1) * _BLOCK, self._n)
+        start = max(lo - 1, 0)
+        got = self._read(schema.INDEX, slice(start, hi), hi - start)
+        self._check_rows(got, start)
+        rows = got[lo - start:]
+        self._blocks[b] = rows
+        if len(self._blocks) > _BLOCKS_KEPT:
+            self._blocks.popitem(last=False)
+        return rows
+
+    def _check_rows(self, r: np.ndarray, start: int) -> None:
+        """Index rows [start, start + len(r)) agree with each other, the labels and the datasets' extent."""
+        n = r["n_tokens"].astype(np.int64)
+        tok, sq = r["tok_off"], r["sq_off"]
+        ok = (n >= 1).all() and (r["explain_pos"] >= 0).all() and (r["explain_pos"] < n).all()
+        ok &= bool((np.diff(tok) == n[:-1]).all() and (np.diff(sq) == n[:-1] ** 2).all())
+        if start == 0:
+            ok &= bool(tok[0] == 0 and sq[0] == 0)
+        C = self.num_labels
+        ok &= bool(((r["label"] >= -1) & (r["label"] < C)).all() and ((r["pred"] >= 0) & (r["pred"] < C)).all())
+        ok &= bool(((r["target"] >= 0) & (r["target"] < C)).all() and (r["flags"] <= 1).all())
+        ok &= bool((r["n_orig_tokens"] >= n).all() and np.isfinite(r["probs"]).all())
+        for key in ("id", "text", "pair"):
+            ln = r[f"{key}_len"]
+            ok &= bool((r[f"{key}_off"] >= 0).all() and (ln >= (-1 if key == "pair" else 0)).all())
+            blob = "ids_bytes" if key == "id" and self._separate_ids else "string_bytes"
+            ok &= bool((r[f"{key}_off"] + np.maximum(ln, 0) <= getattr(self._extent, blob)).all())
+        ok &= bool((tok + n <= self._extent.tokens).all())
+        if not ok:
+            raise damaged(self.path, "/examples/index", f"rows {start}-{start + len(r) - 1} contradict each other")
+
+    def index_rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Committed index rows [lo, hi) (structured array, fields in ``store.schema.index_dtype``)."""
+        hi = self._n if hi is None else min(hi, self._n)
+        lo = max(lo, 0)
+        if hi <= lo:
+            return np.zeros(0, dtype=schema.index_dtype(self.num_labels))
+        with self._lock:
+            parts = [self._block(b) for b in range(lo // _BLOCK, (hi - 1) // _BLOCK + 1)]
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        first = (lo // _BLOCK) * _BLOCK
+        return out[lo - first:hi - first]
+
+    def index_column(self, field: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """One field of the index rows [lo, hi), e.g. "n_tokens" or "pred" (read in blocks)."""
+        return np.array(self.index_rows(lo, hi)[field])
 
     @property
     def index(self) -> np.ndarray:
-        """The committed index rows (structured array; fields in ``store.schema.index_dtype``)."""
-        return self._index
+        """All committed index rows (reads the whole index: prefer index_rows / index_column for large stores)."""
+        return self.index_rows(0, self._n)
 
     def __len__(self) -> int:
-        return len(self._index)
+        return self._n
 
     def __getitem__(self, i: int) -> "Example":
-        n = len(self._index)
+        n = self._n
         if not isinstance(i, (int, np.integer)):
             raise TypeError("store indices must be integers; use by_id() for ids")
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"example {i} out of range: the store holds {n} examples")
-        return Example(self, int(i), self._index[i])
+        return Example(self, int(i), self.index_rows(int(i), int(i) + 1)[0])
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
 
-    def _read(self, name: str, sel) -> np.ndarray:
-        """Read ``self._f[name][sel]`` under the store's lock (the only way examples touch the file)."""
-        with self._lock:
-            return self._f[name][sel]
+    # ------------------------------------------------------------------ ids and texts
+    def _strings(self, path: str, offs: np.ndarray, lens: np.ndarray, what: str) -> list[str | None]:
+        """Decode the (offset, length) pieces of a byte dataset, reading the covering range once."""
+        if not len(offs):
+            return []
+        present = lens >= 0
+        if not present.any():
+            return [None] * len(offs)
+        lo = int(offs[present].min())
+        hi = int((offs + np.maximum(lens, 0))[present].max())
+        blob = bytes(self._read(path, slice(lo, hi), hi - lo))
+        try:
+            return [blob[o - lo:o - lo + n].decode("utf-8") if n >= 0 else None
+                    for o, n in zip(offs.tolist(), lens.tolist())]
+        except UnicodeDecodeError as err:
+            raise damaged(self.path, what, err) from None
 
-    def _string(self, off: int, length: int) -> str | None:
-        if length < 0:
-            return None
-        return bytes(self._read("examples/strings", slice(off, off + length))).decode("utf-8")
+    def _id_path(self) -> str:
+        return schema.IDS if self._separate_ids else schema.STRINGS
+
+    def ids_range(self, lo: int, hi: int) -> list[str]:
+        """The ids of examples [lo, hi) (reads only their bytes)."""
+        r = self.index_rows(lo, hi)
+        return self._strings(self._id_path(), r["id_off"], r["id_len"], "the example ids")
+
+    def texts_range(self, lo: int, hi: int) -> list[str]:
+        """The texts of examples [lo, hi)."""
+        r = self.index_rows(lo, hi)
+        return self._strings(schema.STRINGS, r["text_off"], r["text_len"], "the example texts")
 
     def ids(self) -> list[str]:
+        """Every example id, in store order (read once per length; a store written before format 1.3 keeps its ids
+        between the texts, so this reads those too)."""
         if self._ids is None:
-            if len(self._index) == 0:
-                self._ids = []
-            else:
-                ends = self._index["id_off"] + self._index["id_len"]
-                lo, hi = int(self._index["id_off"].min()), int(ends.max())
-                blob = bytes(self._read("examples/strings", slice(lo, hi)))
-                self._ids = [blob[o - lo:o - lo + n].decode("utf-8")
-                             for o, n in zip(self._index["id_off"].tolist(), self._index["id_len"].tolist())]
+            out = []
+            for lo in range(0, self._n, 8 * _BLOCK):
+                out += self.ids_range(lo, min(lo + 8 * _BLOCK, self._n))
+            self._ids = out
         return self._ids
 
+    def find_id(self, example_id: str) -> int | None:
+        """Row of the example with this id (the first one), or None."""
+        if self._id_rows is None:
+            rows: dict[str, int] = {}
+            for i, x in enumerate(self.ids()):
+                rows.setdefault(x, i)
+            self._id_rows = rows
+        return self._id_rows.get(str(example_id))
+
     def by_id(self, example_id: str) -> "Example":
-        try:
-            return self[self.ids().index(str(example_id))]
-        except ValueError:
-            raise KeyError(f"no example with id '{example_id}' in the store") from None
+        i = self.find_id(example_id)
+        if i is None:
+            raise KeyError(f"no example with id '{example_id}' in the store")
+        return self[i]
 
     def _need_method(self, name: str) -> None:
         if name not in self._method_layouts:
             raise KeyError(f"method '{name}' is not in the store; it holds: {', '.join(self.methods) or 'none'}")
 
+    # ------------------------------------------------------------------ scale statistics
+    def scale_stats(self, method: str, *, compute: bool = False, progress=None) -> dict[str, ViewScale] | None:
+        """Scale of each view of ``method`` over the whole store ({"final": ..., "layer 1": ..., "matrix 1": ...}):
+        the writer's (complete stores of format 1.3), else computed here when ``compute`` (a pass over the method's
+        data, once; later calls only add examples committed since), else None. ``progress(done, total)``."""
+        self._need_method(name := method)
+        layout = self._method_layouts[name]
+        views = schema.scale_views(layout)
+        with self._reading(f"/methods/{name}/scale") as f:
+            g = f[schema.METHODS][name]
+            if "scale" in g and self.complete:
+                acc = ScaleAccumulator(views, g["scale/summary"][()], g["scale/hist"][()])
+                if acc.summary.shape[0] == len(views):
+                    return acc.stats()
+        if not compute:
+            return None
+        acc = self._scales.setdefault(name, ScaleAccumulator(views))
+        start = self._scale_rows.get(name, 0)
+        step = 256
+        for lo in range(start, self._n, step):
+            hi = min(lo + step, self._n)
+            for i in range(lo, hi):
+                ex = self[i]
+                acc.add_example(layout, {"scores": ex.scores(name), "layer_scores": ex.layer_scores(name),
+                                         "matrices": ex.matrices(name)})
+            self._scale_rows[name] = hi
+            if progress is not None:
+                progress(hi, self._n)
+        return acc.stats()
+
     # ------------------------------------------------------------------ head masks
     @property
     def head_masks(self) -> list[str]:
         """Names of the stored head masks (Mask-LRP: "positional", "syntactic", "mask_lrp")."""
-        with self._lock:
-            return list(self._f["head_masks"]) if "head_masks" in self._f else []
+        with self._reading("/head_masks") as f:
+            return list(f[schema.HEAD_MASKS]) if schema.HEAD_MASKS in f else []
 
     def head_mask(self, name: str) -> "HeadMask":
         """The [L, H] head mask ``name``; ``.attrs`` holds its settings and provenance, ``.stats`` the statistics
@@ -208,11 +403,11 @@ class Store:
         names = self.head_masks
         if name not in names:
             raise KeyError(f"head mask '{name}' is not in the store; it holds: {', '.join(names) or 'none'}")
-        with self._lock:
-            g = self._f["head_masks"][name]
+        with self._reading(f"/head_masks/{name}") as f:
+            g = f[schema.HEAD_MASKS][name]
             mask = g["mask"][()]
             stats = {k: g[k][()] for k in g if k != "mask"}
-            attrs = json.loads(g.attrs.get("settings", "{}"))
+            attrs = self._json_attr(read_attrs(g), "settings", f"/head_masks/{name}", {})
         out = np.asarray(mask).view(HeadMask)
         out.attrs, out.stats = attrs, stats
         return out
@@ -221,49 +416,79 @@ class Store:
     @property
     def metric_methods(self) -> list[str]:
         """Methods that have faithfulness metrics in the store."""
-        with self._lock:
-            return list(self._f["metrics"]) if "metrics" in self._f else []
+        with self._reading("/metrics") as f:
+            return list(f[schema.METRICS]) if schema.METRICS in f else []
 
-    def _metric_group(self, method: str):
+    def _metric_group(self, f, method: str):
         if method not in self.metric_methods:
             raise KeyError(f"no metrics for method '{method}' in the store; it has metrics for: "
                            f"{', '.join(self.metric_methods) or 'none'} (attr-compute eval STORE --metrics ...)")
-        return self._f["metrics"][method]
+        return f[schema.METRICS][method]
+
+    def metric_names(self, method: str) -> list[str]:
+        """The metrics stored for ``method``."""
+        with self._reading(f"/metrics/{method}") as f:
+            return list(self._metric_group(f, method))
+
+    def _values(self, g, what: str, sel=slice(None)) -> np.ndarray:
+        v = g["values"][sel]
+        if sel == slice(None) and v.shape != (self._n,):
+            raise damaged(self.path, what, f"{v.shape[0]} values for {self._n} examples")
+        return v
+
+    def metric_values(self, method: str, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Per-example values [hi - lo] of one metric (NaN where it is undefined for an example)."""
+        hi = self._n if hi is None else hi
+        with self._reading(f"/metrics/{method}/{name}") as f:
+            g = self._metric_group(f, method)
+            if name not in g:
+                raise KeyError(f"metric '{name}' of '{method}' is not in the store; it has: {', '.join(g) or 'none'}")
+            return g[name]["values"][lo:hi]
 
     def metrics(self, method: str) -> dict[str, np.ndarray]:
         """{metric name: per-example values [N]} of ``method`` (NaN where a metric is undefined for an example);
         row i belongs to store[i]. Summaries and settings: :meth:`metric_summaries`, :meth:`metric_info`."""
-        with self._lock:
-            g = self._metric_group(method)
-            return {name: g[name]["values"][()] for name in g}
+        with self._reading(f"/metrics/{method}") as f:
+            g = self._metric_group(f, method)
+            return {name: self._values(g[name], f"/metrics/{method}/{name}") for name in g}
 
     def metric_info(self, method: str, name: str) -> dict:
         """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""
-        with self._lock:
-            g = self._metric_group(method)
+        what = f"/metrics/{method}/{name}"
+        with self._reading(what) as f:
+            g = self._metric_group(f, method)
             if name not in g:
                 raise KeyError(f"metric '{name}' of '{method}' is not in the store; it has: {', '.join(g) or 'none'}")
             mg = g[name]
-            return {"settings": json.loads(mg.attrs.get("settings", "{}")),
-                    "summary": json.loads(mg.attrs.get("summary", "{}")),
-                    "higher_is_better": bool(mg.attrs.get("higher_is_better", True)),
-                    "description": str(mg.attrs.get("description", "")),
+            a = read_attrs(mg)
+            return {"settings": self._json_attr(a, "settings", what, {}),
+                    "summary": self._json_attr(a, "summary", what, {}),
+                    "higher_is_better": bool(a.get("higher_is_better", True)),
+                    "description": str(a.get("description", "")),
                     "curves": mg["curves"][()] if "curves" in mg else None,
                     "levels": mg["levels"][()] if "levels" in mg else None}
 
     def metric_summaries(self, method: str) -> dict[str, dict]:
         """{metric name: {"summary": ..., "settings": ..., "higher_is_better": ...}} of ``method``."""
-        with self._lock:
-            g = self._metric_group(method)
-            return {name: {"summary": json.loads(g[name].attrs.get("summary", "{}")),
-                           "settings": json.loads(g[name].attrs.get("settings", "{}")),
-                           "higher_is_better": bool(g[name].attrs.get("higher_is_better", True))} for name in g}
+        with self._reading(f"/metrics/{method}") as f:
+            g = self._metric_group(f, method)
+            out = {}
+            for name in g:
+                a, what = read_attrs(g[name]), f"/metrics/{method}/{name}"
+                out[name] = {"summary": self._json_attr(a, "summary", what, {}),
+                             "settings": self._json_attr(a, "settings", what, {}),
+                             "higher_is_better": bool(a.get("higher_is_better", True))}
+            return out
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        with self._lock:
+            if self._f is not None:
+                try:
+                    self._f.close()
+                except _READ_ERRORS:
+                    pass  # a damaged file may fail to close cleanly; the handle is gone either way
+                self._f = None
 
     def __enter__(self):
         return self
@@ -273,6 +498,17 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<Store {self.path!r}: {len(self)} examples, methods {self.methods}>"
+
+
+def _layout_ok(m) -> bool:
+    """A method layout as the writer records it (a damaged JSON attribute may parse but lack or twist a field)."""
+    try:
+        return (isinstance(m["name"], str) and isinstance(m["signed"], bool) and int(m["n_layer_views"]) >= 0
+                and m["matrices"] in schema.MATRIX_MODES and int(m["n_matrix_layers"]) >= 0
+                and isinstance(m["class_scores"], bool) and all(isinstance(k, str) for k in m.get("example_values", ()))
+                and isinstance(m.get("params", {}), dict))
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 class HeadMask(np.ndarray):
@@ -297,17 +533,21 @@ class Example:
         self._tok = slice(int(row["tok_off"]), int(row["tok_off"]) + self.n_tokens)
 
     # metadata ------------------------------------------------------------------
+    def _string(self, path: str, key: str, what: str) -> str | None:
+        return self._s._strings(path, np.array([self._row[f"{key}_off"]]), np.array([self._row[f"{key}_len"]]),
+                                what)[0]
+
     @cached_property
     def id(self) -> str:
-        return self._s._string(int(self._row["id_off"]), int(self._row["id_len"]))
+        return self._string(self._s._id_path(), "id", "the example ids")
 
     @cached_property
     def text(self) -> str:
-        return self._s._string(int(self._row["text_off"]), int(self._row["text_len"]))
+        return self._string(schema.STRINGS, "text", "the example texts")
 
     @cached_property
     def pair(self) -> str | None:
-        return self._s._string(int(self._row["pair_off"]), int(self._row["pair_len"]))
+        return self._string(schema.STRINGS, "pair", "the example texts")
 
     @property
     def row(self) -> int:
@@ -347,80 +587,82 @@ class Example:
         return None if self.label is None else self.label == self.pred
 
     # tokens --------------------------------------------------------------------
+    def _tokens_of(self, name: str) -> np.ndarray:
+        return self._s._read(name, self._tok, self.n_tokens * (2 if name == "tokens/spans" else 1))
+
     @cached_property
     def token_ids(self) -> np.ndarray:
-        return self._s._read("tokens/ids", self._tok)
+        return self._tokens_of("tokens/ids")
 
     @cached_property
     def tokens(self) -> list[str]:
-        off = self._s._read("tokens/str_off", self._tok)
-        lens = self._s._read("tokens/str_len", self._tok)
-        if self.n_tokens == 0:
-            return []
-        lo = int(off[0])
-        blob = bytes(self._s._read("tokens/strings", slice(lo, int(off[-1]) + int(lens[-1]))))
-        return [blob[o - lo:o - lo + n].decode("utf-8") for o, n in zip(off.tolist(), lens.tolist())]
+        off = self._tokens_of("tokens/str_off")
+        lens = self._tokens_of("tokens/str_len")
+        if (lens < 0).any() or (np.diff(off) != lens[:-1]).any():
+            raise damaged(self._s.path, "/tokens/str_off", f"token strings of example {self.index} overlap")
+        return self._s._strings(schema.TOKEN_STRINGS, off, lens, "the token strings")
 
     @cached_property
     def spans(self) -> np.ndarray:
-        return self._s._read("tokens/spans", self._tok)
+        return self._tokens_of("tokens/spans")
 
     @cached_property
     def segment(self) -> np.ndarray:
-        return self._s._read("tokens/segment", self._tok)
+        return self._tokens_of("tokens/segment")
 
     # attributions -----------------------------------------------------------------
     @property
     def evidence(self) -> np.ndarray | None:
         """[n] bool: evidence / answer tokens (stores made with --evidence-column), else None."""
-        if "tokens/evidence" not in self._s._f:
+        if not self._s.has_evidence:
             return None
-        return self._s._read("tokens/evidence", self._tok).astype(bool)
+        return self._tokens_of(schema.TOKEN_EVIDENCE).astype(bool)
 
-    def _method(self, name: str) -> tuple[str, dict]:
+    def _method(self, name: str) -> dict:
         self._s._need_method(name)
-        return f"methods/{name}", self._s._method_layouts[name]
+        return self._s._method_layouts[name]
 
     def scores(self, method: str) -> np.ndarray:
         """Final attribution [n]."""
-        g, _ = self._method(method)
-        return self._s._read(f"{g}/scores", self._tok)
+        self._method(method)
+        return self._s._read(schema.method_path(method, "scores"), self._tok, self.n_tokens)
 
     def layer_scores(self, method: str) -> np.ndarray | None:
         """Per-layer view [V, n] (e.g. the CLS row of the rollout up to layer l), or None for methods without one."""
-        g, lay = self._method(method)
-        v = int(lay["n_layer_views"])
+        v = int(self._method(method)["n_layer_views"])
         if not v:
             return None
-        start = self._tok.start * v
-        return self._s._read(f"{g}/layer_scores", slice(start, start + v * self.n_tokens)).reshape(v, self.n_tokens)
+        start, size = self._tok.start * v, v * self.n_tokens
+        return self._s._read(schema.method_path(method, "layer_scores"), slice(start, start + size),
+                             size).reshape(v, self.n_tokens)
 
     def matrices(self, method: str) -> np.ndarray | None:
         """Per-layer token-to-token matrices as float32: [L, n, n] (``--matrices all``), [L, 1, n] (only the row
         of the explained position, ``--matrices cls``), or None when the store keeps none for this method."""
-        g, lay = self._method(method)
+        lay = self._method(method)
         mode, L, n = lay["matrices"], int(lay["n_matrix_layers"]), self.n_tokens
-        if mode == "all":
-            start = int(self._row["sq_off"]) * L
-            return self._s._read(f"{g}/matrices", slice(start, start + L * n * n)).astype(np.float32).reshape(L, n, n)
-        if mode == "cls":
-            start = self._tok.start * L
-            return self._s._read(f"{g}/matrices", slice(start, start + L * n)).astype(np.float32).reshape(L, 1, n)
-        return None
+        if mode == "none":
+            return None
+        rows = n if mode == "all" else 1
+        start = (int(self._row["sq_off"]) if mode == "all" else self._tok.start) * L
+        size = L * rows * n
+        m = self._s._read(schema.method_path(method, "matrices"), slice(start, start + size), size)
+        return m.astype(np.float32).reshape(L, rows, n)
 
     def class_scores(self, method: str) -> np.ndarray | None:
         """Per-class attributions [C, n] (``--target all``), or None."""
-        g, lay = self._method(method)
-        if not lay["class_scores"]:
+        if not self._method(method)["class_scores"]:
             return None
         C = self._s.num_labels
-        start = self._tok.start * C
-        return self._s._read(f"{g}/class_scores", slice(start, start + C * self.n_tokens)).reshape(C, self.n_tokens)
+        start, size = self._tok.start * C, C * self.n_tokens
+        return self._s._read(schema.method_path(method, "class_scores"), slice(start, start + size),
+                             size).reshape(C, self.n_tokens)
 
     def example_values(self, method: str) -> dict[str, float]:
         """The method's per-example scalars, e.g. {"ig_delta": ...} for integrated gradients ({} for most methods)."""
-        g, lay = self._method(method)
-        return {key: float(self._s._read(f"{g}/example_values/{key}", self.index))
+        lay = self._method(method)
+        return {key: float(self._s._read(schema.method_path(method, f"example_values/{key}"),
+                                         slice(self.index, self.index + 1), 1)[0])
                 for key in lay.get("example_values", ())}
 
     def __repr__(self) -> str:

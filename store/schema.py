@@ -1,12 +1,16 @@
-"""The on-disk layout of an attrscope store (HDF5), shared by the writer and the reader.
+"""The one place that knows the on-disk layout of an attrscope store (HDF5): paths, dtypes, chunking, filters, and
+how long every flat dataset is after a given committed example. The writer, its resume copy and the reader all
+derive their datasets from here. README "Store schema" documents it for users.
 
-Layout (format 1.x, 1.1 added /head_masks, 1.2 /metrics; README "Store schema" documents it for users):
+Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete)
     /provenance            uint8   full run configuration as UTF-8 JSON (attributes are limited to 64 KiB)
-    /examples/index        compound rows, one per committed example (INDEX_FIELDS); appending them is the commit
-    /examples/strings      uint8   ids, texts and pair texts, UTF-8, addressed by (offset, length) in the index row
+    /examples/index        compound rows, one per committed example (index_dtype); appending them is the commit
+    /examples/ids          uint8   example ids, UTF-8, addressed by (id_off, id_len) of the index row (1.3; before
+                                   1.3 the ids lived in /examples/strings beside the texts)
+    /examples/strings      uint8   texts and pair texts, UTF-8, addressed by (text_off, text_len), (pair_off, pair_len)
     /tokens/ids            int32   [T]     token ids of all committed examples, concatenated
     /tokens/spans          int32   [T, 2]  character span of each token in its segment's text, (-1, -1) for specials
     /tokens/segment        int8    [T]     0 = text, 1 = pair, -1 = special token
@@ -19,6 +23,9 @@ Layout (format 1.x, 1.1 added /head_masks, 1.2 /metrics; README "Store schema" d
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
     /methods/<name>/class_scores  float32 [T * C]        per example a [C, n] block (--target all)
     /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta")
+    /methods/<name>/scale/summary float64 [K, 6]         per view (final, layer 1..V, matrix layer 1..L): count, min,
+    /methods/<name>/scale/hist    int64   [K, B]         max, max |x|, sum, sum of squares; histogram of |x| (1.3,
+                                                          written when the store is complete)
     /head_masks/<name>/mask       [L, H]                 Mask-LRP head masks ("positional", "syntactic", "mask_lrp");
     /head_masks/<name>/<stat>                            the statistics they came from; settings JSON in attrs
     /metrics/<method>/<name>/values   float32 [N]        faithfulness metric per example (format 1.2); curves,
@@ -26,14 +33,21 @@ Layout (format 1.x, 1.1 added /head_masks, 1.2 /metrics; README "Store schema" d
 
 Every ragged array is flat with offsets derived from the index row (tok_off, n_tokens, sq_off), so every dataset has a
 fixed dtype and only grows by appends, which is what HDF5's single-writer/multiple-reader (SWMR) mode allows.
+
+Integrity (1.3): every dataset carries HDF5's fletcher32 checksum (chunked datasets) or lives inside a checksummed
+object header (compact layout, for scalars and tiny arrays), and every chunked dataset is gzip-compressed, so a
+flipped byte or a zeroed block is reported as damage instead of being read as numbers. With libver "latest" all of
+HDF5's own metadata is checksummed as well.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.2.0"  # 1.1: /head_masks, 1.2: /metrics
+ENCODING_VERSION = "1.3.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale
 METHOD_ENCODING_TYPE = "attrscope-method"
 HEAD_MASK_ENCODING_TYPE = "attrscope-head-mask"
 METRIC_ENCODING_TYPE = "attrscope-metric"
@@ -45,6 +59,28 @@ FLAG_TRUNCATED = 1
 CHUNK_FLAT = 1 << 15
 CHUNK_MATRIX = 1 << 17
 CHUNK_ROWS = 256
+GZIP_LEVEL = 4
+COMPACT_MAX_BYTES = 32 * 1024  # arrays up to this size live in the (checksummed) object header
+MAX_COMPACT_ATTRIBUTES = 64  # the root group keeps its attributes in its object header up to this many
+
+# Paths.
+PROVENANCE = "provenance"
+INDEX = "examples/index"
+IDS = "examples/ids"
+STRINGS = "examples/strings"
+TOKEN_STRINGS = "tokens/strings"
+TOKEN_EVIDENCE = "tokens/evidence"
+HEAD_MASKS = "head_masks"
+METRICS = "metrics"
+METHODS = "methods"
+
+
+def method_path(method: str, part: str) -> str:
+    return f"{METHODS}/{method}/{part}"
+
+
+def metric_path(method: str, metric: str) -> str:
+    return f"{METRICS}/{method}/{metric}"
 
 
 def index_dtype(num_labels: int) -> np.dtype:
@@ -52,7 +88,7 @@ def index_dtype(num_labels: int) -> np.dtype:
     return np.dtype(
         [
             ("row", "<i8"),  # row number in the source dataset
-            ("id_off", "<i8"),
+            ("id_off", "<i8"),  # into /examples/ids (1.3) or /examples/strings (before)
             ("id_len", "<i4"),
             ("text_off", "<i8"),
             ("text_len", "<i4"),
@@ -74,3 +110,97 @@ def index_dtype(num_labels: int) -> np.dtype:
 
 MATRIX_MODES = ("none", "cls", "all")
 STORE_DTYPES = ("float16", "float32")
+
+
+# --------------------------------------------------------------------------------------------------------- geometry
+@dataclass(frozen=True)
+class Extent:
+    """How far the committed examples reach into the flat datasets (the end offsets after the last index row)."""
+
+    examples: int = 0
+    tokens: int = 0
+    squares: int = 0  # sum of n_tokens**2
+    ids_bytes: int = 0
+    string_bytes: int = 0
+    token_string_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Flat:
+    """One appendable flat dataset: its path, dtype, optional row width, chunk, and its committed length as
+    ``per`` units of the Extent times ``times`` (e.g. layer_scores: tokens x V)."""
+
+    path: str
+    dtype: str
+    per: str  # an Extent field
+    times: int = 1
+    width: int | None = None
+    chunk: int = CHUNK_FLAT
+
+    def length(self, extent: Extent) -> int:
+        return getattr(extent, self.per) * self.times
+
+
+def token_datasets(evidence: bool) -> list[Flat]:
+    out = [Flat("tokens/ids", "int32", "tokens"), Flat("tokens/spans", "int32", "tokens", width=2),
+           Flat("tokens/segment", "int8", "tokens"), Flat("tokens/str_off", "int64", "tokens"),
+           Flat("tokens/str_len", "int32", "tokens"), Flat(TOKEN_STRINGS, "uint8", "token_string_bytes")]
+    if evidence:
+        out.append(Flat(TOKEN_EVIDENCE, "uint8", "tokens"))
+    return out
+
+
+def example_datasets(separate_ids: bool) -> list[Flat]:
+    out = [Flat(STRINGS, "uint8", "string_bytes")]
+    if separate_ids:
+        out.append(Flat(IDS, "uint8", "ids_bytes"))
+    return out
+
+
+def method_datasets(layout: dict, num_labels: int) -> list[Flat]:
+    """The flat datasets of one method layout (a MethodLayout's fields as a dict)."""
+    name = layout["name"]
+    out = [Flat(method_path(name, "scores"), "float32", "tokens")]
+    if layout.get("n_layer_views"):
+        out.append(Flat(method_path(name, "layer_scores"), "float32", "tokens", int(layout["n_layer_views"])))
+    mode = layout.get("matrices", "none")
+    if mode != "none":
+        dtype = (layout.get("params") or {}).get("store_dtype", "float16")
+        per = "squares" if mode == "all" else "tokens"
+        out.append(Flat(method_path(name, "matrices"), dtype, per, int(layout["n_matrix_layers"]), chunk=CHUNK_MATRIX))
+    if layout.get("class_scores"):
+        out.append(Flat(method_path(name, "class_scores"), "float32", "tokens", num_labels))
+    for key in layout.get("example_values") or ():
+        out.append(Flat(method_path(name, f"example_values/{key}"), "float32", "examples", chunk=CHUNK_ROWS))
+    return out
+
+
+def extent_of_last_row(row: np.void | None, n_examples: int, separate_ids: bool, token_string_end: int) -> Extent:
+    """The Extent after committed row ``row`` (the last one; None for an empty store). ``token_string_end``: end of
+    that example's last token string (str_off + str_len of the last token), read by the caller."""
+    if row is None:
+        return Extent()
+    n = int(row["n_tokens"])
+    text_end = max(int(row[f"{k}_off"]) + max(int(row[f"{k}_len"]), 0) for k in ("text", "pair"))
+    id_end = int(row["id_off"]) + max(int(row["id_len"]), 0)
+    return Extent(examples=n_examples, tokens=int(row["tok_off"]) + n, squares=int(row["sq_off"]) + n * n,
+                  ids_bytes=id_end if separate_ids else 0,
+                  string_bytes=text_end if separate_ids else max(text_end, id_end),
+                  token_string_bytes=token_string_end)
+
+
+# ------------------------------------------------------------------------------------------------- view statistics
+# Log-spaced histogram of |x| for the scale statistics: bin 0 holds |x| < 1e-12 (zeros included), then 8 bins per
+# decade up to 1e6, the last bin everything above.
+SCALE_BINS_PER_DECADE = 8
+SCALE_LOG10_MIN, SCALE_LOG10_MAX = -12, 6
+SCALE_N_BINS = 2 + (SCALE_LOG10_MAX - SCALE_LOG10_MIN) * SCALE_BINS_PER_DECADE
+SCALE_SUMMARY_FIELDS = ("count", "min", "max", "max_abs", "sum", "sum_sq")
+
+
+def scale_views(layout: dict) -> list[str]:
+    """The views whose scale the store keeps: "final", "layer 1".."layer V", "matrix 1".."matrix L"."""
+    views = ["final"] + [f"layer {v + 1}" for v in range(int(layout.get("n_layer_views") or 0))]
+    if layout.get("matrices", "none") != "none":
+        views += [f"matrix {l + 1}" for l in range(int(layout.get("n_matrix_layers") or 0))]
+    return views

@@ -21,6 +21,9 @@ import numpy as np
 
 from . import schema
 from .errors import StoreError
+from .attrs import read_attrs, write_attr
+from .integrity import one_line
+from .scale import ScaleAccumulator
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,31 @@ def _json_bytes(obj) -> np.ndarray:
 
 
 def _flat(group: h5py.Group, name: str, dtype, chunk: int, width: int | None = None) -> h5py.Dataset:
+    """An empty appendable dataset: chunked, gzip + shuffle, fletcher32 checksum on every chunk."""
     shape, maxshape, chunks = (0,), (None,), (chunk,)
     if width is not None:
         shape, maxshape, chunks = (0, width), (None, width), (chunk // width, width)
     return group.create_dataset(
         name, shape=shape, maxshape=maxshape, chunks=chunks, dtype=dtype, compression="gzip",
-        compression_opts=4, shuffle=True,
+        compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True,
     )
+
+
+def _fixed(group: h5py.Group, name: str, data) -> h5py.Dataset:
+    """A dataset written once: small ones live in the checksummed object header (compact layout), larger ones are
+    chunked with gzip and fletcher32, so damage is detected either way."""
+    data = np.asarray(data)
+    if data.nbytes <= schema.COMPACT_MAX_BYTES:
+        space = h5py.h5s.create_simple(data.shape) if data.ndim else h5py.h5s.create(h5py.h5s.SCALAR)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        dsid = h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(data.dtype, logical=True), space, dcpl=dcpl)
+        ds = h5py.Dataset(dsid)
+        if data.size:
+            ds[()] = data
+        return ds
+    return group.create_dataset(name, data=data, chunks=True, compression="gzip",
+                                compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
 
 
 def _append(ds: h5py.Dataset, values: np.ndarray) -> None:
@@ -115,18 +136,26 @@ def _append(ds: h5py.Dataset, values: np.ndarray) -> None:
 class StoreWriter:
     """Single writer of a store. Use :meth:`create` or :meth:`resume`, then :meth:`append` batches, then :meth:`close`."""
 
-    def __init__(self, path: str, f: h5py.File):
+    def __init__(self, path: str, f: h5py.File, scales: dict[str, ScaleAccumulator] | None = None):
         self.path = path
         self._f = f
-        self.num_labels = int(f.attrs["num_labels"])
-        self.methods: dict[str, MethodLayout] = {
-            m["name"]: MethodLayout(**m) for m in json.loads(f.attrs["methods"])
-        }
-        self.n_committed = int(f["examples/index"].shape[0])
-        self._tok_end = int(f["tokens/ids"].shape[0])
-        self._str_end = int(f["examples/strings"].shape[0])
-        self._tokstr_end = int(f["tokens/strings"].shape[0])
-        self._sq_end = self._committed_sq_end()
+        self.num_labels = int(read_attrs(f)["num_labels"])
+        self.methods: dict[str, MethodLayout] = {m["name"]: _layout(m) for m in json.loads(read_attrs(f)["methods"])}
+        self._evidence = schema.TOKEN_EVIDENCE in f
+        idx = f[schema.INDEX]
+        self.n_committed = int(idx.shape[0])
+        last = idx[self.n_committed - 1] if self.n_committed else None
+        tok_end = int(last["tok_off"]) + int(last["n_tokens"]) if last is not None else 0
+        tokstr_end = (int(f["tokens/str_off"][tok_end - 1]) + int(f["tokens/str_len"][tok_end - 1])) if tok_end else 0
+        self._extent = schema.extent_of_last_row(last, self.n_committed, True, tokstr_end)
+        # Scale statistics of every method view, stored when the run completes (a resumed store's are rebuilt).
+        self._scales = scales or {name: ScaleAccumulator(schema.scale_views(m.__dict__))
+                                  for name, m in self.methods.items()}
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens of all committed examples."""
+        return self._extent.tokens
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -147,7 +176,10 @@ class StoreWriter:
         here, before SWMR mode, which allows no new groups afterwards."""
         if os.path.exists(path):
             raise StoreError(f"store '{path}' already exists")
-        f = h5py.File(path, "w", libver="latest", locking=False)
+        try:
+            f = _new_file(path)
+        except OSError as err:
+            raise StoreError(f"cannot create store '{path}': {one_line(err)}: choose another -o") from None
         try:
             _create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
                            provenance=provenance, attrs=attrs or {}, evidence=evidence)
@@ -165,53 +197,53 @@ class StoreWriter:
         """Reopen an interrupted store for appending.
 
         A writer killed in SWMR mode leaves HDF5's "open for write" flag set, so the file cannot be reopened for
-        writing in place. The committed prefix is copied into a fresh file that atomically replaces the old one;
-        uncommitted data past the last index row is dropped.
+        writing in place. The committed prefix is copied (and checked, chunk checksums included) into a fresh file
+        that atomically replaces the old one; uncommitted data past the last index row is dropped. A store written
+        before format 1.3 is rewritten in the current format.
         """
+        from .reader import open_store
+
         tmp = path + ".resume-tmp"
         if os.path.exists(tmp):
             os.remove(tmp)
-        try:
-            old = h5py.File(path, "r", swmr=True, locking=False)
-        except OSError as err:
-            raise StoreError(f"cannot open store '{path}' to resume it ({err}): start again with --overwrite") from None
-        with old:
+        with open_store(path) as old:
             try:
-                _copy_committed(old, tmp)
+                scales = _copy_committed(old, tmp)
             except BaseException:
                 if os.path.exists(tmp):
                     os.remove(tmp)
                 raise
         os.replace(tmp, path)
         f = h5py.File(path, "a", libver="latest", locking=False)
-        f.attrs["complete"] = False
+        write_attr(f, "complete", False)
         f.flush()
         f.swmr_mode = True
-        return cls(path, f)
+        return cls(path, f, scales)
 
     # ------------------------------------------------------------------ appending
-    def _committed_sq_end(self) -> int:
-        idx = self._f["examples/index"]
-        if idx.shape[0] == 0:
-            return 0
-        last = idx[idx.shape[0] - 1]
-        return int(last["sq_off"]) + int(last["n_tokens"]) ** 2
-
     def append(self, examples: list[ExampleData]) -> None:
         """Write the data of ``examples``, flush, then commit their index rows and flush."""
         if not examples:
             return
         f = self._f
         rows = np.zeros(len(examples), dtype=schema.index_dtype(self.num_labels))
-        strings, tok_strings = [], []
-        str_end, tok_end, tokstr_end, sq_end = self._str_end, self._tok_end, self._tokstr_end, self._sq_end
+        ids, strings, tok_strings = [], [], []
+        e = self._extent
+        id_end, str_end, tok_end, tokstr_end, sq_end = (e.ids_bytes, e.string_bytes, e.tokens, e.token_string_bytes,
+                                                         e.squares)
         tok_cols = {"ids": [], "spans": [], "segment": [], "str_off": [], "str_len": []}
         for k, ex in enumerate(examples):
             n = len(ex.token_ids)
             if len(ex.tokens) != n:
                 raise ValueError(f"example {ex.id}: {len(ex.tokens)} token strings for {n} token ids")
+            if n < 1:
+                raise ValueError(f"example {ex.id}: no tokens")
             r = rows[k]
-            for key, value in (("id", ex.id), ("text", ex.text), ("pair", ex.pair)):
+            b = ex.id.encode("utf-8")
+            r["id_off"], r["id_len"] = id_end, len(b)
+            ids.append(b)
+            id_end += len(b)
+            for key, value in (("text", ex.text), ("pair", ex.pair)):
                 if value is None:
                     r[f"{key}_off"], r[f"{key}_len"] = str_end, -1
                     continue
@@ -228,7 +260,7 @@ class StoreWriter:
             tok_cols["ids"].append(np.asarray(ex.token_ids, dtype=np.int32))
             tok_cols["spans"].append(np.asarray(ex.spans, dtype=np.int32).reshape(n, 2))
             tok_cols["segment"].append(np.asarray(ex.segment, dtype=np.int8))
-            if "tokens/evidence" in f:
+            if self._evidence:
                 ev = np.zeros(n, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, dtype=np.uint8)
                 tok_cols.setdefault("evidence", []).append(ev.reshape(n))
             r["row"], r["tok_off"], r["n_tokens"], r["sq_off"] = ex.row, tok_end, n, sq_end
@@ -239,8 +271,9 @@ class StoreWriter:
             tok_end += n
             sq_end += n * n
 
-        _append(f["examples/strings"], np.frombuffer(b"".join(strings), dtype=np.uint8))
-        _append(f["tokens/strings"], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
+        _append(f[schema.IDS], np.frombuffer(b"".join(ids), dtype=np.uint8))
+        _append(f[schema.STRINGS], np.frombuffer(b"".join(strings), dtype=np.uint8))
+        _append(f[schema.TOKEN_STRINGS], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
         for key, parts in tok_cols.items():
             _append(f[f"tokens/{key}"], np.concatenate(parts))
         for name, layout in self.methods.items():
@@ -248,30 +281,35 @@ class StoreWriter:
 
         # Data first, then the rows that make it visible: a reader never sees a row whose data is missing.
         f.flush()
-        _append(f["examples/index"], rows)
-        f["examples/index"].flush()
+        _append(f[schema.INDEX], rows)
+        f[schema.INDEX].flush()
         self.n_committed += len(examples)
-        self._str_end, self._tok_end, self._tokstr_end, self._sq_end = str_end, tok_end, tokstr_end, sq_end
+        self._extent = schema.Extent(examples=self.n_committed, tokens=tok_end, squares=sq_end, ids_bytes=id_end,
+                                     string_bytes=str_end, token_string_bytes=tokstr_end)
 
     def _append_method(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> None:
-        g = self._f["methods"][name]
+        g = self._f[schema.METHODS][name]
         parts: dict[str, list[np.ndarray]] = {"scores": [], "layer_scores": [], "matrices": [], "class_scores": []}
+        stored_dtype = np.dtype(layout.params.get("store_dtype", "float16")) if layout.matrices != "none" else None
         for ex in examples:
             n = len(ex.token_ids)
             res = ex.results.get(name)
             if res is None:
                 raise ValueError(f"example {ex.id}: no result for method '{name}'")
-            parts["scores"].append(_checked(res["scores"], (n,), name, "scores", ex.id))
+            kept = {"scores": _checked(res["scores"], (n,), name, "scores", ex.id).astype(np.float32)}
             if layout.n_layer_views:
-                parts["layer_scores"].append(
-                    _checked(res["layer_scores"], (layout.n_layer_views, n), name, "layer_scores", ex.id).ravel())
+                kept["layer_scores"] = _checked(res["layer_scores"], (layout.n_layer_views, n), name, "layer_scores",
+                                                ex.id).astype(np.float32)
             if layout.matrices != "none":
                 rows = n if layout.matrices == "all" else 1
-                parts["matrices"].append(
-                    _checked(res["matrices"], (layout.n_matrix_layers, rows, n), name, "matrices", ex.id).ravel())
+                kept["matrices"] = _checked(res["matrices"], (layout.n_matrix_layers, rows, n), name, "matrices",
+                                            ex.id).astype(stored_dtype)
             if layout.class_scores:
-                parts["class_scores"].append(
-                    _checked(res["class_scores"], (self.num_labels, n), name, "class_scores", ex.id).ravel())
+                kept["class_scores"] = _checked(res["class_scores"], (self.num_labels, n), name, "class_scores",
+                                                ex.id).astype(np.float32)
+            for key, value in kept.items():
+                parts[key].append(value.ravel())
+            self._scales[name].add_example(layout.__dict__, kept)  # the values as readers will read them
             for key in layout.example_values:
                 value = res.get("example_values", {}).get(key)
                 if value is None:
@@ -284,7 +322,8 @@ class StoreWriter:
 
     # ------------------------------------------------------------------ closing
     def close(self, *, complete: bool = False, summary: dict | None = None) -> None:
-        """Close the file. With ``complete`` (or a summary) reopen it outside SWMR to stamp the final attributes."""
+        """Close the file. With ``complete`` (or a summary) reopen it outside SWMR to stamp the final attributes
+        (and, when complete, the scale statistics of every method)."""
         if self._f is None:
             return
         self._f.flush()
@@ -293,13 +332,22 @@ class StoreWriter:
         if complete or summary:
             # Attributes cannot change in SWMR mode; a normal reopen is cheap and clears the open-for-write flag.
             with h5py.File(self.path, "r+", libver="latest", locking=False) as f:
-                f.attrs["complete"] = bool(complete)
-                f.attrs["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                if complete:
+                    for name, acc in self._scales.items():
+                        g = f[schema.METHODS][name]
+                        if "scale" in g:
+                            del g["scale"]
+                        sg = g.create_group("scale")
+                        _fixed(sg, "summary", acc.summary)
+                        _fixed(sg, "hist", acc.hist)
+                        write_attr(sg, "views", json.dumps(acc.views))
+                write_attr(f, "complete", bool(complete))
+                write_attr(f, "finished", datetime.now(timezone.utc).isoformat(timespec="seconds"))
                 if summary:
-                    f.attrs["summary"] = json.dumps(summary, sort_keys=True, default=str)
+                    write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))
                     for name, secs in (summary.get("method_seconds") or {}).items():
-                        if name in f["methods"]:
-                            f["methods"][name].attrs["seconds"] = float(secs)
+                        if name in f[schema.METHODS]:
+                            write_attr(f[schema.METHODS][name], "seconds", float(secs))
 
     def __enter__(self):
         return self
@@ -308,24 +356,27 @@ class StoreWriter:
         self.close()
 
 
+def _new_file(path: str) -> h5py.File:
+    """A new HDF5 file: latest format (checksummed metadata), no file locks, and root attributes kept in the
+    (checksummed) object header rather than a fractal heap: a zeroed block in the heap of a dense root-attribute
+    store sent HDF5 into an endless loop (seen on a format 1.2 store)."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl.set_file_locking(False, True)
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_attr_phase_change(schema.MAX_COMPACT_ATTRIBUTES, schema.MAX_COMPACT_ATTRIBUTES - 1)
+    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_EXCL, fapl=fapl, fcpl=fcpl))
+
+
+def _layout(d: dict) -> MethodLayout:
+    return MethodLayout(**{**d, "example_values": tuple(d.get("example_values", ()))})
+
+
 def _checked(arr, shape, method, what, ex_id) -> np.ndarray:
     a = np.asarray(arr)
     if a.shape != shape:
         raise ValueError(f"method '{method}', example {ex_id}: {what} has shape {a.shape}, expected {shape}")
     return a
-
-
-def _attr_value(value):
-    """Plain Python scalars as they are (numpy str_ has no HDF5 conversion), anything else as JSON."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    return json.dumps(value, default=str)
 
 
 def add_metrics(path: str, metrics: list[MetricData]) -> None:
@@ -342,9 +393,9 @@ def add_metrics(path: str, metrics: list[MetricData]) -> None:
 
     shutil.copyfile(path, tmp)
     try:
-        with h5py.File(tmp, "a", locking=False) as f:
-            n = int(f["examples/index"].shape[0])
-            root = f.require_group("metrics")
+        with h5py.File(tmp, "a", libver="latest", locking=False) as f:
+            n = int(f[schema.INDEX].shape[0])
+            root = f.require_group(schema.METRICS)
             for m in metrics:
                 if np.asarray(m.values).shape != (n,):
                     raise StoreError(f"metric '{m.name}' of '{m.method}' has {np.asarray(m.values).shape[0]} values "
@@ -353,16 +404,16 @@ def add_metrics(path: str, metrics: list[MetricData]) -> None:
                 if m.name in g:
                     del g[m.name]
                 mg = g.create_group(m.name)
-                mg.attrs["encoding-type"] = schema.METRIC_ENCODING_TYPE
-                mg.create_dataset("values", data=np.asarray(m.values, dtype=np.float32))
+                write_attr(mg, "encoding-type", schema.METRIC_ENCODING_TYPE)
+                _fixed(mg, "values", np.asarray(m.values, dtype=np.float32))
                 if m.curves is not None:
-                    mg.create_dataset("curves", data=np.asarray(m.curves, dtype=np.float32), compression="gzip")
+                    _fixed(mg, "curves", np.asarray(m.curves, dtype=np.float32))
                 if m.levels is not None:
-                    mg.create_dataset("levels", data=np.asarray(m.levels, dtype=np.int32), compression="gzip")
-                mg.attrs["settings"] = json.dumps(m.settings, sort_keys=True, default=str)
-                mg.attrs["summary"] = json.dumps(m.summary, sort_keys=True, default=str)
-                mg.attrs["higher_is_better"] = bool(m.higher_is_better)
-                mg.attrs["description"] = m.description
+                    _fixed(mg, "levels", np.asarray(m.levels, dtype=np.int32))
+                write_attr(mg, "settings", json.dumps(m.settings, sort_keys=True, default=str))
+                write_attr(mg, "summary", json.dumps(m.summary, sort_keys=True, default=str))
+                write_attr(mg, "higher_is_better", bool(m.higher_is_better))
+                write_attr(mg, "description", m.description)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -374,113 +425,105 @@ def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
     """``/head_masks/<name>``: dataset ``mask`` [L, H], the statistics beside it, settings as attributes."""
     if not masks:
         return
-    root = f.require_group("head_masks")
+    root = f.require_group(schema.HEAD_MASKS)
     for hm in masks:
         g = root.create_group(hm.name)
-        g.attrs["encoding-type"] = schema.HEAD_MASK_ENCODING_TYPE
-        g.create_dataset("mask", data=np.asarray(hm.mask))
+        write_attr(g, "encoding-type", schema.HEAD_MASK_ENCODING_TYPE)
+        _fixed(g, "mask", np.asarray(hm.mask))
         for key, value in hm.arrays.items():
-            g.create_dataset(key, data=np.asarray(value))
-        g.attrs["settings"] = json.dumps(hm.attrs, sort_keys=True, default=str)
+            _fixed(g, key, np.asarray(value))
+        write_attr(g, "settings", json.dumps(hm.attrs, sort_keys=True, default=str))
 
 
 def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs, evidence=False) -> None:
-    f.attrs["encoding-type"] = schema.ENCODING_TYPE
-    f.attrs["encoding-version"] = schema.ENCODING_VERSION
-    f.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    f.attrs["n_layers"] = int(n_layers)
-    f.attrs["n_heads"] = int(n_heads)
-    f.attrs["num_labels"] = len(labels)
-    f.attrs["labels"] = json.dumps({str(int(k)): v for k, v in labels.items()})
-    f.attrs["methods"] = json.dumps([m.__dict__ for m in methods], sort_keys=True)
-    f.attrs["complete"] = False
+    write_attr(f, "encoding-type", schema.ENCODING_TYPE)
+    write_attr(f, "encoding-version", schema.ENCODING_VERSION)
+    write_attr(f, "created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    write_attr(f, "n_layers", int(n_layers))
+    write_attr(f, "n_heads", int(n_heads))
+    write_attr(f, "num_labels", len(labels))
+    write_attr(f, "labels", json.dumps({str(int(k)): v for k, v in labels.items()}))
+    write_attr(f, "methods", json.dumps([m.__dict__ for m in methods], sort_keys=True))
+    write_attr(f, "complete", False)
     for key, value in attrs.items():
-        f.attrs[key] = _attr_value(value)
-    f.create_dataset("provenance", data=_json_bytes(provenance))
+        write_attr(f, key, value)
+    _fixed(f, schema.PROVENANCE, _json_bytes(provenance))
 
     ex = f.create_group("examples")
     ex.create_dataset("index", shape=(0,), maxshape=(None,), chunks=(schema.CHUNK_ROWS,),
-                      dtype=schema.index_dtype(len(labels)))
-    _flat(ex, "strings", np.uint8, schema.CHUNK_FLAT)
-    tok = f.create_group("tokens")
-    _flat(tok, "ids", np.int32, schema.CHUNK_FLAT)
-    _flat(tok, "spans", np.int32, schema.CHUNK_FLAT, width=2)
-    _flat(tok, "segment", np.int8, schema.CHUNK_FLAT)
-    _flat(tok, "str_off", np.int64, schema.CHUNK_FLAT)
-    _flat(tok, "str_len", np.int32, schema.CHUNK_FLAT)
-    _flat(tok, "strings", np.uint8, schema.CHUNK_FLAT)
-    if evidence:
-        _flat(tok, "evidence", np.uint8, schema.CHUNK_FLAT)
-
-    mg = f.create_group("methods")
+                      dtype=schema.index_dtype(len(labels)), compression="gzip", compression_opts=schema.GZIP_LEVEL,
+                      shuffle=True, fletcher32=True)
+    f.create_group("tokens")
+    mg = f.create_group(schema.METHODS)
     for m in methods:
         g = mg.create_group(m.name)
-        g.attrs["encoding-type"] = schema.METHOD_ENCODING_TYPE
-        g.attrs["signed"] = bool(m.signed)
-        g.attrs["n_layer_views"] = int(m.n_layer_views)
-        g.attrs["matrices"] = m.matrices
-        g.attrs["description"] = m.description
-        g.attrs["params"] = json.dumps(m.params, sort_keys=True, default=str)
-        _flat(g, "scores", np.float32, schema.CHUNK_FLAT)
-        if m.n_layer_views:
-            _flat(g, "layer_scores", np.float32, schema.CHUNK_FLAT)
-        if m.matrices != "none":
-            dtype = m.params.get("store_dtype", "float16")
-            _flat(g, "matrices", np.dtype(dtype), schema.CHUNK_MATRIX)
-        if m.class_scores:
-            _flat(g, "class_scores", np.float32, schema.CHUNK_FLAT)
-        if m.example_values:
-            ev = g.create_group("example_values")
-            for key in m.example_values:
-                _flat(ev, key, np.float32, schema.CHUNK_ROWS)
+        write_attr(g, "encoding-type", schema.METHOD_ENCODING_TYPE)
+        write_attr(g, "signed", bool(m.signed))
+        write_attr(g, "n_layer_views", int(m.n_layer_views))
+        write_attr(g, "matrices", m.matrices)
+        write_attr(g, "description", m.description)
+        write_attr(g, "params", json.dumps(m.params, sort_keys=True, default=str))
+    for d in (schema.example_datasets(True) + schema.token_datasets(evidence)
+              + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]):
+        _flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
 
 
-def _copy_committed(old: h5py.File, tmp: str) -> None:
-    """Write the committed prefix of ``old`` into a new file ``tmp`` with the same layout."""
-    index = old["examples/index"][:]
-    n = len(index)
-    if n:
-        last = index[-1]
-        tok_end = int(last["tok_off"]) + int(last["n_tokens"])
-        sq_end = int(last["sq_off"]) + int(last["n_tokens"]) ** 2
-        str_end = max(int(last[f"{k}_off"]) + max(int(last[f"{k}_len"]), 0) for k in ("id", "text", "pair"))
-        tokstr_end = int(old["tokens/str_off"][tok_end - 1]) + int(old["tokens/str_len"][tok_end - 1]) if tok_end else 0
-    else:
-        tok_end = sq_end = str_end = tokstr_end = 0
-    methods = [MethodLayout(**{**m, "example_values": tuple(m.get("example_values", ()))})
-               for m in json.loads(old.attrs["methods"])]
-    prov = json.loads(bytes(old["provenance"][:]).decode("utf-8"))
-    labels = {int(k): v for k, v in json.loads(old.attrs["labels"]).items()}
+def _copy_committed(old, tmp: str) -> dict[str, ScaleAccumulator]:
+    """Write the committed prefix of the open store ``old`` (a reader: every read checked) into a new file ``tmp``
+    in the current format. Returns the scale statistics of the copied examples."""
+    f_old = old._f
+    n = len(old)
+    methods = [_layout(m) for m in json.loads(read_attrs(f_old)["methods"])]
+    labels = dict(old.labels)
     skip = {"encoding-type", "encoding-version", "created", "n_layers", "n_heads", "num_labels", "labels",
             "methods", "complete", "finished", "summary"}
-    attrs = {k: v for k, v in old.attrs.items() if k not in skip}
-    with h5py.File(tmp, "w", libver="latest", locking=False) as f:
-        _create_layout(f, n_layers=int(old.attrs["n_layers"]), n_heads=int(old.attrs["n_heads"]), labels=labels,
-                       methods=methods, provenance=prov, attrs=attrs, evidence="tokens/evidence" in old)
-        f.attrs["created"] = old.attrs["created"]
-        ends = {"examples/strings": str_end, "tokens/strings": tokstr_end}
-        for key in ("ids", "spans", "segment", "str_off", "str_len", "evidence"):
-            if f"tokens/{key}" in old:
-                ends[f"tokens/{key}"] = tok_end
-        for m in methods:
-            ends[f"methods/{m.name}/scores"] = tok_end
-            if m.n_layer_views:
-                ends[f"methods/{m.name}/layer_scores"] = tok_end * m.n_layer_views
-            if m.matrices == "all":
-                ends[f"methods/{m.name}/matrices"] = sq_end * m.n_matrix_layers
-            elif m.matrices == "cls":
-                ends[f"methods/{m.name}/matrices"] = tok_end * m.n_matrix_layers
-            if m.class_scores:
-                ends[f"methods/{m.name}/class_scores"] = tok_end * len(labels)
-            for key in m.example_values:
-                ends[f"methods/{m.name}/example_values/{key}"] = n
-        for key, end in ends.items():
-            if old[key].shape[0] < end:
-                raise StoreError(f"store is damaged: '{key}' is shorter than its committed rows; start again with --overwrite")
-            step = 1 << 22
-            for s in range(0, end, step):
-                _append(f[key], old[key][s:min(end, s + step)])
-        _append(f["examples/index"], index)
-        for group in ("head_masks", "metrics"):  # metrics only exist in complete stores (nothing is appended)
-            if group in old:
-                old.copy(old[group], f, name=group)
+    attrs = {k: v for k, v in old.model_info.items() if k not in skip}
+    with _new_file(tmp) as f:
+        _create_layout(f, n_layers=old.n_layers, n_heads=old.n_heads, labels=labels, methods=methods,
+                       provenance=old.config, attrs=attrs, evidence=old.has_evidence)
+        write_attr(f, "created", read_attrs(f_old)["created"])
+        w = StoreWriter.__new__(StoreWriter)  # appends through the writer's own code, without SWMR or a class init
+        w.path, w._f, w.num_labels = tmp, f, len(labels)
+        w.methods = {m.name: m for m in methods}
+        w._evidence = old.has_evidence
+        w.n_committed, w._extent = 0, schema.Extent()
+        w._scales = {m.name: ScaleAccumulator(schema.scale_views(m.__dict__)) for m in methods}
+        step = 512
+        for lo in range(0, n, step):
+            batch = []
+            for i in range(lo, min(lo + step, n)):
+                e = old[i]
+                results = {}
+                for m in methods:
+                    r = {"scores": e.scores(m.name)}
+                    if m.n_layer_views:
+                        r["layer_scores"] = e.layer_scores(m.name)
+                    if m.matrices != "none":
+                        r["matrices"] = e.matrices(m.name).astype(m.params.get("store_dtype", "float16"))
+                    if m.class_scores:
+                        r["class_scores"] = e.class_scores(m.name)
+                    r["example_values"] = e.example_values(m.name)
+                    results[m.name] = r
+                batch.append(ExampleData(
+                    row=e.row, id=e.id, text=e.text, pair=e.pair, token_ids=e.token_ids, tokens=e.tokens,
+                    spans=e.spans, segment=e.segment, label=-1 if e.label is None else e.label, pred=e.pred,
+                    probs=e.probs, target=e.target, explain_pos=e.explain_pos, n_orig_tokens=e.n_orig_tokens,
+                    truncated=e.truncated, evidence=e.evidence, results=results))
+            w.append(batch)
+        for group in (schema.HEAD_MASKS, schema.METRICS):  # metrics only exist in complete stores
+            if group in f_old:
+                for name in f_old[group]:
+                    _copy_group(f_old[group][name], f.require_group(group), name)
+        return w._scales
+
+
+def _copy_group(src: h5py.Group, parent: h5py.Group, name: str) -> None:
+    """Copy a group of small fixed datasets and attributes, rewriting each dataset with checksums."""
+    g = parent.create_group(name)
+    for key, value in read_attrs(src).items():
+        write_attr(g, key, value)
+    for key, obj in src.items():
+        if isinstance(obj, h5py.Group):
+            _copy_group(obj, g, key)
+        else:
+            _fixed(g, key, obj[()])

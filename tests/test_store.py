@@ -63,10 +63,10 @@ def example(i: int) -> ExampleData:
         target=pred, explain_pos=0, n_orig_tokens=n + 7 if truncated else n, truncated=truncated, results=res)
 
 
-def create(path: Path) -> StoreWriter:
+def create(path: Path, **extra) -> StoreWriter:
     return StoreWriter.create(str(path), n_layers=L, n_heads=4, labels=LABELS, methods=layouts(),
                               provenance={"config": {"methods": ["rollout", "logat", "norm"]}},
-                              attrs={"model_id": "synthetic-é"})
+                              attrs={"model_id": "synthetic-é"}, **extra)
 
 
 def assert_example(got, exp: ExampleData) -> None:
@@ -516,3 +516,224 @@ def test_refresh_across_index_chunks(tmp_path, writer_factory):
     with open_store(path) as s:
         assert len(s) == 320
         np.testing.assert_array_equal(s.index["row"], np.arange(320))
+
+
+# --- format 1.2 stores (written before checksums, separate ids and scale statistics) ----------------------------------
+
+FIXTURE_1_2 = TESTS / "fixtures" / "store-1.2.h5"  # written by the format-1.2 writer (commit 5adfd87), see README there
+
+
+def _fixture_example(i: int) -> ExampleData:
+    ex = example(i)
+    ex.evidence = np.arange(len(ex.token_ids)) % 3 == i % 3
+    return ex
+
+
+def test_reads_a_format_1_2_store():
+    with open_store(FIXTURE_1_2) as s:
+        assert s.format_version == "1.2.0" and len(s) == 10 and s.complete and s.has_evidence
+        assert s.ids() == [f"ex-{i}-é" for i in range(10)] and s.find_id("ex-7-é") == 7
+        for i in range(10):
+            exp = _fixture_example(i)
+            assert_example(s[i], exp)
+            np.testing.assert_array_equal(s[i].evidence, exp.evidence)
+        assert s.ids_range(3, 5) == ["ex-3-é", "ex-4-é"]
+        assert s.texts_range(8, 10) == [example(8).text, example(9).text]
+        np.testing.assert_array_equal(s.index_column("n_tokens"), [len(example(i).token_ids) for i in range(10)])
+        hm = s.head_mask("positional")
+        np.testing.assert_array_equal(hm, np.eye(3, 4))
+        np.testing.assert_allclose(hm.stats["freq_max"], np.linspace(0, 1, 12).reshape(3, 4))
+        assert hm.attrs == {"threshold": 0.8}
+        np.testing.assert_allclose(s.metric_values("rollout", "aopc@attcat"), np.linspace(-0.5, 0.5, 10), rtol=1e-6)
+        assert s.metric_info("rollout", "aopc@attcat")["curves"].shape == (10, 3)
+        assert s.scale_stats("rollout") is None  # a 1.2 store has none stored; they are computed on request
+        got = s.scale_stats("rollout", compute=True)
+        scores = np.concatenate([example(i).results["rollout"]["scores"] for i in range(10)]).astype(np.float32)
+        assert got["final"].count == scores.size
+        np.testing.assert_allclose(got["final"].max_abs, np.abs(scores).max(), rtol=1e-7)
+
+
+def test_resume_rewrites_a_format_1_2_store_in_the_current_format(tmp_path):
+    path = tmp_path / "old.h5"
+    path.write_bytes(FIXTURE_1_2.read_bytes())
+    w = StoreWriter.resume(str(path))
+    w.append([_fixture_example(10), _fixture_example(11)])
+    w.close(complete=True)
+    with open_store(path) as s:
+        assert s.format_version == "1.3.0" and len(s) == 12
+        for i in range(12):
+            assert_example(s[i], _fixture_example(i))
+            np.testing.assert_array_equal(s[i].evidence, _fixture_example(i).evidence)
+        assert s.head_mask("positional").attrs == {"threshold": 0.8}
+        np.testing.assert_allclose(s.metric_values("rollout", "aopc@attcat"), np.linspace(-0.5, 0.5, 10), rtol=1e-6)
+    assert b"GCOL" not in path.read_bytes()  # no global heap left (see test_no_variable_length_strings)
+
+
+# --- lazy index, ids, scale statistics ------------------------------------------------------------------------------
+
+
+def test_index_is_read_in_checked_blocks(tmp_path):
+    import store.reader as R
+
+    path = tmp_path / "blocks.h5"
+    w = create(path)
+    for a in range(0, 2600, 400):
+        w.append([example(i) for i in range(a, min(a + 400, 2600))])
+    w.close(complete=True)
+    with open_store(path) as s:
+        assert len(s._blocks) == 0  # opening read no index block
+        assert s.ids_range(1023, 1026) == [f"ex-{i}-é" for i in range(1023, 1026)]
+        assert sorted(s._blocks) == [0, 1]
+        rows = s.index_rows(1000, 2100)
+        np.testing.assert_array_equal(rows["row"], np.arange(1000, 2100))
+        np.testing.assert_array_equal(s.index_column("n_tokens", 2590), [len(example(i).token_ids)
+                                                                          for i in range(2590, 2600)])
+        assert s.texts_range(2598, 2600) == [example(2598).text, example(2599).text]
+        assert s.find_id("ex-2599-é") == 2599 and s.find_id("nope") is None
+        assert_example(s[2047], example(2047))
+        assert len(s._blocks) <= R._BLOCKS_KEPT
+
+
+def test_scale_statistics_match_the_stored_values(tmp_path):
+    path = tmp_path / "scale.h5"
+    w = create(path)
+    exs = [example(i) for i in range(30)]
+    w.append(exs[:17])
+    w.append(exs[17:])
+    w.close(complete=True)
+    with open_store(path) as s:
+        for m in ("rollout", "logat", "norm"):
+            stored = s.scale_stats(m)
+            views = list(stored)
+            # the same numbers as a direct computation from what the reader returns
+            for k, view in enumerate(views):
+                if view == "final":
+                    vals = np.concatenate([s[i].scores(m) for i in range(30)])
+                elif view.startswith("layer"):
+                    vals = np.concatenate([s[i].layer_scores(m)[k - 1] for i in range(30)])
+                else:
+                    li = int(view.split()[1]) - 1
+                    vals = np.concatenate([s[i].matrices(m)[li].ravel() for i in range(30)])
+                st = stored[view]
+                assert st.count == vals.size
+                np.testing.assert_allclose([st.min, st.max, st.max_abs, st.mean],
+                                           [vals.min(), vals.max(), np.abs(vals).max(), vals.astype(np.float64).mean()],
+                                           rtol=1e-9)
+                q = st.quantile_abs(0.9)
+                assert np.quantile(np.abs(vals), 0.9) <= q * (1 + 1e-12) <= np.abs(vals).max() * (1 + 1e-12)
+        assert [v for v in s.scale_stats("rollout")] == ["final", "layer 1", "layer 2", "layer 3", "matrix 1",
+                                                         "matrix 2", "matrix 3"]
+
+
+def test_scale_statistics_are_computed_incrementally_for_a_growing_store(tmp_path):
+    path = tmp_path / "grow.h5"
+    w = create(path)
+    w.append([example(i) for i in range(5)])
+    with open_store(path) as s:
+        assert s.scale_stats("norm") is None
+        first = s.scale_stats("norm", compute=True)["final"]
+        assert first.count == sum(len(example(i).token_ids) for i in range(5))
+        w.append([example(i) for i in range(5, 9)])
+        s.refresh()
+        seen = []
+        later = s.scale_stats("norm", compute=True, progress=lambda done, total: seen.append((done, total)))["final"]
+        assert later.count == sum(len(example(i).token_ids) for i in range(9))
+        assert seen == [(9, 9)]  # only the new examples were read
+    w.close(complete=True)
+
+
+def test_no_variable_length_strings(tmp_path):
+    """Text attributes are fixed-length (inside the checksummed object header): HDF5's global heap, where h5py puts
+    variable-length strings, has no checksum and a damaged one made HDF5 loop forever."""
+    path = tmp_path / "fixed.h5"
+    from store_fuzz import make_target
+
+    make_target(str(path))
+    assert b"GCOL" not in path.read_bytes()
+    with h5py.File(path, "r") as f:
+        assert isinstance(f.attrs["methods"], bytes)
+
+
+# --- damaged and truncated files ------------------------------------------------------------------------------------
+
+
+def _timed_open(path) -> tuple[str, float]:
+    import time
+
+    t0 = time.monotonic()
+    from store_fuzz import read_everything
+
+    with pytest.raises(StoreError) as info:
+        read_everything(str(path))
+    return one_line(str(info.value)), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["closed", "killed-writer"])
+def test_truncated_copy_fails_fast_and_says_its_size(tmp_path, complete):
+    from store_fuzz import make_target
+
+    src = tmp_path / "whole.h5"
+    make_target(str(src), complete=complete)
+    data = src.read_bytes()
+    for cut in (0, 5, 47, 100, 1000, len(data) // 3, len(data) - 1):
+        bad = tmp_path / f"cut{cut}.h5"
+        bad.write_bytes(data[:cut])
+        msg, took = _timed_open(bad)
+        assert took < 2.0, (cut, took)
+        assert str(bad) in msg
+        if cut == 0:
+            assert "empty" in msg
+        elif cut < 48:
+            assert "incomplete" in msg and f"{cut:,} bytes" in msg
+        else:
+            assert "incomplete" in msg and f"{cut:,} bytes of the {len(data):,}" in msg, msg
+
+
+def _chunk_offset(path, name: str) -> tuple[int, int]:
+    with h5py.File(path, "r") as f:
+        info = f[name].id.get_chunk_info(0)
+        return info.byte_offset, info.size
+
+
+@pytest.mark.parametrize("name", ["examples/index", "methods/rollout/scores", "tokens/strings", "examples/ids"])
+def test_a_flipped_byte_in_data_is_reported_not_read(tmp_path, name):
+    from store_fuzz import make_target
+
+    path = tmp_path / "flip.h5"
+    make_target(str(path))
+    off, size = _chunk_offset(path, name)
+    data = bytearray(path.read_bytes())
+    data[off + size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    msg, took = _timed_open(path)
+    assert took < 2.0 and "damaged" in msg and f"/{name}" in msg and str(path) in msg, msg
+
+
+def test_a_zeroed_block_is_reported(tmp_path):
+    from store_fuzz import make_target
+
+    path = tmp_path / "zero.h5"
+    make_target(str(path))
+    off, size = _chunk_offset(path, "methods/logat/layer_scores")
+    data = bytearray(path.read_bytes())
+    data[off:off + size] = bytes(size)
+    path.write_bytes(bytes(data))
+    with open_store(path) as s:  # the header and index are intact: the store opens ...
+        assert len(s) == 12
+        with pytest.raises(StoreError, match="damaged.*logat/layer_scores"):
+            s[0].layer_scores("logat")  # ... and the damaged data is refused, not shown as numbers
+        np.testing.assert_allclose(s[0].scores("logat"), example(0).results["logat"]["scores"], rtol=1e-6)
+
+
+def test_an_index_that_contradicts_itself_is_refused(tmp_path):
+    """A store without checksums (format 1.2) whose index rows were damaged: caught by the row checks."""
+    path = tmp_path / "old.h5"
+    path.write_bytes(FIXTURE_1_2.read_bytes())
+    with h5py.File(path, "r+") as f:
+        idx = f["examples/index"][:]
+        idx[4]["n_tokens"] = 0
+        f["examples/index"][4] = idx[4]
+    with open_store(path) as s:  # opening checks the last row only, which is fine ...
+        assert len(s) == 10
+        with pytest.raises(StoreError, match="damaged.*examples/index"):
+            s[4]  # ... the block holding row 4 is refused as a whole
