@@ -54,6 +54,7 @@ class Store:
             self._opened = False  # refresh() reopens the file from its second call on
             self._extent = schema.Extent()
             self._ids: list[str] | None = None
+            self._catalogue = None
             self._id_rows: dict[str, int] | None = None
             self._scales: dict[str, ScaleAccumulator] = {}
             self._scale_rows: dict[str, int] = {}
@@ -201,6 +202,7 @@ class Store:
                 self._blocks.pop((self._n - 1) // _BLOCK if self._n else 0, None)  # the old partial block
                 self._n = n
                 self._ids = self._id_rows = None
+            self._catalogue = None
             return n
 
     def _check_extent(self, n: int) -> None:
@@ -413,72 +415,110 @@ class Store:
         return out
 
     # ------------------------------------------------------------------ metrics
+    def _metric_catalogue(self) -> dict[tuple[str, str], tuple]:
+        """(method, metric) -> where it is: ("record", row) from /metric_records (a later record of the same pair
+        replaces an earlier one) or ("group", path) for format 1.2's /metrics/<method>/<metric> groups. Small: one
+        entry per metric, read once per open or refresh."""
+        if self._catalogue is None:
+            cat: dict[tuple[str, str], tuple] = {}
+            with self._reading("/metrics") as f:
+                if schema.METRICS in f:
+                    for method, g in f[schema.METRICS].items():
+                        for name in g:
+                            cat[(method, name)] = ("group", schema.metric_path(method, name))
+                if schema.METRIC_ROWS in f:
+                    for row in f[schema.METRIC_ROWS][()]:
+                        key = (row["method"].decode("utf-8"), row["metric"].decode("utf-8"))
+                        cat.pop(key, None)  # re-inserted: the order of the latest record
+                        cat[key] = ("record", row)
+            self._catalogue = cat
+        return self._catalogue
+
     @property
     def metric_methods(self) -> list[str]:
         """Methods that have faithfulness metrics in the store."""
-        with self._reading("/metrics") as f:
-            return list(f[schema.METRICS]) if schema.METRICS in f else []
+        return list(dict.fromkeys(m for m, _ in self._metric_catalogue()))
 
-    def _metric_group(self, f, method: str):
+    def _metric(self, method: str, name: str | None = None):
+        cat = self._metric_catalogue()
         if method not in self.metric_methods:
             raise KeyError(f"no metrics for method '{method}' in the store; it has metrics for: "
                            f"{', '.join(self.metric_methods) or 'none'} (attr-compute eval STORE --metrics ...)")
-        return f[schema.METRICS][method]
+        if name is not None and (method, name) not in cat:
+            raise KeyError(f"metric '{name}' of '{method}' is not in the store; it has: "
+                           f"{', '.join(self.metric_names(method))}")
+        return cat.get((method, name))
 
     def metric_names(self, method: str) -> list[str]:
         """The metrics stored for ``method``."""
-        with self._reading(f"/metrics/{method}") as f:
-            return list(self._metric_group(f, method))
-
-    def _values(self, g, what: str, sel=slice(None)) -> np.ndarray:
-        v = g["values"][sel]
-        if sel == slice(None) and v.shape != (self._n,):
-            raise damaged(self.path, what, f"{v.shape[0]} values for {self._n} examples")
-        return v
+        self._metric(method)
+        return [n for m, n in self._metric_catalogue() if m == method]
 
     def metric_values(self, method: str, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Per-example values [hi - lo] of one metric (NaN where it is undefined for an example)."""
-        hi = self._n if hi is None else hi
-        with self._reading(f"/metrics/{method}/{name}") as f:
-            g = self._metric_group(f, method)
-            if name not in g:
-                raise KeyError(f"metric '{name}' of '{method}' is not in the store; it has: {', '.join(g) or 'none'}")
-            return g[name]["values"][lo:hi]
+        kind, where = self._metric(method, name)
+        hi = self._n if hi is None else min(hi, self._n)
+        lo = max(0, min(lo, hi))
+        what = f"metric '{name}' of '{method}'"
+        if kind == "group":
+            out = self._read(f"{where}/values", slice(lo, hi))
+        else:
+            if int(where["n"]) != self._n:
+                raise damaged(self.path, what, f"{int(where['n'])} values for {self._n} examples")
+            off = int(where["values_off"])
+            out = self._read(schema.METRIC_NUMBERS, slice(off + lo, off + hi))
+        if out.shape != (hi - lo,):
+            raise damaged(self.path, what, f"{out.shape[0]} values where {hi - lo} are needed")
+        return out
 
     def metrics(self, method: str) -> dict[str, np.ndarray]:
         """{metric name: per-example values [N]} of ``method`` (NaN where a metric is undefined for an example);
         row i belongs to store[i]. Summaries and settings: :meth:`metric_summaries`, :meth:`metric_info`."""
-        with self._reading(f"/metrics/{method}") as f:
-            g = self._metric_group(f, method)
-            return {name: self._values(g[name], f"/metrics/{method}/{name}") for name in g}
+        return {name: self.metric_values(method, name) for name in self.metric_names(method)}
 
-    def metric_info(self, method: str, name: str) -> dict:
-        """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""
-        what = f"/metrics/{method}/{name}"
-        with self._reading(what) as f:
-            g = self._metric_group(f, method)
-            if name not in g:
-                raise KeyError(f"metric '{name}' of '{method}' is not in the store; it has: {', '.join(g) or 'none'}")
-            mg = g[name]
-            a = read_attrs(mg)
+    def _metric_text(self, method: str, name: str) -> dict:
+        kind, where = self._metric(method, name)
+        what = f"metric '{name}' of '{method}'"
+        if kind == "group":
+            with self._reading(what) as f:
+                a = read_attrs(f[where])
             return {"settings": self._json_attr(a, "settings", what, {}),
                     "summary": self._json_attr(a, "summary", what, {}),
                     "higher_is_better": bool(a.get("higher_is_better", True)),
-                    "description": str(a.get("description", "")),
-                    "curves": mg["curves"][()] if "curves" in mg else None,
-                    "levels": mg["levels"][()] if "levels" in mg else None}
+                    "description": str(a.get("description", ""))}
+        off, ln = int(where["text_off"]), int(where["text_len"])
+        raw = self._read(schema.METRIC_TEXT, slice(off, off + ln), ln)
+        try:
+            info = json.loads(bytes(raw).decode("utf-8"))
+            return {"settings": dict(info["settings"]), "summary": dict(info["summary"]),
+                    "higher_is_better": bool(info["higher_is_better"]), "description": str(info["description"])}
+        except (ValueError, KeyError, TypeError) as err:
+            raise damaged(self.path, what, err) from None
+
+    def metric_info(self, method: str, name: str) -> dict:
+        """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""
+        out = self._metric_text(method, name)
+        kind, where = self._metric(method, name)
+        if kind == "group":
+            with self._reading(f"metric '{name}' of '{method}'") as f:
+                g = f[where]
+                out["curves"] = g["curves"][()] if "curves" in g else None
+                out["levels"] = g["levels"][()] if "levels" in g else None
+            return out
+        n, k = int(where["n"]), int(where["k"])
+        for key, dtype in (("curves", np.float32), ("levels", np.int32)):
+            off = int(where[f"{key}_off"])
+            out[key] = None if off < 0 else self._read(schema.METRIC_NUMBERS, slice(off, off + n * k),
+                                                       n * k).reshape(n, k).astype(dtype)
+        return out
 
     def metric_summaries(self, method: str) -> dict[str, dict]:
         """{metric name: {"summary": ..., "settings": ..., "higher_is_better": ...}} of ``method``."""
-        with self._reading(f"/metrics/{method}") as f:
-            g = self._metric_group(f, method)
-            out = {}
-            for name in g:
-                a, what = read_attrs(g[name]), f"/metrics/{method}/{name}"
-                out[name] = {"summary": self._json_attr(a, "summary", what, {}),
-                             "settings": self._json_attr(a, "settings", what, {}),
-                             "higher_is_better": bool(a.get("higher_is_better", True))}
-            return out
+        out = {}
+        for name in self.metric_names(method):
+            t = self._metric_text(method, name)
+            out[name] = {"summary": t["summary"], "settings": t["settings"], "higher_is_better": t["higher_is_better"]}
+        return out
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -28,8 +28,13 @@ Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /example
                                                           written when the store is complete)
     /head_masks/<name>/mask       [L, H]                 Mask-LRP head masks ("positional", "syntactic", "mask_lrp");
     /head_masks/<name>/<stat>                            the statistics they came from; settings JSON in attrs
-    /metrics/<method>/<name>/values   float32 [N]        faithfulness metric per example (format 1.2); curves,
-                                                          levels [N, K]; settings and summary JSON in attrs
+    /metric_records/rows      compound, one per metric record (method, metric, N, K, offsets into numbers and
+                                 text); appending the row commits the record, a later record of the same (method,
+                                 metric) replaces an earlier one (format 1.3)
+    /metric_records/numbers   float32  each record's values [N], curves [N, K] and levels [N, K] (exact up to 2**24)
+    /metric_records/text      uint8    each record's settings, summary, direction and description as UTF-8 JSON
+    /metrics/<method>/<name>/values   float32 [N]        format 1.2's metric groups (still read; curves, levels
+                                                          [N, K]; settings and summary JSON in attrs)
 
 Every ragged array is flat with offsets derived from the index row (tok_off, n_tokens, sq_off), so every dataset has a
 fixed dtype and only grows by appends, which is what HDF5's single-writer/multiple-reader (SWMR) mode allows.
@@ -64,6 +69,10 @@ COMPACT_MAX_BYTES = 32 * 1024  # arrays up to this size live in the (checksummed
 MAX_COMPACT_ATTRIBUTES = 64  # the root group keeps its attributes in its object header up to this many
 
 # Paths.
+METRIC_RECORDS = "metric_records"
+METRIC_ROWS = "metric_records/rows"
+METRIC_NUMBERS = "metric_records/numbers"
+METRIC_TEXT = "metric_records/text"
 PROVENANCE = "provenance"
 INDEX = "examples/index"
 IDS = "examples/ids"
@@ -106,6 +115,24 @@ def index_dtype(num_labels: int) -> np.dtype:
             ("probs", "<f4", (num_labels,)),
         ]
     )
+
+
+NAME_BYTES = 64  # method and metric names in a metric record
+
+
+def metric_record_dtype() -> np.dtype:
+    """Row of /metric_records/rows: one committed metric of one method."""
+    return np.dtype([
+        ("method", f"S{NAME_BYTES}"),
+        ("metric", f"S{NAME_BYTES}"),  # as stored, e.g. "aopc@attcat"
+        ("n", "<i8"),  # examples
+        ("k", "<i4"),  # curve points per example (0: no curves)
+        ("values_off", "<i8"),  # into /metric_records/numbers
+        ("curves_off", "<i8"),  # -1: none
+        ("levels_off", "<i8"),  # -1: none
+        ("text_off", "<i8"),  # into /metric_records/text
+        ("text_len", "<i4"),
+    ])
 
 
 MATRIX_MODES = ("none", "cls", "all")

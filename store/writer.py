@@ -208,7 +208,7 @@ class StoreWriter:
             os.remove(tmp)
         with open_store(path) as old:
             try:
-                scales = _copy_committed(old, tmp)
+                scales = _copy_committed(old, tmp, metrics=False)
             except BaseException:
                 if os.path.exists(tmp):
                     os.remove(tmp)
@@ -380,45 +380,100 @@ def _checked(arr, shape, method, what, ex_id) -> np.ndarray:
 
 
 def add_metrics(path: str, metrics: list[MetricData]) -> None:
-    """Write metrics into a store that no writer holds (after attr-compute closed it): ``/metrics/<method>/<name>``
-    with ``values`` [N], optional ``curves`` / ``levels`` [N, K], and the settings and summary as JSON attributes.
-    A metric of the same name is replaced. The file is written to a copy that atomically replaces the store, so a
-    failure leaves the store as it was."""
+    """Add metrics to a store that no writer holds (after attr-compute closed it), in place: each becomes a record
+    in /metric_records (values [N], optional curves / levels [N, K], settings and summary), and a later record of
+    the same method and metric replaces an earlier one for readers.
+
+    Crash-safe without a copy: the file is switched to SWMR writing, which only appends and keeps the file readable
+    at every moment; the numbers are appended and flushed first, the record rows last, so a run killed at any point
+    leaves every earlier metric readable and either all or none of a new one. (A store without /metric_records, made
+    before format 1.3, or one left open for write by a killed run, is first rewritten once through a checked copy.)"""
     if not metrics:
         return
-    tmp = path + ".metrics-tmp"
+    for m in metrics:
+        for name in (m.method, m.name):
+            if len(name.encode("utf-8")) > schema.NAME_BYTES:
+                raise StoreError(f"metric name '{name}' is longer than {schema.NAME_BYTES} bytes")
+    try:
+        f = h5py.File(path, "r+", libver="latest", locking=False)
+    except OSError:
+        f = None  # still marked open for write by a killed writer: rewrite it below
+    if f is None or schema.METRIC_ROWS not in f:
+        if f is not None:
+            f.close()
+        _rewrite(path)
+        f = h5py.File(path, "r+", libver="latest", locking=False)
+    try:
+        f.swmr_mode = True
+        _append_metric_records(f, metrics)
+    finally:
+        f.close()
+
+
+def _rewrite(path: str) -> None:
+    """Copy the store's committed content (checked) into the current format; the copy replaces it atomically."""
+    from .reader import open_store
+
+    tmp = path + ".rewrite-tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
-    import shutil
-
-    shutil.copyfile(path, tmp)
+    complete = False
     try:
-        with h5py.File(tmp, "a", libver="latest", locking=False) as f:
-            n = int(f[schema.INDEX].shape[0])
-            root = f.require_group(schema.METRICS)
-            for m in metrics:
-                if np.asarray(m.values).shape != (n,):
-                    raise StoreError(f"metric '{m.name}' of '{m.method}' has {np.asarray(m.values).shape[0]} values "
-                                     f"for {n} examples")
-                g = root.require_group(m.method)
-                if m.name in g:
-                    del g[m.name]
-                mg = g.create_group(m.name)
-                write_attr(mg, "encoding-type", schema.METRIC_ENCODING_TYPE)
-                _fixed(mg, "values", np.asarray(m.values, dtype=np.float32))
-                if m.curves is not None:
-                    _fixed(mg, "curves", np.asarray(m.curves, dtype=np.float32))
-                if m.levels is not None:
-                    _fixed(mg, "levels", np.asarray(m.levels, dtype=np.int32))
-                write_attr(mg, "settings", json.dumps(m.settings, sort_keys=True, default=str))
-                write_attr(mg, "summary", json.dumps(m.summary, sort_keys=True, default=str))
-                write_attr(mg, "higher_is_better", bool(m.higher_is_better))
-                write_attr(mg, "description", m.description)
-        os.replace(tmp, path)
+        with open_store(path) as old:
+            complete, summary = old.complete, old.summary
+            _copy_committed(old, tmp)
+        with h5py.File(tmp, "r+", libver="latest", locking=False) as f:
+            write_attr(f, "complete", bool(complete))
+            if summary:
+                write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    os.replace(tmp, path)
+
+
+def _append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
+    """Append the metrics' numbers and texts, flush, then their record rows (the commit), flush."""
+    n = int(f[schema.INDEX].shape[0])
+    numbers, texts = f[schema.METRIC_NUMBERS], f[schema.METRIC_TEXT]
+    num_end, text_end = int(numbers.shape[0]), int(texts.shape[0])
+    rows = np.zeros(len(metrics), dtype=schema.metric_record_dtype())
+    chunks, blobs = [], []
+    for r, m in zip(rows, metrics):
+        values = np.asarray(m.values, dtype=np.float32)
+        if values.shape != (n,):
+            raise StoreError(f"metric '{m.name}' of '{m.method}' has {values.shape[0] if values.ndim else 1} values "
+                             f"for {n} examples")
+        parts = [values]
+        r["method"], r["metric"], r["n"] = m.method.encode("utf-8"), m.name.encode("utf-8"), n
+        r["values_off"], r["curves_off"], r["levels_off"] = num_end, -1, -1
+        off = num_end + n
+        k = 0
+        for key, arr in (("curves", m.curves), ("levels", m.levels)):
+            if arr is None:
+                continue
+            a = np.asarray(arr)
+            if a.ndim != 2 or a.shape[0] != n or (k and a.shape[1] != k):
+                raise StoreError(f"metric '{m.name}' of '{m.method}': {key} have shape {a.shape}, not [{n}, K]")
+            if key == "levels" and a.size and np.abs(a).max() >= 2 ** 24:
+                raise StoreError(f"metric '{m.name}' of '{m.method}': levels beyond 2**24 do not fit float32")
+            k = a.shape[1]
+            r[f"{key}_off"] = off
+            parts.append(a.astype(np.float32).ravel())
+            off += a.size
+        r["k"] = k
+        text = json.dumps({"settings": m.settings, "summary": m.summary, "higher_is_better": bool(m.higher_is_better),
+                           "description": m.description}, sort_keys=True, default=str).encode("utf-8")
+        r["text_off"], r["text_len"] = text_end, len(text)
+        chunks += parts
+        blobs.append(text)
+        num_end, text_end = off, text_end + len(text)
+    _append(numbers, np.concatenate(chunks))
+    _append(texts, np.frombuffer(b"".join(blobs), dtype=np.uint8))
+    f.flush()  # the numbers first ...
+    _append(f[schema.METRIC_ROWS], rows)  # ... then the rows that make them visible
+    f.flush()
 
 
 def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
@@ -463,14 +518,20 @@ def _create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenan
         write_attr(g, "matrices", m.matrices)
         write_attr(g, "description", m.description)
         write_attr(g, "params", json.dumps(m.params, sort_keys=True, default=str))
+    rec = f.create_group(schema.METRIC_RECORDS)
+    rec.create_dataset("rows", shape=(0,), maxshape=(None,), chunks=(64,), dtype=schema.metric_record_dtype(),
+                       compression="gzip", compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
+    _flat(f, schema.METRIC_NUMBERS, np.float32, schema.CHUNK_FLAT)
+    _flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
     for d in (schema.example_datasets(True) + schema.token_datasets(evidence)
               + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]):
         _flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
 
 
-def _copy_committed(old, tmp: str) -> dict[str, ScaleAccumulator]:
+def _copy_committed(old, tmp: str, metrics: bool = True) -> dict[str, ScaleAccumulator]:
     """Write the committed prefix of the open store ``old`` (a reader: every read checked) into a new file ``tmp``
-    in the current format. Returns the scale statistics of the copied examples."""
+    in the current format, with its metrics unless ``metrics`` is False (a resumed run adds examples, which the
+    metrics would not cover). Returns the scale statistics of the copied examples."""
     f_old = old._f
     n = len(old)
     methods = [_layout(m) for m in json.loads(read_attrs(f_old)["methods"])]
@@ -510,10 +571,18 @@ def _copy_committed(old, tmp: str) -> dict[str, ScaleAccumulator]:
                     probs=e.probs, target=e.target, explain_pos=e.explain_pos, n_orig_tokens=e.n_orig_tokens,
                     truncated=e.truncated, evidence=e.evidence, results=results))
             w.append(batch)
-        for group in (schema.HEAD_MASKS, schema.METRICS):  # metrics only exist in complete stores
-            if group in f_old:
-                for name in f_old[group]:
-                    _copy_group(f_old[group][name], f.require_group(group), name)
+        if schema.HEAD_MASKS in f_old:
+            for name in f_old[schema.HEAD_MASKS]:
+                _copy_group(f_old[schema.HEAD_MASKS][name], f.require_group(schema.HEAD_MASKS), name)
+        records = []
+        for method in old.metric_methods if metrics else ():  # only complete stores have metrics: all rows were copied
+            for name in old.metric_names(method):
+                info = old.metric_info(method, name)
+                records.append(MetricData(method, name, old.metric_values(method, name), info["settings"],
+                                          info["summary"], info["higher_is_better"], info["description"],
+                                          info["curves"], info["levels"]))
+        if records:
+            _append_metric_records(f, records)
         return w._scales
 
 
