@@ -520,6 +520,39 @@ class Store:
             out[name] = {"summary": t["summary"], "settings": t["settings"], "higher_is_better": t["higher_is_better"]}
         return out
 
+    # ------------------------------------------------------------------ tables
+    def token_table(self, methods: list[str] | None = None, *, layers: bool = False, lo: int = 0,
+                    hi: int | None = None) -> dict[str, np.ndarray]:
+        """One row per example x token x method of the examples [lo, hi) as numpy columns: example, id, position,
+        token, label (-1: none), pred, method, score, and with ``layers`` layer_1..layer_V."""
+        from .table import token_columns
+
+        hi = self._n if hi is None else min(hi, self._n)
+        return token_columns(self, list(methods or self.methods), layers, max(lo, 0), hi)
+
+    def iter_token_tables(self, methods: list[str] | None = None, *, layers: bool = False, chunk: int = 2048):
+        """:meth:`token_table` of ``chunk`` examples at a time (bounded memory for any store size)."""
+        for lo in range(0, self._n, chunk):
+            yield self.token_table(methods, layers=layers, lo=lo, hi=lo + chunk)
+
+    def to_pandas(self, methods: list[str] | None = None, *, layers: bool = False, lo: int = 0, hi: int | None = None):
+        """:meth:`token_table` as a pandas DataFrame (``pip install pandas``)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.token_table(methods, layers=layers, lo=lo, hi=hi))
+
+    def metric_table(self, methods: list[str] | None = None) -> dict[str, np.ndarray]:
+        """One row per example x method, a column per metric (NaN where a method lacks it): example, id, method, ..."""
+        from .table import metric_columns
+
+        return metric_columns(self, methods)
+
+    def metrics_to_pandas(self, methods: list[str] | None = None):
+        """:meth:`metric_table` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metric_table(methods))
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         with self._lock:

@@ -853,3 +853,58 @@ def test_a_run_killed_while_adding_metrics_leaves_earlier_metrics_readable(tmp_p
     with open_store(path) as s:
         _assert_metric(s, first)
         _assert_metric(s, again)
+
+
+# --- tables ---------------------------------------------------------------------------------------------------------
+
+
+def test_token_table_has_one_row_per_example_token_and_method(tmp_path):
+    path = tmp_path / "t.h5"
+    w = create(path)
+    exs = [example(i) for i in range(9)]
+    w.append(exs[:4])
+    w.append(exs[4:])
+    w.close(complete=True)
+    with open_store(path) as s:
+        t = s.token_table(["norm", "rollout"], layers=True, lo=2, hi=7)
+        rows = [(m, i, p) for m in ("norm", "rollout") for i in range(2, 7) for p in range(len(exs[i].token_ids))]
+        assert len(t["score"]) == len(rows)
+        assert list(zip(t["method"], t["example"], t["position"])) == rows
+        k = 0
+        for m, i, p in rows:
+            ex = exs[i]
+            assert t["id"][k] == ex.id and t["token"][k] == ex.tokens[p]
+            assert t["label"][k] == ex.label and t["pred"][k] == ex.pred
+            np.testing.assert_allclose(t["score"][k], ex.results[m]["scores"][p], rtol=1e-6)
+            for v in range(L):
+                want = ex.results[m]["layer_scores"][v, p] if m == "rollout" else np.nan
+                np.testing.assert_allclose(t[f"layer_{v + 1}"][k], want, rtol=1e-6)
+            k += 1
+        chunks = list(s.iter_token_tables(["logat"], chunk=4))
+        assert [len(np.unique(c["example"])) for c in chunks] == [4, 4, 1]
+        whole = s.token_table(["logat"])
+        for key in whole:
+            np.testing.assert_array_equal(np.concatenate([c[key] for c in chunks]), whole[key])
+        assert "layer_1" not in whole
+        pd = pytest.importorskip("pandas")
+        df = s.to_pandas(["rollout"], layers=True)
+        assert list(df.columns[:8]) == ["example", "id", "position", "token", "label", "pred", "method", "score"]
+        assert len(df) == sum(len(e.token_ids) for e in exs) and isinstance(df, pd.DataFrame)
+
+
+def test_metric_table_has_one_row_per_example_and_method(tmp_path):
+    from store import add_metrics
+
+    path = tmp_path / "mt.h5"
+    w = create(path)
+    w.append([example(i) for i in range(5)])
+    w.close(complete=True)
+    a, b, c = _metric("rollout", "aopc", 5, 1), _metric("rollout", "lodds", 5, 2), _metric("norm", "aopc", 5, 3)
+    add_metrics(str(path), [a, b, c])
+    with open_store(path) as s:
+        t = s.metric_table()
+        assert list(t) == ["example", "id", "method", "aopc", "lodds"]
+        assert list(t["method"]) == ["rollout"] * 5 + ["norm"] * 5
+        np.testing.assert_array_equal(t["aopc"], np.concatenate([a.values, c.values]).astype(np.float32))
+        np.testing.assert_array_equal(t["lodds"][:5], b.values.astype(np.float32))
+        assert np.isnan(t["lodds"][5:]).all() and list(t["id"][:2]) == ["ex-0-é", "ex-1-é"]
