@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from store import ExampleData, MethodLayout, StoreWriter, open_store
+from store import resume as resume_store
 from store.errors import StoreError
 
 from . import __version__
@@ -378,7 +379,7 @@ def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[S
         except StoreError as err:
             raise AttrscopeError(str(err)) from None
         _check_resume(before, provenance, output)
-        writer = StoreWriter.resume(output)
+        writer = resume_store(output)
         return writer, writer.n_committed
     if cfg.overwrite and os.path.exists(output):
         os.remove(output)

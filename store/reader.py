@@ -24,7 +24,7 @@ import numpy as np
 from . import schema
 from .errors import StoreError
 from .attrs import read_attrs
-from .integrity import damaged, one_line, open_for_reading
+from .integrity import damaged, open_for_reading
 from .scale import ScaleAccumulator, ViewScale
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))

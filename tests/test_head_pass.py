@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from compute.cli import main
+from store import resume as resume_store
 from store import HeadMaskData, MethodLayout, StoreWriter, open_store
 
 WORDS = "the movie was great but long and boring film good bad not very a plot story loved hated fun dull".split()
@@ -127,7 +128,7 @@ def test_head_mask_reused_from_another_store(mask_run):
 
 
 def test_resume_keeps_the_masks(mask_run):
-    StoreWriter.resume(str(mask_run["out"])).close(complete=True)
+    resume_store(str(mask_run["out"])).close(complete=True)
     with open_store(mask_run["out"]) as s:
         assert s.head_masks == ["mask_lrp", "positional", "syntactic"]
 

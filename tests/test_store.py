@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
+from store import resume as resume_store
 from store import ExampleData, MethodLayout, StoreError, StoreWriter, open_store
 from synthetic import make_store
 
@@ -284,7 +285,7 @@ WRITER_SCRIPT = textwrap.dedent("""
     from test_store import create, example
 
     gate = False
-    _orig_append = W._append
+    _orig_append = W.append
 
     def _gated_append(ds, values):
         # Stop right before the index rows are appended: the data of the batch is written and flushed.
@@ -294,7 +295,7 @@ WRITER_SCRIPT = textwrap.dedent("""
                 os._exit(0)
         _orig_append(ds, values)
 
-    W._append = _gated_append
+    W.append = _gated_append
     w = create(sys.argv[1])
     print("ready", flush=True)
     for line in sys.stdin:
@@ -431,7 +432,7 @@ def test_resume_after_writer_died(tmp_path, writer_factory, death):
         for i in range(6):
             assert_example(s[i], example(i))
 
-    rw = StoreWriter.resume(str(path))
+    rw = resume_store(str(path))
     assert rw.n_committed == 6
     n_tok = sum(len(example(i).token_ids) for i in range(6))
     sq = sum(len(example(i).token_ids) ** 2 for i in range(6))
@@ -465,7 +466,7 @@ def test_resume_of_a_closed_store_appends(tmp_path):
     w = create(path)
     w.append([example(i) for i in range(4)])
     w.close(complete=True, summary={"examples": 4})
-    rw = StoreWriter.resume(str(path))
+    rw = resume_store(str(path))
     assert rw.n_committed == 4
     rw.append([example(4), example(5)])
     rw.close()
@@ -479,7 +480,7 @@ def test_resume_of_a_non_store_raises(tmp_path):
     path = tmp_path / "junk.h5"
     path.write_bytes(b"\0junk" * 10)
     with pytest.raises(StoreError) as info:
-        StoreWriter.resume(str(path))
+        resume_store(str(path))
     one_line(str(info.value))
 
 
@@ -556,7 +557,7 @@ def test_reads_a_format_1_2_store():
 def test_resume_rewrites_a_format_1_2_store_in_the_current_format(tmp_path):
     path = tmp_path / "old.h5"
     path.write_bytes(FIXTURE_1_2.read_bytes())
-    w = StoreWriter.resume(str(path))
+    w = resume_store(str(path))
     w.append([_fixture_example(10), _fixture_example(11)])
     w.close(complete=True)
     with open_store(path) as s:
@@ -806,10 +807,11 @@ def test_adding_metrics_to_a_format_1_2_store_keeps_its_metrics(tmp_path):
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys
     sys.path[:0] = [sys.argv[2], sys.argv[3]]
-    import store.writer as W
+    import store
+    import store.h5 as W
     from test_store import _metric
     stage = sys.argv[4]
-    orig = W._append
+    orig = W.append
 
     def gated(ds, values):
         if ds.name == "/metric_records/rows" and stage == "before-rows":
@@ -818,8 +820,8 @@ KILL_SCRIPT = textwrap.dedent("""
         if ds.name == "/metric_records/numbers" and stage == "mid-numbers":
             os.kill(os.getpid(), 9)
 
-    W._append = gated
-    W.add_metrics(sys.argv[1], [_metric("logat", "comprehensiveness", 7, 9), _metric("rollout", "kendall", 7, 8)])
+    W.append = gated
+    store.add_metrics(sys.argv[1], [_metric("logat", "comprehensiveness", 7, 9), _metric("rollout", "kendall", 7, 8)])
     if stage == "after":
         os.kill(os.getpid(), 9)
 """)
@@ -908,3 +910,62 @@ def test_metric_table_has_one_row_per_example_and_method(tmp_path):
         np.testing.assert_array_equal(t["aopc"], np.concatenate([a.values, c.values]).astype(np.float32))
         np.testing.assert_array_equal(t["lodds"][:5], b.values.astype(np.float32))
         assert np.isnan(t["lodds"][5:]).all() and list(t["id"][:2]) == ["ex-0-é", "ex-1-é"]
+
+
+# --- merging shard stores --------------------------------------------------------------------------------------------
+
+
+def _shard(path, rows, **extra):
+    w = create(path, **extra)
+    half = (rows.start + rows.stop) // 2
+    w.append([example(i) for i in range(rows.start, half)])
+    w.append([example(i) for i in range(half, rows.stop)])
+    w.close(complete=True)
+
+
+def test_merge_joins_shards_in_dataset_order(tmp_path):
+    from store import merge
+
+    parts = [range(0, 5), range(5, 6), range(6, 13)]
+    paths = [tmp_path / f"s{k}.h5" for k in range(3)]
+    for p, r in zip(paths, parts):
+        _shard(p, r)
+    out = tmp_path / "merged.h5"
+    merge(str(out), [str(p) for p in paths], {"merged": True}, attrs={"world_size": 3}, summary={"examples": 13})
+    with open_store(out) as s:
+        assert len(s) == 13 and s.complete and s.config == {"merged": True} and s.summary == {"examples": 13}
+        assert s.model_info["world_size"] == 3 and s.model_info["model_id"] == "synthetic-é"
+        for i in range(13):
+            assert_example(s[i], example(i))
+        # the scale statistics cover every shard
+        assert s.scale_stats("norm")["final"].count == sum(len(example(i).token_ids) for i in range(13))
+    # a single-store run of the same examples gives the same datasets, bit for bit
+    whole = tmp_path / "whole.h5"
+    _shard(whole, range(0, 13))
+    with h5py.File(out, "r") as a, h5py.File(whole, "r") as b:
+        def same(name, obj):
+            if isinstance(obj, h5py.Dataset) and name != "provenance":
+                assert np.array_equal(obj[()], b[name][()]), name
+        a.visititems(same)
+
+
+def test_merge_refuses_mismatched_overlapping_or_incomplete_shards(tmp_path):
+    from store import merge
+
+    _shard(tmp_path / "a.h5", range(0, 4))
+    _shard(tmp_path / "b.h5", range(3, 6))  # overlaps a
+    _shard(tmp_path / "c.h5", range(4, 8))
+    w = create(tmp_path / "d.h5")
+    w.append([example(8)])
+    w.close()  # not complete
+    other = tmp_path / "e.h5"
+    StoreWriter.create(str(other), n_layers=L, n_heads=4, labels={0: "neg", 1: "pos"}, methods=layouts(),
+                       provenance={}).close(complete=True)
+    out = str(tmp_path / "out.h5")
+    cases = [(["a.h5", "b.h5"], "overlap"), (["c.h5", "a.h5"], "out of order"), (["a.h5", "d.h5"], "not complete"),
+             (["a.h5", "e.h5"], "labels")]
+    for names, words in cases:
+        with pytest.raises(StoreError, match=words) as info:
+            merge(out, [str(tmp_path / n) for n in names], {})
+        one_line(str(info.value))
+        assert not os.path.exists(out) and not os.path.exists(out + ".merge-tmp")

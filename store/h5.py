@@ -1,0 +1,166 @@
+"""Low-level HDF5 for writers: new files, the layout of a new store, and datasets with their checksums.
+
+Every dataset carries a checksum: chunked ones fletcher32 (and gzip + shuffle), small fixed ones the compact layout
+inside their checksummed object header (store/schema.py, "Integrity").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+import h5py
+import numpy as np
+
+from . import schema
+from .attrs import write_attr
+from .errors import StoreError
+from .records import HeadMaskData, MetricData
+
+
+def json_bytes(obj) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode("utf-8"), dtype=np.uint8)
+
+
+def flat(group: h5py.Group, name: str, dtype, chunk: int, width: int | None = None) -> h5py.Dataset:
+    """An empty appendable dataset: chunked, gzip + shuffle, fletcher32 checksum on every chunk."""
+    shape, maxshape, chunks = (0,), (None,), (chunk,)
+    if width is not None:
+        shape, maxshape, chunks = (0, width), (None, width), (chunk // width, width)
+    return group.create_dataset(
+        name, shape=shape, maxshape=maxshape, chunks=chunks, dtype=dtype, compression="gzip",
+        compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True,
+    )
+
+
+def fixed(group: h5py.Group, name: str, data) -> h5py.Dataset:
+    """A dataset written once: small ones live in the checksummed object header (compact layout), larger ones are
+    chunked with gzip and fletcher32, so damage is detected either way."""
+    data = np.asarray(data)
+    if data.nbytes <= schema.COMPACT_MAX_BYTES:
+        space = h5py.h5s.create_simple(data.shape) if data.ndim else h5py.h5s.create(h5py.h5s.SCALAR)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        dsid = h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(data.dtype, logical=True), space, dcpl=dcpl)
+        ds = h5py.Dataset(dsid)
+        if data.size:
+            ds[()] = data
+        return ds
+    return group.create_dataset(name, data=data, chunks=True, compression="gzip",
+                                compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
+
+
+def append(ds: h5py.Dataset, values: np.ndarray) -> None:
+    if len(values) == 0:
+        return
+    start = ds.shape[0]
+    ds.resize((start + len(values),) + ds.shape[1:])
+    ds[start:] = values
+
+
+def new_file(path: str) -> h5py.File:
+    """A new HDF5 file: latest format (checksummed metadata), no file locks, and root attributes kept in the
+    (checksummed) object header rather than a fractal heap: a zeroed block in the heap of a dense root-attribute
+    store sent HDF5 into an endless loop (seen on a format 1.2 store)."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    fapl.set_file_locking(False, True)
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_attr_phase_change(schema.MAX_COMPACT_ATTRIBUTES, schema.MAX_COMPACT_ATTRIBUTES - 1)
+    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_EXCL, fapl=fapl, fcpl=fcpl))
+
+
+def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
+    """``/head_masks/<name>``: dataset ``mask`` [L, H], the statistics beside it, settings as attributes."""
+    if not masks:
+        return
+    root = f.require_group(schema.HEAD_MASKS)
+    for hm in masks:
+        g = root.create_group(hm.name)
+        write_attr(g, "encoding-type", schema.HEAD_MASK_ENCODING_TYPE)
+        fixed(g, "mask", np.asarray(hm.mask))
+        for key, value in hm.arrays.items():
+            fixed(g, key, np.asarray(value))
+        write_attr(g, "settings", json.dumps(hm.attrs, sort_keys=True, default=str))
+
+
+def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs, evidence=False) -> None:
+    write_attr(f, "encoding-type", schema.ENCODING_TYPE)
+    write_attr(f, "encoding-version", schema.ENCODING_VERSION)
+    write_attr(f, "created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    write_attr(f, "n_layers", int(n_layers))
+    write_attr(f, "n_heads", int(n_heads))
+    write_attr(f, "num_labels", len(labels))
+    write_attr(f, "labels", json.dumps({str(int(k)): v for k, v in labels.items()}))
+    write_attr(f, "methods", json.dumps([m.__dict__ for m in methods], sort_keys=True))
+    write_attr(f, "complete", False)
+    for key, value in attrs.items():
+        write_attr(f, key, value)
+    fixed(f, schema.PROVENANCE, json_bytes(provenance))
+
+    ex = f.create_group("examples")
+    ex.create_dataset("index", shape=(0,), maxshape=(None,), chunks=(schema.CHUNK_ROWS,),
+                      dtype=schema.index_dtype(len(labels)), compression="gzip", compression_opts=schema.GZIP_LEVEL,
+                      shuffle=True, fletcher32=True)
+    f.create_group("tokens")
+    mg = f.create_group(schema.METHODS)
+    for m in methods:
+        g = mg.create_group(m.name)
+        write_attr(g, "encoding-type", schema.METHOD_ENCODING_TYPE)
+        write_attr(g, "signed", bool(m.signed))
+        write_attr(g, "n_layer_views", int(m.n_layer_views))
+        write_attr(g, "matrices", m.matrices)
+        write_attr(g, "description", m.description)
+        write_attr(g, "params", json.dumps(m.params, sort_keys=True, default=str))
+    rec = f.create_group(schema.METRIC_RECORDS)
+    rec.create_dataset("rows", shape=(0,), maxshape=(None,), chunks=(64,), dtype=schema.metric_record_dtype(),
+                       compression="gzip", compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
+    flat(f, schema.METRIC_NUMBERS, np.float32, schema.CHUNK_FLAT)
+    flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
+    for d in (schema.example_datasets(True) + schema.token_datasets(evidence)
+              + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]):
+        flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
+
+
+def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
+    """Append the metrics' numbers and texts, flush, then their record rows (the commit), flush."""
+    n = int(f[schema.INDEX].shape[0])
+    numbers, texts = f[schema.METRIC_NUMBERS], f[schema.METRIC_TEXT]
+    num_end, text_end = int(numbers.shape[0]), int(texts.shape[0])
+    rows = np.zeros(len(metrics), dtype=schema.metric_record_dtype())
+    chunks, blobs = [], []
+    for r, m in zip(rows, metrics):
+        values = np.asarray(m.values, dtype=np.float32)
+        if values.shape != (n,):
+            raise StoreError(f"metric '{m.name}' of '{m.method}' has {values.shape[0] if values.ndim else 1} values "
+                             f"for {n} examples")
+        parts = [values]
+        r["method"], r["metric"], r["n"] = m.method.encode("utf-8"), m.name.encode("utf-8"), n
+        r["values_off"], r["curves_off"], r["levels_off"] = num_end, -1, -1
+        off = num_end + n
+        k = 0
+        for key, arr in (("curves", m.curves), ("levels", m.levels)):
+            if arr is None:
+                continue
+            a = np.asarray(arr)
+            if a.ndim != 2 or a.shape[0] != n or (k and a.shape[1] != k):
+                raise StoreError(f"metric '{m.name}' of '{m.method}': {key} have shape {a.shape}, not [{n}, K]")
+            if key == "levels" and a.size and np.abs(a).max() >= 2 ** 24:
+                raise StoreError(f"metric '{m.name}' of '{m.method}': levels beyond 2**24 do not fit float32")
+            k = a.shape[1]
+            r[f"{key}_off"] = off
+            parts.append(a.astype(np.float32).ravel())
+            off += a.size
+        r["k"] = k
+        text = json.dumps({"settings": m.settings, "summary": m.summary, "higher_is_better": bool(m.higher_is_better),
+                           "description": m.description}, sort_keys=True, default=str).encode("utf-8")
+        r["text_off"], r["text_len"] = text_end, len(text)
+        chunks += parts
+        blobs.append(text)
+        num_end, text_end = off, text_end + len(text)
+    append(numbers, np.concatenate(chunks))
+    append(texts, np.frombuffer(b"".join(blobs), dtype=np.uint8))
+    f.flush()  # the numbers first ...
+    append(f[schema.METRIC_ROWS], rows)  # ... then the rows that make them visible
+    f.flush()

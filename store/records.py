@@ -1,0 +1,79 @@
+"""What the store is given to write, at the numpy level: examples with their method results, method layouts, head
+masks and metrics (compute fills these from its own objects; store/ never sees a tensor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MethodLayout:
+    """What the store keeps for one method (numpy-level description; compute fills it from its method classes)."""
+
+    name: str
+    signed: bool
+    n_layer_views: int = 0  # V: rows of layer_scores per example (0: none)
+    matrices: str = "none"  # "none" | "cls" | "all"
+    n_matrix_layers: int = 0  # L of the per-layer matrices
+    class_scores: bool = False
+    example_values: tuple[str, ...] = ()  # per-example scalars (e.g. the completeness delta of integrated gradients)
+    description: str = ""
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class HeadMaskData:
+    """One [L, H] head mask with the statistics it came from (Mask-LRP, METHODS.md 6.1).
+
+    ``arrays`` are stored as datasets beside the mask (counts, rates, thresholds, ...); ``attrs`` are JSON-able
+    settings and provenance (thresholds, parser, dataset, number of examples)."""
+
+    name: str
+    mask: np.ndarray  # [L, H]
+    arrays: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass
+class MetricData:
+    """One metric of one method over every example of a store (rows aligned with /examples/index)."""
+
+    method: str
+    name: str
+    values: np.ndarray  # [N] per-example values (NaN: undefined for that example)
+    settings: dict  # the metric's exact settings (JSON-able)
+    summary: dict  # dataset-level numbers (mean, std, n, ...)
+    higher_is_better: bool
+    description: str = ""
+    curves: np.ndarray | None = None  # [N, K] per-level values (probabilities, log-odds ...), NaN-padded
+    levels: np.ndarray | None = None  # [N, K] the level of each curve point (perturbed tokens), -1 padded
+
+
+@dataclass
+class ExampleData:
+    """One example ready to commit. Arrays are unpadded and aligned with ``token_ids``."""
+
+    row: int
+    id: str
+    text: str
+    pair: str | None
+    token_ids: np.ndarray  # [n] int
+    tokens: list[str]
+    spans: np.ndarray  # [n, 2] int
+    segment: np.ndarray  # [n] int
+    label: int
+    pred: int
+    probs: np.ndarray  # [C]
+    target: int
+    explain_pos: int
+    n_orig_tokens: int
+    truncated: bool
+    evidence: np.ndarray | None = None  # [n] bool: evidence / answer tokens (stores made with --evidence-column)
+    results: dict = field(default_factory=dict)  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
+    #                                "example_values": {key: float}}
+
+
+def layout_from_dict(d: dict) -> MethodLayout:
+    return MethodLayout(**{**d, "example_values": tuple(d.get("example_values", ()))})
