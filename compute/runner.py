@@ -581,8 +581,8 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
         evidence = None
         if r.evidence is not None:  # tokens overlapping an evidence span of their own segment
             evidence = np.zeros(n, dtype=bool)
-            for seg, a, b in r.evidence:
-                evidence |= (segment == seg) & (offsets[:, 0] < b) & (a < offsets[:, 1])
+            for seg, start, end in r.evidence:
+                evidence |= (segment == seg) & (offsets[:, 0] < end) & (start < offsets[:, 1])
         out.append(ExampleData(
             row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
             tokens=convert(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
