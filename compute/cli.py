@@ -156,6 +156,9 @@ def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, p
 @click.option("--metrics", default=None, metavar="LIST",
               help="Faithfulness metrics computed after the run (name or name@preset, e.g. "
                    "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics.")
+@click.option("--allow-random-head", is_flag=True,
+              help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
+                   "random; refused otherwise). For testing only; recorded in the store.")
 @metric_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
@@ -163,8 +166,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
             alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
             lrp_dtype, head_stats_data, head_stats_limit, parses, head_mask, pos_self, mask_combine, mask_rollout,
-            mask_renormalise, evidence_column, metrics, saliency, precision_k, other_store, perturbation, levels,
-            metric_class, side, metric_batch_size, quiet, debug):
+            mask_renormalise, evidence_column, metrics, allow_random_head, saliency, precision_k, other_store,
+            perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -179,7 +182,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, lrp_dtype=lrp_dtype,
         head_stats_data=head_stats_data, head_stats_limit=head_stats_limit, parses=parses, head_mask=head_mask,
         pos_self=pos_self, mask_combine=mask_combine, mask_rollout=mask_rollout, mask_renormalise=mask_renormalise,
-        evidence_column=evidence_column, metrics=metrics, argv=[PROG, *sys.argv[1:]])
+        evidence_column=evidence_column, metrics=metrics, allow_random_head=allow_random_head,
+        argv=[PROG, *sys.argv[1:]])
 
     def go():
         if metrics:
@@ -202,11 +206,14 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:K.")
 @click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]), default=None,
               help="Default preset of the metrics named without one [default: the store's run preset].")
+@click.option("--allow-random-head", is_flag=True,
+              help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
+                   "random; refused otherwise). For testing only; recorded in the store.")
 @metric_options
 @click.option("-q", "--quiet", is_flag=True, help="No summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-def eval_cmd(store, metrics, methods, model, device, preset, saliency, precision_k, other_store, perturbation, levels,
-             metric_class, side, metric_batch_size, quiet, debug):
+def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, saliency, precision_k, other_store,
+             perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
     """Add faithfulness metrics to an existing STORE (the model is reloaded from its provenance or --model)."""
 
     def go():
@@ -220,7 +227,8 @@ def eval_cmd(store, metrics, methods, model, device, preset, saliency, precision
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
         summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
-                                 message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)))
+                                 message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)),
+                                 allow_random_head=allow_random_head)
         if not quiet:
             click.echo(_metrics_table(store, summary["methods"]), err=True)
 

@@ -100,6 +100,11 @@ def parse_metric_specs(spec: str) -> list[tuple[str, str, str | None]]:
     return list(dict.fromkeys(out))
 
 
+def evidence_metrics(specs: list[tuple[str, str, str | None]]) -> list[str]:
+    """The stored names of the metrics in ``specs`` that read evidence flags."""
+    return [stored for stored, name, _ in specs if REGISTRY[name].needs_evidence]
+
+
 def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids) -> list[EvalExample]:
     out = []
     class_specific = bool(s.method_info(method)["params"].get("class_specific"))
@@ -152,9 +157,10 @@ _OVERRIDABLE = {"aopc": ("perturbation", "levels", "cls", "side"), "lodds": ("pe
 
 
 def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None = None, device="cpu",
-                   message=lambda s: None) -> dict:
+                   message=lambda s: None, allow_random_head: bool = False) -> dict:
     """Compute ``cfg.metrics`` for the store's methods and write them into the store. ``lm``: a loaded model (the
-    run's own), else it is loaded from the store's provenance or ``model_spec``. Returns a summary dict."""
+    run's own), else it is loaded from the store's provenance or ``model_spec`` (``allow_random_head``: as in
+    attr-compute). Returns a summary dict."""
     from .models import load_model
 
     specs = parse_metric_specs(cfg.metrics)
@@ -171,11 +177,11 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
             if m not in s.methods:
                 raise UsageError(f"method '{m}' is not in store '{path}': it holds {', '.join(s.methods)}")
         needs_model = any(REGISTRY[name].needs_model for _, name, _ in specs)
+        _check_needs(s, specs, cfg, methods, path)  # before the model loads: a refusal takes no time
         if lm is None:
             spec = model_spec or s.config.get("model", {}).get("model_id")
             dtype = s.config.get("config", {}).get("dtype", "float32")
-            lm = load_model(spec, device=torch.device(device), dtype=dtype)
-        _check_needs(s, specs, cfg, methods, path)
+            lm = load_model(spec, device=torch.device(device), dtype=dtype, allow_random_head=allow_random_head)
         other = other_ids = None
         if cfg.other:
             try:
@@ -227,6 +233,10 @@ def _check_needs(s, specs, cfg, methods, path) -> None:
                              f"'{path}' lacks: compute it too, or pass --saliency METHOD")
     if names & {"jaccard_25", "seed_spearman"} and not cfg.other:
         raise UsageError("jaccard_25 and seed_spearman compare two stores: pass --other STORE.h5")
+    needing = evidence_metrics(specs)
+    if needing and len(s) and s[0].evidence is None:
+        raise AttrscopeError(f"metric '{needing[0]}' needs evidence tokens, which store '{path}' lacks: compute the "
+                             "store with --evidence-column C (the evidence character spans of each example)")
 
 
 def _concat(parts, N):

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -98,6 +98,7 @@ class RunConfig:
     metrics: str | None = None  # faithfulness metrics computed over the finished store (compute.evaluate)
     eval: object = None  # its EvalConfig (the CLI builds it from the metric options)
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
+    allow_random_head: bool = False  # run a checkpoint whose task head transformers initialised at random (testing)
     argv: list[str] = field(default_factory=list)
 
 
@@ -140,8 +141,11 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         raise AttrscopeError(f"dataset file '{dataset_spec}' not found: check the path")
 
     device = resolve_device(cfg.device)
-    lm = load_model(cfg.model, device=device, dtype=cfg.dtype)
+    lm = load_model(cfg.model, device=device, dtype=cfg.dtype, allow_random_head=cfg.allow_random_head)
     info = lm.info
+    if info.get("random_head"):
+        progress.message(f"--allow-random-head: {len(info['random_head'])} weights of the task head are random "
+                         "(recorded in the store): the results explain no trained classifier")
     id2label = info["id2label"]
     data = load_dataset(
         dataset_spec, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
@@ -298,14 +302,19 @@ def _check_options(cfg: RunConfig) -> None:
     if cfg.parses and not os.path.exists(cfg.parses):
         raise AttrscopeError(f"--parses: file '{cfg.parses}' not found: check the path")
     if cfg.metrics:
-        from .evaluate import parse_metric_specs
+        from .evaluate import evidence_metrics, parse_metric_specs
 
-        parse_metric_specs(cfg.metrics)
+        needing = evidence_metrics(parse_metric_specs(cfg.metrics))
+        if needing and cfg.evidence_column is None:
+            raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
+                             "evidence character spans, or drop the metric")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
 
 def _check_output(output: str, cfg: RunConfig) -> None:
+    if os.path.isdir(output):
+        raise AttrscopeError(f"-o '{output}' is a directory: pass a file name, e.g. -o {os.path.join(output, 'run.h5')}")
     exists = os.path.exists(output)
     if cfg.resume and not exists:
         raise AttrscopeError(f"--resume: store '{output}' does not exist: run without --resume to create it")
@@ -314,6 +323,8 @@ def _check_output(output: str, cfg: RunConfig) -> None:
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
+    if not os.access(parent, os.W_OK):
+        raise AttrscopeError(f"output directory '{parent}' is not writable: choose another -o")
 
 
 def _max_length(cfg: RunConfig, lm: LoadedModel) -> int:
@@ -363,11 +374,13 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
     }
 
 
-# Settings that must match for --resume to continue a store.
-_RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
-                "pair_column", "label_column", "id_column", "evidence_column", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline",
-                "attcat_layers", "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout",
-                "mask_renormalise")
+# Settings that must match for --resume to continue a store: everything that changes the numbers (batch size,
+# window, dtype and the memory budgets change how examples are batched and summed, hence float rounding), the data
+# read, or what is stored. The head-statistics options are absent: a resumed run reads its masks from the store.
+_RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "split", "preset", "text_column",
+                "pair_column", "label_column", "id_column", "evidence_column", "batch_size", "window", "dtype",
+                "memory_mb", "ig_memory_mb", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline", "attcat_layers",
+                "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout", "mask_renormalise")
 
 
 def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[StoreWriter, int]:
@@ -378,31 +391,72 @@ def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[S
         except StoreError as err:
             raise AttrscopeError(str(err)) from None
         _check_resume(before, provenance, output)
-        writer = StoreWriter.resume(output)
+        try:
+            writer = StoreWriter.resume(output)
+        except OSError as err:
+            raise AttrscopeError(f"cannot write store '{output}': {_os_reason(err)}: check the path and its "
+                                 "permissions") from None
         return writer, writer.n_committed
-    if cfg.overwrite and os.path.exists(output):
-        os.remove(output)
+    try:
+        if cfg.overwrite and os.path.exists(output):
+            os.remove(output)
+        return _create_writer(output, cfg, lm, layouts, provenance, head_masks), 0
+    except OSError as err:
+        raise AttrscopeError(f"cannot create store '{output}': {_os_reason(err)}: choose another -o") from None
+
+
+def _os_reason(err: OSError) -> str:
+    """The system's reason (HDF5 wraps it into a long message; the errno's text is what the user needs)."""
+    import errno as errno_names
+
+    if err.errno in errno_names.errorcode:
+        return os.strerror(err.errno)
+    return " ".join(str(err).split())[:200]
+
+
+def _create_writer(output, cfg, lm, layouts, provenance, head_masks) -> StoreWriter:
     attrs = {"model_id": lm.info["model_id"], "model_revision": str(lm.info.get("revision")),
              "tokenizer": lm.info.get("tokenizer", ""), "attn_implementation": "eager",
              "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
-    writer = StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
-                                labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
-                                head_masks=list(head_masks), evidence=cfg.evidence_column is not None)
-    return writer, 0
+    return StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
+                              labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
+                              head_masks=list(head_masks), evidence=cfg.evidence_column is not None)
 
 
 def _check_resume(before: dict, now: dict, output: str) -> None:
     b, n = before.get("config", {}), now["config"]
+    defaults = {f.name: f.default for f in fields(RunConfig)}
     for key in _RESUME_KEYS:
-        if b.get(key) != n.get(key):
+        was = b.get(key, defaults.get(key))  # a store older than the option was made with its default
+        if was != n.get(key):
+            option = _OPTION_OF.get(key, f"--{key.replace('_', '-')}")
             raise AttrscopeError(
-                f"--resume: store '{output}' was made with {key}={b.get(key)!r}, not {n.get(key)!r}: "
-                "rerun with the same options, or --overwrite")
+                f"--resume: store '{output}' was made with {option} {_show(was)}, not {_show(n.get(key))}: "
+                f"rerun with {option} {_show(was)} (the same options), or --overwrite")
+    was_device = before.get("model", {}).get("device")
+    now_device = now["model"].get("device")
+    if was_device and torch.device(was_device).type != torch.device(now_device).type:
+        raise AttrscopeError(f"--resume: store '{output}' was computed on {was_device}, not {now_device}: "
+                             f"rerun with --device {torch.device(was_device).type}, or --overwrite")
     if before.get("model", {}).get("model_id") != now["model"]["model_id"]:
         raise AttrscopeError(f"--resume: store '{output}' was made with another model: use the same --model, or --overwrite")
     if before.get("dataset", {}).get("sha256") != now["dataset"]["sha256"]:
         raise AttrscopeError(f"--resume: the dataset differs from the one store '{output}' was made from: use the same file, or --overwrite")
+
+
+_OPTION_OF = {"window": "the window (RunConfig.window)", "target": "--target"}
+
+
+def _show(value) -> str:
+    """An option's value as the user types it (None: the option was not given)."""
+    if value is None:
+        return "(not given)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -103,3 +103,139 @@ def test_evidence_column_changes_nothing_else(tiny_model_dirs, tmp_path, short_s
             assert b.evidence.any() == bool(row["evidence"])
         # every example has its own probabilities, so a row of another example would be seen
         assert len({tuple(ex.probs) for ex in ev}) == len(rows)
+
+
+# --- 4. a checkpoint without a trained task head is refused -----------------------------------------------------------
+
+
+def write_headless(path: Path, kind: str) -> Path:
+    """A tiny BertForMaskedLM or bare BertModel saved with save_pretrained, with the tiny models' tokenizer."""
+    from transformers import BertForMaskedLM, BertModel
+    from transformers.utils import logging as hf_logging
+
+    from conftest import tiny_config, write_tiny_model_dir
+
+    write_tiny_model_dir(path)  # the tokenizer (and a classifier, replaced below)
+    (path / "model.safetensors").unlink()
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cls = {"mlm": BertForMaskedLM, "bare": BertModel}[kind]
+    cls(tiny_config("bert")).save_pretrained(path)
+    return path
+
+
+HEADLESS_MISSING = {"mlm": ["bert.pooler.dense.bias", "bert.pooler.dense.weight", "classifier.bias",
+                            "classifier.weight"],
+                    "bare": ["classifier.bias", "classifier.weight"]}
+
+
+@pytest.mark.parametrize("kind", ["mlm", "bare"])
+def test_checkpoint_without_task_head_is_refused(tmp_path, kind):
+    model = write_headless(tmp_path / kind, kind)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(WORDS[i:i + 4]), "label": i % 2}) + "\n" for i in range(5)))
+    out = tmp_path / "out.h5"
+    args = ["run", data, "--model", model, "-o", out, "--device", "cpu", "--methods", "rollout,norm", "-q"]
+    line = one_line(invoke(*args))
+    missing = HEADLESS_MISSING[kind]
+    assert "no trained classification head" in line and "--allow-random-head" in line and str(model) in line
+    assert "ForSequenceClassification" in line  # what to pass instead
+    if len(missing) > 3:
+        assert ", ".join(missing[:3]) + f" and {len(missing) - 3} more" in line
+    else:
+        assert ", ".join(missing) in line
+    assert not out.exists()
+
+    # --allow-random-head runs it and says so in the store's provenance
+    ok(invoke(*args, "--allow-random-head"))
+    with open_store(out) as s:
+        assert len(s) == 5
+        assert s.config["model"]["random_head"] == missing
+        assert s.config["config"]["allow_random_head"] is True
+
+    # eval reloads the model: refused the same way, and runs with the flag
+    line = one_line(invoke("eval", out, "--metrics", "comprehensiveness", "--device", "cpu", "-q"))
+    assert "no trained classification head" in line and "--allow-random-head" in line
+    with open_store(out) as s:
+        assert s.metric_methods == []
+    ok(invoke("eval", out, "--metrics", "comprehensiveness", "--device", "cpu", "-q", "--allow-random-head"))
+    with open_store(out) as s:
+        assert sorted(s.metric_methods) == ["norm", "rollout"]
+
+
+def test_trained_checkpoint_records_no_random_head(tiny_model_dirs, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "the movie was great", "label": 1}) + "\n")
+    ok(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", tmp_path / "o.h5", "--device", "cpu",
+              "--methods", "norm", "-q"))
+    with open_store(tmp_path / "o.h5") as s:
+        assert s.config["model"]["random_head"] is None and s.config["config"]["allow_random_head"] is False
+
+
+# --- 5. --resume refuses options that change the numbers; outputs and model paths; evidence metrics ----------------
+
+
+@pytest.fixture(scope="module")
+def small_store(tiny_model_dirs, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    data = tmp / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(WORDS[i:i + 3 + i % 4]), "label": i % 2}) + "\n"
+                            for i in range(7)))
+    out = tmp / "r.h5"
+    ok(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu", "--methods",
+              "rollout,alti,ig_l2", "--batch-size", 4, "-q"))
+    return {"data": data, "out": out, "model": tiny_model_dirs["bert"]}
+
+
+@pytest.mark.parametrize("option,value,was", [("--batch-size", "3", "4"), ("--dtype", "bfloat16", "float32"),
+                                               ("--memory-mb", "16", "8"), ("--ig-memory-mb", "64", "1024")])
+def test_resume_with_another_numeric_option_is_refused(small_store, option, value, was):
+    before = small_store["out"].read_bytes()
+    res = invoke("run", small_store["data"], "--model", small_store["model"], "-o", small_store["out"], "--device",
+                 "cpu", "--methods", "rollout,alti,ig_l2", "--batch-size", 4, "--resume", option, value)
+    line = one_line(res)
+    assert f"{option} {was}, not {value}" in line and "--overwrite" in line, line
+    assert small_store["out"].read_bytes() == before
+
+
+def test_resume_with_the_same_options_goes_on(small_store):
+    ok(invoke("run", small_store["data"], "--model", small_store["model"], "-o", small_store["out"], "--device",
+              "cpu", "--methods", "rollout,alti,ig_l2", "--batch-size", 4, "--resume", "-q"))
+
+
+def test_output_that_cannot_be_created(tiny_model_dirs, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "the movie was great", "label": 1}) + "\n")
+    common = ["--model", tiny_model_dirs["bert"], "--device", "cpu", "--methods", "norm", "-q"]
+    line = one_line(invoke("run", data, "-o", "/proc/out.h5", *common))
+    assert "cannot create store '/proc/out.h5'" in line and "-o" in line
+    assert not Path("/proc/out.h5").exists()
+    # a directory, with or without --overwrite: refused before anything loads, the directory untouched
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("x")
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        line = one_line(invoke("run", data, "-o", folder, *common, *extra))
+        assert f"-o '{folder}' is a directory" in line and "run.h5" in line, line
+        assert (folder / "keep.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("spec", ["./no/such/dir", "/abs/missing", "../x", "~/x-attrscope-missing", "a/b/c"])
+def test_missing_model_directory(tmp_path, spec):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "the movie was great", "label": 1}) + "\n")
+    line = one_line(invoke("run", data, "--model", spec, "-o", tmp_path / "o.h5", "--device", "cpu"))
+    assert f"model directory '{spec}' does not exist" in line and "cache" not in line and "hub cannot" not in line
+    assert not (tmp_path / "o.h5").exists()
+
+
+@pytest.mark.parametrize("metric", ["precision_at_k", "dot_product", "average_precision"])
+def test_evidence_metrics_need_evidence(small_store, tmp_path, metric):
+    before = small_store["out"].read_bytes()
+    line = one_line(invoke("eval", small_store["out"], "--metrics", f"comprehensiveness,{metric}", "--device", "cpu"))
+    assert f"metric '{metric}' needs evidence" in line and "--evidence-column" in line
+    assert small_store["out"].read_bytes() == before  # nothing written, not even the other metric
+    # in a run: a usage error before the model loads (a model that does not exist is never reached)
+    line = one_line(invoke("run", small_store["data"], "--model", "/abs/missing", "-o", tmp_path / "o.h5",
+                           "--metrics", metric), 2)
+    assert f"metric '{metric}' needs evidence" in line and "--evidence-column" in line
