@@ -6,11 +6,13 @@ the methods. Errors are one line on stderr, exit code 1 (2 for usage errors); ``
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
 
 from .errors import AttrscopeError
+from .interrupts import Interrupted
 
 PROG = "attr-compute"
 
@@ -226,9 +228,13 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
             raise AttrscopeError(f"store '{store}' not found: check the path")
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
-        summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
-                                 message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)),
-                                 allow_random_head=allow_random_head)
+        try:
+            summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
+                                     message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)),
+                                     allow_random_head=allow_random_head)
+        except Interrupted as err:
+            raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays valid; "
+                              f"compute the rest with: {shlex.join([PROG, *sys.argv[1:]])}") from None
         if not quiet:
             click.echo(_metrics_table(store, summary["methods"]), err=True)
 
@@ -322,10 +328,10 @@ def _guarded(fn, debug: bool) -> None:
         if debug:
             raise
         _fail(str(err), getattr(err, "exit_code", 1))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # compute.interrupts.Interrupted says what was kept and how to go on
         if debug:
             raise
-        _fail("interrupted: the store holds every committed example; finish it with --resume", 130)
+        _fail(str(err) or "interrupted before anything was written: run the same command again", 130)
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, no traceback
         if debug:
             raise

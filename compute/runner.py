@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -21,7 +18,7 @@ import torch
 from store import ExampleData, MethodLayout, StoreWriter, open_store
 from store.errors import StoreError
 
-from . import __version__
+from . import __version__, interrupts
 from .data import Dataset, Record, load_dataset
 from .errors import AttrscopeError, UsageError
 from .methods import get_method, parse_methods
@@ -155,6 +152,18 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
 
+    # From here on a stop asked for (Ctrl-C, SIGTERM) is acted on at the next safe point (compute.interrupts).
+    state: dict = {}  # what the run got to: the open writer, the metrics written
+    with interrupts.on_signals(), interrupts.layer_checks(lm.adapter.layers()):
+        try:
+            return _compute(cfg, lm, data, method_names, target_mode, output, progress, t_start, state)
+        except KeyboardInterrupt as err:
+            raise interrupts.Interrupted(_stopped_message(cfg, output, len(data.records), state, err)) from None
+
+
+def _compute(cfg, lm, data, method_names, target_mode, output, progress, t_start, state) -> dict:
+    device = lm.info["device"]  # as resolved from --device
+    dataset_spec = data.source
     max_length = _max_length(cfg, lm)
     methods = {name: get_method(name, **method_params(name, cfg)) for name in method_names}
     if cfg.methods.strip() == "all":  # 'all' means every method defined for this architecture
@@ -182,18 +191,20 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     layouts = _layouts(methods, lm, cfg, target_mode)
     provenance = _provenance(cfg, lm, data, method_names, target_mode, max_length, output)
 
-    writer, done = _open_writer(output, cfg, lm, layouts, provenance, head_masks)
+    with interrupts.critical():
+        writer, done = _open_writer(output, cfg, lm, layouts, provenance, head_masks)
+    state["writer"] = writer
     records = data.records[done:]
     try:
         tok = _tokenize(lm, records, max_length)
         if cfg.matrices == "all" and records:
             _estimate_size(progress, tok, layouts, cfg)
         progress.start(total=len(data.records), completed=done)
-        with _interrupts_between_batches() as checkpoint:
-            stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress, checkpoint)
+        stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress)
     except BaseException:
         progress.stop()
-        writer.close()
+        with interrupts.critical():
+            writer.close()
         raise
     progress.stop()
     total_tokens = int(writer._tok_end)
@@ -208,7 +219,9 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         "device": str(device),
         "resumed_from": done if cfg.resume else None,
     }
-    writer.close(complete=True, summary=summary)
+    with interrupts.critical():
+        writer.close(complete=True, summary=summary)
+    interrupts.check()
     if cfg.metrics:
         from .evaluate import EvalConfig, evaluate_store
 
@@ -216,11 +229,36 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         if ecfg.preset is None:
             ecfg.preset = cfg.preset
         t0 = time.perf_counter()
+        state["metrics"] = True
         summary["metrics"] = evaluate_store(output, ecfg, lm=lm, message=progress.message)
         summary["metric_seconds"] = round(time.perf_counter() - t0, 3)
     summary["store"] = os.path.abspath(output)
     summary["store_bytes"] = os.path.getsize(output)
     return summary
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that finishes an interrupted run: the same one with --resume instead of --overwrite."""
+    import shlex
+
+    args = [a for a in argv if a != "--overwrite"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(args)
+
+
+def _stopped_message(cfg: RunConfig, output: str, total: int, state: dict, err: BaseException) -> str:
+    """The one line printed when a run stops on a signal: what the store keeps and how to finish it."""
+    again = resume_command(cfg.argv) if cfg.argv else "the same options and --resume"
+    writer = state.get("writer")
+    if writer is None:  # stopped while loading, in the head statistics, before the store was opened
+        kept = f"store '{output}' is as it was" if os.path.exists(output) else "nothing was written"
+        return f"interrupted before the first example: {kept}; run the same command again"
+    if state.get("metrics"):
+        return (f"interrupted during the metrics: store '{output}' is complete{'; ' + str(err) if str(err) else ''}; "
+                f"compute the rest with: {again}")
+    return (f"interrupted: store '{output}' keeps its {writer.n_committed} of {total} examples committed so far; "
+            f"finish it with: {again}")
 
 
 def _head_masks(cfg: RunConfig, lm: LoadedModel, data: Dataset, dataset_spec: str, max_length: int, output: str,
@@ -516,37 +554,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@contextmanager
-def _interrupts_between_batches():
-    """SIGINT and SIGTERM become a KeyboardInterrupt raised at the next batch boundary (``checkpoint()``).
-
-    Raised wherever the signal lands, the interrupt can be swallowed (inside a weakref callback or __del__, which
-    h5py and torch run all the time: the run then went on to the end) or cut a commit in half. A second signal
-    raises at once, so a stuck batch can still be stopped. Outside the main thread nothing is installed."""
-    pending = []
-
-    def checkpoint():
-        if pending:
-            raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        yield checkpoint
-        return
-
-    def handler(signum, frame):
-        if pending:
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield checkpoint
-    finally:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-
-
-def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress, checkpoint) -> dict:
+def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress) -> dict:
     device = next(lm.model.parameters()).device
     needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
     num_labels = writer.num_labels
@@ -564,8 +572,10 @@ def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target
                                                 target_mode, cfg, stats)):
                 done[i] = ex
             progress.advance(len(batch))
-            checkpoint()
-        writer.append([done[i] for i in range(w0, w0 + len(idx))])
+            interrupts.check()
+        with interrupts.critical():  # a commit is never cut in half
+            writer.append([done[i] for i in range(w0, w0 + len(idx))])
+        interrupts.check()
     return stats
 
 

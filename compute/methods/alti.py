@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import interrupts
 from ..errors import AttrscopeError
 from .aggregate import valid_block
 from .decomposition import LayerParts, SourceBlocks, layer_parts, operands, tokens_per_block
@@ -70,6 +71,7 @@ class Alti(LayerwiseProduct):
         sources = SourceBlocks(p.A, U, diag)
         buffer = y.new_empty(cols * B, n, d)  # one for every block
         for j0 in range(0, n, cols):
+            interrupts.check()  # a stop asked for: between source blocks
             J = slice(j0, min(n, j0 + cols))
             Z = sources.block(J, out=buffer)  # [j, B, i, d] for the source block J
             # sum_k (|ys_k| - |ys_k - Z_k|), summed dimension by dimension: each term is bounded by |Z_k| (exactly 0
