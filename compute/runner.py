@@ -27,11 +27,13 @@ from .models import LoadedModel, load_model, resolve_device
 # Reference conventions per paper (METHODS.md 1.3 and 14): the class each paper explains and method parameters.
 _GRAD_BASELINES = ("grad_l2", "gxi_l2", "gxi_mean", "ig_l2", "ig_mean")
 PRESETS: dict[str, dict] = {
-    # ALTI's code drops the LayerNorm epsilon (14.1) and row-normalises its "Norm Rollout" baseline (14.6); its
-    # Captum baselines explain the softmax probability, feed the embedding output back through inputs_embeds
-    # (14.4) and integrate over 100 steps (2.4).
+    # ALTI's code drops the LayerNorm epsilon (14.1), measures its L1 distance with F.pairwise_distance (1e-6 added
+    # to every component; docs/departures.md) and row-normalises its "Norm Rollout" baseline (14.6); its Captum
+    # baselines explain the softmax probability, feed the embedding output back through inputs_embeds (14.4) and
+    # integrate over 100 steps (2.4).
     "alti": {"target": "predicted", "methods": {
-        "alti": {"eps_quirk": True}, "alti_l2": {"eps_quirk": True}, "norm_resln": {"row_normalise": True},
+        "alti": {"eps_quirk": True, "pairwise_eps": 1e-6}, "alti_l2": {"eps_quirk": True},
+        "norm_resln": {"row_normalise": True},
         **{m: {"output": "prob", "double_embedding": True} for m in _GRAD_BASELINES},
         **{m: {"output": "prob", "double_embedding": True, "steps": 100} for m in ("ig_l2", "ig_mean")}}},
     # GlobEnc's saliency (14.7): gold-class logit, gradient x input on the embedding output, L2 norm = gxi_l2.
