@@ -152,6 +152,10 @@ def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, p
               help="mask_lrp: roll out each layer's unmasked attention relevance (the reference) or the masked one.")
 @click.option("--mask-renormalise", is_flag=True,
               help="mask_lrp: rescale the kept heads' relevance to the layer's total (the paper's variant).")
+@click.option("--mask-rollout-unhalved/--mask-rollout-halved", "mask_rollout_unhalved", default=None,
+              help="mask_lrp: roll out the attention relevance before the 1/2 of the A.V rule, as the reference code "
+                   "does (maps 2x TransAtt's), or after it, so that an all-ones mask gives TransAtt "
+                   "[default: halved; unhalved under --preset masklrp].")
 @click.option("--evidence-column", metavar="C", default=None,
               help="Column of evidence / answer character spans [[start, end], ...] (precision_at_k, dot_product, "
                    "average_precision).")
@@ -168,8 +172,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
             alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
             lrp_dtype, head_stats_data, head_stats_limit, parses, head_mask, pos_self, mask_combine, mask_rollout,
-            mask_renormalise, evidence_column, metrics, allow_random_head, saliency, precision_k, other_store,
-            perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
+            mask_renormalise, mask_rollout_unhalved, evidence_column, metrics, allow_random_head, saliency,
+            precision_k, other_store, perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -184,6 +188,7 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, lrp_dtype=lrp_dtype,
         head_stats_data=head_stats_data, head_stats_limit=head_stats_limit, parses=parses, head_mask=head_mask,
         pos_self=pos_self, mask_combine=mask_combine, mask_rollout=mask_rollout, mask_renormalise=mask_renormalise,
+        mask_rollout_unhalved=mask_rollout_unhalved,
         evidence_column=evidence_column, metrics=metrics, allow_random_head=allow_random_head,
         argv=[PROG, *sys.argv[1:]])
 

@@ -42,9 +42,11 @@ PRESETS: dict[str, dict] = {
     "attcat": {"target": "label", "methods": {m: {"mask_specials": True}
                                               for m in ("cat", "attcat", "grads", "attgrads")}},
     # Mask-LRP's explanation pass masks [SEP] as a key (6.5); its statistics count offset 0 as positional and it
-    # explains the gold label (14.14).
+    # explains the gold label (14.14); its MGAE rolls out the attention relevance before the 1/2 of the A.V rule
+    # (cam1_preserve in its BERT.py; docs/departures.md).
     "masklrp": {"target": "label", "pos_self": "count",
-                "methods": {m: {"mask_sep": True} for m in ("lrp", "partial_lrp", "transatt", "gae", "mask_lrp")}},
+                "methods": {**{m: {"mask_sep": True} for m in ("lrp", "partial_lrp", "transatt", "gae")},
+                            "mask_lrp": {"mask_sep": True, "rollout_unhalved": True}}},
     # NormXLogit's Captum baselines: logits, inputs_embeds quirk, zero IG baseline (7.2).
     "normxlogit": {"target": "predicted", "methods": {
         **{m: {"double_embedding": True} for m in _GRAD_BASELINES},
@@ -94,6 +96,7 @@ class RunConfig:
     mask_combine: str = "union"  # union | sum of the positional and syntactic masks
     mask_rollout: str = "unmasked"  # unmasked | masked attention relevance in mask_lrp's rollout
     mask_renormalise: bool = False  # the paper's rescaling of the kept heads' relevance
+    mask_rollout_unhalved: bool | None = None  # mask_lrp rolls out R^A before the 1/2 (the reference; None: preset's)
     metrics: str | None = None  # faithfulness metrics computed over the finished store (compute.evaluate)
     eval: object = None  # its EvalConfig (the CLI builds it from the metric options)
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
@@ -321,6 +324,9 @@ def method_params(name: str, cfg: RunConfig) -> dict:
     if name == "mask_lrp":
         params.update(combine=cfg.mask_combine, rollout_uses_masked=cfg.mask_rollout == "masked",
                       renormalise=bool(cfg.mask_renormalise))
+        if cfg.mask_rollout_unhalved is not None:
+            params["rollout_unhalved"] = cfg.mask_rollout_unhalved
+        params["rollout_unhalved"] = bool(params.get("rollout_unhalved", False))  # recorded either way
     return params
 
 
@@ -420,7 +426,8 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
 _RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "split", "preset", "text_column",
                 "pair_column", "label_column", "id_column", "evidence_column", "batch_size", "window", "dtype",
                 "memory_mb", "ig_memory_mb", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline", "attcat_layers",
-                "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout", "mask_renormalise")
+                "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout", "mask_renormalise",
+                "mask_rollout_unhalved")
 
 
 def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[StoreWriter, int]:
