@@ -6,11 +6,13 @@ the methods. Errors are one line on stderr, exit code 1 (2 for usage errors); ``
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
 
 from .errors import AttrscopeError
+from .interrupts import Interrupted
 
 PROG = "attr-compute"
 
@@ -150,12 +152,19 @@ def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, p
               help="mask_lrp: roll out each layer's unmasked attention relevance (the reference) or the masked one.")
 @click.option("--mask-renormalise", is_flag=True,
               help="mask_lrp: rescale the kept heads' relevance to the layer's total (the paper's variant).")
+@click.option("--mask-rollout-unhalved/--mask-rollout-halved", "mask_rollout_unhalved", default=None,
+              help="mask_lrp: roll out the attention relevance before the 1/2 of the A.V rule, as the reference code "
+                   "does (maps 2x TransAtt's), or after it, so that an all-ones mask gives TransAtt "
+                   "[default: halved; unhalved under --preset masklrp].")
 @click.option("--evidence-column", metavar="C", default=None,
               help="Column of evidence / answer character spans [[start, end], ...] (precision_at_k, dot_product, "
                    "average_precision).")
 @click.option("--metrics", default=None, metavar="LIST",
               help="Faithfulness metrics computed after the run (name or name@preset, e.g. "
                    "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics.")
+@click.option("--allow-random-head", is_flag=True,
+              help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
+                   "random; refused otherwise). For testing only; recorded in the store.")
 @metric_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
@@ -163,8 +172,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
             pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
             alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
             lrp_dtype, head_stats_data, head_stats_limit, parses, head_mask, pos_self, mask_combine, mask_rollout,
-            mask_renormalise, evidence_column, metrics, saliency, precision_k, other_store, perturbation, levels,
-            metric_class, side, metric_batch_size, quiet, debug):
+            mask_renormalise, mask_rollout_unhalved, evidence_column, metrics, allow_random_head, saliency,
+            precision_k, other_store, perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
@@ -179,7 +188,9 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
         attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, lrp_dtype=lrp_dtype,
         head_stats_data=head_stats_data, head_stats_limit=head_stats_limit, parses=parses, head_mask=head_mask,
         pos_self=pos_self, mask_combine=mask_combine, mask_rollout=mask_rollout, mask_renormalise=mask_renormalise,
-        evidence_column=evidence_column, metrics=metrics, argv=[PROG, *sys.argv[1:]])
+        mask_rollout_unhalved=mask_rollout_unhalved,
+        evidence_column=evidence_column, metrics=metrics, allow_random_head=allow_random_head,
+        argv=[PROG, *sys.argv[1:]])
 
     def go():
         if metrics:
@@ -202,11 +213,14 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:K.")
 @click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]), default=None,
               help="Default preset of the metrics named without one [default: the store's run preset].")
+@click.option("--allow-random-head", is_flag=True,
+              help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
+                   "random; refused otherwise). For testing only; recorded in the store.")
 @metric_options
 @click.option("-q", "--quiet", is_flag=True, help="No summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-def eval_cmd(store, metrics, methods, model, device, preset, saliency, precision_k, other_store, perturbation, levels,
-             metric_class, side, metric_batch_size, quiet, debug):
+def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, saliency, precision_k, other_store,
+             perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
     """Add faithfulness metrics to an existing STORE (the model is reloaded from its provenance or --model)."""
 
     def go():
@@ -219,8 +233,13 @@ def eval_cmd(store, metrics, methods, model, device, preset, saliency, precision
             raise AttrscopeError(f"store '{store}' not found: check the path")
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
-        summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
-                                 message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)))
+        try:
+            summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
+                                     message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)),
+                                     allow_random_head=allow_random_head)
+        except Interrupted as err:
+            raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays valid; "
+                              f"compute the rest with: {shlex.join([PROG, *sys.argv[1:]])}") from None
         if not quiet:
             click.echo(_metrics_table(store, summary["methods"]), err=True)
 
@@ -314,10 +333,10 @@ def _guarded(fn, debug: bool) -> None:
         if debug:
             raise
         _fail(str(err), getattr(err, "exit_code", 1))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # compute.interrupts.Interrupted says what was kept and how to go on
         if debug:
             raise
-        _fail("interrupted: the store holds every committed example; finish it with --resume", 130)
+        _fail(str(err) or "interrupted before anything was written: run the same command again", 130)
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, no traceback
         if debug:
             raise

@@ -17,6 +17,7 @@ import torch
 from store import MetricData, add_metrics, open_store
 from store.errors import StoreError
 
+from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .metrics import REGISTRY, get_metric, presets_of
 from .metrics.base import EvalExample
@@ -70,6 +71,7 @@ class ModelPredictor:
                 s = np.asarray(sequences[i], dtype=np.int64)
                 ids[r, :len(s)] = torch.from_numpy(s)
                 mask[r, :len(s)] = 1 if attend is None else torch.from_numpy(np.asarray(attend[i], dtype=np.int64))
+            interrupts.check()
             with torch.no_grad():
                 logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             probs = torch.softmax(logits.double(), dim=-1).cpu().numpy()
@@ -98,6 +100,11 @@ def parse_metric_specs(spec: str) -> list[tuple[str, str, str | None]]:
     if not out:
         raise UsageError("--metrics is empty: pass names such as comprehensiveness,sufficiency,aopc")
     return list(dict.fromkeys(out))
+
+
+def evidence_metrics(specs: list[tuple[str, str, str | None]]) -> list[str]:
+    """The stored names of the metrics in ``specs`` that read evidence flags."""
+    return [stored for stored, name, _ in specs if REGISTRY[name].needs_evidence]
 
 
 def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids) -> list[EvalExample]:
@@ -152,9 +159,10 @@ _OVERRIDABLE = {"aopc": ("perturbation", "levels", "cls", "side"), "lodds": ("pe
 
 
 def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None = None, device="cpu",
-                   message=lambda s: None) -> dict:
+                   message=lambda s: None, allow_random_head: bool = False) -> dict:
     """Compute ``cfg.metrics`` for the store's methods and write them into the store. ``lm``: a loaded model (the
-    run's own), else it is loaded from the store's provenance or ``model_spec``. Returns a summary dict."""
+    run's own), else it is loaded from the store's provenance or ``model_spec`` (``allow_random_head``: as in
+    attr-compute). Returns a summary dict."""
     from .models import load_model
 
     specs = parse_metric_specs(cfg.metrics)
@@ -162,56 +170,78 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
         s = open_store(path)
     except StoreError as err:
         raise AttrscopeError(str(err)) from None
-    with s:
-        if not s.complete:
-            raise AttrscopeError(f"store '{path}' is not complete (a run is writing it, or it was interrupted): "
-                                 "finish it with attr-compute --resume first")
-        methods = s.methods if not cfg.methods or cfg.methods == "all" else [m.strip() for m in cfg.methods.split(",")]
-        for m in methods:
-            if m not in s.methods:
-                raise UsageError(f"method '{m}' is not in store '{path}': it holds {', '.join(s.methods)}")
-        needs_model = any(REGISTRY[name].needs_model for _, name, _ in specs)
-        if lm is None:
-            spec = model_spec or s.config.get("model", {}).get("model_id")
-            dtype = s.config.get("config", {}).get("dtype", "float32")
-            lm = load_model(spec, device=torch.device(device), dtype=dtype)
-        _check_needs(s, specs, cfg, methods, path)
-        other = other_ids = None
-        if cfg.other:
+    # A stop asked for (Ctrl-C, SIGTERM) ends the work at the next safe point; the results finished are written.
+    with interrupts.on_signals():
+        with s:
+            if not s.complete:
+                raise AttrscopeError(f"store '{path}' is not complete (a run is writing it, or it was interrupted): "
+                                     "finish it with attr-compute --resume first")
+            methods = (s.methods if not cfg.methods or cfg.methods == "all"
+                       else [m.strip() for m in cfg.methods.split(",")])
+            for m in methods:
+                if m not in s.methods:
+                    raise UsageError(f"method '{m}' is not in store '{path}': it holds {', '.join(s.methods)}")
+            needs_model = any(REGISTRY[name].needs_model for _, name, _ in specs)
+            _check_needs(s, specs, cfg, methods, path)  # before the model loads: a refusal takes no time
+            if lm is None:
+                spec = model_spec or s.config.get("model", {}).get("model_id")
+                dtype = s.config.get("config", {}).get("dtype", "float32")
+                lm = load_model(spec, device=torch.device(device), dtype=dtype, allow_random_head=allow_random_head)
+            other = other_ids = None
+            if cfg.other:
+                try:
+                    other = open_store(cfg.other)
+                except StoreError as err:
+                    raise AttrscopeError(str(err)) from None
+                other_ids = {x: i for i, x in enumerate(other.ids())}
+            pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+            predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size) if needs_model else None
+            out, timings, stopped = [], {}, False
             try:
-                other = open_store(cfg.other)
-            except StoreError as err:
-                raise AttrscopeError(str(err)) from None
-            other_ids = {x: i for i, x in enumerate(other.ids())}
-        pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-        predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size) if needs_model else None
-        out, timings = [], {}
-        N = len(s)
-        for method in methods:
-            signed = s.is_signed(method)
-            for stored, name, preset in specs:
-                # a name without @preset takes the run's preset where the metric has one (aopc under --preset attcat)
-                preset = preset or (cfg.preset if cfg.preset in presets_of(name) else None)
-                metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed))
-                t0 = time.perf_counter()
-                parts = [metric.evaluate(_examples(s, list(range(a, min(a + cfg.chunk, N))), method, cfg, other,
-                                                   other_ids), predictor)
-                         for a in range(0, N, cfg.chunk)]
-                res = _concat(parts, N)
-                timings[f"{method}/{stored}"] = round(time.perf_counter() - t0, 3)
-                out.append(MetricData(method=method, name=stored, values=res.values, settings={
-                    **metric.settings, "preset": preset, "metric": name}, summary=metric.summary(res),
-                    higher_is_better=metric.higher_is_better, description=metric.description,
-                    curves=res.curves, levels=res.levels))
-        if other is not None:
-            other.close()
-    add_metrics(path, out)
+                with interrupts.layer_checks(lm.adapter.layers()):
+                    _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out, timings, message)
+            except KeyboardInterrupt:
+                stopped = True
+            finally:
+                if other is not None:
+                    other.close()
+        with interrupts.critical():  # never cut in half
+            if out or not stopped:
+                add_metrics(path, out)
+    if stopped:
+        done = ", ".join(f"{m.method}/{m.name}" for m in out) or "none"
+        raise interrupts.Interrupted(f"{len(out)} of {len(methods) * len(specs)} metric results were finished and "
+                                     f"written ({done})")
     summary = {"metrics": [x[0] for x in specs], "methods": methods, "seconds": timings,
                "sequences_forwarded": predictor.forwarded if predictor else 0,
                "model_seconds": round(predictor.seconds, 3) if predictor else 0.0}
     message(f"metrics: {len(specs)} x {len(methods)} methods, {summary['sequences_forwarded']} perturbed "
             f"sequences through the model ({summary['model_seconds']:.1f} s)")
     return summary
+
+
+def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list, timings: dict, message) -> None:
+    """Every (method, metric) of the store, appended to ``out`` as each one is finished (and said)."""
+    N = len(s)
+    for method in methods:
+        signed = s.is_signed(method)
+        for stored, name, preset in specs:
+            # a name without @preset takes the run's preset where the metric has one (aopc under --preset attcat)
+            preset = preset or (cfg.preset if cfg.preset in presets_of(name) else None)
+            metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed))
+            t0 = time.perf_counter()
+            parts = []
+            for a in range(0, N, cfg.chunk):
+                interrupts.check()
+                examples = _examples(s, list(range(a, min(a + cfg.chunk, N))), method, cfg, other, other_ids)
+                parts.append(metric.evaluate(examples, predictor))
+            res = _concat(parts, N)
+            timings[f"{method}/{stored}"] = round(time.perf_counter() - t0, 3)
+            message(f"metric {method}/{stored}: done in {timings[f'{method}/{stored}']:.1f} s")
+            out.append(MetricData(method=method, name=stored, values=res.values, settings={
+                **metric.settings, "preset": preset, "metric": name}, summary=metric.summary(res),
+                higher_is_better=metric.higher_is_better, description=metric.description,
+                curves=res.curves, levels=res.levels))
 
 
 def _check_needs(s, specs, cfg, methods, path) -> None:
@@ -227,6 +257,10 @@ def _check_needs(s, specs, cfg, methods, path) -> None:
                              f"'{path}' lacks: compute it too, or pass --saliency METHOD")
     if names & {"jaccard_25", "seed_spearman"} and not cfg.other:
         raise UsageError("jaccard_25 and seed_spearman compare two stores: pass --other STORE.h5")
+    needing = evidence_metrics(specs)
+    if needing and len(s) and s[0].evidence is None:
+        raise AttrscopeError(f"metric '{needing[0]}' needs evidence tokens, which store '{path}' lacks: compute the "
+                             "store with --evidence-column C (the evidence character spans of each example)")
 
 
 def _concat(parts, N):

@@ -14,6 +14,7 @@ import torch
 from store import HeadMaskData, open_store
 from store.errors import StoreError
 
+from . import interrupts
 from .data import Record
 from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks
@@ -59,6 +60,7 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     t1 = time.perf_counter()
     for b0 in range(0, len(order), opt.batch_size):
+        interrupts.check()  # a stop asked for: between batches
         rows = order[b0:b0 + opt.batch_size]
         ids = [enc["input_ids"][i] for i in rows]
         batch = {"input_ids": _pad(ids, pad_id, device), "attention_mask": _pad([[1] * len(x) for x in ids], 0, device),

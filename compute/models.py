@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -40,15 +41,17 @@ def _check_model_type(config, source: str) -> None:
             f"unsupported architecture '{model_type}' ({source}): attrscope supports {', '.join(SUPPORTED_MODEL_TYPES)}")
 
 
-def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32") -> LoadedModel:
-    """Load ``spec`` (None: the bundled demo classifier) on ``device``; eval mode, eager attention."""
+def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32",
+               allow_random_head: bool = False) -> LoadedModel:
+    """Load ``spec`` (None: the bundled demo classifier) on ``device``; eval mode, eager attention. A checkpoint
+    whose task head transformers had to initialise at random is refused unless ``allow_random_head``."""
     from .demo import DEMO_MODEL_ID, load_demo_model
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[dtype]
     if spec in (None, DEMO_MODEL_ID):
         model, tokenizer, info = load_demo_model()
     else:
-        model, tokenizer, info = _load_hf(spec)
+        model, tokenizer, info = _load_hf(spec, allow_random_head)
     model = model.to(device=device, dtype=torch_dtype).eval()
     adapter = adapter_for(model)
     adapter.mask_token_id = getattr(tokenizer, "mask_token_id", None)
@@ -100,10 +103,23 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _load_hf(spec: str):
+# A hub id is "name" or "owner/name"; anything else that names no existing directory is a local path that is missing.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
+
+
+def _missing_directory(spec: str) -> bool:
+    """Whether ``spec`` is written as a local path (./x, ../x, /x, ~/x, a/b/c) and no such path exists."""
+    return not os.path.exists(os.path.expanduser(spec)) and (
+        spec.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(spec))
+
+
+def _load_hf(spec: str, allow_random_head: bool = False):
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     quiet_transformers()
+    if _missing_directory(spec):
+        raise AttrscopeError(f"model directory '{spec}' does not exist: check the path (a hub id is name or owner/name)")
+    spec = os.path.expanduser(spec)
     local = os.path.isdir(spec)
     if os.path.exists(spec) and not local:
         raise AttrscopeError(f"--model '{spec}' is a file: pass the directory that holds config.json")
@@ -114,8 +130,8 @@ def _load_hf(spec: str):
     offline = not local and not _cached(spec) and not _hub_reachable()
     if offline:
         raise AttrscopeError(
-            f"cannot load model '{spec}': it is not in the local Hugging Face cache and the hub cannot be reached "
-            "(offline): pass a local directory with --model")
+            f"cannot load model '{spec}': there is no such local directory, it is not in the local Hugging Face cache "
+            "and the hub cannot be reached (offline): pass a local directory with --model")
     try:
         config = AutoConfig.from_pretrained(spec)
     except (OSError, ValueError) as err:
@@ -125,10 +141,17 @@ def _load_hf(spec: str):
             f"cannot load model '{spec}' from the Hugging Face hub (no such model?): {_one_line(err)}") from None
     _check_model_type(config, spec)
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(spec, attn_implementation="eager")
+        model, loading = AutoModelForSequenceClassification.from_pretrained(
+            spec, attn_implementation="eager", output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
+    random_weights = _newly_initialised(loading)
+    if random_weights and not allow_random_head:
+        raise AttrscopeError(
+            f"model '{spec}' has no trained classification head: {_few(random_weights)} are not in the checkpoint "
+            "and would be initialised at random: pass a model fine-tuned for sequence classification "
+            "(a *ForSequenceClassification checkpoint), or --allow-random-head to run it anyway (for testing only)")
     pad_note = None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         # GPT-2 has no pad token; padding is masked out, and HF's classifier then pools the last non-pad token.
@@ -142,8 +165,23 @@ def _load_hf(spec: str):
         "model_source": "local" if local else "hub",
         "revision": getattr(config, "_commit_hash", None),
         "tokenizer": getattr(tokenizer, "name_or_path", spec),
+        # --allow-random-head: the weights transformers initialised at random (results change from load to load)
+        "random_head": random_weights or None,
     }
     return model, tokenizer, info
+
+
+def _newly_initialised(loading: dict) -> list[str]:
+    """Weights transformers initialised at random: missing from the checkpoint, or there with another shape."""
+    missing = list(loading.get("missing_keys") or [])
+    mismatched = [m[0] if isinstance(m, (tuple, list)) else m for m in loading.get("mismatched_keys") or []]
+    return sorted(set(missing) | set(mismatched))
+
+
+def _few(names: list[str], show: int = 3) -> str:
+    """'a, b, c and 4 more'."""
+    head = ", ".join(names[:show])
+    return head if len(names) <= show else f"{head} and {len(names) - show} more"
 
 
 def _cached(spec: str) -> bool:

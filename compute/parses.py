@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from compute import interrupts
 from compute.errors import AttrscopeError
 
 RELATIONS = ("nsubj", "obj", "amod", "advmod")  # Mask-LRP's K (the paper writes "dobj", its code UD "obj")
@@ -123,6 +124,7 @@ def parse_with_spacy(texts: Sequence[str], pairs: Sequence[str | None] | None = 
     n_words = 0
     docs = nlp.pipe((s[2] for s in segs), batch_size=batch_size, disable=disable)
     for (i, seg, _), doc in zip(segs, docs):
+        interrupts.check()  # a stop asked for: between parsed texts
         widx = {}
         for tok in doc:
             if not tok.is_space:

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import os
 import platform
-import signal
-import threading
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -22,7 +19,7 @@ from store import ExampleData, MethodLayout, StoreWriter, open_store
 from store import resume as resume_store
 from store.errors import StoreError
 
-from . import __version__
+from . import __version__, interrupts
 from .data import Dataset, Record, load_dataset
 from .errors import AttrscopeError, UsageError
 from .methods import get_method, parse_methods
@@ -31,11 +28,13 @@ from .models import LoadedModel, load_model, resolve_device
 # Reference conventions per paper (METHODS.md 1.3 and 14): the class each paper explains and method parameters.
 _GRAD_BASELINES = ("grad_l2", "gxi_l2", "gxi_mean", "ig_l2", "ig_mean")
 PRESETS: dict[str, dict] = {
-    # ALTI's code drops the LayerNorm epsilon (14.1) and row-normalises its "Norm Rollout" baseline (14.6); its
-    # Captum baselines explain the softmax probability, feed the embedding output back through inputs_embeds
-    # (14.4) and integrate over 100 steps (2.4).
+    # ALTI's code drops the LayerNorm epsilon (14.1), measures its L1 distance with F.pairwise_distance (1e-6 added
+    # to every component; docs/departures.md) and row-normalises its "Norm Rollout" baseline (14.6); its Captum
+    # baselines explain the softmax probability, feed the embedding output back through inputs_embeds (14.4) and
+    # integrate over 100 steps (2.4).
     "alti": {"target": "predicted", "methods": {
-        "alti": {"eps_quirk": True}, "alti_l2": {"eps_quirk": True}, "norm_resln": {"row_normalise": True},
+        "alti": {"eps_quirk": True, "pairwise_eps": 1e-6}, "alti_l2": {"eps_quirk": True},
+        "norm_resln": {"row_normalise": True},
         **{m: {"output": "prob", "double_embedding": True} for m in _GRAD_BASELINES},
         **{m: {"output": "prob", "double_embedding": True, "steps": 100} for m in ("ig_l2", "ig_mean")}}},
     # GlobEnc's saliency (14.7): gold-class logit, gradient x input on the embedding output, L2 norm = gxi_l2.
@@ -44,9 +43,11 @@ PRESETS: dict[str, dict] = {
     "attcat": {"target": "label", "methods": {m: {"mask_specials": True}
                                               for m in ("cat", "attcat", "grads", "attgrads")}},
     # Mask-LRP's explanation pass masks [SEP] as a key (6.5); its statistics count offset 0 as positional and it
-    # explains the gold label (14.14).
+    # explains the gold label (14.14); its MGAE rolls out the attention relevance before the 1/2 of the A.V rule
+    # (cam1_preserve in its BERT.py; docs/departures.md).
     "masklrp": {"target": "label", "pos_self": "count",
-                "methods": {m: {"mask_sep": True} for m in ("lrp", "partial_lrp", "transatt", "gae", "mask_lrp")}},
+                "methods": {**{m: {"mask_sep": True} for m in ("lrp", "partial_lrp", "transatt", "gae")},
+                            "mask_lrp": {"mask_sep": True, "rollout_unhalved": True}}},
     # NormXLogit's Captum baselines: logits, inputs_embeds quirk, zero IG baseline (7.2).
     "normxlogit": {"target": "predicted", "methods": {
         **{m: {"double_embedding": True} for m in _GRAD_BASELINES},
@@ -96,9 +97,11 @@ class RunConfig:
     mask_combine: str = "union"  # union | sum of the positional and syntactic masks
     mask_rollout: str = "unmasked"  # unmasked | masked attention relevance in mask_lrp's rollout
     mask_renormalise: bool = False  # the paper's rescaling of the kept heads' relevance
+    mask_rollout_unhalved: bool | None = None  # mask_lrp rolls out R^A before the 1/2 (the reference; None: preset's)
     metrics: str | None = None  # faithfulness metrics computed over the finished store (compute.evaluate)
     eval: object = None  # its EvalConfig (the CLI builds it from the metric options)
     window: int = 8  # batches per window (sort-by-length scope and commit unit)
+    allow_random_head: bool = False  # run a checkpoint whose task head transformers initialised at random (testing)
     argv: list[str] = field(default_factory=list)
 
 
@@ -141,8 +144,11 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         raise AttrscopeError(f"dataset file '{dataset_spec}' not found: check the path")
 
     device = resolve_device(cfg.device)
-    lm = load_model(cfg.model, device=device, dtype=cfg.dtype)
+    lm = load_model(cfg.model, device=device, dtype=cfg.dtype, allow_random_head=cfg.allow_random_head)
     info = lm.info
+    if info.get("random_head"):
+        progress.message(f"--allow-random-head: {len(info['random_head'])} weights of the task head are random "
+                         "(recorded in the store): the results explain no trained classifier")
     id2label = info["id2label"]
     data = load_dataset(
         dataset_spec, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
@@ -152,6 +158,18 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
 
+    # From here on a stop asked for (Ctrl-C, SIGTERM) is acted on at the next safe point (compute.interrupts).
+    state: dict = {}  # what the run got to: the open writer, the metrics written
+    with interrupts.on_signals(), interrupts.layer_checks(lm.adapter.layers()):
+        try:
+            return _compute(cfg, lm, data, method_names, target_mode, output, progress, t_start, state)
+        except KeyboardInterrupt as err:
+            raise interrupts.Interrupted(_stopped_message(cfg, output, len(data.records), state, err)) from None
+
+
+def _compute(cfg, lm, data, method_names, target_mode, output, progress, t_start, state) -> dict:
+    device = lm.info["device"]  # as resolved from --device
+    dataset_spec = data.source
     max_length = _max_length(cfg, lm)
     methods = {name: get_method(name, **method_params(name, cfg)) for name in method_names}
     if cfg.methods.strip() == "all":  # 'all' means every method defined for this architecture
@@ -179,18 +197,20 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     layouts = _layouts(methods, lm, cfg, target_mode)
     provenance = _provenance(cfg, lm, data, method_names, target_mode, max_length, output)
 
-    writer, done = _open_writer(output, cfg, lm, layouts, provenance, head_masks)
+    with interrupts.critical():
+        writer, done = _open_writer(output, cfg, lm, layouts, provenance, head_masks)
+    state["writer"] = writer
     records = data.records[done:]
     try:
         tok = _tokenize(lm, records, max_length)
         if cfg.matrices == "all" and records:
             _estimate_size(progress, tok, layouts, cfg)
         progress.start(total=len(data.records), completed=done)
-        with _interrupts_between_batches() as checkpoint:
-            stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress, checkpoint)
+        stats = _loop(lm, methods, records, tok, writer, cfg, target_mode, progress)
     except BaseException:
         progress.stop()
-        writer.close()
+        with interrupts.critical():
+            writer.close()
         raise
     progress.stop()
     total_tokens = writer.n_tokens
@@ -205,7 +225,9 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         "device": str(device),
         "resumed_from": done if cfg.resume else None,
     }
-    writer.close(complete=True, summary=summary)
+    with interrupts.critical():
+        writer.close(complete=True, summary=summary)
+    interrupts.check()
     if cfg.metrics:
         from .evaluate import EvalConfig, evaluate_store
 
@@ -213,11 +235,36 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
         if ecfg.preset is None:
             ecfg.preset = cfg.preset
         t0 = time.perf_counter()
+        state["metrics"] = True
         summary["metrics"] = evaluate_store(output, ecfg, lm=lm, message=progress.message)
         summary["metric_seconds"] = round(time.perf_counter() - t0, 3)
     summary["store"] = os.path.abspath(output)
     summary["store_bytes"] = os.path.getsize(output)
     return summary
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that finishes an interrupted run: the same one with --resume instead of --overwrite."""
+    import shlex
+
+    args = [a for a in argv if a != "--overwrite"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(args)
+
+
+def _stopped_message(cfg: RunConfig, output: str, total: int, state: dict, err: BaseException) -> str:
+    """The one line printed when a run stops on a signal: what the store keeps and how to finish it."""
+    again = resume_command(cfg.argv) if cfg.argv else "the same options and --resume"
+    writer = state.get("writer")
+    if writer is None:  # stopped while loading, in the head statistics, before the store was opened
+        kept = f"store '{output}' is as it was" if os.path.exists(output) else "nothing was written"
+        return f"interrupted before the first example: {kept}; run the same command again"
+    if state.get("metrics"):
+        return (f"interrupted during the metrics: store '{output}' is complete{'; ' + str(err) if str(err) else ''}; "
+                f"compute the rest with: {again}")
+    return (f"interrupted: store '{output}' keeps its {writer.n_committed} of {total} examples committed so far; "
+            f"finish it with: {again}")
 
 
 def _head_masks(cfg: RunConfig, lm: LoadedModel, data: Dataset, dataset_spec: str, max_length: int, output: str,
@@ -278,6 +325,9 @@ def method_params(name: str, cfg: RunConfig) -> dict:
     if name == "mask_lrp":
         params.update(combine=cfg.mask_combine, rollout_uses_masked=cfg.mask_rollout == "masked",
                       renormalise=bool(cfg.mask_renormalise))
+        if cfg.mask_rollout_unhalved is not None:
+            params["rollout_unhalved"] = cfg.mask_rollout_unhalved
+        params["rollout_unhalved"] = bool(params.get("rollout_unhalved", False))  # recorded either way
     return params
 
 
@@ -299,14 +349,19 @@ def _check_options(cfg: RunConfig) -> None:
     if cfg.parses and not os.path.exists(cfg.parses):
         raise AttrscopeError(f"--parses: file '{cfg.parses}' not found: check the path")
     if cfg.metrics:
-        from .evaluate import parse_metric_specs
+        from .evaluate import evidence_metrics, parse_metric_specs
 
-        parse_metric_specs(cfg.metrics)
+        needing = evidence_metrics(parse_metric_specs(cfg.metrics))
+        if needing and cfg.evidence_column is None:
+            raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
+                             "evidence character spans, or drop the metric")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
 
 def _check_output(output: str, cfg: RunConfig) -> None:
+    if os.path.isdir(output):
+        raise AttrscopeError(f"-o '{output}' is a directory: pass a file name, e.g. -o {os.path.join(output, 'run.h5')}")
     exists = os.path.exists(output)
     if cfg.resume and not exists:
         raise AttrscopeError(f"--resume: store '{output}' does not exist: run without --resume to create it")
@@ -315,6 +370,8 @@ def _check_output(output: str, cfg: RunConfig) -> None:
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
+    if not os.access(parent, os.W_OK):
+        raise AttrscopeError(f"output directory '{parent}' is not writable: choose another -o")
 
 
 def _max_length(cfg: RunConfig, lm: LoadedModel) -> int:
@@ -364,11 +421,14 @@ def _provenance(cfg, lm, data: Dataset, method_names, target_mode, max_length, o
     }
 
 
-# Settings that must match for --resume to continue a store.
-_RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "preset", "text_column",
-                "pair_column", "label_column", "id_column", "evidence_column", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline",
-                "attcat_layers", "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout",
-                "mask_renormalise")
+# Settings that must match for --resume to continue a store: everything that changes the numbers (batch size,
+# window, dtype and the memory budgets change how examples are batched and summed, hence float rounding), the data
+# read, or what is stored. The head-statistics options are absent: a resumed run reads its masks from the store.
+_RESUME_KEYS = ("methods", "target", "matrices", "store_dtype", "max_length", "limit", "split", "preset", "text_column",
+                "pair_column", "label_column", "id_column", "evidence_column", "batch_size", "window", "dtype",
+                "memory_mb", "ig_memory_mb", "alti_ln2", "ig_steps", "ig_rule", "ig_baseline", "attcat_layers",
+                "attgrads_variant", "lrp_dtype", "mask_combine", "mask_rollout", "mask_renormalise",
+                "mask_rollout_unhalved")
 
 
 def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[StoreWriter, int]:
@@ -379,31 +439,72 @@ def _open_writer(output, cfg, lm, layouts, provenance, head_masks=()) -> tuple[S
         except StoreError as err:
             raise AttrscopeError(str(err)) from None
         _check_resume(before, provenance, output)
-        writer = resume_store(output)
+        try:
+            writer = resume_store(output)
+        except OSError as err:
+            raise AttrscopeError(f"cannot write store '{output}': {_os_reason(err)}: check the path and its "
+                                 "permissions") from None
         return writer, writer.n_committed
-    if cfg.overwrite and os.path.exists(output):
-        os.remove(output)
+    try:
+        if cfg.overwrite and os.path.exists(output):
+            os.remove(output)
+        return _create_writer(output, cfg, lm, layouts, provenance, head_masks), 0
+    except OSError as err:
+        raise AttrscopeError(f"cannot create store '{output}': {_os_reason(err)}: choose another -o") from None
+
+
+def _os_reason(err: OSError) -> str:
+    """The system's reason (HDF5 wraps it into a long message; the errno's text is what the user needs)."""
+    import errno as errno_names
+
+    if err.errno in errno_names.errorcode:
+        return os.strerror(err.errno)
+    return " ".join(str(err).split())[:200]
+
+
+def _create_writer(output, cfg, lm, layouts, provenance, head_masks) -> StoreWriter:
     attrs = {"model_id": lm.info["model_id"], "model_revision": str(lm.info.get("revision")),
              "tokenizer": lm.info.get("tokenizer", ""), "attn_implementation": "eager",
              "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
-    writer = StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
-                                labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
-                                head_masks=list(head_masks), evidence=cfg.evidence_column is not None)
-    return writer, 0
+    return StoreWriter.create(output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
+                              labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
+                              head_masks=list(head_masks), evidence=cfg.evidence_column is not None)
 
 
 def _check_resume(before: dict, now: dict, output: str) -> None:
     b, n = before.get("config", {}), now["config"]
+    defaults = {f.name: f.default for f in fields(RunConfig)}
     for key in _RESUME_KEYS:
-        if b.get(key) != n.get(key):
+        was = b.get(key, defaults.get(key))  # a store older than the option was made with its default
+        if was != n.get(key):
+            option = _OPTION_OF.get(key, f"--{key.replace('_', '-')}")
             raise AttrscopeError(
-                f"--resume: store '{output}' was made with {key}={b.get(key)!r}, not {n.get(key)!r}: "
-                "rerun with the same options, or --overwrite")
+                f"--resume: store '{output}' was made with {option} {_show(was)}, not {_show(n.get(key))}: "
+                f"rerun with {option} {_show(was)} (the same options), or --overwrite")
+    was_device = before.get("model", {}).get("device")
+    now_device = now["model"].get("device")
+    if was_device and torch.device(was_device).type != torch.device(now_device).type:
+        raise AttrscopeError(f"--resume: store '{output}' was computed on {was_device}, not {now_device}: "
+                             f"rerun with --device {torch.device(was_device).type}, or --overwrite")
     if before.get("model", {}).get("model_id") != now["model"]["model_id"]:
         raise AttrscopeError(f"--resume: store '{output}' was made with another model: use the same --model, or --overwrite")
     if before.get("dataset", {}).get("sha256") != now["dataset"]["sha256"]:
         raise AttrscopeError(f"--resume: the dataset differs from the one store '{output}' was made from: use the same file, or --overwrite")
+
+
+_OPTION_OF = {"window": "the window (RunConfig.window)", "target": "--target"}
+
+
+def _show(value) -> str:
+    """An option's value as the user types it (None: the option was not given)."""
+    if value is None:
+        return "(not given)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -463,37 +564,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@contextmanager
-def _interrupts_between_batches():
-    """SIGINT and SIGTERM become a KeyboardInterrupt raised at the next batch boundary (``checkpoint()``).
-
-    Raised wherever the signal lands, the interrupt can be swallowed (inside a weakref callback or __del__, which
-    h5py and torch run all the time: the run then went on to the end) or cut a commit in half. A second signal
-    raises at once, so a stuck batch can still be stopped. Outside the main thread nothing is installed."""
-    pending = []
-
-    def checkpoint():
-        if pending:
-            raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        yield checkpoint
-        return
-
-    def handler(signum, frame):
-        if pending:
-            raise KeyboardInterrupt
-        pending.append(signum)
-
-    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield checkpoint
-    finally:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-
-
-def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress, checkpoint) -> dict:
+def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target_mode, progress) -> dict:
     device = next(lm.model.parameters()).device
     needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
     num_labels = writer.num_labels
@@ -511,8 +582,10 @@ def _loop(lm, methods, records, tok: Tokenized, writer: StoreWriter, cfg, target
                                                 target_mode, cfg, stats)):
                 done[i] = ex
             progress.advance(len(batch))
-            checkpoint()
-        writer.append([done[i] for i in range(w0, w0 + len(idx))])
+            interrupts.check()
+        with interrupts.critical():  # a commit is never cut in half
+            writer.append([done[i] for i in range(w0, w0 + len(idx))])
+        interrupts.check()
     return stats
 
 
@@ -582,8 +655,8 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
         evidence = None
         if r.evidence is not None:  # tokens overlapping an evidence span of their own segment
             evidence = np.zeros(n, dtype=bool)
-            for seg, a, b in r.evidence:
-                evidence |= (segment == seg) & (offsets[:, 0] < b) & (a < offsets[:, 1])
+            for seg, start, end in r.evidence:
+                evidence |= (segment == seg) & (offsets[:, 0] < end) & (start < offsets[:, 1])
         out.append(ExampleData(
             row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
             tokens=convert(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,

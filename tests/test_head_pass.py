@@ -176,3 +176,26 @@ def test_spacy_parses_when_installed(mask_run, tmp_path):
         assert syn.attrs["parser"]["parser"].startswith("spacy")
         assert pos.attrs["exclude_self"] is False  # the reference counts offset 0
         assert pos.attrs["mask_sep"] is True
+
+
+def test_preset_masklrp_rolls_out_the_unhalved_relevance(mask_run):
+    """--preset masklrp reproduces the reference's factor (METHODS.md 6.3 vs its BERT.py cam1_preserve): every stored
+    map twice the halved one's, recorded in the method's params; --mask-rollout-halved turns it off under the
+    preset, and the default (no preset) is halved."""
+    runs = {}
+    for name, extra in (("preset", ["--preset", "masklrp"]),
+                        ("preset-halved", ["--preset", "masklrp", "--mask-rollout-halved"]),
+                        ("default", []), ("default-unhalved", ["--mask-rollout-unhalved"])):
+        out = mask_run["tmp"] / f"factor-{name}.h5"
+        ok(invoke(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "mask_lrp", "--limit", 4,
+                  "--head-mask", mask_run["out"], "--store-dtype", "float32", "--target", "label", *extra))
+        runs[name] = out
+    want = {"preset": True, "preset-halved": False, "default": False, "default-unhalved": True}
+    for (a, b) in (("preset", "preset-halved"), ("default-unhalved", "default")):
+        with open_store(runs[a]) as u, open_store(runs[b]) as h:
+            assert u.method_info("mask_lrp")["params"]["rollout_unhalved"] is want[a]
+            assert h.method_info("mask_lrp")["params"]["rollout_unhalved"] is want[b]
+            for i in range(4):
+                assert u[i].matrices("mask_lrp").any()
+                np.testing.assert_array_equal(u[i].matrices("mask_lrp"), 2 * h[i].matrices("mask_lrp"))
+                assert not np.allclose(u[i].scores("mask_lrp"), h[i].scores("mask_lrp"))

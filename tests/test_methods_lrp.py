@@ -191,3 +191,24 @@ def test_float32_model_runs_the_rules_on_a_float64_twin(name):
     torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=1e-9, atol=1e-12)
     plain = get_method(name, dtype="model").compute(cap32, ad32, cap64.pred)
     assert plain.scores.dtype == torch.float32
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rollout_unhalved_doubles_every_map(arch):
+    """The reference's Mask-LRP rolls out the attention relevance before the 1/2 of the A.V rule (cam1_preserve in its
+    BERT.py): every per-layer map is exactly twice the default's (float64: a factor 2 is exact), and the rollout is
+    that of the doubled maps. The default stays TransAtt with an all-ones mask (test above); unhalved it does not."""
+    from compute.methods.relevance import gradient_weighted_rollout
+
+    _, ad, _, cap = setup(arch)
+    for mask in (random_mask(ad.n_layers, ad.n_heads), [[1] * ad.n_heads for _ in range(ad.n_layers)]):
+        a = get_method("mask_lrp", head_mask=mask).compute(cap, ad, cap.pred)
+        b = get_method("mask_lrp", head_mask=mask, rollout_unhalved=True).compute(cap, ad, cap.pred)
+        assert a.matrices.abs().max() > 0
+        assert torch.equal(b.matrices, 2 * a.matrices)
+        maps = list((2 * a.matrices).unbind(1))
+        want = gradient_weighted_rollout(maps, cap.mask, cap.explain_pos)
+        assert torch.equal(b.layer_scores, want) and torch.equal(b.scores, want[:, -1])
+        assert not torch.allclose(b.scores, a.scores)
+    t = get_method("transatt").compute(cap, ad, cap.pred)
+    assert torch.equal(t.matrices, a.matrices) and not torch.allclose(t.scores, b.scores)

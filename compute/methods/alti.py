@@ -6,6 +6,8 @@ Final = row of the explained token in C^L ... C^1 (no identity: the residual is 
 
 Options: ``ln2`` (ALTI+LN2, the reference's "ours2": vectors taken through LN2, distances to the real LN2 output),
 ``eps_quirk`` (the reference's sigma without LayerNorm epsilon, y rebuilt from the contributions; --preset alti),
+``pairwise_eps`` (the reference's distance is F.pairwise_distance, which adds 1e-6 to every component of T - y;
+--preset alti; L1 only),
 ``memory_mb`` (source tokens are processed in blocks whose [k, n, d] tensors fit this budget).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import interrupts
 from ..errors import AttrscopeError
 from .aggregate import valid_block
 from .decomposition import LayerParts, SourceBlocks, layer_parts, operands, tokens_per_block
@@ -69,13 +72,19 @@ class Alti(LayerwiseProduct):
         c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
         sources = SourceBlocks(p.A, U, diag)
         buffer = y.new_empty(cols * B, n, d)  # one for every block
+        eps = float(self.params.get("pairwise_eps", 0.0))  # |T - y + eps| per component, times scale_i as Z is
+        shift = None if not eps else (eps if scale is None else eps * scale[None, :, :, None])
         for j0 in range(0, n, cols):
+            interrupts.check()  # a stop asked for: between source blocks
             J = slice(j0, min(n, j0 + cols))
             Z = sources.block(J, out=buffer)  # [j, B, i, d] for the source block J
             # sum_k (|ys_k| - |ys_k - Z_k|), summed dimension by dimension: each term is bounded by |Z_k| (exactly 0
             # where Z = 0, e.g. a causal mask), so float32 does not lose small contributions in the difference of two
             # large sums (that form saves a pass but drifted 2.5x further from float64 on SST-2 and left 1e-7 where
             # a token takes nothing). In place, no temporaries.
-            Z.sub_(ys).abs_()
+            Z.sub_(ys)
+            if shift is not None:
+                Z.add_(shift)
+            Z.abs_()
             c[:, :, J] = torch.sub(ys_abs, Z, out=Z).sum(-1).permute(1, 2, 0)
         return c if scale is None else c / scale[..., None]

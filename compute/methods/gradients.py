@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import interrupts
 from ..adapters import Adapter, Captured
 from ..errors import AttrscopeError
 from .base import Method, MethodResult
@@ -222,6 +223,7 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     step_of = torch.arange(R, device=E.device) % steps
     chunk = rows_per_pass(adapter, n, E.element_size(), memory_mb)
     for r0 in range(0, R, chunk):
+        interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, st = ex_of[r0:r0 + chunk], step_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
         X = (X0[ex] + alpha[st, None, None] * (E[ex] - X0[ex])).requires_grad_(True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import interrupts
 from .aggregate import prod_rows_normalised, rows_of_products, valid_block
 from .base import Method, MethodResult
 from .decomposition import NEEDS
@@ -26,7 +27,10 @@ class LayerwiseProduct(Method):
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
-        mats = [valid_block(self.layer_matrix(cap, adapter, l), cap.mask) for l in range(adapter.n_layers)]
+        mats = []
+        for l in range(adapter.n_layers):
+            interrupts.check()  # a stop asked for: between layers
+            mats.append(valid_block(self.layer_matrix(cap, adapter, l), cap.mask))
         if self.row_stochastic:
             views = rows_of_products(mats, cap.explain_pos)
         else:

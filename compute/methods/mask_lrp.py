@@ -2,12 +2,18 @@
 heads of a head mask M [L, H] (positional and syntactic heads found by the head-statistics pass): at every layer
 the relevance leaving the A.V product towards A and V is multiplied by M[l, h]; the residual branch is untouched.
 
-Reference behaviour by default: the rollout uses each layer's unmasked attention relevance (``rollout_uses_masked``
-switches to the paper's eq. 10), no renormalisation (``renormalise``: the paper's rescaling of the kept heads to the
-layer's total). With M all ones the method equals ``transatt`` exactly. The mask comes from the run's
-/head_masks/mask_lrp (the runner passes it as the ``head_mask`` parameter, recorded in the store)."""
+Defaults (METHODS.md 6.2-6.3, 14.14): the rollout uses each layer's unmasked attention relevance (as the reference;
+``rollout_uses_masked`` switches to the paper's eq. 10), no renormalisation (``renormalise``: the paper's rescaling of
+the kept heads to the layer's total), and the rolled-out relevance is R^{A,l} after the 1/2 of the A.V rule, so with
+M all ones the method equals ``transatt`` exactly (11.6). The reference code departs from that last point: with a
+head mask it saves the attention relevance BEFORE the 1/2 (its BERT.py keeps ``cam1_preserve``), so its maps are
+exactly twice TransAtt's and its all-ones MGAE is not its GAE; ``rollout_unhalved`` reproduces it (on under
+``--preset masklrp``; docs/departures.md measures the effect). The mask comes from the run's /head_masks/mask_lrp
+(the runner passes it as the ``head_mask`` parameter, recorded in the store)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -37,6 +43,11 @@ class MaskLRP(TransAtt):
             if shape != (adapter.n_layers, adapter.n_heads):
                 raise AttrscopeError(f"method 'mask_lrp': the head mask is {shape[0]} x {shape[1]} but the model has "
                                      f"{adapter.n_layers} layers x {adapter.n_heads} heads: compute the mask with this model")
+
+    def from_relevance(self, rel, gp, target, cap):
+        if self.params.get("rollout_unhalved"):  # the reference's cam1_preserve: the A.V relevance before its 1/2
+            rel = replace(rel, attention=[2 * R for R in rel.attention])
+        return super().from_relevance(rel, gp, target, cap)
 
     def options(self):
         return {"rollout_uses_masked": bool(self.params.get("rollout_uses_masked", False)),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import interrupts
 from ..adapters import Adapter, Captured
 from ..errors import AttrscopeError
 from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
@@ -166,6 +167,7 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
 
     inputs, attention = [None] * len(layers), [None] * len(layers)
     for li in range(len(layers) - 1, -1, -1):
+        interrupts.check()  # a stop asked for: between layers
         lin = adapter.lrp_linears(layers[li])
         io = {k: (wide(i.detach()), wide(o.detach())) for k, (i, o) in rec.layers[li].items()}
         A = wide(gp.attentions[li].detach())

@@ -46,6 +46,7 @@ class EvidenceAveragePrecision(Metric):
     description = "average precision of the evidence tokens in the attribution ranking (BLiMP)"
     reference = "Abbasi et al., NormXLogit, evidence alignment; METHODS.md 8.7"
     higher_is_better = True
+    needs_evidence = True
 
     def __init__(self, exclude="none", random: str = "exact", **settings):
         super().__init__(exclude=parse_exclude(exclude), random=check_choice("random", random, ("exact", "prevalence")),

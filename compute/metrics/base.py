@@ -60,6 +60,7 @@ class Metric:
     reference: ClassVar[str]
     higher_is_better: ClassVar[bool]
     needs_model: ClassVar[bool] = False  # perturbs inputs and calls the Predictor
+    needs_evidence: ClassVar[bool] = False  # reads EvalExample.evidence (a store made with --evidence-column)
 
     def __init__(self, **settings):
         self.settings = settings

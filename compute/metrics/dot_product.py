@@ -73,6 +73,7 @@ class EvidenceDotProduct(Metric):
     description = "attribution mass on the evidence tokens after softmax / sum normalisation (BLiMP)"
     reference = "Abbasi et al., NormXLogit, evidence alignment; METHODS.md 8.7, 14.19"
     higher_is_better = True
+    needs_evidence = True
 
     def __init__(self, normalise: str = "auto", exclude="none", signed: bool | None = None, **settings):
         super().__init__(normalise=check_choice("normalise", normalise, ("auto", "softmax", "sum")),

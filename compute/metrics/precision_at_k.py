@@ -25,6 +25,7 @@ class PrecisionAtK(Metric):
     description = "number of gold answer tokens among the top-K attributed tokens (QA)"
     reference = "Qiang et al. (2022) AttCAT; Song et al. (2024) Mask-LRP; METHODS.md 8.5"
     higher_is_better = True
+    needs_evidence = True
 
     def __init__(self, k: int = 20, exclude_specials: bool = True, **settings):
         if int(k) < 1:
