@@ -367,6 +367,11 @@ def _check_output(output: str, cfg: RunConfig) -> None:
         raise AttrscopeError(f"--resume: store '{output}' does not exist: run without --resume to create it")
     if exists and not (cfg.resume or cfg.overwrite):
         raise AttrscopeError(f"store '{output}' already exists: pass --overwrite to replace it or --resume to finish it")
+    if cfg.resume:
+        try:  # a damaged or truncated store is named before the model loads (minutes on a large model)
+            open_store(output).close()
+        except StoreError as err:
+            raise AttrscopeError(str(err)) from None
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")

@@ -239,3 +239,17 @@ def test_evidence_metrics_need_evidence(small_store, tmp_path, metric):
     line = one_line(invoke("run", small_store["data"], "--model", "/abs/missing", "-o", tmp_path / "o.h5",
                            "--metrics", metric), 2)
     assert f"metric '{metric}' needs evidence" in line and "--evidence-column" in line
+
+
+@pytest.mark.parametrize("keep", [100, 0.6])
+def test_resume_of_a_damaged_store_fails_before_the_model_loads(small_store, tmp_path, keep):
+    # a truncated copy (scp cut short): the store's problem is named, not the model's, and nothing is written
+    whole = small_store["out"].read_bytes()
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(whole[:keep if isinstance(keep, int) else int(len(whole) * keep)])
+    before = cut.read_bytes()
+    line = one_line(invoke("run", small_store["data"], "--model", "/abs/missing", "-o", cut, "--device", "cpu",
+                           "--methods", "rollout,alti,ig_l2", "--batch-size", 4, "--resume"))
+    assert f"store '{cut}'" in line and ("incomplete" in line or "damaged" in line), line
+    assert "model" not in line.split(":")[0], line
+    assert cut.read_bytes() == before
