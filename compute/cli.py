@@ -177,6 +177,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
+    if resume and output:
+        _guarded(lambda: _check_readable(output), debug)  # before torch loads: a damaged store is named in a second
     from .runner import RunConfig
 
     cfg = RunConfig(
@@ -226,11 +228,13 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
     def go():
         import os
 
+        if not os.path.exists(store):
+            raise AttrscopeError(f"store '{store}' not found: check the path")
+        _check_readable(store)  # before torch and the model load (seconds to minutes)
+
         from .evaluate import evaluate_store
         from .models import resolve_device
 
-        if not os.path.exists(store):
-            raise AttrscopeError(f"store '{store}' not found: check the path")
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
         try:
@@ -277,6 +281,16 @@ def metrics_cmd():
         better = "higher" if m.higher_is_better else "lower"
         presets = ", ".join(presets_of(name)) or "-"
         click.echo(f"{name:18s} {m.description} [{better} is better; presets: {presets}]")
+
+
+def _check_readable(path: str) -> None:
+    """Open an existing store once, so that a damaged or truncated one is named (StoreError) before torch loads."""
+    import os
+
+    from store import open_store
+
+    if os.path.isfile(path):  # a missing path or a directory is the runner's one line
+        open_store(path).close()
 
 
 def _store_preset(store: str) -> str | None:

@@ -253,3 +253,25 @@ def test_resume_of_a_damaged_store_fails_before_the_model_loads(small_store, tmp
     assert f"store '{cut}'" in line and ("incomplete" in line or "damaged" in line), line
     assert "model" not in line.split(":")[0], line
     assert cut.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["eval", "resume"])
+def test_a_damaged_store_is_named_before_torch_loads(small_store, tmp_path, command):
+    # torch alone takes 1-2 s to import: the one line must come before it, so it comes within a second or two
+    import subprocess
+    import sys
+
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(small_store["out"].read_bytes()[:4096])
+    argv = (["eval", str(cut), "--metrics", "comprehensiveness"] if command == "eval"
+            else [str(small_store["data"]), "-o", str(cut), "--resume", "--methods", "rollout"])
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('torch loaded' if 'torch' in sys.modules else 'no torch'))\n"
+            f"sys.argv = ['attr-compute', *{argv!r}]\n"
+            "from compute.cli import main\nmain()\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"attr-compute: error: store '{cut}' is incomplete: 4,096 bytes of the "
+        f"{small_store['out'].stat().st_size:,} it should have (a partial copy?): copy it again"], res.stderr
+    assert res.stdout.strip() == "no torch"
