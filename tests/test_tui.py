@@ -629,3 +629,87 @@ def test_import_hygiene():
             "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------- issue 13: damage, newer formats, narrow subtitles
+@async_test
+async def test_growing_store_keeps_state_visible_at_80_columns_and_header_count_follows(tmp_path, color_env):
+    from store import MethodLayout, StoreWriter, open_store
+    from tui.app import create_app
+
+    exs = make_store(str(tmp_path / "src.h5"), n_examples=6)
+    with open_store(tmp_path / "src.h5") as s:
+        layouts = s._method_layouts
+    live = tmp_path / "live.h5"
+    long_model = "/very/long/path/to/some/checkpoints/directory/of/a/fine-tuned/bert-base-uncased-sst2/final"
+    w = StoreWriter.create(str(live), n_layers=3, n_heads=4, labels={0: "negative", 1: "positive"},
+                           methods=[MethodLayout(**m) for m in layouts.values()], provenance={},
+                           attrs={"model_id": long_model})
+    w.append(exs[:2])
+    app = create_app(live, poll_seconds=0.1)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            assert app.sub_title.startswith("writing… 2 examples"), app.sub_title
+            header_line = screen_text(app).splitlines()[0]
+            assert "writing… 2 examples" in header_line, header_line
+            assert "1/2" in screen_text(app)
+            w.append(exs[2:5])
+            for _ in range(50):
+                await pilot.pause(0.05)
+                if app.example_list.row_count == 5:
+                    break
+            await settle(pilot)
+            text = screen_text(app)
+            assert "1/5" in text and "1/2" not in text, text
+            assert "writing… 5 examples" in text.splitlines()[0]
+    finally:
+        w.close()
+
+
+@async_test
+async def test_newer_minor_format_is_announced(tmp_path, color_env):
+    from tui.app import create_app
+
+    path = tmp_path / "newer.h5"
+    make_store(str(path), n_examples=3)
+    with h5py.File(path, "r+") as f:
+        f.attrs["encoding-version"] = np.bytes_(b"1.99.0")  # fixed-length, as the writer stores text attributes
+    with pytest.warns(UserWarning):
+        app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        notes = [n.message for n in app._notifications]
+        assert any("1.99.0" in n and "newer" in n for n in notes), notes
+
+
+@async_test
+async def test_damage_found_after_opening_is_shown_and_q_quits_while_a_read_holds_the_lock(store_path, color_env):
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+
+        def broken(*_a, **_k):
+            from store import StoreError
+            raise StoreError(f"store '{store_path.name}' is damaged: examples/index cannot be read (bad checksum): "
+                             "copy the file again, or recompute it with attr-compute --overwrite")
+
+        import tui.app as tui_app
+        original = tui_app.read_example
+        tui_app.read_example = broken
+        try:
+            app.cache.clear() if hasattr(app.cache, "clear") else None
+            await pilot.press("j")
+            await settle(pilot, rounds=10)
+            notes = [n.message for n in app._notifications]
+            assert any("is damaged" in n for n in notes), notes
+            assert "is damaged" in screen_text(app) or any("is damaged" in n for n in notes)
+        finally:
+            tui_app.read_example = original
+        app.store_lock.acquire()  # a read stuck in HDF5: quitting must not wait for it
+        t0 = time.monotonic()
+        await pilot.press("q")
+    assert time.monotonic() - t0 < 5
+    app.store_lock.release()

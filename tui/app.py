@@ -34,6 +34,7 @@ from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel,
 
 POLL_SECONDS = 2.0
 STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
+UNMOUNT_LOCK_SECONDS = 1.0  # how long quitting waits for a read in progress before it leaves the file to the exit
 CACHE_SIZE = 64
 COMPACT_FOOTER_BELOW = 90  # columns: below this the browse footer drops its spacing so that every key fits
 _LAYERS = Binding.Group("layer")
@@ -143,6 +144,8 @@ class AttrApp(App[int]):
         self.sub_title = "loading…"
         self.query_one(InfoPanel).show_message("reading the store…")
         self.query_one(ExampleList).focus()
+        for note in getattr(self.store, "warnings", ()):  # e.g. a newer minor format: parts of it are not shown
+            self.notify(note, title="store format", severity="warning", timeout=12, markup=False)
         self._read_header()
 
     def on_resize(self, event) -> None:
@@ -154,9 +157,12 @@ class AttrApp(App[int]):
             footer.compact = self.size.width < COMPACT_FOOTER_BELOW
 
     def on_unmount(self) -> None:
-        if self.owns_store:
-            with self.store_lock:
+        # A read stuck in HDF5 holds the lock: quitting does not wait for it (the process exit closes the file).
+        if self.owns_store and self.store_lock.acquire(timeout=UNMOUNT_LOCK_SECONDS):
+            try:
                 self.store.close()
+            finally:
+                self.store_lock.release()
 
     # ---------------------------------------------------------------- state
     @property
@@ -172,14 +178,14 @@ class AttrApp(App[int]):
         if meta is None:
             return
         what = f"{n} example{'s' if n != 1 else ''}"
-        parts = [printable(meta.model)] if meta.model else []
         if meta.complete:
-            parts.append(what)
+            state = what
         elif time.monotonic() - self._last_growth > STALL_SECONDS:
-            parts.append(f"{what}, incomplete")  # a killed run (attr-compute --resume finishes it)
+            state = f"{what}, incomplete"  # a killed run (attr-compute --resume finishes it)
         else:
-            parts.append(f"writing… {what}")
-        self.sub_title = " · ".join(parts)
+            state = f"writing… {what}"
+        # the state first: a long model path is what the header cuts off on a narrow terminal
+        self.sub_title = " · ".join([state, printable(meta.model)] if meta.model else [state])
 
     # ---------------------------------------------------------------- workers (HDF5 reads happen only here)
     @work(thread=True, group="meta", name="read store header")
@@ -259,6 +265,7 @@ class AttrApp(App[int]):
         if old is None or len(message.meta.index) != len(old.index):
             self._last_growth = time.monotonic()
             self.example_list.set_rows(message.meta.index, message.meta.labels, message.ids)
+            self._render_current()  # the detail header's "i/N" follows the growing store
         self._set_subtitle()
         if message.meta.complete and self._poll_timer is not None:
             self._poll_timer.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
@@ -27,7 +28,9 @@ def main(store: str, color: str, debug: bool) -> None:
     from .app import create_app  # after argument parsing: `attr-tui --help` stays fast
 
     try:
-        s = open_store(store)
+        with warnings.catch_warnings():  # a newer-format note is shown inside the app (Store.warnings)
+            warnings.simplefilter("ignore")
+            s = open_store(store)
     except StoreError as err:
         if debug:
             raise
