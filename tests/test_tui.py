@@ -276,9 +276,12 @@ async def test_no_color_uses_glyphs_and_sign_marks(store_path, monkeypatch):
         await settle(pilot)
         cells = token_cells(app)
         assert all(c.style.bgcolor is None for c in cells)
+        # the explained token ([CLS] here) carries the mark, and only it
+        assert [c.text.startswith("▸") for c in cells] == [i == 0 for i in range(len(cells))]
         for cell, score in zip(cells, scores, strict=True):
-            assert cell.text[0] == ("+" if score > 0 else "-")
-            assert cell.text[1] in GLYPHS
+            shown = cell.text.removeprefix("▸")
+            assert shown[0] == ("+" if score > 0 else "-")
+            assert shown[1] in GLYPHS
         text = screen_text(app)
         assert "[bold]" in text and "+" in text and "-" in text
         assert sum(bool(c.style.underline) for c in cells) >= 1  # top-k marked without colour

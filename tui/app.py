@@ -27,6 +27,7 @@ from .commands import BrowseCommands, HeadsCommands, MetricsCommands
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .heads import HeadsScreen
 from .help import HelpScreen
+from .screens.compare import CompareScreen
 from .metrics import MetricsScreen
 from .metricsview import MetricLine
 from .render import TokenLayout, printable, token_cells
@@ -98,6 +99,7 @@ class AttrApp(App[int]):
         Binding("m", "next_method", "method", id="method.next"),
         Binding("M", "prev_method", "previous method", id="method.previous", show=False),
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
+        Binding("c", "compare", "compare", id="compare"),
         Binding("h", "heads", "heads", id="heads"),
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
@@ -121,6 +123,7 @@ class AttrApp(App[int]):
         self.method_index = 0
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
+        self.compare_methods: list[str] | None = None  # the compare screen's choice, kept across examples
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
         self._last_growth = time.monotonic()
@@ -155,6 +158,8 @@ class AttrApp(App[int]):
         """The browse footer, compact on narrow terminals (at 80 columns its keys do not fit otherwise)."""
         for footer in self.screen_stack[0].query(Footer) if self.screen_stack else ():
             footer.compact = self.size.width < COMPACT_FOOTER_BELOW
+            # ^p stays bound (the help screen lists it); its footer entry makes room for q at 80 columns
+            footer.show_command_palette = not footer.compact
 
     def on_unmount(self) -> None:
         # A read stuck in HDF5 holds the lock: quitting does not wait for it (the process exit closes the file).
@@ -323,7 +328,7 @@ class AttrApp(App[int]):
         self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer,
                                        ex.values.get(info.name), metrics)
         self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k)
-        cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top)
+        cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top, explained=ex.explain_pos)
         self.query_one(TokenView).show_tokens(TokenLayout(cells))
 
     # ---------------------------------------------------------------- actions
@@ -389,6 +394,19 @@ class AttrApp(App[int]):
         """The heads screen: the store's head masks (it reads them itself, on a worker)."""
         if not isinstance(self.screen, HeadsScreen):
             self.push_screen(HeadsScreen(self.color_mode))
+
+    def action_compare(self) -> None:
+        """The compare screen: the chosen methods (first four by default) side by side for the current example."""
+        if self.meta is None or self.current is None or isinstance(self.screen, CompareScreen):
+            return
+        names = [m.name for m in self.meta.methods]
+        if len(names) < 2:
+            self.notify("this store has one method: nothing to compare", markup=False)
+            return
+        chosen = [m for m in (self.compare_methods or []) if m in names] or names[:4]
+        if self.method is not None and self.method.name in names and self.compare_methods is None:
+            chosen = [self.method.name] + [m for m in names if m != self.method.name][:3]  # current method first
+        self.push_screen(CompareScreen(chosen, self.current))
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""

@@ -64,6 +64,7 @@ class LoadedExample:
     probs: np.ndarray
     truncated: bool
     n_orig_tokens: int
+    explain_pos: int = -1  # the token whose prediction is explained ([CLS], or a decoder's last token)
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     layer_scores: dict[str, np.ndarray | None] = field(default_factory=dict)
     values: dict[str, dict[str, float]] = field(default_factory=dict)  # per-example scalars (IG's ig_delta)
@@ -297,7 +298,7 @@ def read_example(store: Store, i: int, methods: tuple[str, ...]) -> LoadedExampl
         values[m] = ex.example_values(m)
     return LoadedExample(index=i, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
-                         scores=scores, layer_scores=layers, values=values)
+                         explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values)
 
 
 class LRU:

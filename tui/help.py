@@ -20,7 +20,8 @@ KEYS = (
     ("m  M", "next / previous method", "g", "glyphs on / off"),
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
     ("h", "head masks (m mask, arrows)", "f", "metrics (←→ s: sort)"),
-    ("ctrl+p", "command palette", "q  esc", "quit; close h / f"),
+    ("c", "compare methods (a choose, s scale, d A−B)", "+  -", "top-k in compare"),
+    ("ctrl+p", "command palette", "q  esc", "quit; close c / h / f"),
 )
 
 _H = Style(bold=True, underline=True)

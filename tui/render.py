@@ -52,9 +52,14 @@ class TokenCell:
     joined: bool  # a "##" continuation: drawn after JOIN_MARK instead of a space
 
 
-def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, top: set[int]) -> list[TokenCell]:
+EXPLAINED_MARK = "▸"  # before the token whose prediction is explained (a shape: it survives NO_COLOR)
+
+
+def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, top: set[int],
+                explained: int = -1) -> list[TokenCell]:
     """One cell per token, styled by its normalised score. With ``glyphs`` every token is prefixed by its sign
-    mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size."""
+    mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size. The explained
+    token carries :data:`EXPLAINED_MARK`."""
     cells = []
     for i, tok in enumerate(tokens):
         v = float(scale.values[i]) if i < len(scale.values) else 0.0
@@ -62,6 +67,8 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
         shown = printable(tok[2:] if joined else tok)
         if glyphs:
             shown = (sign_mark(v) if scale.signed else "") + glyph(v) + shown
+        if i == explained:
+            shown = EXPLAINED_MARK + shown
         cells.append(TokenCell(shown, token_style(v, mode, top=i in top), joined))
     return cells
 

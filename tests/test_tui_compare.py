@@ -1,0 +1,143 @@
+"""The compare screen (c): aligned rows, agreement with the first method, scales, difference, k, method choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synthetic import make_store
+from test_tui import async_test, screen_text, set_color_env, settle
+
+from store import open_store
+from tui.agreement import spearman, top_k_overlap
+from tui.compare_view import Row, aligned_blocks, difference, scales
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cmp") / "cmp.h5"
+    make_store(str(path), n_examples=8, L=3, seed=3)
+    return path
+
+
+async def open_compare(pilot):
+    from tui.screens.compare import CompareScreen
+
+    await settle(pilot)
+    await pilot.press("c")
+    for _ in range(50):
+        await pilot.pause()
+        if isinstance(pilot.app.screen, CompareScreen) and pilot.app.screen.example is not None:
+            break
+    await pilot.pause()
+    return pilot.app.screen
+
+
+@async_test
+async def test_compare_shows_every_method_aligned_with_its_agreement(store_path, monkeypatch):
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    with open_store(store_path) as s:
+        ex = s[0]
+        scores = {m: ex.scores(m) for m in s.methods}
+        tokens = ex.tokens
+    app = create_app(store_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_compare(pilot)
+        assert screen.methods == ["rollout", "normxlogit", "norm"]
+        text = screen_text(app)
+        k = screen.top
+        for m in screen.methods[1:]:
+            rho = spearman(scores["rollout"], scores[m], skip=0)
+            ov = top_k_overlap(scores["rollout"], scores[m], k, skip=0)
+            line = next(line for line in text.splitlines() if line.strip().startswith(m + " ") and "." in line)
+            assert f"{rho:.2f}" in line and f"{ov:.2f}" in line, (line, rho, ov)
+        # one token row per method; the explained token is marked
+        rows = [line for line in text.splitlines() if line.strip().startswith(("rollout ", "normxlogit ", "norm "))]
+        assert sum("▸[CLS]" in line for line in rows) == 3, rows
+        for tok in tokens[1:]:
+            assert tok in text
+        # j follows the browse list; the method choice stays
+        await pilot.press("j")
+        await settle(pilot)
+        await pilot.pause()
+        assert screen.index == 1 and app.example_list.cursor == 1 and screen.example.index == 1
+        # s, d, +/- change what they say
+        before = screen.shared
+        await pilot.press("s")
+        assert screen.shared is not before
+        await pilot.press("d")
+        text = screen_text(app)
+        assert screen.difference and "A−B = rollout − normxlogit" in text
+        assert any(line.strip().startswith("A−B ") for line in text.splitlines())
+        k0 = screen.top
+        await pilot.press("plus")
+        assert screen.top == k0 + 1 and f"top-{k0 + 1}" in screen_text(app)
+        await pilot.press("minus")
+        assert screen.top == k0
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, type(screen))
+
+
+@async_test
+async def test_choosing_methods_persists(store_path, monkeypatch):
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_compare(pilot)
+        await pilot.press("a")
+        await pilot.pause()
+        chooser = screen.query_one("SelectionList")
+        chooser.deselect("rollout")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.methods == ["normxlogit", "norm"] and app.compare_methods == ["normxlogit", "norm"]
+        # fewer than two: refused, the choice unchanged
+        await pilot.press("a")
+        await pilot.pause()
+        screen.query_one("SelectionList").deselect("norm")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert screen.methods == ["normxlogit", "norm"]
+        await pilot.press("escape")
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("c")
+        await pilot.pause()
+        await pilot.pause()
+        assert app.screen.methods == ["normxlogit", "norm"]
+
+
+def test_shared_scale_and_difference():
+    rows = {"a": np.array([0.0, 2.0, -1.0]), "b": np.array([0.0, 1.0, 4.0])}
+    per = scales(rows, {"a": True, "b": True}, shared=False)
+    np.testing.assert_allclose(per["a"].values, [0, 1, -0.5])
+    np.testing.assert_allclose(per["b"].values, [0, 0.25, 1])
+    shared = scales(rows, {"a": True, "b": True}, shared=True)
+    np.testing.assert_allclose(shared["a"].values, [0, 0.5, -0.25])
+    assert shared["a"].hi == shared["b"].hi == 4.0
+    d = difference(per["a"], per["b"])
+    np.testing.assert_allclose(d.values * d.hi, [0, 0.75, -1.5])
+    assert d.signed and d.hi == pytest.approx(1.5)
+
+
+def test_aligned_blocks_keep_columns_under_each_other():
+    from tui.colors import normalize
+
+    tokens = ["[CLS]", "un", "##believ", "##able", "film", "[SEP]"] * 3
+    a = normalize(np.linspace(0, 1, len(tokens)), False)
+    b = normalize(np.linspace(1, 0, len(tokens)), False)
+    lines = aligned_blocks(tokens, [Row("first", a, a.values), Row("second", b, b.values)], 40, "truecolor",
+                           glyphs=False, k=2)
+    assert all(line.cell_len <= 40 for line in lines)
+    blocks = [lines[i:i + 2] for i in range(0, len(lines), 3)]
+    assert len(blocks) > 1
+    for top, bottom in blocks:
+        # token columns start at the same cells in both rows
+        starts = [i for i, ch in enumerate(top.plain) if i and top.plain[i - 1] == " " and ch != " "]
+        starts_b = [i for i, ch in enumerate(bottom.plain) if i and bottom.plain[i - 1] == " " and ch != " "]
+        assert starts == starts_b and top.cell_len == bottom.cell_len
+    assert "·" in "".join(line.plain for line in lines)  # the pieces of "unbelievable" joined

@@ -1,0 +1,91 @@
+"""Methods side by side: token rows aligned column by column, and the difference of two methods (pure: rich only).
+
+Every method's row shows the same tokens, so a column holds one token for every method and is as wide as the token's
+widest rendering (glyph prefixes differ by sign). Columns are packed into blocks that fit the width; each block shows
+one line per method, labelled with the method's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from rich.cells import cell_len, set_cell_size
+from rich.style import Style
+from rich.text import Text
+
+from .colors import Mode, Scale, top_k
+from .render import JOIN_MARK, token_cells
+
+_LABEL = Style(bold=True)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    scale: Scale
+    raw: np.ndarray  # the scores before normalisation (top-k marks come from them)
+
+
+def scales(rows: dict[str, np.ndarray], signed: dict[str, bool], shared: bool) -> dict[str, Scale]:
+    """One :class:`Scale` per method: each by its own range, or (``shared``) all by the largest |score| of them
+    (signed) or the joint min..max, so that colours compare across methods of the same units."""
+    out = {}
+    if not shared:
+        from .colors import normalize
+
+        return {m: normalize(s, signed[m]) for m, s in rows.items()}
+    finite = [np.asarray(s, np.float64)[np.isfinite(s)] for s in rows.values()]
+    every = np.concatenate(finite) if finite else np.zeros(0)
+    any_signed = any(signed.values())
+    for m, s in rows.items():
+        x = np.nan_to_num(np.asarray(s, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        if any_signed:
+            big = float(np.abs(every).max()) if every.size else 0.0
+            v = x / big if big > 0 else np.zeros_like(x)
+            out[m] = Scale(np.clip(v, -1, 1), -big, big, True)
+        else:
+            lo = float(every.min()) if every.size else 0.0
+            hi = float(every.max()) if every.size else 0.0
+            v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+            out[m] = Scale(np.clip(v, 0, 1), lo, hi, False)
+    return out
+
+
+def difference(a: Scale, b: Scale) -> Scale:
+    """A minus B of two normalised views, on a diverging scale of its own largest |difference|."""
+    d = np.asarray(a.values, np.float64) - np.asarray(b.values, np.float64)
+    big = float(np.abs(d).max()) if d.size else 0.0
+    return Scale(np.clip(d / big, -1, 1) if big > 0 else np.zeros_like(d), -big, big, True)
+
+
+def aligned_blocks(tokens: list[str], rows: list[Row], width: int, mode: Mode, *, glyphs: bool, k: int,
+                   explained: int = -1) -> list[Text]:
+    """Lines of aligned token rows: for each block of columns that fits ``width``, one line per method."""
+    if not rows:
+        return []
+    label_w = min(max(cell_len(r.name) for r in rows), 14) + 1
+    cells = [token_cells(tokens, r.scale, mode, glyphs=glyphs, top=top_k(r.raw, r.scale.signed, k),
+                         explained=explained) for r in rows]
+    col_w = [max(cell_len(c[i].text) + c[i].joined for c in cells) for i in range(len(tokens))]
+    room = max(width - label_w, 4)
+    blocks, start, used = [], 0, 0
+    for i, w in enumerate(col_w):
+        if used and used + w + 1 > room:
+            blocks.append((start, i))
+            start, used = i, 0
+        used += w + 1
+    blocks.append((start, len(tokens)))
+    lines: list[Text] = []
+    for b0, b1 in blocks:
+        for r, row_cells in zip(rows, cells):
+            t = Text(no_wrap=True, overflow="crop")
+            t.append(set_cell_size(r.name, label_w - 1) + " ", _LABEL)
+            for i in range(b0, b1):
+                cell = row_cells[i]
+                shown = JOIN_MARK + cell.text if cell.joined else cell.text  # a word's pieces stay visibly one word
+                t.append(set_cell_size(shown, col_w[i]), cell.style)
+                t.append(" ")
+            lines.append(t)
+        lines.append(Text(""))
+    return lines[:-1]

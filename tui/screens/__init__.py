@@ -1,0 +1,1 @@
+"""Screens pushed over the browse screen; each declares its own bindings."""

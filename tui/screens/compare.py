@@ -1,0 +1,208 @@
+"""The compare screen (``c``): 2 to 6 methods for the current example, aligned token by token.
+
+Above the token rows, a table gives each method's agreement with the first one (Spearman's rho over the tokens, the
+explained one left out, and the overlap of their top-k tokens) and its stored per-example metrics. ``s`` switches
+between one scale per method and a shared one, ``d`` shows the first method minus the second (each normalised
+first), ``+``/``-`` change k, ``a`` chooses the methods; j/k move through the examples and the choice stays.
+The example comes from the app's cache or one read on a worker: nothing here reads HDF5 on the UI thread.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Group
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Header, SelectionList, Static
+
+from ..agreement import spearman, top_k_overlap
+from ..colors import default_k
+from ..compare_view import Row, aligned_blocks, difference, scales
+from ..data import LoadedExample, read_example
+from ..render import ColorBar, printable
+
+MIN_METHODS, MAX_METHODS = 2, 6
+_DIM = Style(dim=True)
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+class CompareScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("j", "example(1)", "next example", id="compare.next"),
+        Binding("k", "example(-1)", "previous", id="compare.previous"),
+        Binding("s", "toggle_shared", "shared scale", id="compare.shared"),
+        Binding("d", "toggle_difference", "A−B", id="compare.difference"),
+        Binding("plus,equals_sign", "top_k(1)", "k+", id="compare.k_up"),
+        Binding("minus", "top_k(-1)", "k−", id="compare.k_down"),
+        Binding("a", "choose", "methods", id="compare.choose"),
+        Binding("escape,c,q", "close", "close", id="compare.close"),
+    ]
+
+    DEFAULT_CSS = """
+    CompareScreen { background: $background; }
+    CompareScreen #compare-table { height: auto; padding: 0 1; }
+    CompareScreen #compare-bar { height: 1; padding: 0 1; }
+    CompareScreen #compare-rows { height: 1fr; padding: 0 1; }
+    CompareScreen SelectionList { height: auto; max-height: 12; border: round $primary; }
+    """
+
+    def __init__(self, methods: list[str], index: int):
+        super().__init__()
+        self.methods = list(methods)
+        self.index = index
+        self.shared = False
+        self.difference = False
+        self.k: int | None = None  # None: default_k of the example
+        self.example: LoadedExample | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="◆")
+        with Vertical():
+            yield Static(Text("reading the example…", style=_DIM), id="compare-table")
+            yield Static(id="compare-bar")
+            with VerticalScroll(id="compare-rows"):
+                yield Static(id="compare-tokens")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._show()
+
+    # ---------------------------------------------------------------- data
+    def _show(self) -> None:
+        cached = self.app.cache.get(self.index)
+        if cached is not None:
+            self.example = cached
+            self._draw()
+        else:
+            self._read(self.index)
+
+    @work(thread=True, exclusive=True, group="compare", name="read example to compare")
+    def _read(self, index: int) -> None:
+        app = self.app
+        methods = tuple(m.name for m in app.meta.methods)
+        try:
+            with app.store_lock:
+                ex = read_example(app.store, index, methods)
+        except Exception as err:  # a damaged store: say so, keep the screen
+            app.call_from_thread(self.notify, f"could not read example {index + 1}: {err}", severity="error",
+                                 markup=False)
+            return
+        app.call_from_thread(self._loaded, ex)
+
+    def _loaded(self, ex: LoadedExample) -> None:
+        self.app.cache.put(ex.index, ex)
+        if ex.index == self.index:
+            self.example = ex
+            self._draw()
+
+    # ---------------------------------------------------------------- drawing
+    @property
+    def top(self) -> int:
+        ex = self.example
+        n = len(ex.tokens) if ex else 0
+        return max(1, min(self.k if self.k is not None else default_k(n), max(n - 1, 1)))
+
+    def _signed(self) -> dict[str, bool]:
+        return {m.name: m.signed for m in self.app.meta.methods}
+
+    def _draw(self) -> None:
+        ex, app = self.example, self.app
+        if ex is None:
+            return
+        methods = [m for m in self.methods if m in ex.scores]
+        signed = self._signed()
+        raw = {m: ex.scores[m] for m in methods}
+        sc = scales(raw, signed, self.shared)
+        k = self.top
+        first = raw[methods[0]]
+        table = Table(box=None, pad_edge=False, padding=(0, 1), header_style=Style(bold=True))
+        table.add_column("method")
+        table.add_column("ρ vs 1st", justify="right")
+        table.add_column(f"top-{k} ∩", justify="right")
+        metric_names = list(app.metrics.names)[:3] if app.metrics.names else []
+        for name in metric_names:
+            table.add_column(name.replace("comprehensiveness", "compr.").replace("sufficiency", "suff."),
+                             justify="right")
+        for j, m in enumerate(methods):
+            rho = 1.0 if j == 0 else spearman(first, raw[m], skip=ex.explain_pos)
+            ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos)
+            values = [_fmt(info.value(ex.index), 3) if (info := app.metrics.get(m, n)) else "–" for n in metric_names]
+            table.add_row(Text(m), _fmt(rho), _fmt(ov), *values)
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append(printable(ex.id), Style(bold=True))
+        head.append(f"  {ex.index + 1}/{app.example_list.row_count}  {len(ex.tokens)} tokens  "
+                    f"{'shared scale' if self.shared else 'scale per method'}", _DIM)
+        width = max(self.size.width - 2, 20)
+        if self.difference and len(methods) >= 2:
+            d = difference(sc[methods[0]], sc[methods[1]])
+            rows = [Row(methods[0], sc[methods[0]], raw[methods[0]]), Row(methods[1], sc[methods[1]], raw[methods[1]]),
+                    Row("A−B", d, d.values)]
+            head.append(f"  A−B = {methods[0]} − {methods[1]}, each normalised first", _DIM)
+            bar_scale = d
+        else:
+            rows = [Row(m, sc[m], raw[m]) for m in methods]
+            bar_scale = sc[methods[0]]
+        self.query_one("#compare-table").update(Group(head, table))
+        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k))
+        lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
+                               explained=ex.explain_pos)
+        self.query_one("#compare-tokens").update(Text("\n").join(lines))
+        self.sub_title = "compare · " + ", ".join(methods)
+
+    # ---------------------------------------------------------------- actions
+    def action_example(self, step: int) -> None:
+        n = self.app.example_list.row_count
+        if not n:
+            return
+        self.index = max(0, min(self.index + step, n - 1))
+        self.app.example_list.move_to(self.index)  # the browse screen follows
+        self._show()
+
+    def action_toggle_shared(self) -> None:
+        self.shared = not self.shared
+        self._draw()
+
+    def action_toggle_difference(self) -> None:
+        self.difference = not self.difference
+        self._draw()
+
+    def action_top_k(self, step: int) -> None:
+        self.k = self.top + step
+        self._draw()
+
+    def action_choose(self) -> None:
+        if self.query("SelectionList"):
+            return
+        names = [m.name for m in self.app.meta.methods]
+        chooser = SelectionList[str](*[(n, n, n in self.methods) for n in names], id="compare-choose")
+        chooser.border_title = f"methods ({MIN_METHODS}-{MAX_METHODS}): space toggles, enter keeps"
+        self.query_one(Vertical).mount(chooser, before=0)
+        chooser.focus()
+
+    def on_key(self, event) -> None:
+        chooser = self.query("SelectionList")
+        if chooser and event.key in ("enter", "escape"):
+            event.stop()
+            picked = [n for n in (m.name for m in self.app.meta.methods) if n in chooser.first().selected]
+            if event.key == "enter":
+                if not MIN_METHODS <= len(picked) <= MAX_METHODS:
+                    self.notify(f"choose {MIN_METHODS} to {MAX_METHODS} methods ({len(picked)} chosen)",
+                                severity="warning", markup=False)
+                    return
+                self.methods = picked
+                self.app.compare_methods = picked  # the choice persists for the next compare
+            chooser.first().remove()
+            self._draw()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
