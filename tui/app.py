@@ -28,6 +28,7 @@ from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read
 from .heads import HeadsScreen
 from .help import HelpScreen
 from .screens.compare import CompareScreen
+from .screens.matrix import MatrixScreen
 from .metrics import MetricsScreen
 from .metricsview import MetricLine
 from .render import TokenLayout, printable, token_cells
@@ -100,6 +101,7 @@ class AttrApp(App[int]):
         Binding("M", "prev_method", "previous method", id="method.previous", show=False),
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
         Binding("c", "compare", "compare", id="compare"),
+        Binding("x", "matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
         Binding("h", "heads", "heads", id="heads"),
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
@@ -407,6 +409,18 @@ class AttrApp(App[int]):
         if self.method is not None and self.method.name in names and self.compare_methods is None:
             chosen = [self.method.name] + [m for m in names if m != self.method.name][:3]  # current method first
         self.push_screen(CompareScreen(chosen, self.current))
+
+    def action_matrix(self) -> None:
+        """The matrix screen: the current method's token-to-token matrix (or the first method that has one)."""
+        if self.meta is None or self.current is None or isinstance(self.screen, MatrixScreen):
+            return
+        with_matrices = [m.name for m in self.meta.methods if m.matrices != "none"]
+        if not with_matrices:
+            self.notify("no method in this store keeps matrices: run attr-compute with --matrices all (or cls)",
+                        markup=False)
+            return
+        current = self.method.name if self.method is not None and self.method.name in with_matrices else with_matrices[0]
+        self.push_screen(MatrixScreen(with_matrices, current, self.current, self.layer or 0))
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""

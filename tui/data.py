@@ -34,6 +34,7 @@ class MethodInfo:
     signed: bool
     n_layer_views: int
     description: str = ""
+    matrices: str = "none"  # "all" ([L, n, n]), "cls" (the explained token's row, [L, 1, n]) or "none"
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ def read_meta(store: Store) -> StoreMeta:
     for m in store.methods:
         info = store.method_info(m)
         methods.append(MethodInfo(m, bool(info.get("signed")), int(info.get("n_layer_views") or 0),
-                                  str(info.get("description") or "")))
+                                  str(info.get("description") or ""), str(info.get("matrices") or "none")))
     model_info = store.model_info
     model = str(model_info.get("model_id") or model_info.get("model") or "")
     head_masks = tuple(str(n) for n in (getattr(store, "head_masks", None) or ()))
@@ -299,6 +300,12 @@ def read_example(store: Store, i: int, methods: tuple[str, ...]) -> LoadedExampl
     return LoadedExample(index=i, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
                          explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values)
+
+
+def read_matrices(store: Store, i: int, method: str) -> np.ndarray | None:
+    """Example ``i``'s per-layer matrices of ``method``: [L, n, n], [L, 1, n] (--matrices cls) or None."""
+    m = store[i].matrices(method)
+    return None if m is None else np.asarray(m, dtype=np.float32)
 
 
 class LRU:

@@ -20,8 +20,8 @@ KEYS = (
     ("m  M", "next / previous method", "g", "glyphs on / off"),
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
     ("h", "head masks (m mask, arrows)", "f", "metrics (←→ s: sort)"),
-    ("c", "compare methods (a choose, s scale, d A−B)", "+  -", "top-k in compare"),
-    ("ctrl+p", "command palette", "q  esc", "quit; close c / h / f"),
+    ("c", "compare methods", "x", "token-to-token matrix"),
+    ("ctrl+p", "command palette", "q  esc", "quit; close a screen"),
 )
 
 _H = Style(bold=True, underline=True)
@@ -38,6 +38,7 @@ def help_text(mode: Mode) -> Text:
         t.append(f"{k2:<11}", _K)
         t.append(f"{w2}\n")
     t.append("  layers step 1 … L then final (the method's scores); both wrap around\n", Style(dim=True))
+    t.append("  compare: a methods, s scale, d A−B, + - top-k · matrix: n scale, arrows\n", Style(dim=True))
     t.append("Colours", _H)
     t.append(f" (mode {mode}; the bar shows the numbers at both ends)\n")
     t.append("  signed       ")
@@ -55,6 +56,8 @@ def help_text(mode: Mode) -> Text:
     t.append("|score| in fifths of the scale: blank lowest, █ highest\n")
     t.append(f"  play{JOIN_MARK}ing  ", _K)
     t.append("a '##' word piece, joined to the token before it\n")
+    t.append("  ▸         ", _K)
+    t.append("the explained token (whose prediction the scores explain)\n")
     t.append("Token text is shown literally; scales are per example and view.", Style(dim=True))
     return t
 

@@ -1,0 +1,79 @@
+"""Token-to-token matrices in a terminal (pure: numpy and rich only).
+
+A matrix is first block-averaged down to the cells available (:func:`block_mean`: each output cell is the mean of
+the entries of its block; blocks at the edges may be smaller, and the count-weighted mean of the cells equals the
+mean of the matrix). It is then drawn two matrix rows per terminal line with the upper half block "▀": the
+foreground colour is the upper row, the background the lower one (:func:`half_block_lines`). Without colour a line
+holds one row, drawn with the glyph ramp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+
+from .colors import Mode, background, glyph, sign_mark
+
+UPPER_HALF = "▀"
+CURSOR_STYLE = Style(reverse=True, bold=True)
+
+
+def block_factor(n: int, room: int) -> int:
+    """The smallest block size that fits ``n`` entries into ``room`` cells."""
+    return max(1, math.ceil(n / max(room, 1)))
+
+
+def block_mean(m: np.ndarray, fr: int, fc: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block means of ``m`` over blocks of ``fr`` x ``fc`` entries, and the number of entries of each block.
+    Non-finite entries count as 0 (a NaN never paints a whole block)."""
+    m = np.nan_to_num(np.asarray(m, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    r, c = m.shape
+    R, C = math.ceil(r / fr), math.ceil(c / fc)
+    padded = np.zeros((R * fr, C * fc))
+    padded[:r, :c] = m
+    ones = np.zeros_like(padded)
+    ones[:r, :c] = 1.0
+    sums = padded.reshape(R, fr, C, fc).sum(axis=(1, 3))
+    counts = ones.reshape(R, fr, C, fc).sum(axis=(1, 3))
+    return sums / np.maximum(counts, 1), counts
+
+
+def _cell_colour(v: float, mode: Mode):
+    return background(v, mode)
+
+
+def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] | None = None,
+                     cell_width: int = 1, signed: bool = True) -> list[Text]:
+    """Lines drawing normalised ``values`` [R, C] (in [-1, 1] or [0, 1]): two rows per line in colour modes, one
+    per line (glyphs) without colour. The cell at ``cursor`` (row, column) is drawn in reverse video."""
+    v = np.asarray(values, dtype=np.float64)
+    R, C = v.shape if v.ndim == 2 else (0, 0)
+    lines: list[Text] = []
+    if mode == "mono":
+        for r in range(R):
+            t = Text(no_wrap=True, overflow="crop")
+            for c in range(C):
+                x = v[r, c]
+                if cell_width == 1:
+                    ch = sign_mark(x) if x < 0 else glyph(x)  # a negative cell shows its sign, not its size
+                else:
+                    ch = sign_mark(x) + glyph(x) if signed else glyph(x) * cell_width
+                t.append(ch.ljust(cell_width)[:cell_width], CURSOR_STYLE if cursor == (r, c) else Style())
+            lines.append(t)
+        return lines
+    for r0 in range(0, R, 2):
+        t = Text(no_wrap=True, overflow="crop")
+        for c in range(C):
+            top = _cell_colour(v[r0, c], mode)
+            bottom = _cell_colour(v[r0 + 1, c], mode) if r0 + 1 < R else None
+            style = Style(color=top, bgcolor=bottom)
+            if cursor is not None and cursor[1] == c and cursor[0] in (r0, r0 + 1):
+                # the cursor's half becomes a bright marker so the cell stays visible on any colour
+                style = Style(color="white" if cursor[0] == r0 else top, bgcolor="white" if cursor[0] != r0 else bottom,
+                              bold=True)
+            t.append(UPPER_HALF * cell_width, style)
+        lines.append(t)
+    return lines

@@ -1,0 +1,273 @@
+"""The matrix screen (``x``): the current example's token-to-token matrix of one layer, and its layer strip.
+
+Top to bottom: a line naming the example, method, layer, size, block factor and normalisation; the layer strip (one
+line per layer view, one coloured cell per token, the current layer marked ▶); the colour bar; the heatmap (rows:
+the token that receives, columns: the token it takes from; two matrix rows per line with half blocks, averaged over
+blocks when the matrix is larger than the space); a status line with the cursor's row and column tokens and value.
+A store made with ``--matrices cls`` keeps only the explained token's row: that row is drawn and the screen says why
+the rest is absent. The matrix is read on a worker (never on the UI thread); the global scale comes from the
+store's precomputed statistics, or is computed once on a worker and cached by the store.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.cells import set_cell_size
+from rich.style import Style
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Header, Static
+
+from ..colors import Scale, background, format_score, glyph
+from ..data import read_matrices
+from ..heatmap import block_factor, block_mean, half_block_lines
+from ..render import ColorBar, printable
+
+NORMALISATIONS = ("layer", "example", "global")
+_DIM = Style(dim=True)
+_LABEL_W = 9  # cells for a row's token label
+_STRIP_MAX = 8  # layer-strip lines at most (more layers: the ones around the current layer)
+
+
+def scale_of(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
+    """Normalise ``values`` to a Scale over [lo, hi] (signed: [-hi, hi]); without bounds, their own range."""
+    x = np.nan_to_num(np.asarray(values, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if signed:
+        big = float(np.abs(x).max()) if hi is None and x.size else float(hi or 0.0)
+        v = x / big if big > 0 else np.zeros_like(x)
+        return Scale(np.clip(v, -1, 1), -big, big, True)
+    lo = float(x.min()) if lo is None and x.size else float(lo or 0.0)
+    hi = float(x.max()) if hi is None and x.size else float(hi or 0.0)
+    v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    return Scale(np.clip(v, 0, 1), lo, hi, False)
+
+
+class MatrixScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("left_square_bracket", "layer(-1)", "layer", id="matrix.layer.previous"),
+        Binding("right_square_bracket", "layer(1)", "layer", id="matrix.layer.next", show=False),
+        Binding("m", "method(1)", "method", id="matrix.method"),
+        Binding("n", "normalisation", "scale", id="matrix.normalisation"),
+        Binding("j", "example(1)", "example", id="matrix.next"),
+        Binding("k", "example(-1)", "previous", id="matrix.previous", show=False),
+        Binding("up", "move(-1, 0)", "cursor", id="matrix.up", show=False),
+        Binding("down", "move(1, 0)", "cursor", id="matrix.down", show=False),
+        Binding("left", "move(0, -1)", "cursor", id="matrix.left", show=False),
+        Binding("right", "move(0, 1)", "cursor", id="matrix.right", show=False),
+        Binding("escape,x,q", "close", "close", id="matrix.close"),
+    ]
+
+    DEFAULT_CSS = """
+    MatrixScreen { background: $background; }
+    MatrixScreen #matrix-info, MatrixScreen #matrix-bar, MatrixScreen #matrix-status { height: 1; padding: 0 1; }
+    MatrixScreen #matrix-strip { height: auto; padding: 0 1; }
+    MatrixScreen #matrix-map { height: 1fr; padding: 0 1; }
+    """
+
+    def __init__(self, methods: list[str], method: str, index: int, layer: int):
+        super().__init__()
+        self.methods = methods  # those with matrices
+        self.method = method
+        self.index = index
+        self.view_layer = layer
+        self.norm = "layer"
+        self.cell = (0, 0)  # (row, column) in downsampled cells
+        self.matrices: np.ndarray | None = None  # [L, rows, n] of (index, method)
+        self.loaded_key: tuple[int, str] | None = None
+        self.global_scale: dict | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="◆")
+        yield Static(Text("reading the matrices…", style=_DIM), id="matrix-info")
+        yield Static(id="matrix-strip")
+        yield Static(id="matrix-bar")
+        yield Static(id="matrix-map")
+        yield Static(id="matrix-status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._read(self.index, self.method)
+
+    # ---------------------------------------------------------------- workers
+    @work(thread=True, exclusive=True, group="matrix", name="read matrices")
+    def _read(self, index: int, method: str) -> None:
+        app = self.app
+        try:
+            with app.store_lock:
+                m = read_matrices(app.store, index, method)
+        except Exception as err:
+            app.call_from_thread(self.notify, f"could not read the matrices: {err}", severity="error", markup=False)
+            return
+        app.call_from_thread(self._loaded, index, method, m)
+
+    def _loaded(self, index: int, method: str, m: np.ndarray | None) -> None:
+        if (index, method) != (self.index, self.method):
+            return
+        self.matrices, self.loaded_key = m, (index, method)
+        if m is not None:
+            self.view_layer = min(self.view_layer, m.shape[0] - 1)
+        self._draw()
+
+    @work(thread=True, exclusive=True, group="matrix-scale", name="global scale")
+    def _read_global(self, method: str) -> None:
+        app = self.app
+        app.call_from_thread(self.notify, f"computing the global scale of {method} (once)…", markup=False)
+        try:
+            with app.store_lock:
+                stats = app.store.scale_stats(method, compute=True)
+        except Exception as err:
+            app.call_from_thread(self.notify, f"could not compute the global scale: {err}", severity="error",
+                                 markup=False)
+            return
+        app.call_from_thread(self._global_loaded, method, stats)
+
+    def _global_loaded(self, method: str, stats) -> None:
+        if method == self.method:
+            self.global_scale = stats
+            self._draw()
+
+    # ---------------------------------------------------------------- drawing
+    def _signed(self) -> bool:
+        return next(m.signed for m in self.app.meta.methods if m.name == self.method)
+
+    def _scale(self, layer_matrix: np.ndarray) -> Scale:
+        signed = self._signed()
+        if self.norm == "example":
+            return scale_of(layer_matrix, signed, *self._bounds(self.matrices, signed))
+        if self.norm == "global":
+            view = (self.global_scale or {}).get(f"matrix {self.view_layer + 1}")
+            if view is not None and view.count:
+                return scale_of(layer_matrix, signed, None if signed else view.min, view.max_abs if signed else view.max)
+        return scale_of(layer_matrix, signed)
+
+    @staticmethod
+    def _bounds(m: np.ndarray, signed: bool) -> tuple[float | None, float | None]:
+        x = np.nan_to_num(np.asarray(m, np.float64))
+        return (None, float(np.abs(x).max())) if signed else (float(x.min()), float(x.max()))
+
+    def _draw(self) -> None:
+        app = self.app
+        ex = app.cache.get(self.index)
+        m = self.matrices
+        info = self.query_one("#matrix-info")
+        if self.loaded_key != (self.index, self.method):
+            return
+        tokens = ex.tokens if ex is not None else [str(i) for i in range(m.shape[-1] if m is not None else 0)]
+        if m is None:
+            info.update(Text(f"{self.method} keeps no matrices in this store: run attr-compute with --matrices all",
+                             style=_DIM))
+            return
+        L, rows, n = m.shape
+        lm = m[self.view_layer]
+        width = max(self.size.width - 2 - _LABEL_W, 8)
+        height = max(self.query_one("#matrix-map").size.height, 2)
+        mono = app.color_mode == "mono"
+        fr = 1 if rows == 1 else block_factor(rows, height * (1 if mono else 2))
+        fc = block_factor(n, width)
+        cw = max(1, min(3, width // max(n, 1))) if fc == 1 else 1  # small matrices get wider cells
+        cells, _ = block_mean(lm, fr, fc)
+        sc = self._scale(lm)
+        cell_scale = self._scale(cells) if self.norm == "layer" else Scale(
+            np.clip(scale_of(cells, sc.signed, None if sc.signed else sc.lo, sc.hi).values, -1, 1), sc.lo, sc.hi,
+            sc.signed)
+        r, c = min(self.cell[0], cells.shape[0] - 1), min(self.cell[1], cells.shape[1] - 1)
+        self.cell = (r, c)
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append(printable(ex.id if ex else str(self.index)), Style(bold=True))
+        head.append(f"  {self.method} · layer {self.view_layer + 1}/{L} · {rows}×{n}", _DIM)
+        if fr > 1 or fc > 1:
+            head.append(f" · blocks {fr}×{fc} averaged", Style(bold=True))
+        head.append(f" · scale: {self.norm}", _DIM)
+        info.update(head)
+        self.query_one("#matrix-strip").update(self._strip(ex, fc, cw))
+        self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=mono))
+        lines = half_block_lines(cell_scale.values.reshape(cells.shape), app.color_mode, cursor=(r, c), cell_width=cw,
+                                 signed=sc.signed)
+        step = 1 if mono else 2
+        out = []
+        for k, line in enumerate(lines):
+            q = k * step * fr
+            label = printable(tokens[q]) if rows > 1 and q < len(tokens) else (
+                printable(tokens[ex.explain_pos]) if ex is not None and rows == 1 else "")
+            t = Text(set_cell_size(label, _LABEL_W - 1) + " ", style=_DIM)
+            t.append_text(line)
+            out.append(t)
+        if rows == 1:
+            out.append(Text(""))
+            out.append(Text("only the explained token's row is stored (--matrices cls): run attr-compute with "
+                            "--matrices all for the full matrix", style=_DIM))
+        self.query_one("#matrix-map").update(Text("\n").join(out))
+        q0, k0 = r * fr, c * fc
+        q_tok = tokens[ex.explain_pos] if rows == 1 and ex is not None else (tokens[q0] if q0 < len(tokens) else "?")
+        k_tok = tokens[k0] if k0 < len(tokens) else "?"
+        status = Text(no_wrap=True, overflow="ellipsis")
+        status.append(f"{printable(q_tok)}", Style(bold=True))
+        status.append(f" ({q0 + 1}{'' if fr == 1 else f'-{min(q0 + fr, rows)}'}) ← ", _DIM)
+        status.append(f"{printable(k_tok)}", Style(bold=True))
+        status.append(f" ({k0 + 1}{'' if fc == 1 else f'-{min(k0 + fc, n)}'})  ", _DIM)
+        status.append(format_score(float(cells[r, c])) + ("" if fr == fc == 1 else " (block mean)"))
+        self.query_one("#matrix-status").update(status)
+        self.sub_title = f"matrix · {self.method}"
+
+    def _strip(self, ex, f: int, cw: int) -> Text:
+        """Layers x tokens: one line per layer view of the method, the current layer marked; its columns are the
+        heatmap's (same blocks, same widths), so a column of the strip lies above the same tokens."""
+        views = None if ex is None else ex.layer_scores.get(self.method)
+        if views is None or not len(views):
+            return Text("no layer views for this method", style=_DIM)
+        V, n = views.shape
+        cells, _ = block_mean(views, 1, f)
+        sc = scale_of(cells, self._signed())
+        vals = sc.values.reshape(cells.shape)
+        lo = max(0, min(self.view_layer - _STRIP_MAX // 2, V - _STRIP_MAX))
+        mono = self.app.color_mode == "mono"
+        out = Text(no_wrap=True, overflow="crop")
+        for layer in range(lo, min(V, lo + _STRIP_MAX)):
+            mark = "▶" if layer == self.view_layer else " "
+            out.append(f"{mark}L{layer + 1:<{_LABEL_W - 3}} "[:_LABEL_W], Style(bold=layer == self.view_layer))
+            for x in vals[layer]:
+                if mono:
+                    out.append(glyph(x) * cw)
+                else:
+                    out.append(" " * cw, Style(bgcolor=background(x, self.app.color_mode)))
+            out.append("\n")
+        out.rstrip()
+        return out
+
+    # ---------------------------------------------------------------- actions
+    def action_layer(self, step: int) -> None:
+        if self.matrices is None:
+            return
+        self.view_layer = (self.view_layer + step) % self.matrices.shape[0]
+        self._draw()
+
+    def action_method(self, step: int) -> None:
+        if len(self.methods) < 2:
+            return
+        self.method = self.methods[(self.methods.index(self.method) + step) % len(self.methods)]
+        self.global_scale = None
+        if self.norm == "global":
+            self._read_global(self.method)
+        self._read(self.index, self.method)
+
+    def action_normalisation(self) -> None:
+        self.norm = NORMALISATIONS[(NORMALISATIONS.index(self.norm) + 1) % len(NORMALISATIONS)]
+        if self.norm == "global" and self.global_scale is None:
+            self._read_global(self.method)
+        self._draw()
+
+    def action_example(self, step: int) -> None:
+        n = self.app.example_list.row_count
+        self.index = max(0, min(self.index + step, n - 1))
+        self.app.example_list.move_to(self.index)
+        self._read(self.index, self.method)
+
+    def action_move(self, dr: int, dc: int) -> None:
+        self.cell = (max(0, self.cell[0] + dr), max(0, self.cell[1] + dc))
+        self._draw()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
