@@ -102,6 +102,7 @@ class AttrApp(App[int]):
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
         Binding("c", "compare", "compare", id="compare"),
         Binding("x", "matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
+        Binding("e", "export", "export figure", id="export", show=False),
         Binding("h", "heads", "heads", id="heads"),
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
@@ -421,6 +422,43 @@ class AttrApp(App[int]):
             return
         current = self.method.name if self.method is not None and self.method.name in with_matrices else with_matrices[0]
         self.push_screen(MatrixScreen(with_matrices, current, self.current, self.layer or 0))
+
+    def export_figure(self, ex: LoadedExample, methods: list[str], *, shared: bool = False) -> list[str] | None:
+        """Write ``ex`` with ``methods`` (one line each, final scores) as an SVG, LaTeX and HTML figure into the export
+        directory; the paths are shown in a notification. Returns them (None when writing failed)."""
+        from .compare_view import scales
+        from .export import Figure, export_directory, safe_stem, write_figure
+
+        signed = {m.name: m.signed for m in self.meta.methods}
+        methods = [m for m in methods if m in ex.scores]
+        sc = scales({m: ex.scores[m] for m in methods}, signed, shared)
+        note = f"{self.meta.name} · {'shared scale' if shared else 'scale per method'}"
+        fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note)
+        directory = export_directory(getattr(self.store, "path", None))
+        stem = f"{safe_stem(os.path.splitext(self.meta.name)[0])}-{safe_stem(ex.id)}"
+        try:
+            paths = write_figure(fig, directory, stem)
+        except OSError as err:
+            self.notify(f"could not write the figure in {directory}: {err.strerror or err}", severity="error",
+                        markup=False)
+            return None
+        self.notify("figure written: " + ", ".join(paths), title="export", timeout=10, markup=False)
+        return paths
+
+    def action_export(self) -> None:
+        """Export the current example with the compare set (or the current method) as a paper figure."""
+        ex = self.cache.get(self.current) if self.current is not None else None
+        if ex is None or self.meta is None or not self.meta.methods:
+            return
+        methods = self.compare_methods or [self.method.name]
+        self.export_figure(ex, methods)
+
+    def deliver_screenshot(self, filename=None, path=None, time_format=None):
+        """Screenshots go to the export directory (Textual's default, ~/Downloads, is often missing over SSH)."""
+        from .export import export_directory
+
+        return super().deliver_screenshot(filename, path or export_directory(getattr(self.store, "path", None)),
+                                          time_format)
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""

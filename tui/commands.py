@@ -17,6 +17,12 @@ from .render import printable
 _MAX_ID_HITS = 20
 
 
+def export_dir_hint(app) -> str:
+    from .export import export_directory
+
+    return export_directory(getattr(app.store, "path", None))
+
+
 class _ListedCommands(Provider):
     """A provider whose commands are a list of (text, callable, help) built for the current state."""
 
@@ -60,6 +66,15 @@ class BrowseCommands(_ListedCommands):
         if app.color_mode != "mono":
             out.append(("glyphs: " + ("off" if app.glyphs else "on"), app.action_toggle_glyphs,
                         "sign marks and the ' ░▒▓█' ramp before every token"))
+        if len(meta.methods) > 1:
+            out.append(("compare: methods side by side", app.action_compare,
+                        "2-6 methods of this example aligned, with their rank agreement (c)"))
+        if any(m.matrices != "none" for m in meta.methods):
+            out.append(("matrix: token-to-token heatmap", app.action_matrix, "the current layer's matrix (x)"))
+        chosen = ", ".join(app.compare_methods or ([info.name] if info else []))
+        out.append(("export: figure (SVG, LaTeX, HTML)", app.action_export,
+                    f"this example with {chosen} into {export_dir_hint(app)} (e)"))
+        out.append(("export: screenshot (SVG)", app.deliver_screenshot, f"this screen into {export_dir_hint(app)}"))
         return out
 
     async def search(self, query: str) -> Hits:

@@ -21,6 +21,7 @@ KEYS = (
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
     ("h", "head masks (m mask, arrows)", "f", "metrics (←→ s: sort)"),
     ("c", "compare methods", "x", "token-to-token matrix"),
+    ("e", "export figure (SVG/TeX/HTML)", "", ""),
     ("ctrl+p", "command palette", "q  esc", "quit; close a screen"),
 )
 

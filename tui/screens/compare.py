@@ -45,6 +45,7 @@ class CompareScreen(ModalScreen[None]):
         Binding("plus,equals_sign", "top_k(1)", "k+", id="compare.k_up"),
         Binding("minus", "top_k(-1)", "k−", id="compare.k_down"),
         Binding("a", "choose", "methods", id="compare.choose"),
+        Binding("e", "export", "export", id="compare.export"),
         Binding("escape,c,q", "close", "close", id="compare.close"),
     ]
 
@@ -203,6 +204,10 @@ class CompareScreen(ModalScreen[None]):
                 self.app.compare_methods = picked  # the choice persists for the next compare
             chooser.first().remove()
             self._draw()
+
+    def action_export(self) -> None:
+        if self.example is not None:
+            self.app.export_figure(self.example, self.methods, shared=self.shared)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -1,0 +1,101 @@
+"""Paper figures (tui/export.py) parse in their formats and escape token text; e and the screenshot write files."""
+
+from __future__ import annotations
+
+import html.parser
+import re
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+from synthetic import make_store
+from test_tui import async_test, set_color_env, settle
+
+from tui.colors import normalize
+from tui.export import Figure, tex_escape, to_html, to_latex, to_svg
+
+TOKENS = ["[CLS]", "<b>&", "{50%}", "un", "##bel", "$x_1^2#~\\", "[SEP]"]
+
+
+def figure():
+    rng = np.random.default_rng(0)
+    rows = [("rollout", normalize(rng.random(len(TOKENS)), False)),
+            ("normxlogit", normalize(rng.normal(size=len(TOKENS)), True))]
+    return Figure("ex<1>&", TOKENS, rows, explained=0, note="demo.h5")
+
+
+def test_svg_parses_and_holds_every_token_literally():
+    root = ET.fromstring(to_svg(figure()))
+    texts = ["".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    for tok in TOKENS[1:]:
+        shown = tok[2:] if tok.startswith("##") else tok
+        assert any(t == shown for t in texts), (shown, texts)
+    assert "▸[CLS]" in texts and "rollout" in texts and "normxlogit" in texts
+    rects = list(root.iter("{http://www.w3.org/2000/svg}rect"))
+    assert len(rects) >= 2 * len(TOKENS) + 11  # token boxes of both rows and the colour bar
+
+
+def test_html_parses_and_escapes():
+    out = to_html(figure())
+
+    class Collect(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.data, self.tags = [], []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+
+        def handle_data(self, data):
+            self.data.append(data)
+
+    p = Collect()
+    p.feed(out)
+    assert p.tags.count("b") == 1  # only the title's <b>: the token "<b>&" is text
+    assert "<b>&" in "".join(p.data) and "{50%}" in "".join(p.data)
+    assert out.count("<tr>") == 3  # two methods and the colour bar
+
+
+def test_latex_structure():
+    out = to_latex(figure())
+    body = out.split("\\begin{tabular}", 1)[1]
+    assert body.count("{") == body.count("}")  # every brace balanced (escaped ones are \{ \} pairs)
+    rows = [line for line in body.splitlines() if line.endswith("\\\\")]
+    assert len(rows) == 3 and rows[0].startswith("\\textbf{rollout}") and rows[1].startswith("\\textbf{normxlogit}")
+    used = set(re.findall(r"\\colorbox\{(attr\d+)\}", out))
+    defined = set(re.findall(r"\\definecolor\{(attr\d+)\}\{HTML\}\{[0-9A-F]{6}\}", out))
+    assert used and used == defined
+    assert tex_escape("{50%}") == r"\{50\%\}" and r"\$x\_1\textasciicircum{}2\#\textasciitilde{}\textbackslash{}" in out
+    # nothing special left once the commands, escapes and the column separators " & " are taken out
+    plain = re.sub(r"\\[a-zA-Z]+|\\[{}$&#_%]", "", body.replace(" & ", " "))
+    assert not re.search(r"[$&#_%^~]", plain), plain
+
+
+@async_test
+async def test_e_writes_the_figure_and_the_screenshot_avoids_a_missing_downloads(tmp_path, monkeypatch):
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    store = tmp_path / "s.h5"
+    make_store(str(store), n_examples=3)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    monkeypatch.setenv("HOME", str(tmp_path / "home-without-downloads"))
+    app = create_app(store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await pilot.pause()
+        names = sorted(p.name for p in out.iterdir())
+        assert names == ["s-ex0.html", "s-ex0.svg", "s-ex0.tex"]
+        ET.fromstring((out / "s-ex0.svg").read_text())
+        assert any("s-ex0.svg" in n.message for n in app._notifications)
+        app.deliver_screenshot()
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if len(list(out.glob("*.svg"))) == 2:
+                break
+        shots = [p for p in out.glob("*.svg") if p.name != "s-ex0.svg"]
+        assert len(shots) == 1
+        ET.fromstring(shots[0].read_text())
