@@ -1,0 +1,164 @@
+"""attr-tui on large stores: open time, key-to-screen latencies and memory, 1k against 100k examples.
+
+    python benchmarks/tui_scale.py                    # builds /tmp/attrscope-tui-{1000,100000}.h5 once, then measures
+    python benchmarks/tui_scale.py --sizes 1000,10000 --keep-dir DIR
+
+The stores have SST-2-like lengths (8-60 tokens), 6 layers and five methods with six layer views each (two signed).
+Each measurement runs in a fresh child process (so memory figures do not mix) that drives the real app with
+Textual's Pilot at 80x24: "open" is from creating the app to the first example's tokens on screen, "next" the mean
+time from pressing j to the next example's tokens on screen (30 presses), "last" from End to the last example's
+tokens, RSS after opening, and the RSS growth after browsing 1,000 examples and opening the metrics screen ten
+times. Targets (issue 14): open < 1 s, next < 50 ms, last < 100 ms, RSS within 20 MB of the 1k store, growth
+< 20 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+METHODS = (("rollout", False), ("alti", False), ("globenc", False), ("normxlogit", True), ("gxi_l2", True))
+L = 6
+
+
+def build(path: str, n: int, seed: int = 0) -> None:
+    from store import ExampleData, MethodLayout, StoreWriter
+
+    rng = np.random.default_rng(seed)
+    layouts = [MethodLayout(m, signed=s, n_layer_views=L, description=m) for m, s in METHODS]
+    w = StoreWriter.create(path, n_layers=L, n_heads=12, labels={0: "negative", 1: "positive"}, methods=layouts,
+                           provenance={"benchmark": "tui_scale"}, attrs={"model_id": "synthetic-sst2-like"})
+    words = ("the movie was a great fun but too long and the plot is thin yet the acting is superb "
+             "un ##believ ##able , .").split()
+    batch = []
+    for i in range(n):
+        k = int(rng.integers(8, 61))
+        toks = ["[CLS]"] + [words[j] for j in rng.integers(0, len(words), k - 2)] + ["[SEP]"]
+        res = {m: {"scores": (rng.normal(size=k) if s else rng.random(k)),
+                   "layer_scores": (rng.normal(size=(L, k)) if s else rng.random((L, k)))} for m, s in METHODS}
+        label = int(rng.integers(0, 2))
+        pred = label if rng.random() < 0.9 else 1 - label
+        p = float(rng.uniform(0.5, 1.0))
+        batch.append(ExampleData(row=i, id=f"dev-{i:06d}", text=" ".join(toks[1:-1]), pair=None,
+                                 token_ids=np.arange(k), tokens=toks, spans=np.full((k, 2), -1), segment=np.zeros(k),
+                                 label=label, pred=pred, probs=np.array([1 - p, p] if pred else [p, 1 - p]),
+                                 target=pred, explain_pos=0, n_orig_tokens=k, truncated=False, results=res))
+        if len(batch) == 2000:
+            w.append(batch)
+            batch = []
+    if batch:
+        w.append(batch)
+    w.close(complete=True, summary={"examples": n})
+
+
+CHILD = r'''
+import asyncio, json, os, sys, time, resource
+sys.path.insert(0, sys.argv[1])
+path = sys.argv[2]
+os.environ.setdefault("TERM", "xterm-256color")
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+async def main():
+    from textual import events
+    from tui.app import create_app
+    t0 = time.perf_counter()
+    app = create_app(path, color_mode="256")
+    out = {}
+    async with app.run_test(size=(80, 24)) as pilot:
+        async def until(cond, limit=30.0):
+            t = time.perf_counter()
+            while not cond():
+                await asyncio.sleep(0.001)  # not pilot.pause: it waits for idle, which adds its own time
+                if time.perf_counter() - t > limit:
+                    raise TimeoutError
+        def drawn(i):
+            cells = getattr(app.query_one("#tokens"), "layout_data", None)
+            return app.current == i and i in app.cache and cells is not None and cells.cells
+        await until(lambda: drawn(0))
+        out["open_s"] = time.perf_counter() - t0
+        out["rss_open_mb"] = rss_mb()
+        lat = []
+        for i in range(1, 31):
+            await pilot.pause()
+            t = time.perf_counter()
+            app.post_message(events.Key("j", "j"))  # the key as the terminal driver delivers it
+            await until(lambda: drawn(i))
+            lat.append(time.perf_counter() - t)
+        out["next_ms"] = 1000 * sum(lat) / len(lat)
+        out["next_max_ms"] = 1000 * max(lat)
+        n = app.example_list.row_count
+        await pilot.pause()
+        t = time.perf_counter()
+        app.post_message(events.Key("end", None))
+        await until(lambda: drawn(n - 1))
+        out["last_ms"] = 1000 * (time.perf_counter() - t)
+        await pilot.press("home")
+        await until(lambda: drawn(0))
+        before = rss_mb()
+        steps = min(1000, n - 1)
+        for i in range(steps):
+            await pilot.press("j")
+        await until(lambda: drawn(steps), 120)
+        for _ in range(10):
+            await pilot.press("f")
+            for _ in range(20):
+                await pilot.pause(0.01)
+            await pilot.press("escape")
+            await pilot.pause(0.01)
+        out["rss_growth_mb"] = rss_mb() - before
+        out["n"] = n
+    print(json.dumps(out))
+
+asyncio.run(main())
+'''
+
+
+def measure(path: str) -> dict:
+    res = subprocess.run([sys.executable, "-c", CHILD, str(REPO), path], capture_output=True, text=True,
+                         timeout=900)
+    if res.returncode:
+        raise SystemExit(res.stderr[-3000:])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,100000")
+    ap.add_argument("--keep-dir", default="/tmp")
+    ap.add_argument("--runs", type=int, default=3, help="measurements per store (medians reported)")
+    args = ap.parse_args()
+    rows = {}
+    for n in (int(x) for x in args.sizes.split(",")):
+        path = os.path.join(args.keep_dir, f"attrscope-tui-{n}.h5")
+        if not os.path.exists(path):
+            t = time.perf_counter()
+            build(path + ".part", n)
+            os.replace(path + ".part", path)
+            print(f"built {path} ({os.path.getsize(path) / 2**20:.0f} MB) in {time.perf_counter() - t:.0f} s",
+                  file=sys.stderr)
+        runs = [measure(path) for _ in range(args.runs)]
+        rows[n] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    base = rows[min(rows)]
+    print(f"{'examples':>9} {'open s':>7} {'next ms':>8} {'(max)':>7} {'last ms':>8} {'RSS MB':>7} "
+          f"{'vs smallest':>11} {'growth MB':>9}")
+    for n, r in rows.items():
+        print(f"{n:>9,} {r['open_s']:7.2f} {r['next_ms']:8.1f} {r['next_max_ms']:7.1f} {r['last_ms']:8.1f} "
+              f"{r['rss_open_mb']:7.0f} {r['rss_open_mb'] - base['rss_open_mb']:+11.1f} {r['rss_growth_mb']:9.1f}")
+    print("targets: open < 1 s, next < 50 ms, last < 100 ms, RSS within 20 MB of the smallest, growth < 20 MB")
+
+
+if __name__ == "__main__":
+    main()
