@@ -40,8 +40,12 @@ async def settle(pilot, rounds: int = 40) -> None:
         await app.workers.wait_for_complete()
         await pilot.pause()
         if all(w.is_finished for w in app.workers) and app.current is not None and app.current in app.cache:
+            # the list reads the rows it draws on workers of its own: let one more frame ask for them
             await pilot.pause()
-            return
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            if not getattr(app.example_list, "_asked", None):
+                return
     await pilot.pause()
 
 
@@ -363,18 +367,27 @@ async def test_growing_store_shows_new_examples(tmp_path, color_env):
 
 @async_test
 async def test_rows_beyond_first_index_chunk(tmp_path, color_env):
-    """Rows past the first chunk of /examples/index (256 rows) are the right ones."""
+    """The list reads its rows block by block (1024 rows) as they are shown: at open only the first block; rows past
+    it are the right ones; the header's count is the store's."""
     from tui.app import create_app
 
-    path = tmp_path / "300.h5"
-    make_store(str(path), n_examples=300)
+    path = tmp_path / "2100.h5"
+    make_store(str(path), n_examples=2100, L=1)
     app = create_app(path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        assert app.example_list.ids == [f"ex{i}" for i in range(300)]
+        lst = app.example_list
+        assert lst.row_count == 2100 and list(lst._blocks) == [0]
+        assert "ex0" in screen_text(app) and "1/2100" in screen_text(app)
         await pilot.press("end")
         await settle(pilot)
-        assert app.cache.get(299).id == "ex299"
+        assert app.cache.get(2099).id == "ex2099"
+        text = screen_text(app)
+        assert "ex2099" in text and "ex2090" in text and "…" not in text.splitlines()[-3]
+        assert set(lst._blocks) == {0, 2}  # the middle block was never shown, never read
+        lst.move_to(1500)
+        await settle(pilot)
+        assert app.current == 1500 and "ex1500" in screen_text(app) and 1 in lst._blocks
 
 
 _WRITER = r"""
@@ -431,17 +444,14 @@ async def test_store_written_by_another_process(tmp_path, color_env):
 
 @async_test
 async def test_example_list_100k_rows_is_fast(color_env):
-    """The list renders only visible lines from the index array: 100k rows move instantly."""
+    """The list asks only for the blocks of rows it draws: 100k rows move instantly and memory stays bounded."""
     from textual.app import App
 
-    from store import schema
     from tui.widgets import ExampleList
+    from tui.widgets.example_list import BLOCK, MAX_BLOCKS, RowBlock
 
     n = 100_000
-    index = np.zeros(n, dtype=schema.index_dtype(2))
-    index["n_tokens"] = np.arange(n) % 500
-    index["label"] = np.arange(n) % 2
-    index["pred"] = (np.arange(n) // 3) % 2
+    asked = []
 
     class ListApp(App):
         def compose(self):
@@ -449,23 +459,36 @@ async def test_example_list_100k_rows_is_fast(color_env):
 
         def on_mount(self):
             lst = self.query_one(ExampleList)
-            lst.set_rows(index, {0: "negative", 1: "positive"})
-            lst.set_ids([f"ex{i}" for i in range(n)])
+            lst.set_size(n, {0: "negative", 1: "positive"})
             lst.focus()
+
+        def on_example_list_need_rows(self, message):
+            asked.append(message.block)
+            r = np.arange(message.block * BLOCK, min((message.block + 1) * BLOCK, n))
+            self.query_one(ExampleList).put_block(message.block, RowBlock(r % 2, (r // 3) % 2, r % 500,
+                                                                          [f"ex{i}" for i in r]))
 
     app = ListApp()
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
+        await pilot.pause()
         lst = app.query_one(ExampleList)
+        assert asked == [0]
         t0 = time.perf_counter()
         await pilot.press("end")
         await pilot.pause()
+        await pilot.pause()
         assert lst.cursor == n - 1
         assert "ex99999" in screen_text(app)
+        assert asked == [0, (n - 1) // BLOCK]
         await pilot.press("pageup", "k", "k", "home", "j")
         await pilot.pause()
         assert lst.cursor == 1
         assert time.perf_counter() - t0 < 5
+        for pos in range(0, n, 5000):  # jumping everywhere keeps at most MAX_BLOCKS blocks
+            lst.move_to(pos)
+            await pilot.pause()
+        assert len(lst._blocks) <= MAX_BLOCKS
 
 
 # ---------------------------------------------------------------- colour scales (pure functions)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
+
+import numpy as np
 import time
 from functools import partial
 
@@ -33,6 +35,8 @@ from .metrics import MetricsScreen
 from .metricsview import MetricLine
 from .render import TokenLayout, printable, token_cells
 from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel, TokenView
+from .widgets.example_list import BLOCK as ROW_BLOCK
+from .widgets.example_list import RowBlock
 
 POLL_SECONDS = 2.0
 STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
@@ -49,14 +53,17 @@ class MetaLoaded(Message):
         self.meta = meta
 
 
-class IdsLoaded(Message):
-    def __init__(self, ids: list[str]):
+class RowsLoaded(Message):
+    """One block of the example list's rows (label, prediction, length, ids), read on a worker."""
+
+    def __init__(self, block: int, rows: RowBlock):
         super().__init__()
-        self.ids = ids
+        self.block = block
+        self.rows = rows
 
 
 class MetricValuesLoaded(Message):
-    """The store's per-example metric values (for the method bar); no curves."""
+    """The store's metric names and summaries (each example's values are read with the example); no curves."""
 
     def __init__(self, data: MetricsData):
         super().__init__()
@@ -70,10 +77,9 @@ class ExampleLoaded(Message):
 
 
 class StoreRefreshed(Message):
-    def __init__(self, meta: StoreMeta, ids: list[str] | None):
+    def __init__(self, meta: StoreMeta):
         super().__init__()
         self.meta = meta
-        self.ids = ids
 
 
 class ReadFailed(Message):
@@ -126,6 +132,7 @@ class AttrApp(App[int]):
         self.method_index = 0
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
+        self.metrics_cache: tuple | None = None  # the metrics screen's full read, per state of the store
         self.compare_methods: list[str] | None = None  # the compare screen's choice, kept across examples
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
@@ -202,9 +209,6 @@ class AttrApp(App[int]):
             with self.store_lock:
                 meta = read_meta(self.store)
             self.post_message(MetaLoaded(meta))
-            with self.store_lock:
-                ids = list(self.store.ids())
-            self.post_message(IdsLoaded(ids))
         except Exception as err:  # a damaged store: say so, keep the UI alive
             self.post_message(ReadFailed("the store header", str(err)))
             return
@@ -218,21 +222,53 @@ class AttrApp(App[int]):
             self.post_message(MetricValuesLoaded(metrics))
 
     def _load(self, index: int) -> None:
-        methods = tuple(m.name for m in self.meta.methods)
-        around = [i for i in (index + 1, index - 1) if 0 <= i < self.example_list.row_count and i not in self.cache]
-        self.run_worker(partial(self._read_examples, [index] + around, methods), thread=True, exclusive=True,
-                        group="example", name=f"read example {index}")
+        self.run_worker(partial(self._read_examples, [index] + self._neighbours(index)), thread=True,
+                        exclusive=True, group="example", name=f"read example {index}")
 
-    def _read_examples(self, indices: list[int], methods: tuple[str, ...]) -> None:
+    def _neighbours(self, index: int) -> list[int]:
+        """The examples next to ``index`` in the list's order, both ways, that are not read yet (read ahead)."""
+        lst = self.example_list
+        out = []
+        for step in (1, -1, 2, -2):
+            i = lst.step_row(index, step)
+            if i != index and i not in self.cache and i not in out:
+                out.append(i)
+        return out
+
+    def _prefetch(self, index: int) -> None:
+        todo = self._neighbours(index)
+        if todo:
+            self.run_worker(partial(self._read_examples, todo, report_first=False), thread=True, exclusive=True,
+                            group="prefetch", name=f"read ahead of {index}")
+
+    def on_example_list_need_rows(self, message: ExampleList.NeedRows) -> None:
+        self.run_worker(partial(self._read_rows, message.block), thread=True, group=f"rows {message.block}",
+                        name=f"read rows of block {message.block}")
+
+    def _read_rows(self, block: int) -> None:
+        lo = block * ROW_BLOCK
+        try:
+            with self.store_lock:
+                rows = self.store.index_rows(lo, lo + ROW_BLOCK)
+                ids = self.store.ids_range(lo, lo + len(rows))
+        except Exception as err:
+            self.post_message(ReadFailed(f"examples {lo + 1}-{lo + ROW_BLOCK}", str(err)))
+            return
+        self.post_message(RowsLoaded(block, RowBlock(np.array(rows["label"]), np.array(rows["pred"]),
+                                                     np.array(rows["n_tokens"]), ids)))
+
+    def _read_examples(self, indices: list[int], report_first: bool = True) -> None:
         worker = get_current_worker()
+        methods = tuple(m.name for m in self.meta.methods)
+        keys = self.metrics.keys()
         for k, i in enumerate(indices):
             if k and worker.is_cancelled:
                 return
             try:
                 with self.store_lock:
-                    ex = read_example(self.store, i, methods)
+                    ex = read_example(self.store, i, methods, keys)
             except Exception as err:
-                if k == 0:
+                if k == 0 and report_first:
                     self.post_message(ReadFailed(f"example {i + 1}", str(err)))
                 return
             self.post_message(ExampleLoaded(ex))
@@ -243,36 +279,34 @@ class AttrApp(App[int]):
     def _refresh_store(self) -> None:
         try:
             with self.store_lock:
-                before = len(self.store)
                 self.store.refresh()
-                meta = read_meta(self.store)
-                ids = list(self.store.ids()) if len(meta.index) != before else None
+                meta = read_meta(self.store)  # the header only: the new rows are read when they are shown
         except Exception as err:
             self.post_message(ReadFailed("new examples", str(err)))
             return
-        self.post_message(StoreRefreshed(meta, ids))
+        self.post_message(StoreRefreshed(meta))
 
     # ---------------------------------------------------------------- messages from the workers
     def on_meta_loaded(self, message: MetaLoaded) -> None:
         self.meta = message.meta
         self.title = f"attr-tui · {printable(self.meta.name)}"
-        self.example_list.set_rows(self.meta.index, self.meta.labels)
+        self.example_list.set_size(self.meta.n, self.meta.labels)
         self._set_subtitle()
         self.refresh_bindings()
         if not self.meta.complete and self._poll_timer is None:
             self._poll_timer = self.set_interval(self.poll_seconds, self._poll, name="poll store")
-        if not len(self.meta.index):
+        if not self.meta.n:
             self._show_empty()
 
-    def on_ids_loaded(self, message: IdsLoaded) -> None:
-        self.example_list.set_ids(message.ids)
+    def on_rows_loaded(self, message: RowsLoaded) -> None:
+        self.example_list.put_block(message.block, message.rows)
 
     def on_store_refreshed(self, message: StoreRefreshed) -> None:
         old = self.meta
         self.meta = message.meta
-        if old is None or len(message.meta.index) != len(old.index):
+        if old is None or message.meta.n != old.n:
             self._last_growth = time.monotonic()
-            self.example_list.set_rows(message.meta.index, message.meta.labels, message.ids)
+            self.example_list.set_size(message.meta.n, message.meta.labels)
             self._render_current()  # the detail header's "i/N" follows the growing store
         self._set_subtitle()
         if message.meta.complete and self._poll_timer is not None:
@@ -281,7 +315,10 @@ class AttrApp(App[int]):
 
     def on_metric_values_loaded(self, message: MetricValuesLoaded) -> None:
         self.metrics = message.data
-        self._render_current()
+        # examples read before the metric names were known lack their values: read the current one again
+        self.cache.clear()
+        if self.current is not None:
+            self._load(self.current)
 
     def on_example_loaded(self, message: ExampleLoaded) -> None:
         self.cache.put(message.example.index, message.example)
@@ -305,6 +342,7 @@ class AttrApp(App[int]):
             return
         if message.index in self.cache:
             self._render_current()
+            self._prefetch(message.index)
         else:
             self._load(message.index)
 
@@ -324,10 +362,11 @@ class AttrApp(App[int]):
         scale = normalize(scores, info.signed)
         k = default_k(len(ex.tokens))
         top = top_k(scores, info.signed, k)
-        self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.row_count,
+        self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.store_rows,
                                                monochrome=self.color_mode == "mono")
         self.query_one(TextPanel).show_example(ex)
-        metrics = MetricLine(self.metrics.of(info.name), ex.index, info.name) if self.metrics.names else None
+        metrics = (MetricLine(self.metrics.of(info.name), ex.index, info.name, ex.metric_values)
+                   if self.metrics.names else None)
         self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer,
                                        ex.values.get(info.name), metrics)
         self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k)

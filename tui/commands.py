@@ -3,6 +3,7 @@ examples on the browse screen; masks on the heads screen; sort column, order and
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -13,9 +14,6 @@ from .heads import HeadsScreen
 from .metrics import MetricsScreen
 from .metricsview import SORT_MARKS, arrow, higher_is_better, short_name
 from .render import printable
-
-_MAX_ID_HITS = 20
-
 
 def export_dir_hint(app) -> str:
     from .export import export_directory
@@ -82,19 +80,28 @@ class BrowseCommands(_ListedCommands):
             yield hit
         if isinstance(self.screen, (HeadsScreen, MetricsScreen)):
             return
-        ids = self.app.example_list.ids
         q = query.strip()
-        if not q or not ids:
+        if not q:
             return
-        found = 0
-        for i, ex_id in enumerate(ids):  # a plain scan: 100k ids take a few milliseconds
-            if q in ex_id:
-                text = f"example: {printable(ex_id)}"
-                go = partial(self.app.example_list.move_to, i)
-                yield Hit(0.9 if ex_id == q else 0.5, Content(text), go, text=text, help=f"example {i + 1}")
-                found += 1
-                if found >= _MAX_ID_HITS:
-                    return
+        app = self.app
+        row = await asyncio.to_thread(_find_row, app, q)  # never an HDF5 read on the UI thread
+        if row is not None:
+            text = f"example: {printable(q)}"
+            yield Hit(1.0, Content(text), partial(app.example_list.move_to_row, row), text=text,
+                      help=f"example {row + 1}")
+        if q.isdigit() and 1 <= int(q) <= app.example_list.store_rows:
+            text = f"row: {int(q)}"
+            yield Hit(0.8, Content(text), partial(app.example_list.move_to_row, int(q) - 1), text=text,
+                      help=f"the {int(q)}th example of the store")
+
+
+def _find_row(app, example_id: str) -> int | None:
+    """The store row of an example id (the store builds its id table once, on the first search)."""
+    try:
+        with app.store_lock:
+            return app.store.find_id(example_id)
+    except Exception:  # noqa: BLE001 - a damaged store: no hit (the browse screen reports damage)
+        return None
 
 
 class HeadsCommands(_ListedCommands):

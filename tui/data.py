@@ -39,7 +39,7 @@ class MethodInfo:
 
 @dataclass(frozen=True)
 class StoreMeta:
-    """The header of a store plus its committed index rows (the example list is built from ``index`` alone)."""
+    """The header of a store and its number of committed examples (the list reads its rows block by block)."""
 
     name: str  # file name only: never an absolute path on screen
     methods: tuple[MethodInfo, ...]
@@ -47,7 +47,7 @@ class StoreMeta:
     n_layers: int
     model: str
     complete: bool
-    index: np.ndarray
+    n: int
     head_masks: tuple[str, ...] = ()  # names only: the heads screen reads the masks when it opens
 
 
@@ -69,6 +69,7 @@ class LoadedExample:
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     layer_scores: dict[str, np.ndarray | None] = field(default_factory=dict)
     values: dict[str, dict[str, float]] = field(default_factory=dict)  # per-example scalars (IG's ig_delta)
+    metric_values: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, metric) -> this example's
 
     @property
     def correct(self) -> bool | None:
@@ -152,7 +153,7 @@ class MetricInfo:
 
     method: str
     name: str  # as stored: may carry a preset suffix ("aopc@attcat")
-    values: np.ndarray  # [N] float64
+    values: np.ndarray | None  # [N] float64, or None when only the summary was read (the browse screen)
     summary: dict
     settings: dict
     higher_is_better: bool
@@ -178,7 +179,7 @@ class MetricInfo:
     def mean(self) -> float | None:
         """Mean over the examples: the stored summary's, else computed from the finite values (None: no value)."""
         v = self._stat("mean")
-        if v is None:
+        if v is None and self.values is not None:
             finite = self.values[np.isfinite(self.values)]
             v = float(finite.mean()) if finite.size else None
         return v
@@ -186,7 +187,7 @@ class MetricInfo:
     @property
     def std(self) -> float | None:
         v = self._stat("std")
-        if v is None:
+        if v is None and self.values is not None:
             finite = self.values[np.isfinite(self.values)]
             v = float(finite.std()) if finite.size else None
         return v
@@ -194,11 +195,13 @@ class MetricInfo:
     @property
     def n(self) -> int:
         v = self._stat("n")
-        return int(v) if v is not None else int(np.isfinite(self.values).sum())
+        if v is not None:
+            return int(v)
+        return int(np.isfinite(self.values).sum()) if self.values is not None else 0
 
     def value(self, index: int | None) -> float | None:
         """The metric of example ``index`` (None: no such row, or undefined for that example)."""
-        if index is None or not 0 <= index < len(self.values):
+        if index is None or self.values is None or not 0 <= index < len(self.values):
             return None
         v = float(self.values[index])
         return v if math.isfinite(v) else None
@@ -215,6 +218,10 @@ class MetricsData:
 
     def get(self, method: str | None, name: str) -> MetricInfo | None:
         return self.table.get(method, {}).get(name) if method is not None else None
+
+    def keys(self) -> tuple[tuple[str, str], ...]:
+        """Every (method, metric) pair."""
+        return tuple((m, n) for m in self.methods for n in self.table.get(m, {}))
 
     def of(self, method: str | None) -> list[MetricInfo]:
         """The metrics of one method, in column order ([] when it has none)."""
@@ -244,7 +251,8 @@ def _mean_curve(curves, levels, n: int) -> tuple[np.ndarray | None, np.ndarray |
 
 def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, list[str]]:
     """Every method's metrics, and a note for every metric that could not be used. ``curves``: also read the
-    per-level curves (the metrics screen) and descriptions; the browse screen only needs values and summaries."""
+    per-example values, per-level curves and descriptions (the metrics screen, which reads them once: the app keeps
+    them); without, only names and summaries (the browse screen reads each example's values with the example)."""
     found = list(getattr(store, "metric_methods", None) or [])
     if not found:
         return MetricsData(), []
@@ -253,23 +261,26 @@ def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, lis
     table: dict[str, dict[str, MetricInfo]] = {}
     problems: list[str] = []
     for method in found:
-        values = store.metrics(method)
-        summaries = {} if curves else store.metric_summaries(method)
         row = {}
+        if not curves:  # the browse screen: names and summaries only, values per example as they are shown
+            for name, info in store.metric_summaries(method).items():
+                row[str(name)] = MetricInfo(str(method), str(name), None, dict(info.get("summary") or {}),
+                                            dict(info.get("settings") or {}),
+                                            bool(info.get("higher_is_better", True)))
+            if row:
+                table[str(method)] = row
+            continue
+        values = store.metrics(method)
         for name, v in values.items():
             arr = np.asarray(v, dtype=np.float64)
             if arr.ndim != 1:
                 problems.append(f"metric '{name}' of '{method}' has shape {tuple(arr.shape)}, not [examples]")
                 continue
-            if curves:
-                info = store.metric_info(method, name)
-                curve, lv = _mean_curve(info.get("curves"), info.get("levels"), len(arr))
-                desc = str(info.get("description") or "")
-            else:
-                info, curve, lv, desc = summaries.get(name, {}), None, None, ""
+            info = store.metric_info(method, name)
+            curve, lv = _mean_curve(info.get("curves"), info.get("levels"), len(arr))
             row[str(name)] = MetricInfo(str(method), str(name), arr, dict(info.get("summary") or {}),
                                         dict(info.get("settings") or {}), bool(info.get("higher_is_better", True)),
-                                        desc, curve, lv)
+                                        str(info.get("description") or ""), curve, lv)
         if row:
             table[str(method)] = row
     names = sorted({n for row in table.values() for n in row}, key=metric_sort_key)
@@ -286,12 +297,18 @@ def read_meta(store: Store) -> StoreMeta:
     model = str(model_info.get("model_id") or model_info.get("model") or "")
     head_masks = tuple(str(n) for n in (getattr(store, "head_masks", None) or ()))
     return StoreMeta(os.path.basename(store.path), tuple(methods), dict(store.labels), int(store.n_layers), model,
-                     store.complete, store.index, head_masks)
+                     store.complete, len(store), head_masks)
 
 
-def read_example(store: Store, i: int, methods: tuple[str, ...]) -> LoadedExample:
+def read_example(store: Store, i: int, methods: tuple[str, ...],
+                 metric_keys: tuple[tuple[str, str], ...] = ()) -> LoadedExample:
+    """Everything the screens show of example ``i``, and its value of each (method, metric) in ``metric_keys``."""
     ex = store[i]
     scores, layers, values = {}, {}, {}
+    metric_values = {}
+    for m, name in metric_keys:
+        v = float(store.metric_values(m, name, i, i + 1)[0])
+        metric_values[(m, name)] = v
     for m in methods:
         scores[m] = np.asarray(ex.scores(m), dtype=np.float32)
         ls = ex.layer_scores(m)
@@ -299,7 +316,8 @@ def read_example(store: Store, i: int, methods: tuple[str, ...]) -> LoadedExampl
         values[m] = ex.example_values(m)
     return LoadedExample(index=i, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
-                         explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values)
+                         explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values,
+                         metric_values=metric_values)
 
 
 def read_matrices(store: Store, i: int, method: str) -> np.ndarray | None:

@@ -105,7 +105,17 @@ class MetricsScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- worker (the only HDF5 read of this screen)
     def _read_metrics(self) -> None:
-        read_for_screen(self, read_metrics, MetricsLoaded, MetricsFailed)
+        read_for_screen(self, self._cached_metrics, MetricsLoaded, MetricsFailed)
+
+    def _cached_metrics(self, store):
+        """The metrics with their values and mean curves, read once per state of the store (its examples and metric
+        records) and kept by the app: opening the screen again reads and allocates nothing."""
+        key = (len(store), tuple((m, tuple(store.metric_names(m))) for m in (store.metric_methods or ())))
+        cached = getattr(self.app, "metrics_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, read_metrics(store))
+            self.app.metrics_cache = cached
+        return cached[1]
 
     def on_metrics_loaded(self, message: MetricsLoaded) -> None:
         self.data = message.data
@@ -179,9 +189,8 @@ class MetricsScreen(ModalScreen[None]):
         ex_id, total = None, 0
         if index is not None:
             ex = app.cache.get(index) if hasattr(app, "cache") else None
-            ids = app.example_list.ids if hasattr(app, "example_list") else None
-            ex_id = ex.id if ex is not None else (ids[index] if ids and index < len(ids) else None)
-            total = app.example_list.row_count if hasattr(app, "example_list") else 0
+            ex_id = ex.id if ex is not None else app.example_list.id_of(index)
+            total = app.example_list.store_rows if hasattr(app, "example_list") else 0
         values = ExampleValues(self.data.of(self.cursor), self.cursor, index, ex_id, total)
         self.query_one("#metrics-example", Static).update(values)
 

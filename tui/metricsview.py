@@ -313,13 +313,18 @@ def _cut(line: Text, dropped: int, width: int) -> Text:
     return line
 
 
-def value_entries(metrics: list[MetricInfo], index: int | None, digits: int) -> list[Text]:
-    """'comp 0.21', 'aopc@attcat 0.33': one entry per metric, its value for example ``index``."""
+def value_entries(metrics: list[MetricInfo], index: int | None, digits: int,
+                  known: dict[tuple[str, str], float] | None = None) -> list[Text]:
+    """'comp 0.21', 'aopc@attcat 0.33': one entry per metric, its value for example ``index`` (from ``known``, the
+    example's own values, where given)."""
     out = []
     for info in metrics:
         t = Text(no_wrap=True)
         t.append(short_name(info.name), _DIM)
         v = info.value(index)
+        if known is not None:
+            v = known.get((info.method, info.name))
+            v = v if v is not None and math.isfinite(v) else None
         t.append(" " + fmt(v, digits), _DIM if v is None else Style())
         out.append(t)
     return out
@@ -329,14 +334,15 @@ class MetricLine:
     """The browse screen's metric line: the current example's metrics for the current method, one line, cut at
     whole entries ('…+N') when they do not fit."""
 
-    def __init__(self, metrics: list[MetricInfo], index: int | None, method: str):
-        self.metrics, self.index, self.method = metrics, index, method
+    def __init__(self, metrics: list[MetricInfo], index: int | None, method: str,
+                 known: dict[tuple[str, str], float] | None = None):
+        self.metrics, self.index, self.method, self.known = metrics, index, method, known
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if not self.metrics:
             t = Text(f"no metrics for {printable(self.method)}", _DIM, no_wrap=True, overflow="ellipsis")
         else:
-            t = pack(value_entries(self.metrics, self.index, 2), options.max_width, max_lines=1)[0]
+            t = pack(value_entries(self.metrics, self.index, 2, self.known), options.max_width, max_lines=1)[0]
             t.no_wrap, t.overflow = True, "crop"
         yield t
 

@@ -137,11 +137,11 @@ class CompareScreen(ModalScreen[None]):
         for j, m in enumerate(methods):
             rho = 1.0 if j == 0 else spearman(first, raw[m], skip=ex.explain_pos)
             ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos)
-            values = [_fmt(info.value(ex.index), 3) if (info := app.metrics.get(m, n)) else "–" for n in metric_names]
+            values = [_fmt(ex.metric_values.get((m, n)), 3) for n in metric_names]
             table.add_row(Text(m), _fmt(rho), _fmt(ov), *values)
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(printable(ex.id), Style(bold=True))
-        head.append(f"  {ex.index + 1}/{app.example_list.row_count}  {len(ex.tokens)} tokens  "
+        head.append(f"  {ex.index + 1}/{app.example_list.store_rows}  {len(ex.tokens)} tokens  "
                     f"{'shared scale' if self.shared else 'scale per method'}", _DIM)
         width = max(self.size.width - 2, 20)
         if self.difference and len(methods) >= 2:
@@ -162,11 +162,9 @@ class CompareScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- actions
     def action_example(self, step: int) -> None:
-        n = self.app.example_list.row_count
-        if not n:
-            return
-        self.index = max(0, min(self.index + step, n - 1))
-        self.app.example_list.move_to(self.index)  # the browse screen follows
+        lst = self.app.example_list
+        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
+        lst.move_to_row(self.index)  # the browse screen follows
         self._show()
 
     def action_toggle_shared(self) -> None:

@@ -260,9 +260,9 @@ class MatrixScreen(ModalScreen[None]):
         self._draw()
 
     def action_example(self, step: int) -> None:
-        n = self.app.example_list.row_count
-        self.index = max(0, min(self.index + step, n - 1))
-        self.app.example_list.move_to(self.index)
+        lst = self.app.example_list
+        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
+        lst.move_to_row(self.index)
         self._read(self.index, self.method)
 
     def action_move(self, dr: int, dc: int) -> None:

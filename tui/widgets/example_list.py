@@ -6,6 +6,9 @@ a worker (until then a row shows its position). Line 0 is a fixed column header.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
+
 import numpy as np
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -21,6 +24,18 @@ from textual.strip import Strip
 from ..render import printable
 
 _EXAMPLES = Binding.Group("example")
+BLOCK = 1024  # rows read at a time (the store's own index block)
+MAX_BLOCKS = 16  # blocks kept: what a screen shows and its neighbourhood, never the whole store
+
+
+@dataclass
+class RowBlock:
+    """What the list shows of up to BLOCK consecutive store rows (read on a worker)."""
+
+    label: np.ndarray
+    pred: np.ndarray
+    n_tokens: np.ndarray
+    ids: list[str] | None
 _MARKS = {True: ("✓", Style(color="green")), False: ("✗", Style(color="red", bold=True)), None: ("·", Style(dim=True))}
 # Without colour a red mark turns dark grey: the glyph shapes alone tell right from wrong.
 _MONO_MARKS = {True: ("✓", Style()), False: ("✗", Style(bold=True)), None: ("·", Style())}
@@ -63,44 +78,115 @@ class ExampleList(ScrollView, can_focus=True):
             super().__init__()
             self.index = index
 
+    class NeedRows(Message):
+        """Rows of block ``block`` (store rows block*BLOCK .. +BLOCK) are on screen but not read yet."""
+
+        def __init__(self, block: int):
+            super().__init__()
+            self.block = block
+
     def __init__(self, *, id: str | None = None, monochrome: bool = False):
         super().__init__(id=id)
         self.monochrome = monochrome
-        self._index: np.ndarray | None = None
-        self._ids: list[str] | None = None
+        self._n = 0  # store rows
+        self._order: np.ndarray | None = None  # view position -> store row (a sort or filter); None: store order
+        self._order_note = ""  # what the order is ("sorted by length ↓", "12 of 100 match")
+        self._blocks: OrderedDict[int, RowBlock] = OrderedDict()
+        self._asked: set[int] = set()
         self._labels: dict[int, str] = {}
         self._label_w = 5
-        self._id_w = 4  # widest id seen (cells)
+        self._id_w = 4  # widest id seen so far (cells)
+        self.extra_name = ""  # an optional last column (a per-example metric of the current method)
+        self.extra: dict[int, float] = {}  # store row -> value of the extra column (rows read so far)
 
     # ---------------------------------------------------------------- data
     @property
-    def ids(self) -> list[str] | None:
-        return self._ids
+    def row_count(self) -> int:
+        """Rows in the current view (all store rows, or those of a filter)."""
+        return self._n if self._order is None else len(self._order)
 
     @property
-    def row_count(self) -> int:
-        return 0 if self._index is None else len(self._index)
+    def store_rows(self) -> int:
+        return self._n
 
-    def set_rows(self, index: np.ndarray, labels: dict[int, str], ids: list[str] | None = None) -> None:
-        """(Re)build from the index array; keeps the cursor. New rows of a growing store simply appear."""
-        first = self._index is None or len(self._index) == 0
-        self._index = index
+    def row_at(self, position: int) -> int:
+        """The store row shown at view ``position``."""
+        return int(position if self._order is None else self._order[position])
+
+    def position_of(self, row: int) -> int | None:
+        """The view position of store ``row`` (None: filtered out)."""
+        if self._order is None:
+            return row if 0 <= row < self._n else None
+        hit = np.flatnonzero(self._order == row)
+        return int(hit[0]) if hit.size else None
+
+    def id_of(self, row: int) -> str | None:
+        """The id of store ``row`` when its block is read (None otherwise: nothing is read here)."""
+        blk = self._blocks.get(row // BLOCK)
+        k = row - (row // BLOCK) * BLOCK
+        return blk.ids[k] if blk is not None and blk.ids is not None and k < len(blk.ids) else None
+
+    @property
+    def current_row(self) -> int | None:
+        return self.row_at(self.cursor) if self.row_count else None
+
+    def set_size(self, n: int, labels: dict[int, str]) -> None:
+        """The store has ``n`` committed rows (a growing store calls this again); keeps the cursor."""
+        first = self._n == 0
+        grew_last = self._n and (self._n - 1) // BLOCK
+        self._n = n
         self._labels = labels
-        if ids is not None:
-            self.set_ids(ids)
+        if grew_last in self._blocks:  # the last block was partial: read it again
+            del self._blocks[grew_last]
+            self._asked.discard(grew_last)
         names = [self._label_name(k) for k in labels] or ["label"]
-        self._label_w = max(4, min(8, max(cell_len(n) for n in names)))
-        self.virtual_size = Size(self.size.width, len(index) + 1)
+        self._label_w = max(4, min(8, max(cell_len(nm) for nm in names)))
+        self.virtual_size = Size(self.size.width, self.row_count + 1)
         self.refresh()
-        if first and len(index):
+        if first and n:
             self.cursor = 0
-            self.post_message(self.Highlighted(0))
+            self.post_message(self.Highlighted(self.row_at(0)))
 
-    def set_ids(self, ids: list[str]) -> None:
-        self._ids = ids
-        widest = max(map(len, ids), default=0)  # characters (fast for 100k ids); wide characters from a sample
-        self._id_w = max(4, widest, max((cell_len(printable(i)) for i in ids[:5000]), default=0))
+    def put_block(self, block: int, rows: "RowBlock") -> None:
+        self._blocks[block] = rows
+        self._blocks.move_to_end(block)
+        self._asked.discard(block)
+        while len(self._blocks) > MAX_BLOCKS:
+            self._blocks.popitem(last=False)
+        if rows.ids:
+            self._id_w = max(self._id_w, max(cell_len(printable(i)) for i in rows.ids[:2000]))
         self.refresh()
+
+    def set_order(self, order: np.ndarray | None, note: str = "") -> None:
+        """Show the store rows in ``order`` (a sort or a filter; None: store order); the cursor stays on its example
+        when it is still shown, else goes to the first row."""
+        row = self.current_row
+        self._order = None if order is None else np.asarray(order, dtype=np.int64)
+        self._order_note = note
+        self.virtual_size = Size(self.size.width, self.row_count + 1)
+        pos = self.position_of(row) if row is not None else None
+        self.scroll_to(y=0, animate=False)
+        if pos is None:
+            pos = 0
+        if self.cursor == pos:
+            self._scroll_to_cursor()
+            if self.row_count:
+                self.post_message(self.Highlighted(self.row_at(pos)))
+        self.cursor = pos
+        self.refresh()
+
+    def _row(self, row: int):
+        """(block, offset) of a store row, or None when its block is not read yet (asked for once)."""
+        b = row // BLOCK
+        blk = self._blocks.get(b)
+        if blk is None:
+            if b not in self._asked:
+                self._asked.add(b)
+                # to the app itself: posted while the screen renders, a bubbling message would stop at the screen
+                # (Textual ends propagation at the sender, and the sender here is the screen)
+                self.app.post_message(self.NeedRows(b))
+            return None
+        return blk, row - b * BLOCK
 
     def _label_name(self, k: int) -> str:
         if k < 0:
@@ -111,30 +197,38 @@ class ExampleList(ScrollView, can_focus=True):
     def _columns(self, width: int) -> tuple[int, int]:
         """Widths of the id and label columns for a row of ``width`` cells: ids first (up to 16 cells), labels
         share the rest (3 to 8 cells each, cut with '…')."""
-        avail = width - 2 - 5 - 2  # mark and space, " len", two separators
+        avail = width - 2 - 5 - 2 - (7 if self.extra_name else 0)  # mark and space, " len", separators, extra
         want_id = min(self._id_w, 16)
         lw = min(self._label_w, max(3, (avail - want_id) // 2))
-        id_w = max(3, min(want_id if self._ids is not None else avail - 2 * lw, avail - 2 * lw))
+        id_w = max(3, min(want_id, avail - 2 * lw))
         return id_w, lw
 
     def _row_text(self, i: int, width: int) -> tuple[str, tuple[str, Style]]:
-        row = self._index[i]
+        row = self.row_at(i)
         id_w, lw = self._columns(width)
-        ex_id = printable(self._ids[i]) if self._ids is not None and i < len(self._ids) else f"#{i}"
-        label, pred = int(row["label"]), int(row["pred"])
+        found = self._row(row)
+        if found is None or found[1] >= len(found[0].label):
+            return _fit(f"#{row + 1} …", width - 2), ("·", Style(dim=True))
+        blk, k = found
+        ex_id = printable(blk.ids[k]) if blk.ids is not None else f"#{row + 1}"
+        label, pred = int(blk.label[k]), int(blk.pred[k])
         mark = (_MONO_MARKS if self.monochrome else _MARKS)[None if label < 0 else label == pred]
-        text = " ".join([
-            _fit(ex_id, id_w),
-            _fit(self._label_name(label), lw),
-            _fit(self._label_name(pred), lw),
-            f"{int(row['n_tokens']):>4}",
-        ])
-        return text, mark
+        cols = [_fit(ex_id, id_w), _fit(self._label_name(label), lw), _fit(self._label_name(pred), lw),
+                f"{int(blk.n_tokens[k]):>4}"]
+        if self.extra_name:
+            v = self.extra.get(row)
+            cols.append(f"{v:>6.2f}" if v is not None and np.isfinite(v) else f"{'–':>6}")
+        return " ".join(cols), mark
 
     def header_text(self, width: int) -> str:
         id_w, lw = self._columns(width)
-        return "  " + " ".join([set_cell_size("id", id_w), set_cell_size("label", lw),
-                                set_cell_size("pred", lw), " len"])
+        cols = [set_cell_size("id", id_w), set_cell_size("label", lw), set_cell_size("pred", lw), " len"]
+        if self.extra_name:
+            cols.append(_fit(self.extra_name, 6).rjust(6))
+        head = "  " + " ".join(cols)
+        if self._order_note:
+            head = _fit(head, max(width - cell_len(self._order_note) - 1, 0)) + " " + self._order_note
+        return head
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
@@ -160,7 +254,8 @@ class ExampleList(ScrollView, can_focus=True):
     def watch_cursor(self, old: int, new: int) -> None:
         self._scroll_to_cursor()
         self.refresh()
-        self.post_message(self.Highlighted(new))
+        if self.row_count:
+            self.post_message(self.Highlighted(self.row_at(new)))
 
     def _scroll_to_cursor(self) -> None:
         visible = max(1, self.scrollable_content_region.height - 1)
@@ -171,8 +266,22 @@ class ExampleList(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor - visible + 1, animate=False)
 
     def move_to(self, i: int) -> None:
+        """Move the cursor to view position ``i`` (clamped)."""
         if self.row_count:
             self.cursor = max(0, min(self.row_count - 1, i))
+
+    def move_to_row(self, row: int) -> None:
+        """Move the cursor to store row ``row`` when the view shows it."""
+        pos = self.position_of(row)
+        if pos is not None:
+            self.move_to(pos)
+
+    def step_row(self, row: int, step: int) -> int:
+        """The store row ``step`` positions after ``row`` in the view (clamped; ``row`` itself when not shown)."""
+        pos = self.position_of(row)
+        if pos is None or not self.row_count:
+            return row
+        return self.row_at(max(0, min(self.row_count - 1, pos + step)))
 
     def action_cursor_down(self) -> None:
         self.move_to(self.cursor + 1)
