@@ -323,6 +323,16 @@ class Store:
     def _id_path(self) -> str:
         return schema.IDS if self._separate_ids else schema.STRINGS
 
+    def scores_range(self, method: str, lo: int, hi: int) -> np.ndarray:
+        """The final scores of examples [lo, hi), concatenated (example i's are ``n_tokens`` long; one read)."""
+        self._need_method(method)
+        rows = self.index_rows(lo, hi)
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        t0 = int(rows["tok_off"][0])
+        t1 = int(rows["tok_off"][-1]) + int(rows["n_tokens"][-1])
+        return self._read(schema.method_path(method, "scores"), slice(t0, t1), t1 - t0)
+
     def ids_range(self, lo: int, hi: int) -> list[str]:
         """The ids of examples [lo, hi) (reads only their bytes)."""
         r = self.index_rows(lo, hi)
@@ -332,6 +342,11 @@ class Store:
         """The texts of examples [lo, hi)."""
         r = self.index_rows(lo, hi)
         return self._strings(schema.STRINGS, r["text_off"], r["text_len"], "the example texts")
+
+    def pairs_range(self, lo: int, hi: int) -> list[str]:
+        """The pair texts of examples [lo, hi) (None for an example without one)."""
+        r = self.index_rows(lo, hi)
+        return self._strings(schema.STRINGS, r["pair_off"], r["pair_len"], "the pair texts")
 
     def ids(self) -> list[str]:
         """Every example id, in store order (read once per length; a store written before format 1.3 keeps its ids

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import time
+from dataclasses import replace
 from functools import partial
 
 from textual import work
@@ -25,7 +26,7 @@ from textual.worker import get_current_worker
 from store import Store, open_store
 
 from .colors import MODES, Mode, default_k, detect_mode, normalize, top_k
-from .commands import BrowseCommands, HeadsCommands, MetricsCommands
+from .commands import BrowseCommands, HeadsCommands, MetricsCommands, ViewCommands
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .heads import HeadsScreen
 from .help import HelpScreen
@@ -34,6 +35,7 @@ from .screens.matrix import MatrixScreen
 from .metrics import MetricsScreen
 from .metricsview import MetricLine
 from .render import TokenLayout, printable, token_cells
+from .view import ListView
 from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel, TokenView
 from .widgets.example_list import BLOCK as ROW_BLOCK
 from .widgets.example_list import RowBlock
@@ -91,12 +93,13 @@ class ReadFailed(Message):
 
 class AttrApp(App[int]):
     TITLE = "attr-tui"
-    COMMANDS = App.COMMANDS | {BrowseCommands, HeadsCommands, MetricsCommands}
+    COMMANDS = App.COMMANDS | {BrowseCommands, HeadsCommands, MetricsCommands, ViewCommands}
 
     CSS = """
     #body { height: 1fr; }
     #examples { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
     #main { width: 1fr; padding: 0 0 0 1; }
+    #prompt { dock: bottom; margin-bottom: 1; border: round $primary; height: 3; }
     Footer.-compact FooterLabel { margin: 0 1 0 0; }
     """
 
@@ -109,6 +112,11 @@ class AttrApp(App[int]):
         Binding("c", "compare", "compare", id="compare"),
         Binding("x", "matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
         Binding("e", "export", "export figure", id="export", show=False),
+        Binding("slash", "search", "search", id="search", show=False),
+        Binding("n", "next_match(1)", "next match", id="search.next", show=False),
+        Binding("N", "next_match(-1)", "previous match", id="search.previous", show=False),
+        Binding("r", "reset_view", "store order", id="view.reset", show=False),
+        Binding("escape", "stop", "cancel", id="view.cancel", show=False),
         Binding("h", "heads", "heads", id="heads"),
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
@@ -133,7 +141,8 @@ class AttrApp(App[int]):
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
         self.metrics_cache: tuple | None = None  # the metrics screen's full read, per state of the store
-        self.compare_methods: list[str] | None = None  # the compare screen's choice, kept across examples
+        self.compare_methods: list[str] | None = None
+        self.view = ListView(self)  # sort, filter and search of the example list  # the compare screen's choice, kept across examples
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
         self._last_growth = time.monotonic()
@@ -498,6 +507,59 @@ class AttrApp(App[int]):
 
         return super().deliver_screenshot(filename, path or export_directory(getattr(self.store, "path", None)),
                                           time_format)
+
+    def action_search(self) -> None:
+        """Search the example texts: a prompt at the bottom; enter searches, n / N go to the next / previous match."""
+        if self.meta is None or not isinstance(self.screen, type(self.screen_stack[0])) or self.query("#prompt"):
+            return
+        self.prompt("search the texts (enter; n / N next / previous, empty clears):", self.view.query,
+                    self.view.search)
+
+    def prompt(self, title: str, value: str, submit) -> None:
+        """A one-line input at the bottom of the browse screen; enter calls ``submit(text)``, escape closes it."""
+        from textual.widgets import Input
+
+        box = Input(value=value, placeholder=title, id="prompt")
+        box.border_title = title
+        box.submit_to = submit
+        self.screen_stack[0].mount(box, before=self.query_one(Footer))
+        box.focus()
+
+    def on_input_submitted(self, event) -> None:
+        if event.input.id != "prompt":
+            return
+        submit = event.input.submit_to
+        text = event.value
+        event.input.remove()
+        self.example_list.focus()
+        submit(text)
+
+    def action_next_match(self, step: int) -> None:
+        self.view.next_match(step)
+
+    def action_reset_view(self) -> None:
+        self.view.reset()
+
+    def action_stop(self) -> None:
+        """Escape: close the prompt, or cancel a running sort, filter or search."""
+        for box in self.query("#prompt"):
+            box.remove()
+            self.example_list.focus()
+            return
+        self.view.stop()
+
+    def filter_length(self) -> None:
+        from .finding import parse_length
+
+        def submit(text: str) -> None:
+            try:
+                lo, hi = parse_length(text)
+            except ValueError as err:
+                self.notify(str(err), severity="warning", markup=False)
+                return
+            self.view.set_filter(replace(self.view.filter, length=(lo, hi)))
+
+        self.prompt("tokens, low-high (e.g. 10-40):", "", submit)
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""

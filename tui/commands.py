@@ -4,6 +4,7 @@ examples on the browse screen; masks on the heads screen; sort column, order and
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -24,6 +25,8 @@ def export_dir_hint(app) -> str:
 class _ListedCommands(Provider):
     """A provider whose commands are a list of (text, callable, help) built for the current state."""
 
+    weight = 1.0  # below 1: its hits rank after equally good ones of the other providers
+
     def _commands(self) -> list[tuple[str, object, str]]:
         raise NotImplementedError
 
@@ -34,7 +37,7 @@ class _ListedCommands(Provider):
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for text, command, help_text in self._commands():
-            score = matcher.match(text)
+            score = matcher.match(text) * self.weight
             if score > 0:
                 yield Hit(score, matcher.highlight(text), command, text=text, help=escape(help_text))
 
@@ -158,3 +161,48 @@ class MetricsCommands(_ListedCommands):
         what = (f"{len(found)} method{'s' if len(found) != 1 else ''} × {len(app.metrics.names)} metrics" if found
                 else "none in this store")
         return [("metrics: faithfulness metrics", app.action_metrics, f"methods × metrics table, sortable ({what})")]
+
+
+class ViewCommands(_ListedCommands):
+    """Sort and filter the example list, search its texts (browse screen only)."""
+
+    weight = 0.7  # "normxlogit" should find the method before "sort: disagreement rollout vs normxlogit"
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        from .finding import Filter
+
+        app = self.app
+        meta = app.meta
+        if meta is None or self.screen is not app.screen_stack[0]:
+            return []
+        view = app.view
+        out = []
+        for column, what, desc in (("length", "length", True), ("correct", "wrong first", False),
+                                   ("label", "label", False), ("pred", "prediction", False)):
+            out.append((f"sort: {what}", partial(view.sort_by_column, column, desc), "a pass over the index"))
+        info = app.method
+        if info is not None:
+            for name in app.metrics.names:
+                if app.metrics.get(info.name, name) is not None:
+                    best_first = app.metrics.get(info.name, name).higher_is_better
+                    out.append((f"sort: {printable(name)} of {printable(info.name)}",
+                                partial(view.sort_by_metric, info.name, name, best_first),
+                                "the per-example metric, best first"))
+            for other in meta.methods:
+                if other.name != info.name:
+                    out.append((f"sort: disagreement {printable(info.name)} vs {printable(other.name)}",
+                                partial(view.sort_by_disagreement, info.name, other.name),
+                                "1 - Spearman of their scores per example, most different first"))
+        out.append(("sort: store order", view.sort_by_store_order, "as attr-compute wrote them"))
+        f = view.filter
+        out.append(("filter: wrong predictions", partial(view.set_filter, Filter(correct=False)), "label != pred"))
+        out.append(("filter: correct predictions", partial(view.set_filter, Filter(correct=True)), "label == pred"))
+        for k, name in sorted(meta.labels.items()):
+            out.append((f"filter: label {printable(name)}", partial(view.set_filter, replace(f, label=k)), ""))
+            out.append((f"filter: prediction {printable(name)}", partial(view.set_filter, replace(f, pred=k)), ""))
+        out.append(("filter: truncated", partial(view.set_filter, replace(f, truncated=True)), "cut at --max-length"))
+        out.append(("filter: length range…", app.filter_length, "low-high tokens"))
+        out.append(("filter: none", partial(view.set_filter, Filter()), "every example"))
+        out.append(("search: texts…", app.action_search, "/ then n / N"))
+        out.append(("view: reset", view.reset, "store order, no filter, no search (r)"))
+        return out

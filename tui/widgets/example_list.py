@@ -91,6 +91,7 @@ class ExampleList(ScrollView, can_focus=True):
         self._n = 0  # store rows
         self._order: np.ndarray | None = None  # view position -> store row (a sort or filter); None: store order
         self._order_note = ""  # what the order is ("sorted by length ↓", "12 of 100 match")
+        self._pos = np.zeros(0, dtype=np.int64)  # inverse of _order
         self._blocks: OrderedDict[int, RowBlock] = OrderedDict()
         self._asked: set[int] = set()
         self._labels: dict[int, str] = {}
@@ -117,14 +118,25 @@ class ExampleList(ScrollView, can_focus=True):
         """The view position of store ``row`` (None: filtered out)."""
         if self._order is None:
             return row if 0 <= row < self._n else None
-        hit = np.flatnonzero(self._order == row)
-        return int(hit[0]) if hit.size else None
+        if not 0 <= row < len(self._pos):
+            return None
+        pos = int(self._pos[row])
+        return pos if pos >= 0 else None
 
     def id_of(self, row: int) -> str | None:
         """The id of store ``row`` when its block is read (None otherwise: nothing is read here)."""
         blk = self._blocks.get(row // BLOCK)
         k = row - (row // BLOCK) * BLOCK
         return blk.ids[k] if blk is not None and blk.ids is not None and k < len(blk.ids) else None
+
+    def positions_of(self, rows: np.ndarray) -> np.ndarray:
+        """View positions of store ``rows`` that the view shows (vectorised; rows filtered out are dropped)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self._order is None:
+            return rows[(rows >= 0) & (rows < self._n)]
+        rows = rows[(rows >= 0) & (rows < len(self._pos))]
+        pos = self._pos[rows]
+        return pos[pos >= 0]
 
     @property
     def current_row(self) -> int | None:
@@ -157,12 +169,20 @@ class ExampleList(ScrollView, can_focus=True):
             self._id_w = max(self._id_w, max(cell_len(printable(i)) for i in rows.ids[:2000]))
         self.refresh()
 
+    def set_note(self, note: str) -> None:
+        """The note at the right of the header (the view, or the progress of a pass over the store)."""
+        self._order_note = note
+        self.refresh()
+
     def set_order(self, order: np.ndarray | None, note: str = "") -> None:
         """Show the store rows in ``order`` (a sort or a filter; None: store order); the cursor stays on its example
         when it is still shown, else goes to the first row."""
         row = self.current_row
         self._order = None if order is None else np.asarray(order, dtype=np.int64)
         self._order_note = note
+        if self._order is not None:  # store row -> view position, for moving by row and for n / N
+            self._pos = np.full(max(self._n, int(self._order.max(initial=-1)) + 1), -1, dtype=np.int64)
+            self._pos[self._order] = np.arange(len(self._order))
         self.virtual_size = Size(self.size.width, self.row_count + 1)
         pos = self.position_of(row) if row is not None else None
         self.scroll_to(y=0, animate=False)
