@@ -56,3 +56,18 @@ def test_help_no_color(snap_compare, demo_store, monkeypatch):
 
     set_color_env(monkeypatch, no_color=True)
     assert snap_compare(create_app(demo_store), terminal_size=(80, 24), run_before=_run("question_mark"))
+
+
+# every screen at 80x24 and 120x40, in colour and with NO_COLOR
+SCREENS = {"browse": (), "compare": ("c",), "compare-difference": ("c", "d"), "matrix": ("x", "down", "right"),
+           "help": ("question_mark",), "heads": ("h",), "metrics": ("f",)}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@pytest.mark.parametrize("no_color", [False, True], ids=["color", "no_color"])
+@pytest.mark.parametrize("screen", list(SCREENS))
+def test_every_screen(snap_compare, demo_store, monkeypatch, screen, no_color, size):
+    from tui.app import create_app
+
+    set_color_env(monkeypatch, no_color=no_color)
+    assert snap_compare(create_app(demo_store), terminal_size=size, run_before=_run(*SCREENS[screen]))
