@@ -739,3 +739,32 @@ async def test_damage_found_after_opening_is_shown_and_q_quits_while_a_read_hold
         await pilot.press("q")
     assert time.monotonic() - t0 < 5
     app.store_lock.release()
+
+
+@async_test
+async def test_16_colours_reach_the_terminal_as_ansi_colours(store_path, monkeypatch):
+    """TERM=xterm: the ramps' ANSI colours are not converted to RGB (and then mapped to the nearest of 16, which
+    collapsed the ramps and turned red into magenta)."""
+    from textual.filter import ANSIToTruecolor
+
+    from tui.app import create_app
+    from tui.colors import _WARM_16, background
+
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("COLORTERM", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    app = create_app(store_path)
+    assert app.color_mode == "16" and app.ansi_color is True
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert all(not f.enabled for f in app._filters if isinstance(f, ANSIToTruecolor))
+        cells = token_cells(app)
+        used = {c.style.bgcolor.number for c in cells if c.style.bgcolor is not None}
+        assert used <= set(_WARM_16) and len({background(v, "16").number for v in np.linspace(0, 1, 9)}) == 5
+
+
+def test_cli_color_system_option(tmp_path):
+    from tui.cli import main
+
+    res = CliRunner().invoke(main, [str(tmp_path / "none.h5"), "--color-system", "purple"])
+    assert res.exit_code == 2 and "--color-system" in res.output

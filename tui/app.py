@@ -135,6 +135,10 @@ class AttrApp(App[int]):
         self.poll_seconds = poll_seconds
         self.color_mode: Mode = color_mode or detect_mode(self.no_color, self.console.color_system)
         self.glyphs = self.color_mode == "mono"
+        if self.color_mode == "16":
+            # ANSI colours go to the terminal as they are: converted to RGB and mapped back to 16 colours, the ramps
+            # collapsed to three steps a side and red came out as magenta
+            self.ansi_color = True
         self.meta: StoreMeta | None = None
         self.cache = LRU(CACHE_SIZE)
         self.method_index = 0
@@ -333,6 +337,8 @@ class AttrApp(App[int]):
         self.cache.put(message.example.index, message.example)
         if message.example.index == self.current:
             self._render_current()
+            if isinstance(self.screen, MetricsScreen):  # its line of the example's values, now read
+                self.screen.show_example_values()
 
     def on_read_failed(self, message: ReadFailed) -> None:
         text = f"could not read {message.what}: {message.error}"

@@ -20,8 +20,9 @@ def _fail(message: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("store", metavar="STORE.h5")
-@click.option("--color", "color", type=click.Choice(("auto",) + MODES), default="auto", show_default=True,
-              help="Colour mode; auto reads NO_COLOR, COLORTERM and TERM like rich does (mono: glyphs, no colour).")
+@click.option("--color-system", "--color", "color", type=click.Choice(("auto",) + MODES), default="auto",
+              show_default=True,
+              help="Colour system; auto reads NO_COLOR, COLORTERM and TERM like rich does (mono: glyphs, no colour).")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 def main(store: str, color: str, debug: bool) -> None:
     """Browse the token attributions in STORE.h5 (written by attr-compute; it may still be writing)."""

@@ -229,6 +229,12 @@ class MetricsData:
         return [row[n] for n in self.names if n in row]
 
 
+def _value_summary(values) -> dict:
+    v = np.asarray(values, dtype=np.float64)
+    finite = v[np.isfinite(v)]
+    return {"mean": float(finite.mean()), "std": float(finite.std()), "n": int(finite.size)} if finite.size else {}
+
+
 def _mean_curve(curves, levels, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Mean over the examples of [N, K] curves (NaN-padded) and of their levels (-1 padded)."""
     if curves is None:
@@ -251,8 +257,9 @@ def _mean_curve(curves, levels, n: int) -> tuple[np.ndarray | None, np.ndarray |
 
 def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, list[str]]:
     """Every method's metrics, and a note for every metric that could not be used. ``curves``: also read the
-    per-example values, per-level curves and descriptions (the metrics screen, which reads them once: the app keeps
-    them); without, only names and summaries (the browse screen reads each example's values with the example)."""
+    mean per-level curves and descriptions (the metrics screen, which reads them once: the app keeps the result);
+    without, only names and summaries. Per-example values are never kept for the whole store: each example's are
+    read with it (:func:`read_example`)."""
     found = list(getattr(store, "metric_methods", None) or [])
     if not found:
         return MetricsData(), []
@@ -270,17 +277,16 @@ def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, lis
             if row:
                 table[str(method)] = row
             continue
-        values = store.metrics(method)
-        for name, v in values.items():
-            arr = np.asarray(v, dtype=np.float64)
-            if arr.ndim != 1:
-                problems.append(f"metric '{name}' of '{method}' has shape {tuple(arr.shape)}, not [examples]")
-                continue
-            info = store.metric_info(method, name)
-            curve, lv = _mean_curve(info.get("curves"), info.get("levels"), len(arr))
-            row[str(name)] = MetricInfo(str(method), str(name), arr, dict(info.get("summary") or {}),
-                                        dict(info.get("settings") or {}), bool(info.get("higher_is_better", True)),
-                                        str(info.get("description") or ""), curve, lv)
+        for name in store.metric_names(method):
+            info = store.metric_info(method, name)  # its curves are read once here and reduced to their mean
+            n = len(store)
+            curve, lv = _mean_curve(info.get("curves"), info.get("levels"), n)
+            summary = dict(info.get("summary") or {})
+            if not all(k in summary for k in ("mean", "std", "n")):  # an old record without them: from the values
+                summary = {**_value_summary(store.metric_values(method, name)), **summary}
+            row[str(name)] = MetricInfo(str(method), str(name), None, summary, dict(info.get("settings") or {}),
+                                        bool(info.get("higher_is_better", True)), str(info.get("description") or ""),
+                                        curve, lv)
         if row:
             table[str(method)] = row
     names = sorted({n for row in table.values() for n in row}, key=metric_sort_key)

@@ -186,12 +186,13 @@ class MetricsScreen(ModalScreen[None]):
             return
         app = self.app
         index = getattr(app, "current", None)
-        ex_id, total = None, 0
+        ex_id, total, ex = None, 0, None
         if index is not None:
             ex = app.cache.get(index) if hasattr(app, "cache") else None
             ex_id = ex.id if ex is not None else app.example_list.id_of(index)
             total = app.example_list.store_rows if hasattr(app, "example_list") else 0
-        values = ExampleValues(self.data.of(self.cursor), self.cursor, index, ex_id, total)
+        known = ex.metric_values if ex is not None else {}
+        values = ExampleValues(self.data.of(self.cursor), self.cursor, index, ex_id, total, known)
         self.query_one("#metrics-example", Static).update(values)
 
     def on_metric_table_clicked(self, message: MetricTable.Clicked) -> None:

@@ -352,8 +352,9 @@ class ExampleValues:
     cursor (wrapped at whole entries)."""
 
     def __init__(self, metrics: list[MetricInfo], method: str | None, index: int | None, ex_id: str | None,
-                 total: int):
+                 total: int, known: dict[tuple[str, str], float] | None = None):
         self.metrics, self.method, self.index, self.ex_id, self.total = metrics, method, index, ex_id, total
+        self.known = known
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         first = Text(no_wrap=True)
@@ -368,7 +369,7 @@ class ExampleValues:
             first.append(" · ", _DIM)
             first.append(printable(self.method), _BOLD)
         first.append(":" if self.metrics else "  (no metrics)", _DIM)
-        lines = pack(value_entries(self.metrics, self.index, 3), options.max_width, first=first, indent=2)
+        lines = pack(value_entries(self.metrics, self.index, 3, self.known), options.max_width, first=first, indent=2)
         text = Text("\n").join(lines)
         text.no_wrap, text.overflow = True, "crop"
         yield text
