@@ -681,9 +681,9 @@ async def test_growing_store_keeps_state_visible_at_80_columns_and_header_count_
             assert "writing… 2 examples" in header_line, header_line
             assert "1/2" in screen_text(app)
             w.append(exs[2:5])
-            for _ in range(50):
+            for _ in range(400):  # the poll is every 0.1 s; a loaded machine may take a few seconds
                 await pilot.pause(0.05)
-                if app.example_list.row_count == 5:
+                if app.example_list.row_count == 5 and app.cache.get(0) is not None and "1/5" in screen_text(app):
                     break
             await settle(pilot)
             text = screen_text(app)
@@ -768,3 +768,34 @@ def test_cli_color_system_option(tmp_path):
 
     res = CliRunner().invoke(main, [str(tmp_path / "none.h5"), "--color-system", "purple"])
     assert res.exit_code == 2 and "--color-system" in res.output
+
+
+@async_test
+async def test_s_cycles_the_colour_normalisation(store_path, color_env):
+    from store import open_store
+    from tui.app import create_app
+
+    with open_store(store_path) as s:
+        ex = s[0]
+        final, views = ex.scores("rollout"), ex.layer_scores("rollout")
+        stats = s.scale_stats("rollout", compute=True)
+    app = create_app(store_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        def bar() -> str:
+            return next(line for line in screen_text(app).splitlines() if "underlined" in line)
+
+        assert app.norm == "view" and f"{final.min():.3g}" in bar() and f"{final.max():.3g}" in bar()
+        await pilot.press("s")
+        await settle(pilot)
+        every = np.concatenate([final, views.ravel()])
+        assert app.norm == "example" and "per example" in bar()
+        assert f"{every.min():.3g}" in bar() and f"{every.max():.3g}" in bar()
+        await pilot.press("s")
+        await app.workers.wait_for_complete()
+        await settle(pilot)
+        assert app.norm == "global" and "global" in bar()
+        assert f"{stats['final'].min:.3g}" in bar() and f"{stats['final'].max:.3g}" in bar()
+        await pilot.press("s")
+        await settle(pilot)
+        assert app.norm == "view"

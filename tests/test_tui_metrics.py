@@ -628,3 +628,26 @@ def test_snapshot_browse_metric_line_80x24(snap_compare, metrics_store, monkeypa
             await settle(pilot)
 
     assert snap_compare(create_app(metrics_store), terminal_size=(80, 24), run_before=run_before)
+
+
+@async_test
+async def test_enter_sorts_the_examples_by_the_chosen_cell(metrics_store, color_env):
+    from store import open_store
+    from tui.app import create_app
+    from tui.finding import order
+
+    app = create_app(metrics_store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_metrics(pilot)
+        method, name = screen.cursor, screen.sort_name
+        await pilot.press("enter")
+        for _ in range(20):
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+        assert app.screen is app.screen_stack[0]
+        with open_store(metrics_store) as s:
+            want = order(np.asarray(s.metric_values(method, name), np.float64), None,
+                         descending=higher_is_better(name))
+        lst = app.example_list
+        assert [lst.row_at(i) for i in range(lst.row_count)] == want.tolist()
+        assert name in screen_text(app) and ("↓" if higher_is_better(name) else "↑") in screen_text(app)

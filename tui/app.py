@@ -25,7 +25,7 @@ from textual.worker import get_current_worker
 
 from store import Store, open_store
 
-from .colors import MODES, Mode, default_k, detect_mode, normalize, top_k
+from .colors import MODES, Mode, default_k, detect_mode, normalize, normalize_within, top_k
 from .commands import BrowseCommands, HeadsCommands, MetricsCommands, ViewCommands
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .heads import HeadsScreen
@@ -44,6 +44,9 @@ POLL_SECONDS = 2.0
 STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
 UNMOUNT_LOCK_SECONDS = 1.0  # how long quitting waits for a read in progress before it leaves the file to the exit
 CACHE_SIZE = 64
+NORMALISATIONS = ("view", "example", "global")
+NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example": "per example (all its layers)",
+                       "global": "global (the whole store, this layer)"}
 COMPACT_FOOTER_BELOW = 90  # columns: below this the browse footer drops its spacing so that every key fits
 _LAYERS = Binding.Group("layer")
 
@@ -112,6 +115,7 @@ class AttrApp(App[int]):
         Binding("c", "compare", "compare", id="compare"),
         Binding("x", "matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
         Binding("e", "export", "export figure", id="export", show=False),
+        Binding("s", "normalisation", "scale", id="normalisation", show=False),
         Binding("slash", "search", "search", id="search", show=False),
         Binding("n", "next_match(1)", "next match", id="search.next", show=False),
         Binding("N", "next_match(-1)", "previous match", id="search.previous", show=False),
@@ -146,7 +150,9 @@ class AttrApp(App[int]):
         self.current: int | None = None
         self.metrics_cache: tuple | None = None  # the metrics screen's full read, per state of the store
         self.compare_methods: list[str] | None = None
-        self.view = ListView(self)  # sort, filter and search of the example list  # the compare screen's choice, kept across examples
+        self.view = ListView(self)  # sort, filter and search of the example list
+        self.norm = "view"  # colour normalisation: NORMALISATIONS
+        self.global_scales: dict[str, dict] = {}  # method -> store-wide scale statistics (read once)  # the compare screen's choice, kept across examples
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
         self._last_growth = time.monotonic()
@@ -374,7 +380,7 @@ class AttrApp(App[int]):
         if self.layer is not None and self.layer >= info.n_layer_views:
             self.layer = None
         scores = ex.view(info.name, self.layer)
-        scale = normalize(scores, info.signed)
+        scale = self._scale(ex, info, scores)
         k = default_k(len(ex.tokens))
         top = top_k(scores, info.signed, k)
         self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.store_rows,
@@ -384,9 +390,53 @@ class AttrApp(App[int]):
                    if self.metrics.names else None)
         self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer,
                                        ex.values.get(info.name), metrics)
-        self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k)
+        scope = {"view": "", "example": "per example", "global": "global"}[self.norm]
+        if self.norm == "global" and (self.method.name not in self.global_scales):
+            scope = "global: reading…"
+        self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k, scope)
         cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top, explained=ex.explain_pos)
         self.query_one(TokenView).show_tokens(TokenLayout(cells))
+
+    def _scale(self, ex: LoadedExample, info, scores):
+        """The colour scale of the shown view under the chosen normalisation (NORMALISATIONS)."""
+        if self.norm == "example":  # every view of this example's method on one scale
+            layer_views = ex.layer_scores.get(info.name)
+            views = [ex.scores[info.name]] + ([] if layer_views is None else list(layer_views))
+            every = np.concatenate([np.asarray(v, np.float64).ravel() for v in views])
+            finite = every[np.isfinite(every)]
+            if finite.size:
+                return normalize_within(scores, info.signed, None if info.signed else float(finite.min()),
+                                        float(np.abs(finite).max()) if info.signed else float(finite.max()))
+        if self.norm == "global":
+            stats = self.global_scales.get(info.name)
+            view = stats.get("final" if self.layer is None else f"layer {self.layer + 1}") if stats else None
+            if view is not None and view.count:
+                return normalize_within(scores, info.signed, None if info.signed else view.min,
+                                        view.max_abs if info.signed else view.max)
+        return normalize(scores, info.signed)
+
+    def action_normalisation(self) -> None:
+        """s: colours scaled per view (this example's view), per example (all its views), or over the whole store."""
+        self.norm = NORMALISATIONS[(NORMALISATIONS.index(self.norm) + 1) % len(NORMALISATIONS)]
+        self.notify(f"scale: {NORMALISATION_NAMES[self.norm]}", timeout=3, markup=False)
+        if self.norm == "global" and self.method is not None and self.method.name not in self.global_scales:
+            self._read_global_scale(self.method.name)
+        self._render_current()
+
+    @work(thread=True, group="global scale", name="global scale")
+    def _read_global_scale(self, method: str) -> None:
+        """The store's scale statistics of a method: the writer's, or one pass computed here (then kept)."""
+        try:
+            with self.store_lock:
+                stats = self.store.scale_stats(method, compute=True)
+        except Exception as err:
+            self.post_message(ReadFailed(f"the global scale of {method}", str(err)))
+            return
+        self.call_from_thread(self._global_scale_read, method, stats)
+
+    def _global_scale_read(self, method: str, stats) -> None:
+        self.global_scales[method] = stats
+        self._render_current()
 
     # ---------------------------------------------------------------- actions
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

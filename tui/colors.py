@@ -76,6 +76,20 @@ def normalize(scores: np.ndarray, signed: bool) -> Scale:
     return Scale(np.clip(values, 0.0, 1.0), lo, hi, False)
 
 
+def normalize_within(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
+    """Normalise ``values`` on a scale with given ends: [lo, hi] (non-negative) or [-hi, hi] (signed), each end its
+    own range where None. Used for scales wider than one view: a whole example, or the whole store."""
+    x = np.nan_to_num(np.asarray(values, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if signed:
+        big = float(np.abs(x).max()) if hi is None and x.size else float(hi or 0.0)
+        v = x / big if big > 0 else np.zeros_like(x)
+        return Scale(np.clip(v, -1, 1), -big, big, True)
+    lo = float(x.min()) if lo is None and x.size else float(lo or 0.0)
+    hi = float(x.max()) if hi is None and x.size else float(hi or 0.0)
+    v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    return Scale(np.clip(v, 0, 1), lo, hi, False)
+
+
 def top_k(scores: np.ndarray, signed: bool, k: int) -> set[int]:
     """Positions of the k largest scores (largest |score| for signed methods). Non-finite scores never count."""
     s = np.asarray(scores, dtype=np.float64)

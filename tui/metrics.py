@@ -61,6 +61,7 @@ class MetricsScreen(ModalScreen[None]):
         Binding("tab", "sort_column(1)", "next sort column", id="metrics.column.tab", show=False),
         Binding("shift+tab", "sort_column(-1)", "previous sort column", id="metrics.column.backtab", show=False),
         Binding("s", "toggle_order", "order", id="metrics.order"),
+        Binding("enter", "sort_examples", "sort examples", id="metrics.sort_examples"),
         Binding("home", "first_row", "first method", id="metrics.first", show=False),
         Binding("end", "last_row", "last method", id="metrics.last", show=False),
         Binding("pagedown", "scroll_detail(1)", "scroll the panel", id="metrics.page_down", show=False),
@@ -201,7 +202,7 @@ class MetricsScreen(ModalScreen[None]):
     # ---------------------------------------------------------------- actions
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Table keys: hidden from the footer when the store has no metrics, greyed while loading."""
-        if action in ("move", "sort_column", "toggle_order", "first_row", "last_row", "scroll_detail"):
+        if action in ("move", "sort_column", "toggle_order", "first_row", "last_row", "scroll_detail", "sort_examples"):
             if self.data is not None and not self.has_metrics:
                 return False
             return True if self.has_metrics else None
@@ -252,6 +253,17 @@ class MetricsScreen(ModalScreen[None]):
             side.scroll_page_down(animate=False)
         else:
             side.scroll_page_up(animate=False)
+
+    def action_sort_examples(self) -> None:
+        """Sort the example list by the chosen cell: the method under the cursor, the sort column's metric, best
+        examples first; back to the examples."""
+        name = self.sort_name
+        if self.cursor is None or name is None or self.data.get(self.cursor, name) is None:
+            self.notify("no such metric for this method", markup=False)
+            return
+        best_first = self.data.get(self.cursor, name).higher_is_better
+        self.app.view.sort_by_metric(self.cursor, name, best_first)
+        self.dismiss(None)
 
     def action_close(self) -> None:
         self.dismiss(None)

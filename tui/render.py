@@ -109,14 +109,16 @@ class TokenLayout:
 class ColorBar:
     """The scale of the current view with its numbers: ``-M [cold..0..warm] +M`` or ``min [ramp] max``."""
 
-    def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0):
-        self.scale, self.mode, self.glyphs, self.top_k = scale, mode, glyphs, top_k
+    def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0, scope: str = ""):
+        self.scale, self.mode, self.glyphs, self.top_k, self.scope = scale, mode, glyphs, top_k, scope
 
     def render(self, width: int) -> Text:
         s = self.scale
         left = format_score(s.lo)
         right = ("+" if s.signed and s.hi > 0 else "") + format_score(s.hi)
         note = f"  top-{self.top_k} underlined" if self.top_k else ""
+        if self.scope:  # a scale wider than the view: say so before anything else
+            note = f"  {self.scope}" + note
         room = width - len(left) - len(right) - 2
         if room - len(note) < 11:
             note = ""

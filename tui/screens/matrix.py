@@ -22,6 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Static
 
 from ..colors import Scale, background, format_score, glyph
+from ..colors import normalize_within as scale_of
 from ..data import read_matrices
 from ..heatmap import block_factor, block_mean, half_block_lines
 from ..render import ColorBar, printable
@@ -30,19 +31,6 @@ NORMALISATIONS = ("layer", "example", "global")
 _DIM = Style(dim=True)
 _LABEL_W = 9  # cells for a row's token label
 _STRIP_MAX = 8  # layer-strip lines at most (more layers: the ones around the current layer)
-
-
-def scale_of(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
-    """Normalise ``values`` to a Scale over [lo, hi] (signed: [-hi, hi]); without bounds, their own range."""
-    x = np.nan_to_num(np.asarray(values, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    if signed:
-        big = float(np.abs(x).max()) if hi is None and x.size else float(hi or 0.0)
-        v = x / big if big > 0 else np.zeros_like(x)
-        return Scale(np.clip(v, -1, 1), -big, big, True)
-    lo = float(x.min()) if lo is None and x.size else float(lo or 0.0)
-    hi = float(x.max()) if hi is None and x.size else float(hi or 0.0)
-    v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-    return Scale(np.clip(v, 0, 1), lo, hi, False)
 
 
 class MatrixScreen(ModalScreen[None]):

@@ -123,8 +123,8 @@ class MethodBar(Static):
 class ColorBarView(Static):
     DEFAULT_CSS = "ColorBarView { height: 1; }"
 
-    def show(self, scale: Scale, mode, glyphs: bool, top_k: int) -> None:
-        self.update(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k))
+    def show(self, scale: Scale, mode, glyphs: bool, top_k: int, scope: str = "") -> None:
+        self.update(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope))
 
 
 class TokenView(VerticalScroll):
