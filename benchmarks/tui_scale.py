@@ -3,7 +3,8 @@
     python benchmarks/tui_scale.py                    # builds /tmp/attrscope-tui-{1000,100000}.h5 once, then measures
     python benchmarks/tui_scale.py --sizes 1000,10000 --keep-dir DIR
 
-The stores have SST-2-like lengths (8-60 tokens), 6 layers and five methods with six layer views each (two signed).
+The stores have SST-2-like lengths (8-60 tokens), 6 layers, five methods with six layer views each (two signed) and
+two faithfulness metrics per method (one with ten-level curves).
 Each measurement runs in a fresh child process (so memory figures do not mix) that drives the real app with
 Textual's Pilot at 80x24: "open" is from creating the app to the first example's tokens on screen, "next" the mean
 time from pressing j to the next example's tokens on screen (30 presses), "last" from End to the last example's
@@ -59,6 +60,20 @@ def build(path: str, n: int, seed: int = 0) -> None:
     if batch:
         w.append(batch)
     w.close(complete=True, summary={"examples": n})
+    # two metrics per method, one with ten-level curves, as attr-compute eval writes them
+    from store import MetricData, add_metrics
+
+    metrics = []
+    for m, _ in METHODS:
+        comp = rng.random(n).astype(np.float32)
+        curves = np.sort(rng.random((n, 10)), axis=1)[:, ::-1].astype(np.float32)
+        levels = np.tile(np.arange(1, 11, dtype=np.int32), (n, 1))
+        metrics.append(MetricData(m, "comprehensiveness", comp, {"levels": "tenths"},
+                                  {"mean": float(comp.mean()), "std": float(comp.std()), "n": n}, True,
+                                  "synthetic", curves, levels))
+        suff = rng.random(n).astype(np.float32)
+        metrics.append(MetricData(m, "sufficiency", suff, {}, {"mean": float(suff.mean()), "n": n}, False))
+    add_metrics(path, metrics)
 
 
 CHILD = r'''

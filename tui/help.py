@@ -21,7 +21,8 @@ KEYS = (
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
     ("h", "head masks (m mask, arrows)", "f", "metrics (←→ s: sort)"),
     ("c", "compare methods", "x", "token-to-token matrix"),
-    ("e", "export figure (SVG/TeX/HTML)", "", ""),
+    ("e", "figure: SVG, TeX, HTML", "s", "scale: view/example/all"),
+    ("/  n N", "search texts, next / prev.", "r", "reset sort and filter"),
     ("ctrl+p", "command palette", "q  esc", "quit; close a screen"),
 )
 
@@ -59,7 +60,7 @@ def help_text(mode: Mode) -> Text:
     t.append("a '##' word piece, joined to the token before it\n")
     t.append("  ▸         ", _K)
     t.append("the explained token (whose prediction the scores explain)\n")
-    t.append("Token text is shown literally; scales are per example and view.", Style(dim=True))
+    t.append("Sort and filter: ctrl+p, then sort: / filter:; esc cancels a long pass.", Style(dim=True))
     return t
 
 
