@@ -7,7 +7,6 @@ import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
-import pytest
 from synthetic import make_store
 from test_tui import async_test, set_color_env, settle
 

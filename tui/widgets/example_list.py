@@ -1,7 +1,9 @@
-"""The example list: a line-API widget that renders only the visible rows, straight from the store's index array.
+"""The example list: a line-API widget that renders only the visible rows, in store order or in a view's order.
 
-Rows come from numpy columns (label, pred, n_tokens) so 100k examples cost nothing to "build"; ids arrive later from
-a worker (until then a row shows its position). Line 0 is a fixed column header.
+It never holds the whole store: rows (label, prediction, length, id) come in blocks of BLOCK store rows that it asks
+the app to read on a worker when a row of the block is drawn (NeedRows), keeping the MAX_BLOCKS most recent; a row
+not read yet shows its position. A sort or filter is an ``order`` array of store rows. Line 0 is the column header,
+with the view's note (sort, filter, matches, or the progress of a pass) at its right.
 """
 
 from __future__ import annotations
@@ -97,8 +99,6 @@ class ExampleList(ScrollView, can_focus=True):
         self._labels: dict[int, str] = {}
         self._label_w = 5
         self._id_w = 4  # widest id seen so far (cells)
-        self.extra_name = ""  # an optional last column (a per-example metric of the current method)
-        self.extra: dict[int, float] = {}  # store row -> value of the extra column (rows read so far)
 
     # ---------------------------------------------------------------- data
     @property
@@ -217,7 +217,7 @@ class ExampleList(ScrollView, can_focus=True):
     def _columns(self, width: int) -> tuple[int, int]:
         """Widths of the id and label columns for a row of ``width`` cells: ids first (up to 16 cells), labels
         share the rest (3 to 8 cells each, cut with '…')."""
-        avail = width - 2 - 5 - 2 - (7 if self.extra_name else 0)  # mark and space, " len", separators, extra
+        avail = width - 2 - 5 - 2  # mark and space, " len", two separators
         want_id = min(self._id_w, 16)
         lw = min(self._label_w, max(3, (avail - want_id) // 2))
         id_w = max(3, min(want_id, avail - 2 * lw))
@@ -235,16 +235,11 @@ class ExampleList(ScrollView, can_focus=True):
         mark = (_MONO_MARKS if self.monochrome else _MARKS)[None if label < 0 else label == pred]
         cols = [_fit(ex_id, id_w), _fit(self._label_name(label), lw), _fit(self._label_name(pred), lw),
                 f"{int(blk.n_tokens[k]):>4}"]
-        if self.extra_name:
-            v = self.extra.get(row)
-            cols.append(f"{v:>6.2f}" if v is not None and np.isfinite(v) else f"{'–':>6}")
         return " ".join(cols), mark
 
     def header_text(self, width: int) -> str:
         id_w, lw = self._columns(width)
         cols = [set_cell_size("id", id_w), set_cell_size("label", lw), set_cell_size("pred", lw), " len"]
-        if self.extra_name:
-            cols.append(_fit(self.extra_name, 6).rjust(6))
         head = "  " + " ".join(cols)
         if self._order_note:
             head = _fit(head, max(width - cell_len(self._order_note) - 1, 0)) + " " + self._order_note
