@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from synthetic import make_store
-from test_tui import async_test, screen_text, set_color_env, settle
+from test_tui import async_test, open_modal, screen_text, set_color_env, settle
 
 from store import open_store
 from tui.agreement import spearman, top_k_overlap
@@ -22,14 +22,7 @@ def store_path(tmp_path_factory):
 async def open_compare(pilot):
     from tui.screens.compare import CompareScreen
 
-    await settle(pilot)
-    await pilot.press("c")
-    for _ in range(50):
-        await pilot.pause()
-        if isinstance(pilot.app.screen, CompareScreen) and pilot.app.screen.example is not None:
-            break
-    await pilot.pause()
-    return pilot.app.screen
+    return await open_modal(pilot, "c", CompareScreen, "example")
 
 
 @async_test

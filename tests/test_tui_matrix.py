@@ -5,10 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from synthetic import make_store
-from test_tui import async_test, screen_text, set_color_env, settle
+from test_tui import async_test, open_modal, screen_text, set_color_env, settle
 
 from store import ExampleData, MethodLayout, StoreWriter, open_store
 from tui.colors import format_score
+
+
+def one_example_store(path, layout: MethodLayout, tokens: list[str], results: dict) -> None:
+    """A complete store of one example with these tokens and one method's results."""
+    n = len(tokens)
+    ex = ExampleData(row=0, id="only", text=" ".join(tokens[1:-1]), pair=None, token_ids=np.arange(n), tokens=tokens,
+                     spans=np.full((n, 2), -1), segment=np.zeros(n), label=1, pred=1, probs=np.array([0.2, 0.8]),
+                     target=1, explain_pos=0, n_orig_tokens=n, truncated=False, results={layout.name: results})
+    w = StoreWriter.create(str(path), n_layers=2, n_heads=2, labels={0: "neg", 1: "pos"}, methods=[layout],
+                           provenance={})
+    w.append([ex])
+    w.close(complete=True)
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +33,7 @@ def store_path(tmp_path_factory):
 async def open_matrix(pilot):
     from tui.screens.matrix import MatrixScreen
 
-    await settle(pilot)
-    await pilot.press("x")
-    for _ in range(60):
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause()
-        if isinstance(pilot.app.screen, MatrixScreen) and pilot.app.screen.matrices is not None:
-            break
-    await pilot.pause()
-    return pilot.app.screen
+    return await open_modal(pilot, "x", MatrixScreen, "matrices")
 
 
 def status_line(app) -> str:
@@ -92,17 +96,9 @@ async def test_large_matrix_is_block_averaged(tmp_path, monkeypatch):
     rng = np.random.default_rng(1)
     lay = MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L)
     toks = ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"]
-    mats = rng.random((L, n, n))
-    ex = ExampleData(row=0, id="long", text=" ".join(toks[1:-1]), pair=None, token_ids=np.arange(n), tokens=toks,
-                     spans=np.full((n, 2), -1), segment=np.zeros(n), label=1, pred=1, probs=np.array([0.2, 0.8]),
-                     target=1, explain_pos=0, n_orig_tokens=n, truncated=False,
-                     results={"rollout": {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
-                                          "matrices": mats}})
     path = tmp_path / "long.h5"
-    w = StoreWriter.create(str(path), n_layers=L, n_heads=2, labels={0: "neg", 1: "pos"}, methods=[lay],
-                           provenance={})
-    w.append([ex])
-    w.close(complete=True)
+    one_example_store(path, lay, toks, {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
+                                        "matrices": rng.random((L, n, n))})
     app = create_app(path)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_matrix(pilot)
@@ -120,17 +116,9 @@ async def test_cls_matrices_show_the_row_and_say_why(tmp_path, monkeypatch):
     n, L = 6, 2
     rng = np.random.default_rng(2)
     lay = MethodLayout("alti", signed=False, n_layer_views=L, matrices="cls", n_matrix_layers=L)
-    toks = ["[CLS]", "a", "fine", "film", "!", "[SEP]"]
-    ex = ExampleData(row=0, id="c0", text="a fine film !", pair=None, token_ids=np.arange(n), tokens=toks,
-                     spans=np.full((n, 2), -1), segment=np.zeros(n), label=1, pred=1, probs=np.array([0.2, 0.8]),
-                     target=1, explain_pos=0, n_orig_tokens=n, truncated=False,
-                     results={"alti": {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
-                                       "matrices": rng.random((L, 1, n))}})
     path = tmp_path / "cls.h5"
-    w = StoreWriter.create(str(path), n_layers=L, n_heads=2, labels={0: "neg", 1: "pos"}, methods=[lay],
-                           provenance={})
-    w.append([ex])
-    w.close(complete=True)
+    one_example_store(path, lay, ["[CLS]", "a", "fine", "film", "!", "[SEP]"],
+                      {"scores": rng.random(n), "layer_scores": rng.random((L, n)), "matrices": rng.random((L, 1, n))})
     app = create_app(path)
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await open_matrix(pilot)
@@ -145,17 +133,9 @@ async def test_store_without_matrices_says_so(tmp_path, monkeypatch):
     set_color_env(monkeypatch)
     from tui.app import create_app
 
-    n = 4
-    lay = MethodLayout("norm", signed=False)
-    ex = ExampleData(row=0, id="z", text="a b", pair=None, token_ids=np.arange(n), tokens=["[CLS]", "a", "b", "[SEP]"],
-                     spans=np.full((n, 2), -1), segment=np.zeros(n), label=0, pred=0, probs=np.array([0.6, 0.4]),
-                     target=0, explain_pos=0, n_orig_tokens=n, truncated=False,
-                     results={"norm": {"scores": np.arange(n, dtype=float)}})
     path = tmp_path / "none.h5"
-    w = StoreWriter.create(str(path), n_layers=2, n_heads=2, labels={0: "neg", 1: "pos"}, methods=[lay],
-                           provenance={})
-    w.append([ex])
-    w.close(complete=True)
+    one_example_store(path, MethodLayout("norm", signed=False), ["[CLS]", "a", "b", "[SEP]"],
+                      {"scores": np.arange(4, dtype=float)})
     app = create_app(path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
