@@ -203,6 +203,13 @@ class AttrApp(App[int]):
     def method(self):
         return self.meta.methods[self.method_index] if self.meta and self.meta.methods else None
 
+    def _alive(self) -> bool:
+        """False once the app is shutting down: a worker's late message then finds no widgets and is dropped."""
+        try:
+            return bool(self.is_running and self.screen_stack and self.screen_stack[0].query("#examples"))
+        except Exception:  # noqa: BLE001 - no screen left to ask
+            return False
+
     @property
     def example_list(self) -> ExampleList:
         return self.query_one(ExampleList)
@@ -307,6 +314,8 @@ class AttrApp(App[int]):
 
     # ---------------------------------------------------------------- messages from the workers
     def on_meta_loaded(self, message: MetaLoaded) -> None:
+        if not self._alive():
+            return
         self.meta = message.meta
         self.title = f"attr-tui · {printable(self.meta.name)}"
         self.example_list.set_size(self.meta.n, self.meta.labels)
@@ -318,9 +327,13 @@ class AttrApp(App[int]):
             self._show_empty()
 
     def on_rows_loaded(self, message: RowsLoaded) -> None:
+        if not self._alive():
+            return
         self.example_list.put_block(message.block, message.rows)
 
     def on_store_refreshed(self, message: StoreRefreshed) -> None:
+        if not self._alive():
+            return
         old = self.meta
         self.meta = message.meta
         if old is None or message.meta.n != old.n:
@@ -333,6 +346,8 @@ class AttrApp(App[int]):
             self._poll_timer = None
 
     def on_metric_values_loaded(self, message: MetricValuesLoaded) -> None:
+        if not self._alive():
+            return
         self.metrics = message.data
         # examples read before the metric names were known lack their values: read the current one again
         self.cache.clear()
@@ -340,6 +355,8 @@ class AttrApp(App[int]):
             self._load(self.current)
 
     def on_example_loaded(self, message: ExampleLoaded) -> None:
+        if not self._alive():
+            return
         self.cache.put(message.example.index, message.example)
         if message.example.index == self.current:
             self._render_current()
@@ -347,6 +364,8 @@ class AttrApp(App[int]):
                 self.screen.show_example_values()
 
     def on_read_failed(self, message: ReadFailed) -> None:
+        if not self._alive():
+            return
         text = f"could not read {message.what}: {message.error}"
         if text != self._last_error[0] or time.monotonic() - self._last_error[1] > 30:
             self.notify(text, severity="error", timeout=8, markup=False)  # once, not at every poll
