@@ -14,7 +14,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.style import Style
 from rich.text import Text
 
-from .colors import Mode, Scale, top_k
+from .colors import Mode, Scale, normalize, normalize_within, top_k
 from .render import JOIN_MARK, token_cells
 
 _LABEL = Style(bold=True)
@@ -29,27 +29,16 @@ class Row:
 
 def scales(rows: dict[str, np.ndarray], signed: dict[str, bool], shared: bool) -> dict[str, Scale]:
     """One :class:`Scale` per method: each by its own range, or (``shared``) all by the largest |score| of them
-    (signed) or the joint min..max, so that colours compare across methods of the same units."""
-    out = {}
+    (when any is signed) or their joint min..max, so that colours compare across methods of the same units."""
     if not shared:
-        from .colors import normalize
-
         return {m: normalize(s, signed[m]) for m, s in rows.items()}
     finite = [np.asarray(s, np.float64)[np.isfinite(s)] for s in rows.values()]
     every = np.concatenate(finite) if finite else np.zeros(0)
-    any_signed = any(signed.values())
-    for m, s in rows.items():
-        x = np.nan_to_num(np.asarray(s, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        if any_signed:
-            big = float(np.abs(every).max()) if every.size else 0.0
-            v = x / big if big > 0 else np.zeros_like(x)
-            out[m] = Scale(np.clip(v, -1, 1), -big, big, True)
-        else:
-            lo = float(every.min()) if every.size else 0.0
-            hi = float(every.max()) if every.size else 0.0
-            v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-            out[m] = Scale(np.clip(v, 0, 1), lo, hi, False)
-    return out
+    if any(signed.values()):
+        big = float(np.abs(every).max()) if every.size else 0.0
+        return {m: normalize_within(s, True, None, big) for m, s in rows.items()}
+    lo, hi = (float(every.min()), float(every.max())) if every.size else (0.0, 0.0)
+    return {m: normalize_within(s, False, lo, hi) for m, s in rows.items()}
 
 
 def difference(a: Scale, b: Scale) -> Scale:
