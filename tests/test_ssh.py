@@ -128,7 +128,8 @@ def test_attr_tui_over_ssh(tmp_path):
             return "\n".join(screen.display)
 
         try:
-            first = await read_until(lambda t: "1/6" in t and "examples" in t, 60)
+            # the header line comes a frame before the tokens: wait for the token view's last token too
+            first = await read_until(lambda t: "1/6" in t and "examples" in t and "[SEP]" in t, 60)
             os.write(fd, b"j")
             second = await read_until(lambda t: "2/6" in t, 20)
             os.write(fd, b"q")

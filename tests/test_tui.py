@@ -185,7 +185,7 @@ async def test_m_cycles_methods(store_path, color_env):
         await settle(pilot)
         text = screen_text(app)
         assert "method norm 3/3" in text and "no layer views" in text
-        assert app.check_action("next_layer", ()) is None  # shown disabled in the footer
+        assert app.screen.check_action("layer", (1,)) is None  # shown disabled in the footer
         await pilot.press("M")
         await settle(pilot)
         assert "method normxlogit 2/3" in screen_text(app)
@@ -248,7 +248,7 @@ async def test_q_quits(store_path, color_env):
 @async_test
 async def test_help_screen(store_path, color_env):
     from tui.app import create_app
-    from tui.help import HelpScreen
+    from tui.screens.help import HelpScreen
 
     app = create_app(store_path)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -540,7 +540,7 @@ def test_256_mode_uses_exact_palette_entries():
 
 def test_sign_distinguishable_without_colour():
     from tui.colors import Scale, normalize, sign_mark, token_style
-    from tui.render import token_cells
+    from tui.render.tokens import token_cells
 
     scale = normalize(np.array([0.8, -0.8, 0.0]), signed=True)
     cells = token_cells(["good", "bad", "x"], scale, "mono", glyphs=True, top=set())
@@ -565,7 +565,7 @@ def test_glyph_ramp_and_top_k():
 
 def test_tokens_are_literal_and_wordpieces_join():
     from tui.colors import normalize
-    from tui.render import JOIN_MARK, TokenLayout, token_cells
+    from tui.render.tokens import JOIN_MARK, TokenLayout, token_cells
 
     toks = ["[CLS]", "[bold]", "play", "##ing", "a\nb", "[/]", "[SEP]"]
     cells = token_cells(toks, normalize(np.arange(7.0), False), "truecolor", glyphs=False, top=set())
@@ -581,7 +581,7 @@ def _plain(lines) -> str:
 
 def test_token_layout_breaks_between_tokens():
     from tui.colors import normalize
-    from tui.render import TokenLayout, token_cells
+    from tui.render.tokens import TokenLayout, token_cells
 
     toks = [f"tok{i}" for i in range(30)]
     cells = token_cells(toks, normalize(np.arange(30.0), False), "256", glyphs=False, top=set())

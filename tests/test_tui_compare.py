@@ -9,7 +9,7 @@ from test_tui import async_test, open_modal, screen_text, set_color_env, settle
 
 from store import open_store
 from tui.agreement import spearman, top_k_overlap
-from tui.compare_view import Row, aligned_blocks, difference, scales
+from tui.render.compare import Row, aligned_blocks, difference, scales
 
 
 @pytest.fixture(scope="module")

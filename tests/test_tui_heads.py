@@ -116,7 +116,7 @@ def _mask(path, name):
 
 async def open_heads(pilot, key: str = "h"):
     """Press ``key`` on the browse screen and wait until the heads screen has read its masks and laid out."""
-    from tui.heads import HeadsScreen
+    from tui.screens.heads import HeadsScreen
 
     return await open_modal(pilot, key, HeadsScreen, "masks")
 
@@ -129,7 +129,7 @@ def detail(screen) -> str:
 @async_test
 async def test_h_opens_and_closes_the_heads_screen(heads_store, color_env):
     from tui.app import create_app
-    from tui.heads import HeadsScreen
+    from tui.screens.heads import HeadsScreen
 
     app = create_app(heads_store)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -170,7 +170,7 @@ async def test_footer_and_help_list_the_key(heads_store, color_env):
 @async_test
 async def test_cursor_moves_and_detail_follows(heads_store, color_env):
     from tui.app import create_app
-    from tui.headmasks import offset_text
+    from tui.render.head_grid import offset_text
 
     _, pos, pos_attrs = _mask(heads_store, "positional")
     _, syn, _ = _mask(heads_store, "syntactic")
@@ -243,7 +243,7 @@ async def test_m_switches_masks(heads_store, color_env):
 async def test_grid_cells_show_the_statistic_when_wide_enough(sum_store, heads_store, color_env):
     """A small model at 100 columns: '-1 83%' cells; BERT-base (12 x 12) at 100: percentages; at 80: marks."""
     from tui.app import create_app
-    from tui.headmasks import offset_text
+    from tui.render.head_grid import offset_text
     from tui.widgets import HeadGrid
 
     mask, pos, _ = _mask(sum_store, "positional")
@@ -293,7 +293,7 @@ async def test_summed_mask_shows_its_sources(sum_store, color_env):
 @async_test
 async def test_store_without_head_masks(plain_store, color_env):
     from tui.app import create_app
-    from tui.heads import HeadsScreen
+    from tui.screens.heads import HeadsScreen
 
     app = create_app(plain_store)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -355,7 +355,7 @@ async def test_every_statistic_is_optional(tmp_path, color_env):
 @async_test
 async def test_palette_opens_heads_and_switches_masks(heads_store, color_env):
     from tui.app import create_app
-    from tui.heads import HeadsScreen
+    from tui.screens.heads import HeadsScreen
 
     app = create_app(heads_store)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -391,18 +391,19 @@ async def test_palette_offers_heads_only_where_valid(heads_store, color_env):
     app = create_app(heads_store)
     async with app.run_test(size=(100, 30)) as pilot:
         await settle(pilot)
-        browse = [t for t, _, _ in HeadsCommands(app.screen)._commands()]
+        assert HeadsCommands not in type(app.screen).COMMANDS
+        browse = [t for t, _, _ in BrowseCommands(app.screen)._commands() if t.startswith("heads:")]
         assert browse == ["heads: head masks"]
         screen = await open_heads(pilot)
+        assert type(screen).COMMANDS == {HeadsCommands}  # no method or layer commands on the heads screen
         on_heads = [t for t, _, _ in HeadsCommands(screen)._commands()]
         assert on_heads == ["mask: syntactic", "mask: mask_lrp", "heads: close"]
-        assert BrowseCommands(screen)._commands() == []  # no method or layer commands on the heads screen
 
 
 # ---------------------------------------------------------------- pure functions
 def test_cell_formats_fit_the_width():
     from tui.data import HeadMaskInfo
-    from tui.headmasks import cell_formats, choose_format, geometry
+    from tui.render.head_grid import cell_formats, choose_format, geometry
 
     L, H = 12, 12
     counts = np.zeros((L, H, 3), np.int64)
@@ -422,7 +423,7 @@ def test_cell_formats_fit_the_width():
 
 def test_statistics_helpers():
     from tui.data import HeadMaskInfo
-    from tui.headmasks import Positional, Syntactic, selected_by, sources
+    from tui.render.head_grid import Positional, Syntactic, selected_by, sources
 
     counts = np.array([[[5, 80, 15], [40, 30, 30]]])  # 1 layer, 2 heads, offsets -1 0 +1
     pos = Positional(HeadMaskInfo("positional", np.array([[1, 0]]), {"n_queries": 100, "threshold": 0.8},
@@ -457,7 +458,7 @@ def test_heads_modules_do_not_import_torch():
     import sys
     from pathlib import Path
 
-    code = ("import tui.heads, tui.headmasks, tui.widgets.heads, sys; "
+    code = ("import tui.screens.heads, tui.render.head_grid, tui.widgets.head_grid, sys; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=60, check=False)

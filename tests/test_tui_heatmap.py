@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tui.colors import background
-from tui.heatmap import UPPER_HALF, block_factor, block_mean, half_block_lines
+from tui.render.heatmap import UPPER_HALF, block_factor, block_mean, half_block_lines
 
 
 @pytest.mark.parametrize("shape,f", [((7, 7), (2, 2)), ((12, 5), (3, 2)), ((512, 512), (20, 9)), ((1, 40), (1, 3))])

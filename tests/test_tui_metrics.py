@@ -123,7 +123,7 @@ def color_env(monkeypatch):
 
 async def open_metrics(pilot, key: str = "f"):
     """Press ``key`` on the browse screen and wait until the metrics screen has read its metrics and laid out."""
-    from tui.metrics import MetricsScreen
+    from tui.screens.metrics import MetricsScreen
 
     return await open_modal(pilot, key, MetricsScreen, "data")
 
@@ -171,7 +171,7 @@ def expected_order(name: str, descending: bool, means: dict = MEANS) -> list[str
 @async_test
 async def test_f_opens_and_closes_the_metrics_screen(metrics_store, color_env):
     from tui.app import create_app
-    from tui.metrics import MetricsScreen
+    from tui.screens.metrics import MetricsScreen
 
     app = create_app(metrics_store)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -216,7 +216,7 @@ async def test_footer_and_help_list_the_key(metrics_store, color_env):
 async def test_default_sort_and_best_markers(metrics_store, color_env):
     """Sorted by the first column, best first; ★ on the best value of each column in its better direction."""
     from tui.app import create_app
-    from tui.metricsview import BEST_MARK, fmt
+    from tui.render.metric_table import BEST_MARK, fmt
 
     app = create_app(metrics_store)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -305,7 +305,7 @@ async def test_sort_column_and_direction_change_the_order(metrics_store, color_e
 @async_test
 async def test_detail_panel_shows_the_method_under_the_cursor(metrics_store, color_env):
     from tui.app import create_app
-    from tui.metricsview import fmt
+    from tui.render.metric_table import fmt
 
     app = create_app(metrics_store)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -342,7 +342,7 @@ async def test_detail_panel_shows_the_method_under_the_cursor(metrics_store, col
 @async_test
 async def test_example_values_follow_the_browse_selection(metrics_store, color_env):
     from tui.app import create_app
-    from tui.metricsview import fmt, short_name
+    from tui.render.metric_table import fmt, short_name
 
     app = create_app(metrics_store)
     async with app.run_test(size=(100, 30)) as pilot:
@@ -377,7 +377,7 @@ async def test_example_values_follow_the_browse_selection(metrics_store, color_e
 async def test_method_bar_shows_metric_values(metrics_store, partial_store, plain_store, color_env):
     """Browse screen: one line under the method with the current example's metrics for the current method."""
     from tui.app import create_app
-    from tui.metricsview import fmt
+    from tui.render.metric_table import fmt
 
     def bar(app) -> str:
         return plain(app.query_one("#method"))
@@ -385,8 +385,8 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
     app = create_app(metrics_store)
     async with app.run_test(size=(120, 24)) as pilot:
         await settle(pilot)
-        lines = bar(app).splitlines()
-        assert len(lines) == 3 and lines[0].startswith("method rollout 1/3")
+        lines = bar(app).splitlines()  # the layers are in the strip below
+        assert len(lines) == 2 and lines[0].startswith("method rollout 1/3")
         expected = "  ".join(f"{s} {fmt(stored(MEANS['rollout'][n], 0), 2)}"
                              for s, n in (("comp", "comprehensiveness"), ("suff", "sufficiency"),
                                           ("aopc@attcat", "aopc@attcat"), ("lodds", "lodds")))
@@ -402,8 +402,8 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
         await settle(pilot)
         await pilot.press("m")
         await settle(pilot)
-        lines = bar(app).splitlines()
-        assert len(lines) == 3 and lines[1].startswith("comp ") and lines[1].endswith("…+2"), lines[1]
+        lines = bar(app).splitlines()  # normxlogit has layer views: the strip shows them
+        assert len(lines) == 2 and lines[1].startswith("comp ") and lines[1].endswith("…+2"), lines[1]
         assert "method normxlogit 2/3" in screen_text(app) and "…+2" in screen_text(app)
     app = create_app(partial_store)
     async with app.run_test(size=(100, 24)) as pilot:
@@ -412,9 +412,9 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
         await settle(pilot)
         assert bar(app).splitlines()[1] == "no metrics for norm"
     app = create_app(plain_store)
-    async with app.run_test(size=(100, 24)) as pilot:  # no metrics at all: the bar is as before, two lines
+    async with app.run_test(size=(100, 24)) as pilot:  # no metrics at all: the method line only (strip below)
         await settle(pilot)
-        assert len(bar(app).splitlines()) == 2 and "metrics" not in bar(app)
+        assert len(bar(app).splitlines()) == 1 and "metrics" not in bar(app)
 
 
 @async_test
@@ -437,7 +437,7 @@ async def test_many_columns_scroll_to_the_sort_column(wide_store, color_env):
 @async_test
 async def test_store_without_metrics(plain_store, color_env):
     from tui.app import create_app
-    from tui.metrics import MetricsScreen
+    from tui.screens.metrics import MetricsScreen
 
     app = create_app(plain_store)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -458,7 +458,7 @@ async def test_store_without_metrics(plain_store, color_env):
 @async_test
 async def test_palette_opens_metrics_sorts_and_closes(metrics_store, color_env):
     from tui.app import create_app
-    from tui.metrics import MetricsScreen
+    from tui.screens.metrics import MetricsScreen
 
     async def palette(pilot, query: str) -> None:
         await pilot.press("ctrl+p")
@@ -493,19 +493,21 @@ async def test_palette_offers_metrics_only_where_valid(metrics_store, color_env)
     app = create_app(metrics_store)
     async with app.run_test(size=(100, 30)) as pilot:
         await settle(pilot)
-        browse = MetricsCommands(app.screen)._commands()
+        assert type(app.screen).COMMANDS.isdisjoint({MetricsCommands, HeadsCommands})
+        browse = [c for c in BrowseCommands(app.screen)._commands() if c[0].startswith("metrics:")]
         assert [t for t, _, _ in browse] == ["metrics: faithfulness metrics"]
         assert "3 methods × 5 metrics" in browse[0][2]
         screen = await open_metrics(pilot)
+        assert type(screen).COMMANDS == {MetricsCommands}  # the browse screen's commands are not offered here
         on_metrics = [t for t, _, _ in MetricsCommands(screen)._commands()]
         assert on_metrics == ["sort: sufficiency", "sort: aopc@attcat", "sort: lodds", "sort: kendall",
-                              "order: ascending", "method: rollout", "method: norm", "metrics: close"]
-        assert BrowseCommands(screen)._commands() == [] and HeadsCommands(screen)._commands() == []
+                              "order: ascending", "method: rollout", "method: norm", "examples: sort by this metric",
+                              "metrics: close"]
 
 
 # ---------------------------------------------------------------- pure functions
 def test_formatting_helpers():
-    from tui.metricsview import fmt, settings_items, short_name, sparkline
+    from tui.render.metric_table import fmt, settings_items, short_name, sparkline
 
     assert fmt(0.41) == "0.410" and fmt(-1.2) == "-1.200" and fmt(0.21, 2) == "0.21"
     assert fmt(None) == "—" and fmt(float("nan")) == "—" and fmt(12.345) == "12.35" and fmt(1234.5) == "1234"
@@ -520,7 +522,7 @@ def test_formatting_helpers():
 
 def test_sorting_and_best_with_missing_values():
     from tui.data import MetricInfo, MetricsData
-    from tui.metricsview import best_methods, sorted_methods
+    from tui.render.metric_table import best_methods, sorted_methods
 
     def info(m, name, mean, hib):
         return MetricInfo(m, name, np.array([mean]), {"mean": mean, "std": 0.0, "n": 1}, {}, hib)
@@ -548,7 +550,7 @@ def test_metric_info_falls_back_to_the_values():
 def test_pack_cuts_at_whole_entries():
     from rich.text import Text
 
-    from tui.metricsview import pack
+    from tui.render.metric_table import pack
 
     entries = [Text(f"m{i} 0.{i}{i}") for i in range(6)]  # 7 cells each
     one = pack(entries, 30, max_lines=1)
@@ -562,7 +564,7 @@ def test_metrics_modules_do_not_import_torch():
     import sys
     from pathlib import Path
 
-    code = ("import tui.metrics, tui.metricsview, tui.widgets.metrics, tui.app, sys; "
+    code = ("import tui.screens.metrics, tui.render.metric_table, tui.widgets.metric_table, tui.app, sys; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=60, check=False)

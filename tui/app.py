@@ -12,31 +12,27 @@ import threading
 
 import numpy as np
 import time
-from dataclasses import replace
 from functools import partial
 
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import App
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import Footer, Header
 from textual.worker import get_current_worker
 
 from store import Store, open_store
 
-from .colors import MODES, Mode, default_k, detect_mode, normalize, normalize_within, top_k
-from .commands import BrowseCommands, HeadsCommands, MetricsCommands, ViewCommands
+from .colors import MODES, Mode, detect_mode
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
-from .heads import HeadsScreen
-from .help import HelpScreen
+from .render.tokens import printable
+from .screens.browse import BrowseScreen
 from .screens.compare import CompareScreen
+from .screens.heads import HeadsScreen
+from .screens.help import HelpScreen
 from .screens.matrix import MatrixScreen
-from .metrics import MetricsScreen
-from .metricsview import MetricLine
-from .render import TokenLayout, printable, token_cells
+from .screens.metrics import MetricsScreen
 from .view import ListView
-from .widgets import ColorBarView, ExampleList, InfoPanel, MethodBar, TextPanel, TokenView
+from .widgets import ExampleList
 from .widgets.example_list import BLOCK as ROW_BLOCK
 from .widgets.example_list import RowBlock
 
@@ -44,11 +40,6 @@ POLL_SECONDS = 2.0
 STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
 UNMOUNT_LOCK_SECONDS = 1.0  # how long quitting waits for a read in progress before it leaves the file to the exit
 CACHE_SIZE = 64
-NORMALISATIONS = ("view", "example", "global")
-NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example": "per example (all its layers)",
-                       "global": "global (the whole store, this layer)"}
-COMPACT_FOOTER_BELOW = 90  # columns: below this the browse footer drops its spacing so that every key fits
-_LAYERS = Binding.Group("layer")
 
 
 # ---------------------------------------------------------------- messages posted by the workers
@@ -95,39 +86,18 @@ class ReadFailed(Message):
 
 
 class AttrApp(App[int]):
+    """The store, the browsing state every screen shares (method, layer, normalisation, the loaded examples, the
+    list's view) and the workers that read; the screens (screens/) draw that state and change it."""
+
     TITLE = "attr-tui"
-    COMMANDS = App.COMMANDS | {BrowseCommands, HeadsCommands, MetricsCommands, ViewCommands}
+    CSS = "Footer.-compact FooterLabel { margin: 0 1 0 0; }"  # every screen's footer, on narrow terminals
 
-    CSS = """
-    #body { height: 1fr; }
-    #examples { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
-    #main { width: 1fr; padding: 0 0 0 1; }
-    #prompt { dock: bottom; margin-bottom: 1; border: round $primary; height: 3; }
-    Footer.-compact FooterLabel { margin: 0 1 0 0; }
-    """
-
+    # Keys of every screen; each screen adds its own (screens/*.py BINDINGS) and its palette commands (COMMANDS).
     BINDINGS = [
-        Binding("left_square_bracket", "prev_layer", "previous layer", id="layer.previous", group=_LAYERS),
-        Binding("right_square_bracket", "next_layer", "next layer", id="layer.next", group=_LAYERS),
-        Binding("m", "next_method", "method", id="method.next"),
-        Binding("M", "prev_method", "previous method", id="method.previous", show=False),
-        Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
-        Binding("c", "compare", "compare", id="compare"),
-        Binding("x", "matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
-        Binding("e", "export", "export figure", id="export", show=False),
-        Binding("s", "normalisation", "scale", id="normalisation", show=False),
-        Binding("slash", "search", "search", id="search", show=False),
-        Binding("n", "next_match(1)", "next match", id="search.next", show=False),
-        Binding("N", "next_match(-1)", "previous match", id="search.previous", show=False),
-        Binding("r", "reset_view", "store order", id="view.reset", show=False),
-        Binding("escape", "stop", "cancel", id="view.cancel", show=False),
         Binding("h", "heads", "heads", id="heads"),
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
         Binding("q", "quit", "quit", id="quit"),
-        # Examples move with j/k wherever the focus is (the list itself binds them too, with arrows and pages).
-        Binding("j", "example(1)", "next example", id="app.example.next", show=False),
-        Binding("k", "example(-1)", "previous example", id="app.example.previous", show=False),
     ]
 
     def __init__(self, store: Store, *, color_mode: Mode | None = None, poll_seconds: float = POLL_SECONDS,
@@ -149,46 +119,30 @@ class AttrApp(App[int]):
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
         self.metrics_cache: tuple | None = None  # the metrics screen's full read, per state of the store
-        self.compare_methods: list[str] | None = None
+        self.compare_methods: list[str] | None = None  # the compare screen's choice, kept across examples
         self.view = ListView(self)  # sort, filter and search of the example list
-        self.norm = "view"  # colour normalisation: NORMALISATIONS
-        self.global_scales: dict[str, dict] = {}  # method -> store-wide scale statistics (read once)  # the compare screen's choice, kept across examples
+        self.norm = "view"  # colour normalisation: screens.browse.NORMALISATIONS
+        self.show_strip = True  # the browse screen's layer strip
+        self.global_scales: dict[str, dict] = {}  # method -> store-wide scale statistics (read once)
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
         self._last_growth = time.monotonic()
         self._last_error: tuple[str, float] = ("", 0.0)
 
-    # ---------------------------------------------------------------- layout
-    def compose(self) -> ComposeResult:
-        yield Header(icon="◆")
-        with Horizontal(id="body"):
-            yield ExampleList(id="examples", monochrome=self.color_mode == "mono")
-            with Vertical(id="main"):
-                yield InfoPanel(id="info")
-                yield TextPanel(id="text")
-                yield MethodBar(id="method")
-                yield ColorBarView(id="colorbar")
-                yield TokenView(id="tokens")
-        yield Footer()
+    # ---------------------------------------------------------------- screens
+    def get_default_screen(self) -> BrowseScreen:
+        return BrowseScreen()
 
-    def on_mount(self) -> None:
-        self._fit_footer()
+    @property
+    def browse(self) -> BrowseScreen:
+        return self.screen_stack[0]
+
+    def start(self) -> None:
+        """Called by the browse screen once its widgets exist: read the store's header (then the rows shown)."""
         self.sub_title = "loading…"
-        self.query_one(InfoPanel).show_message("reading the store…")
-        self.query_one(ExampleList).focus()
         for note in getattr(self.store, "warnings", ()):  # e.g. a newer minor format: parts of it are not shown
             self.notify(note, title="store format", severity="warning", timeout=12, markup=False)
         self._read_header()
-
-    def on_resize(self, event) -> None:
-        self._fit_footer()
-
-    def _fit_footer(self) -> None:
-        """The browse footer, compact on narrow terminals (at 80 columns its keys do not fit otherwise)."""
-        for footer in self.screen_stack[0].query(Footer) if self.screen_stack else ():
-            footer.compact = self.size.width < COMPACT_FOOTER_BELOW
-            # ^p stays bound (the help screen lists it); its footer entry makes room for q at 80 columns
-            footer.show_command_palette = not footer.compact
 
     def on_unmount(self) -> None:
         # A read stuck in HDF5 holds the lock: quitting does not wait for it (the process exit closes the file).
@@ -212,7 +166,7 @@ class AttrApp(App[int]):
 
     @property
     def example_list(self) -> ExampleList:
-        return self.query_one(ExampleList)
+        return self.browse.query_one(ExampleList)
 
     def _set_subtitle(self) -> None:
         meta, n = self.meta, self.example_list.row_count
@@ -371,11 +325,11 @@ class AttrApp(App[int]):
             self.notify(text, severity="error", timeout=8, markup=False)  # once, not at every poll
             self._last_error = (text, time.monotonic())
         if self.meta is None:
-            self.query_one(InfoPanel).show_message(f"could not read {message.what}")
+            self.browse.show_message(f"could not read {message.what}")
 
     def on_example_list_highlighted(self, message: ExampleList.Highlighted) -> None:
         self.current = message.index
-        self.query_one(TokenView).scroll_home(animate=False)
+        self.browse.query_one("#tokens").scroll_home(animate=False)
         if isinstance(self.screen, MetricsScreen):  # its line of the current example's values follows
             self.screen.show_example_values()
         if self.meta is None:
@@ -386,61 +340,15 @@ class AttrApp(App[int]):
         else:
             self._load(message.index)
 
-    # ---------------------------------------------------------------- drawing
+    # ---------------------------------------------------------------- drawing (the browse screen's)
     def _show_empty(self) -> None:
-        self.query_one(InfoPanel).show_message("no examples yet" + ("" if self.meta.complete else " (writing…)"))
-        self.query_one(TokenView).show_message("")
+        self.browse.show_message("no examples yet" + ("" if self.meta.complete else " (writing…)"), "")
 
     def _render_current(self) -> None:
-        ex = self.cache.get(self.current) if self.current is not None else None
-        info = self.method
-        if ex is None or info is None:
-            return
-        if self.layer is not None and self.layer >= info.n_layer_views:
-            self.layer = None
-        scores = ex.view(info.name, self.layer)
-        scale = self._scale(ex, info, scores)
-        k = default_k(len(ex.tokens))
-        top = top_k(scores, info.signed, k)
-        self.query_one(InfoPanel).show_example(ex, self.meta.labels, self.example_list.store_rows,
-                                               monochrome=self.color_mode == "mono")
-        self.query_one(TextPanel).show_example(ex)
-        metrics = (MetricLine(self.metrics.of(info.name), ex.index, info.name, ex.metric_values)
-                   if self.metrics.names else None)
-        self.query_one(MethodBar).show(info, self.method_index, len(self.meta.methods), self.layer,
-                                       ex.values.get(info.name), metrics)
-        scope = {"view": "", "example": "per example", "global": "global"}[self.norm]
-        if self.norm == "global" and (self.method.name not in self.global_scales):
-            scope = "global: reading…"
-        self.query_one(ColorBarView).show(scale, self.color_mode, self.glyphs, k, scope)
-        cells = token_cells(ex.tokens, scale, self.color_mode, glyphs=self.glyphs, top=top, explained=ex.explain_pos)
-        self.query_one(TokenView).show_tokens(TokenLayout(cells))
+        self.browse.draw()
 
-    def _scale(self, ex: LoadedExample, info, scores):
-        """The colour scale of the shown view under the chosen normalisation (NORMALISATIONS)."""
-        if self.norm == "example":  # every view of this example's method on one scale
-            layer_views = ex.layer_scores.get(info.name)
-            views = [ex.scores[info.name]] + ([] if layer_views is None else list(layer_views))
-            every = np.concatenate([np.asarray(v, np.float64).ravel() for v in views])
-            finite = every[np.isfinite(every)]
-            if finite.size:
-                return normalize_within(scores, info.signed, None if info.signed else float(finite.min()),
-                                        float(np.abs(finite).max()) if info.signed else float(finite.max()))
-        if self.norm == "global":
-            stats = self.global_scales.get(info.name)
-            view = stats.get("final" if self.layer is None else f"layer {self.layer + 1}") if stats else None
-            if view is not None and view.count:
-                return normalize_within(scores, info.signed, None if info.signed else view.min,
-                                        view.max_abs if info.signed else view.max)
-        return normalize(scores, info.signed)
-
-    def action_normalisation(self) -> None:
-        """s: colours scaled per view (this example's view), per example (all its views), or over the whole store."""
-        self.norm = NORMALISATIONS[(NORMALISATIONS.index(self.norm) + 1) % len(NORMALISATIONS)]
-        self.notify(f"scale: {NORMALISATION_NAMES[self.norm]}", timeout=3, markup=False)
-        if self.norm == "global" and self.method is not None and self.method.name not in self.global_scales:
-            self._read_global_scale(self.method.name)
-        self._render_current()
+    def read_global_scale(self, method: str) -> None:
+        self._read_global_scale(method)
 
     @work(thread=True, group="global scale", name="global scale")
     def _read_global_scale(self, method: str) -> None:
@@ -457,15 +365,7 @@ class AttrApp(App[int]):
         self.global_scales[method] = stats
         self._render_current()
 
-    # ---------------------------------------------------------------- actions
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("next_layer", "prev_layer"):
-            info = self.method
-            return True if info is not None and info.n_layer_views else None
-        if action in ("next_method", "prev_method"):
-            return True if self.meta is not None and len(self.meta.methods) > 1 else None
-        return True
-
+    # ---------------------------------------------------------------- state changes and screens
     def set_layer(self, layer: int | None) -> None:
         """Show layer view ``layer`` (0-based) of the current method, or its final scores (None)."""
         self.layer = layer
@@ -478,40 +378,6 @@ class AttrApp(App[int]):
         self.refresh_bindings()
         self._render_current()
 
-    def _step_layer(self, step: int) -> None:
-        info = self.method
-        if info is None or not info.n_layer_views:
-            return
-        v = info.n_layer_views
-        pos = v if self.layer is None else self.layer  # positions 0..v-1 are layers, v is "final"
-        pos = (pos + step) % (v + 1)
-        self.set_layer(None if pos == v else pos)
-
-    def action_next_layer(self) -> None:
-        self._step_layer(1)
-
-    def action_prev_layer(self) -> None:
-        self._step_layer(-1)
-
-    def _step_method(self, step: int) -> None:
-        self.set_method(self.method_index + step)
-
-    def action_next_method(self) -> None:
-        self._step_method(1)
-
-    def action_prev_method(self) -> None:
-        self._step_method(-1)
-
-    def action_toggle_glyphs(self) -> None:
-        if self.color_mode == "mono":
-            self.notify("no colour here: glyphs stay on", markup=False)
-            return
-        self.glyphs = not self.glyphs
-        self._render_current()
-
-    def action_example(self, step: int) -> None:
-        self.example_list.move_to(self.example_list.cursor + step)
-
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.color_mode))
@@ -521,18 +387,30 @@ class AttrApp(App[int]):
         if not isinstance(self.screen, HeadsScreen):
             self.push_screen(HeadsScreen(self.color_mode))
 
+    def compare_set(self) -> list[str]:
+        """The methods the compare screen shows: the chosen ones, else the current method and the next three."""
+        names = [m.name for m in self.meta.methods] if self.meta else []
+        chosen = [m for m in (self.compare_methods or []) if m in names]
+        if len(chosen) >= 2:
+            return chosen
+        first = self.method.name if self.method is not None else (names[0] if names else None)
+        return ([first] if first else []) + [m for m in names if m != first][:3]
+
+    def set_compare_set(self, methods: list[str]) -> None:
+        """Choose the compare screen's methods (2 to 6; kept across examples and used by the export)."""
+        self.compare_methods = list(methods)[:6]
+        self.notify("compare: " + ", ".join(printable(m) for m in self.compare_methods), timeout=3, markup=False)
+        if isinstance(self.screen, CompareScreen):
+            self.screen.set_methods(self.compare_methods)
+
     def action_compare(self) -> None:
-        """The compare screen: the chosen methods (first four by default) side by side for the current example."""
+        """The compare screen: the compare set side by side for the current example."""
         if self.meta is None or self.current is None or isinstance(self.screen, CompareScreen):
             return
-        names = [m.name for m in self.meta.methods]
-        if len(names) < 2:
+        if len(self.meta.methods) < 2:
             self.notify("this store has one method: nothing to compare", markup=False)
             return
-        chosen = [m for m in (self.compare_methods or []) if m in names] or names[:4]
-        if self.method is not None and self.method.name in names and self.compare_methods is None:
-            chosen = [self.method.name] + [m for m in names if m != self.method.name][:3]  # current method first
-        self.push_screen(CompareScreen(chosen, self.current))
+        self.push_screen(CompareScreen(self.compare_set(), self.current))
 
     def action_matrix(self) -> None:
         """The matrix screen: the current method's token-to-token matrix (or the first method that has one)."""
@@ -549,7 +427,7 @@ class AttrApp(App[int]):
     def export_figure(self, ex: LoadedExample, methods: list[str], *, shared: bool = False) -> list[str] | None:
         """Write ``ex`` with ``methods`` (one line each, final scores) as an SVG, LaTeX and HTML figure into the export
         directory; the paths are shown in a notification. Returns them (None when writing failed)."""
-        from .compare_view import scales
+        from .render.compare import scales
         from .export import Figure, export_directory, safe_stem, write_figure
 
         signed = {m.name: m.signed for m in self.meta.methods}
@@ -582,59 +460,6 @@ class AttrApp(App[int]):
 
         return super().deliver_screenshot(filename, path or export_directory(getattr(self.store, "path", None)),
                                           time_format)
-
-    def action_search(self) -> None:
-        """Search the example texts: a prompt at the bottom; enter searches, n / N go to the next / previous match."""
-        if self.meta is None or not isinstance(self.screen, type(self.screen_stack[0])) or self.query("#prompt"):
-            return
-        self.prompt("search the texts (enter; n / N next / previous, empty clears):", self.view.query,
-                    self.view.search)
-
-    def prompt(self, title: str, value: str, submit) -> None:
-        """A one-line input at the bottom of the browse screen; enter calls ``submit(text)``, escape closes it."""
-        from textual.widgets import Input
-
-        box = Input(value=value, placeholder=title, id="prompt")
-        box.border_title = title
-        box.submit_to = submit
-        self.screen_stack[0].mount(box, before=self.query_one(Footer))
-        box.focus()
-
-    def on_input_submitted(self, event) -> None:
-        if event.input.id != "prompt":
-            return
-        submit = event.input.submit_to
-        text = event.value
-        event.input.remove()
-        self.example_list.focus()
-        submit(text)
-
-    def action_next_match(self, step: int) -> None:
-        self.view.next_match(step)
-
-    def action_reset_view(self) -> None:
-        self.view.reset()
-
-    def action_stop(self) -> None:
-        """Escape: close the prompt, or cancel a running sort, filter or search."""
-        for box in self.query("#prompt"):
-            box.remove()
-            self.example_list.focus()
-            return
-        self.view.stop()
-
-    def filter_length(self) -> None:
-        from .finding import parse_length
-
-        def submit(text: str) -> None:
-            try:
-                lo, hi = parse_length(text)
-            except ValueError as err:
-                self.notify(str(err), severity="warning", markup=False)
-                return
-            self.view.set_filter(replace(self.view.filter, length=(lo, hi)))
-
-        self.prompt("tokens, low-high (e.g. 10-40):", "", submit)
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""

@@ -23,6 +23,11 @@ from rich.style import Style
 Mode = Literal["truecolor", "256", "16", "mono"]
 MODES: tuple[str, ...] = ("truecolor", "256", "16", "mono")
 
+#: What a colour scale spans: one view (this example, this layer), one example (all its views), or the whole store.
+NORMALISATIONS: tuple[str, ...] = ("view", "example", "global")
+NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example": "per example (all its layers)",
+                       "global": "global (the whole store, this layer)"}
+
 #: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
 GLYPHS = " ░▒▓█"
 

@@ -1,5 +1,6 @@
-"""Command palette (ctrl+p): only commands that make sense for the current screen and state (method, layers,
-examples on the browse screen; masks on the heads screen; sort column, order and method on the metrics screen)."""
+"""Command palette (ctrl+p) providers, one or two per screen; each screen names its own in ``COMMANDS`` (the app adds
+Textual's system commands). A provider lists what makes sense in the current state of its screen, which it reaches
+as ``self.screen`` (this module imports no screen, so screens can import it)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 from textual.markup import escape
 
-from .heads import HeadsScreen
-from .metrics import MetricsScreen
-from .metricsview import SORT_MARKS, arrow, higher_is_better, short_name
-from .render import printable
+from .colors import NORMALISATION_NAMES
+
+from .render.metric_table import SORT_MARKS, arrow, higher_is_better, short_name
+from .render.tokens import printable
 
 def export_dir_hint(app) -> str:
     from .export import export_directory
@@ -43,12 +44,14 @@ class _ListedCommands(Provider):
 
 
 class BrowseCommands(_ListedCommands):
-    """Switch method, jump to a layer or the final view, go to an example by id, toggle glyphs."""
+    """The browse screen: method, layer, scale, glyphs, layer strip, compare set, the other screens, export, and an
+    example by id or row."""
 
     def _commands(self) -> list[tuple[str, object, str]]:
         app = self.app
         meta = app.meta
-        if meta is None or isinstance(self.screen, (HeadsScreen, MetricsScreen)):
+        screen = self.screen
+        if meta is None:
             return []
         out = []
         for i, m in enumerate(meta.methods):
@@ -64,25 +67,43 @@ class BrowseCommands(_ListedCommands):
                 if layer != app.layer:
                     out.append((f"layer: {layer + 1}/{info.n_layer_views}", partial(app.set_layer, layer),
                                 f"{printable(info.name)}, layer view {layer + 1}"))
+        for norm, what in NORMALISATION_NAMES.items():
+            if norm != app.norm:
+                out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), f"colours scaled {what} (s)"))
         if app.color_mode != "mono":
-            out.append(("glyphs: " + ("off" if app.glyphs else "on"), app.action_toggle_glyphs,
-                        "sign marks and the ' ░▒▓█' ramp before every token"))
+            out.append(("glyphs: " + ("off" if app.glyphs else "on"), screen.action_toggle_glyphs,
+                        "sign marks and the ' ░▒▓█' ramp before every token (g)"))
+        if info is not None and info.n_layer_views:
+            out.append(("layer strip: " + ("off" if app.show_strip else "on"), screen.action_toggle_strip,
+                        "layers × tokens above the tokens (l)"))
         if len(meta.methods) > 1:
+            chosen = app.compare_set()
             out.append(("compare: methods side by side", app.action_compare,
-                        "2-6 methods of this example aligned, with their rank agreement (c)"))
+                        f"{', '.join(printable(m) for m in chosen)}: aligned, with their rank agreement (c)"))
+            for m in meta.methods:
+                if m.name in chosen and len(chosen) > 2:
+                    out.append((f"compare set: remove {printable(m.name)}", partial(app.set_compare_set,
+                                [c for c in chosen if c != m.name]), f"compare {len(chosen) - 1} methods"))
+                elif m.name not in chosen and len(chosen) < 6:
+                    out.append((f"compare set: add {printable(m.name)}", partial(app.set_compare_set,
+                                chosen + [m.name]), f"compare {len(chosen) + 1} methods"))
         if any(m.matrices != "none" for m in meta.methods):
             out.append(("matrix: token-to-token heatmap", app.action_matrix, "the current layer's matrix (x)"))
         chosen = ", ".join(app.compare_methods or ([info.name] if info else []))
         out.append(("export: figure (SVG, LaTeX, HTML)", app.action_export,
                     f"this example with {chosen} into {export_dir_hint(app)} (e)"))
         out.append(("export: screenshot (SVG)", app.deliver_screenshot, f"this screen into {export_dir_hint(app)}"))
+        names = ", ".join(printable(n) for n in meta.head_masks) or "none in this store"
+        out.append(("heads: head masks", app.action_heads, f"layers × heads grid of the head masks ({names}) (h)"))
+        found = app.metrics.methods
+        what = (f"{len(found)} method{'s' if len(found) != 1 else ''} × {len(app.metrics.names)} metrics" if found
+                else "none in this store")
+        out.append(("metrics: faithfulness metrics", app.action_metrics, f"methods × metrics, curves ({what}) (f)"))
         return out
 
     async def search(self, query: str) -> Hits:
         async for hit in super().search(query):
             yield hit
-        if isinstance(self.screen, (HeadsScreen, MetricsScreen)):
-            return
         q = query.strip()
         if not q:
             return
@@ -108,59 +129,46 @@ def _find_row(app, example_id: str) -> int | None:
 
 
 class HeadsCommands(_ListedCommands):
-    """Open the heads screen; on it, switch to another mask or close it."""
+    """The heads screen: switch to another mask, or close it."""
 
     def _commands(self) -> list[tuple[str, object, str]]:
         screen = self.screen
-        if isinstance(screen, HeadsScreen):
-            out = []
-            for i, m in enumerate(screen.masks or ()):
-                if i != screen.current:
-                    n_layers, n_heads = m.shape
-                    out.append((f"mask: {printable(m.name)}", partial(screen.set_mask, i),
-                                f"{m.n_selected} of {n_layers * n_heads} heads selected"))
-            out.append(("heads: close", screen.action_close, "back to the examples"))
-            return out
-        meta = self.app.meta
-        if meta is None or isinstance(screen, MetricsScreen):
-            return []
-        names = ", ".join(printable(n) for n in meta.head_masks) or "none in this store"
-        return [("heads: head masks", self.app.action_heads, f"layers × heads grid of the head masks ({names})")]
+        out = []
+        for i, m in enumerate(screen.masks or ()):
+            if i != screen.current:
+                n_layers, n_heads = m.shape
+                out.append((f"mask: {printable(m.name)}", partial(screen.set_mask, i),
+                            f"{m.n_selected} of {n_layers * n_heads} heads selected"))
+        out.append(("heads: close", screen.action_close, "back to the examples"))
+        return out
 
 
 class MetricsCommands(_ListedCommands):
-    """Open the metrics screen; on it, sort by another metric, flip the order, go to a method, or close it."""
+    """The metrics screen: sort by another metric, flip the order, go to a method, sort the examples, close it."""
 
     def _commands(self) -> list[tuple[str, object, str]]:
         screen = self.screen
-        if isinstance(screen, HeadsScreen):
-            return []
-        if isinstance(screen, MetricsScreen):
-            out = []
-            data = screen.data
-            if screen.has_metrics:
-                for i, name in enumerate(data.names):
-                    if i != screen.sort:
-                        best = "high → low" if higher_is_better(data, name) else "low → high"
-                        out.append((f"sort: {printable(name)}", partial(screen.set_sort, i),
-                                    f"{short_name(name)} {arrow(higher_is_better(data, name))}, {best} (best first)"))
-                other = not screen.descending
-                how = f"{SORT_MARKS[other]} {'high → low' if other else 'low → high'} by {short_name(screen.sort_name)}"
-                out.append((f"order: {'descending' if other else 'ascending'}", screen.action_toggle_order, how))
-                for m in data.methods:
-                    if m != screen.cursor:
-                        n = len(data.of(m))
-                        out.append((f"method: {printable(m)}", partial(screen.set_cursor, m),
-                                    f"its {n} metric{'s' if n != 1 else ''} in the panel"))
-            out.append(("metrics: close", screen.action_close, "back to the examples"))
-            return out
-        app = self.app
-        if app.meta is None:
-            return []
-        found = app.metrics.methods
-        what = (f"{len(found)} method{'s' if len(found) != 1 else ''} × {len(app.metrics.names)} metrics" if found
-                else "none in this store")
-        return [("metrics: faithfulness metrics", app.action_metrics, f"methods × metrics table, sortable ({what})")]
+        out = []
+        data = screen.data
+        if screen.has_metrics:
+            for i, name in enumerate(data.names):
+                if i != screen.sort:
+                    best = "high → low" if higher_is_better(data, name) else "low → high"
+                    out.append((f"sort: {printable(name)}", partial(screen.set_sort, i),
+                                f"{short_name(name)} {arrow(higher_is_better(data, name))}, {best} (best first)"))
+            other = not screen.descending
+            how = f"{SORT_MARKS[other]} {'high → low' if other else 'low → high'} by {short_name(screen.sort_name)}"
+            out.append((f"order: {'descending' if other else 'ascending'}", screen.action_toggle_order, how))
+            for m in data.methods:
+                if m != screen.cursor:
+                    n = len(data.of(m))
+                    out.append((f"method: {printable(m)}", partial(screen.set_cursor, m),
+                                f"its {n} metric{'s' if n != 1 else ''} in the panel"))
+            out.append(("examples: sort by this metric", screen.action_sort_examples,
+                        f"the example list by {short_name(screen.sort_name)} of {printable(screen.cursor or '')} "
+                        "(enter)"))
+        out.append(("metrics: close", screen.action_close, "back to the examples"))
+        return out
 
 
 class ViewCommands(_ListedCommands):
@@ -173,7 +181,7 @@ class ViewCommands(_ListedCommands):
 
         app = self.app
         meta = app.meta
-        if meta is None or self.screen is not app.screen_stack[0]:
+        if meta is None:
             return []
         view = app.view
         out = []
@@ -201,8 +209,55 @@ class ViewCommands(_ListedCommands):
             out.append((f"filter: label {printable(name)}", partial(view.set_filter, replace(f, label=k)), ""))
             out.append((f"filter: prediction {printable(name)}", partial(view.set_filter, replace(f, pred=k)), ""))
         out.append(("filter: truncated", partial(view.set_filter, replace(f, truncated=True)), "cut at --max-length"))
-        out.append(("filter: length range…", app.filter_length, "low-high tokens"))
+        out.append(("filter: length range…", self.screen.filter_length, "low-high tokens"))
         out.append(("filter: none", partial(view.set_filter, Filter()), "every example"))
-        out.append(("search: texts…", app.action_search, "/ then n / N"))
+        out.append(("search: texts…", self.screen.action_search, "/ then n / N"))
         out.append(("view: reset", view.reset, "store order, no filter, no search (r)"))
+        return out
+
+
+class CompareCommands(_ListedCommands):
+    """The compare screen: the compare set, the scale, the difference view, top-k, export, close."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        screen, app = self.screen, self.app
+        chosen = list(screen.methods)
+        out = [("compare: choose methods…", screen.action_choose, "a selection list (a)"),
+               ("scale: " + ("per method" if screen.shared else "shared"), screen.action_toggle_shared,
+                "one colour scale for every row, or one per method (s)"),
+               ("difference: " + ("off" if screen.difference else f"{chosen[0]} − {chosen[1]}"),
+                screen.action_toggle_difference, "the first method minus the second, each normalised (d)"),
+               (f"top-k: {screen.top + 1}", partial(screen.action_top_k, 1), "more marked tokens (+)"),
+               (f"top-k: {max(1, screen.top - 1)}", partial(screen.action_top_k, -1), "fewer marked tokens (-)")]
+        for m in app.meta.methods:
+            if m.name in chosen and len(chosen) > 2:
+                out.append((f"compare set: remove {printable(m.name)}",
+                            partial(app.set_compare_set, [c for c in chosen if c != m.name]), ""))
+            elif m.name not in chosen and len(chosen) < 6:
+                out.append((f"compare set: add {printable(m.name)}", partial(app.set_compare_set, chosen + [m.name]),
+                            ""))
+        out.append(("export: figure (SVG, LaTeX, HTML)", screen.action_export,
+                    f"these methods into {export_dir_hint(app)} (e)"))
+        out.append(("compare: close", screen.action_close, "back to the examples"))
+        return out
+
+
+class MatrixCommands(_ListedCommands):
+    """The matrix screen: layer, method, scale, close."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        screen = self.screen
+        out = []
+        if screen.matrices is not None:
+            for layer in range(screen.matrices.shape[0]):
+                if layer != screen.view_layer:
+                    out.append((f"layer: {layer + 1}/{screen.matrices.shape[0]}", partial(screen.set_layer, layer),
+                                ""))
+        for m in screen.methods:
+            if m != screen.method:
+                out.append((f"method: {printable(m)}", partial(screen.set_method, m), "its matrices"))
+        for norm in ("layer", "example", "global"):
+            if norm != screen.norm:
+                out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), "n cycles"))
+        out.append(("matrix: close", screen.action_close, "back to the examples"))
         return out

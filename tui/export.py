@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .colors import Scale, background, format_score, lightness
-from .render import printable
+from .render.tokens import printable
 
 BAR_STEPS = 11
 

@@ -24,9 +24,10 @@ from textual.widgets import Footer, Header, SelectionList, Static
 
 from ..agreement import spearman, top_k_overlap
 from ..colors import default_k
-from ..compare_view import Row, aligned_blocks, difference, scales
+from ..commands import CompareCommands
+from ..render.compare import Row, aligned_blocks, difference, scales
 from ..data import LoadedExample, read_example
-from ..render import ColorBar, printable
+from ..render.tokens import ColorBar, printable
 
 MIN_METHODS, MAX_METHODS = 2, 6
 _DIM = Style(dim=True)
@@ -37,6 +38,8 @@ def _fmt(x: float | None, digits: int = 2) -> str:
 
 
 class CompareScreen(ModalScreen[None]):
+    COMMANDS = {CompareCommands}
+
     BINDINGS = [
         Binding("j", "example(1)", "next example", id="compare.next"),
         Binding("k", "example(-1)", "previous", id="compare.previous"),
@@ -202,6 +205,11 @@ class CompareScreen(ModalScreen[None]):
                 self.app.compare_methods = picked  # the choice persists for the next compare
             chooser.first().remove()
             self._draw()
+
+    def set_methods(self, methods: list[str]) -> None:
+        """Show ``methods`` (the app's compare set, changed from the palette)."""
+        self.methods = list(methods)
+        self._draw()
 
     def action_export(self) -> None:
         if self.example is not None:

@@ -21,11 +21,13 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Static
 
-from ..colors import Scale, background, format_score, glyph
+from ..colors import Scale, format_score
 from ..colors import normalize_within as scale_of
+from ..commands import MatrixCommands
 from ..data import read_matrices
-from ..heatmap import block_factor, block_mean, half_block_lines
-from ..render import ColorBar, printable
+from ..render.heatmap import block_factor, block_mean, half_block_lines
+from ..render.layer_strip import strip_text
+from ..render.tokens import ColorBar, printable
 
 NORMALISATIONS = ("layer", "example", "global")
 _DIM = Style(dim=True)
@@ -34,6 +36,8 @@ _STRIP_MAX = 8  # layer-strip lines at most (more layers: the ones around the cu
 
 
 class MatrixScreen(ModalScreen[None]):
+    COMMANDS = {MatrixCommands}
+
     BINDINGS = [
         Binding("left_square_bracket", "layer(-1)", "layer", id="matrix.layer.previous"),
         Binding("right_square_bracket", "layer(1)", "layer", id="matrix.layer.next", show=False),
@@ -206,31 +210,23 @@ class MatrixScreen(ModalScreen[None]):
         views = None if ex is None else ex.layer_scores.get(self.method)
         if views is None or not len(views):
             return Text("no layer views for this method", style=_DIM)
-        V, n = views.shape
-        cells, _ = block_mean(views, 1, f)
-        sc = scale_of(cells, self._signed())
-        vals = sc.values.reshape(cells.shape)
-        lo = max(0, min(self.view_layer - _STRIP_MAX // 2, V - _STRIP_MAX))
-        mono = self.app.color_mode == "mono"
-        out = Text(no_wrap=True, overflow="crop")
-        for layer in range(lo, min(V, lo + _STRIP_MAX)):
-            mark = "▶" if layer == self.view_layer else " "
-            out.append(f"{mark}L{layer + 1:<{_LABEL_W - 3}} "[:_LABEL_W], Style(bold=layer == self.view_layer))
-            for x in vals[layer]:
-                if mono:
-                    out.append(glyph(x) * cw)
-                else:
-                    out.append(" " * cw, Style(bgcolor=background(x, self.app.color_mode)))
-            out.append("\n")
-        out.rstrip()
-        return out
+        labels = [f"L{i + 1}" for i in range(len(views))]
+        return strip_text(views, labels, self.view_layer, self._signed(), self.app.color_mode,
+                          width=self.size.width - 2, rows=_STRIP_MAX, label_w=_LABEL_W, f=f, cw=cw)
 
     # ---------------------------------------------------------------- actions
     def action_layer(self, step: int) -> None:
         if self.matrices is None:
             return
-        self.view_layer = (self.view_layer + step) % self.matrices.shape[0]
+        self.set_layer((self.view_layer + step) % self.matrices.shape[0])
+
+    def set_layer(self, layer: int) -> None:
+        self.view_layer = layer
         self._draw()
+
+    def set_method(self, method: str) -> None:
+        if method in self.methods and method != self.method:
+            self.action_method(self.methods.index(method) - self.methods.index(self.method))
 
     def action_method(self, step: int) -> None:
         if len(self.methods) < 2:
@@ -242,7 +238,10 @@ class MatrixScreen(ModalScreen[None]):
         self._read(self.index, self.method)
 
     def action_normalisation(self) -> None:
-        self.norm = NORMALISATIONS[(NORMALISATIONS.index(self.norm) + 1) % len(NORMALISATIONS)]
+        self.set_normalisation(NORMALISATIONS[(NORMALISATIONS.index(self.norm) + 1) % len(NORMALISATIONS)])
+
+    def set_normalisation(self, norm: str) -> None:
+        self.norm = norm
         if self.norm == "global" and self.global_scale is None:
             self._read_global(self.method)
         self._draw()

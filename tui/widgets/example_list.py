@@ -23,7 +23,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..render import printable
+from ..render.tokens import printable
 
 _EXAMPLES = Binding.Group("example")
 BLOCK = 1024  # rows read at a time (the store's own index block)

@@ -16,7 +16,7 @@ from textual.strip import Strip
 
 from ..colors import Mode
 from ..data import HeadMaskInfo
-from ..headmasks import (
+from ..render.head_grid import (
     MARK_ONLY,
     CellFormat,
     GridGeometry,

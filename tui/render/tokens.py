@@ -14,7 +14,7 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
-from .colors import GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
+from ..colors import GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
 _JOIN_STYLE = Style(dim=True)

@@ -18,9 +18,9 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
 from rich.text import Text
 
-from .colors import Mode
-from .data import MetricInfo, MetricsData
-from .render import printable
+from ..colors import Mode
+from ..data import MetricInfo, MetricsData
+from .tokens import printable
 
 EMPTY_MESSAGE = "no metrics in this store: run attr-compute eval STORE --metrics ..."
 BEST_MARK = "★"

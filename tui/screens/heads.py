@@ -20,10 +20,11 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Static
 
-from .colors import Mode
-from .data import HeadMaskInfo, read_for_screen, read_head_masks
-from .headmasks import EMPTY_MESSAGE, detail_text, legend_text, settings_text, tabs_text
-from .widgets.heads import HeadGrid
+from ..colors import Mode
+from ..commands import HeadsCommands
+from ..data import HeadMaskInfo, read_for_screen, read_head_masks
+from ..render.head_grid import EMPTY_MESSAGE, detail_text, legend_text, settings_text, tabs_text
+from ..widgets.head_grid import HeadGrid
 
 _HEADS = Binding.Group("head")
 
@@ -43,6 +44,8 @@ class HeadsFailed(Message):
 
 class HeadsScreen(ModalScreen[None]):
     """Head masks of the store. Modal: the browse keys ([ ] j k ...) do not reach the screen below."""
+
+    COMMANDS = {HeadsCommands}
 
     BINDINGS = [
         Binding("m", "next_mask", "mask", id="heads.mask.next"),

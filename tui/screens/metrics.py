@@ -21,9 +21,10 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Header, Static
 
-from .colors import Mode
-from .data import MetricsData, read_for_screen, read_metrics
-from .metricsview import (
+from ..colors import Mode
+from ..commands import MetricsCommands
+from ..data import MetricsData, read_for_screen, read_metrics
+from ..render.metric_table import (
     EMPTY_MESSAGE,
     ExampleValues,
     Legend,
@@ -31,7 +32,7 @@ from .metricsview import (
     higher_is_better,
     sorted_methods,
 )
-from .widgets.metrics import MetricTable
+from ..widgets.metric_table import MetricTable
 
 _ROWS = Binding.Group("method")
 _COLUMNS = Binding.Group("sort by")
@@ -52,6 +53,8 @@ class MetricsFailed(Message):
 
 class MetricsScreen(ModalScreen[None]):
     """Faithfulness metrics of the store. Modal: the browse keys ([ ] j k m ...) do not reach the screen below."""
+
+    COMMANDS = {MetricsCommands}
 
     BINDINGS = [
         Binding("up", "move(-1)", "method", id="metrics.up", group=_ROWS),

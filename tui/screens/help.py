@@ -11,8 +11,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from .colors import GLYPHS, Mode, default_k, normalize
-from .render import JOIN_MARK, ColorBar
+from ..colors import GLYPHS, Mode, default_k, normalize
+from ..render.tokens import JOIN_MARK, ColorBar
 
 KEYS = (
     ("j ↓  k ↑", "next / previous example", "PgDn PgUp", "a page of examples"),

@@ -15,7 +15,7 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from .colors import Mode, background, glyph, sign_mark
+from ..colors import Mode, background, glyph, sign_mark
 
 UPPER_HALF = "▀"
 CURSOR_STYLE = Style(reverse=True, bold=True)

@@ -14,8 +14,8 @@ from rich.cells import cell_len, set_cell_size
 from rich.style import Style
 from rich.text import Text
 
-from .colors import Mode, Scale, normalize, normalize_within, top_k
-from .render import JOIN_MARK, token_cells
+from ..colors import Mode, Scale, normalize, normalize_within, top_k
+from .tokens import JOIN_MARK, token_cells
 
 _LABEL = Style(bold=True)
 

@@ -24,9 +24,9 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from .colors import Mode, mask_mark, mask_style
-from .data import HeadMaskInfo
-from .render import printable
+from ..colors import Mode, mask_mark, mask_style
+from ..data import HeadMaskInfo
+from .tokens import printable
 
 DEFAULT_RELATIONS = ("nsubj", "obj", "amod", "advmod")
 SOURCE_MASKS = ("positional", "syntactic")  # what Mask-LRP combines

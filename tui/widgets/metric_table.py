@@ -13,7 +13,7 @@ from textual.widget import Widget
 
 from ..colors import Mode
 from ..data import MetricsData
-from ..metricsview import table_lines
+from ..render.metric_table import table_lines
 
 
 class MetricTable(Widget, can_focus=False):

@@ -1,0 +1,261 @@
+"""The browse screen (the home screen): the example list on the left; on the right the example, the method bar, the
+layer strip, the colour bar and the tokens coloured by the current method and layer.
+
+The screen draws the app's state (method, layer, normalisation, the loaded example) and turns its keys into changes
+of that state; the app owns the store, the state and the workers that read. A one-line prompt at the bottom takes the
+text of a search or a length filter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
+
+from ..colors import NORMALISATION_NAMES, NORMALISATIONS, default_k, normalize, normalize_within, top_k
+from ..commands import BrowseCommands, ViewCommands
+from ..data import LoadedExample
+from ..render.metric_table import MetricLine
+from ..render.tokens import TokenLayout, token_cells
+from ..widgets import ColorBarView, ExampleList, InfoPanel, LayerStrip, MethodBar, TextPanel, TokenView
+
+COMPACT_FOOTER_BELOW = 90  # columns: below this the footer drops its spacing so that every key fits
+_LAYERS = Binding.Group("layer")
+
+
+class BrowseScreen(Screen[None]):
+    COMMANDS = {BrowseCommands, ViewCommands}
+
+    DEFAULT_CSS = """
+    BrowseScreen #body { height: 1fr; }
+    BrowseScreen #examples { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
+    BrowseScreen #main { width: 1fr; padding: 0 0 0 1; }
+    BrowseScreen #prompt { dock: bottom; margin-bottom: 1; border: round $primary; height: 3; }
+    """
+
+    BINDINGS = [
+        Binding("left_square_bracket", "layer(-1)", "previous layer", id="layer.previous", group=_LAYERS),
+        Binding("right_square_bracket", "layer(1)", "next layer", id="layer.next", group=_LAYERS),
+        Binding("m", "method(1)", "method", id="method.next"),
+        Binding("M", "method(-1)", "previous method", id="method.previous", show=False),
+        Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
+        Binding("l", "toggle_strip", "layer strip", id="strip", show=False),
+        Binding("c", "app.compare", "compare", id="compare"),
+        Binding("x", "app.matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
+        Binding("e", "app.export", "export figure", id="export", show=False),
+        Binding("s", "normalisation", "scale", id="normalisation", show=False),
+        Binding("slash", "search", "search", id="search", show=False),
+        Binding("n", "next_match(1)", "next match", id="search.next", show=False),
+        Binding("N", "next_match(-1)", "previous match", id="search.previous", show=False),
+        Binding("r", "reset_view", "store order", id="view.reset", show=False),
+        Binding("escape", "stop", "cancel", id="view.cancel", show=False),
+        # Examples move with j/k wherever the focus is (the list itself binds them too, with arrows and pages).
+        Binding("j", "example(1)", "next example", id="app.example.next", show=False),
+        Binding("k", "example(-1)", "previous example", id="app.example.previous", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        yield Header(icon="◆")
+        with Horizontal(id="body"):
+            yield ExampleList(id="examples", monochrome=app.color_mode == "mono")
+            with Vertical(id="main"):
+                yield InfoPanel(id="info")
+                yield TextPanel(id="text")
+                yield MethodBar(id="method")
+                yield LayerStrip(id="strip")
+                yield ColorBarView(id="colorbar")
+                yield TokenView(id="tokens")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._fit_footer()
+        self.query_one(InfoPanel).show_message("reading the store…")
+        self.query_one(ExampleList).focus()
+        self.app.start()
+
+    def on_resize(self, event) -> None:
+        self._fit_footer()
+        self.draw()  # the layer strip's height follows the terminal's
+
+    def _fit_footer(self) -> None:
+        """A compact footer on narrow terminals (at 80 columns its keys do not fit otherwise)."""
+        for footer in self.query(Footer):
+            footer.compact = self.app.size.width < COMPACT_FOOTER_BELOW
+            # ^p stays bound (the help screen lists it); its footer entry makes room for q at 80 columns
+            footer.show_command_palette = not footer.compact
+
+    # ---------------------------------------------------------------- drawing
+    def show_message(self, message: str, tokens: str | None = None) -> None:
+        self.query_one(InfoPanel).show_message(message)
+        if tokens is not None:
+            self.query_one(TokenView).show_message(tokens)
+
+    def draw(self) -> None:
+        """Draw the current example in the current method, layer and normalisation (when it is read)."""
+        app = self.app
+        ex = app.cache.get(app.current) if app.current is not None else None
+        info = app.method
+        if ex is None or info is None:
+            return
+        if app.layer is not None and app.layer >= info.n_layer_views:
+            app.layer = None
+        scores = ex.view(info.name, app.layer)
+        scale = self.scale(ex, info, scores)
+        k = default_k(len(ex.tokens))
+        top = top_k(scores, info.signed, k)
+        mono = app.color_mode == "mono"
+        self.query_one(InfoPanel).show_example(ex, app.meta.labels, app.example_list.store_rows, monochrome=mono)
+        self.query_one(TextPanel).show_example(ex)
+        metrics = (MetricLine(app.metrics.of(info.name), ex.index, info.name, ex.metric_values)
+                   if app.metrics.names else None)
+        views = ex.layer_scores.get(info.name) if app.show_strip else None
+        strip = views is not None and len(views) > 0
+        self.query_one(MethodBar).show(info, app.method_index, len(app.meta.methods), app.layer,
+                                       ex.values.get(info.name), metrics, ladder=not strip)
+        self.query_one(LayerStrip).show(views, ex.scores[info.name], app.layer, info.signed, app.color_mode,
+                                        rows=self._strip_rows())
+        scope = {"view": "", "example": "per example", "global": "global"}[app.norm]
+        if app.norm == "global" and info.name not in app.global_scales:
+            scope = "global: reading…"
+        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope)
+        cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos)
+        self.query_one(TokenView).show_tokens(TokenLayout(cells))
+
+    def _strip_rows(self) -> int:
+        """Lines the layer strip may take: what leaves the tokens at least four lines (header, example, method bar,
+        colour bar and footer take about 14 at most)."""
+        return max(2, self.app.size.height - 18)
+
+    def scale(self, ex: LoadedExample, info, scores: np.ndarray):
+        """The colour scale of the shown view under the chosen normalisation (NORMALISATIONS)."""
+        app = self.app
+        if app.norm == "example":  # every view of this example's method on one scale
+            layer_views = ex.layer_scores.get(info.name)
+            views = [ex.scores[info.name]] + ([] if layer_views is None else list(layer_views))
+            every = np.concatenate([np.asarray(v, np.float64).ravel() for v in views])
+            finite = every[np.isfinite(every)]
+            if finite.size:
+                return normalize_within(scores, info.signed, None if info.signed else float(finite.min()),
+                                        float(np.abs(finite).max()) if info.signed else float(finite.max()))
+        if app.norm == "global":
+            stats = app.global_scales.get(info.name)
+            view = stats.get("final" if app.layer is None else f"layer {app.layer + 1}") if stats else None
+            if view is not None and view.count:
+                return normalize_within(scores, info.signed, None if info.signed else view.min,
+                                        view.max_abs if info.signed else view.max)
+        return normalize(scores, info.signed)
+
+    # ---------------------------------------------------------------- keys
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        app = self.app
+        if action == "layer":
+            info = app.method
+            return True if info is not None and info.n_layer_views else None
+        if action == "method":
+            return True if app.meta is not None and len(app.meta.methods) > 1 else None
+        return True
+
+    def action_layer(self, step: int) -> None:
+        """[ ]: the previous / next layer view; after the last layer, the method's final scores; both wrap."""
+        app = self.app
+        info = app.method
+        if info is None or not info.n_layer_views:
+            return
+        v = info.n_layer_views
+        pos = v if app.layer is None else app.layer  # positions 0..v-1 are layers, v is "final"
+        pos = (pos + step) % (v + 1)
+        app.set_layer(None if pos == v else pos)
+
+    def action_method(self, step: int) -> None:
+        self.app.set_method(self.app.method_index + step)
+
+    def action_toggle_glyphs(self) -> None:
+        app = self.app
+        if app.color_mode == "mono":
+            app.notify("no colour here: glyphs stay on", markup=False)
+            return
+        app.glyphs = not app.glyphs
+        self.draw()
+
+    def action_toggle_strip(self) -> None:
+        """l: the layer strip on / off (off gives its lines to the tokens)."""
+        self.app.show_strip = not self.app.show_strip
+        self.draw()
+
+    def action_normalisation(self) -> None:
+        """s: colours scaled per view (this example's view), per example (all its views), or over the whole store."""
+        app = self.app
+        self.set_normalisation(NORMALISATIONS[(NORMALISATIONS.index(app.norm) + 1) % len(NORMALISATIONS)])
+
+    def set_normalisation(self, norm: str) -> None:
+        app = self.app
+        app.norm = norm
+        app.notify(f"scale: {NORMALISATION_NAMES[norm]}", timeout=3, markup=False)
+        if norm == "global" and app.method is not None and app.method.name not in app.global_scales:
+            app.read_global_scale(app.method.name)
+        self.draw()
+
+    def action_example(self, step: int) -> None:
+        lst = self.app.example_list
+        lst.move_to(lst.cursor + step)
+
+    # ---------------------------------------------------------------- search, filters and the prompt
+    def action_search(self) -> None:
+        """Search the example texts: a prompt at the bottom; enter searches, n / N go to the next / previous match."""
+        app = self.app
+        if app.meta is None or app.screen is not self or self.query("#prompt"):
+            return
+        self.prompt("search the texts (enter; n / N next / previous, empty clears):", app.view.query,
+                    app.view.search)
+
+    def prompt(self, title: str, value: str, submit) -> None:
+        """A one-line input at the bottom; enter calls ``submit(text)``, escape closes it."""
+        box = Input(value=value, placeholder=title, id="prompt")
+        box.border_title = title
+        box.submit_to = submit
+        self.mount(box, before=self.query_one(Footer))
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "prompt":
+            return
+        submit = event.input.submit_to
+        text = event.value
+        event.input.remove()
+        self.app.example_list.focus()
+        submit(text)
+
+    def filter_length(self) -> None:
+        from ..finding import parse_length
+
+        app = self.app
+
+        def submit(text: str) -> None:
+            try:
+                lo, hi = parse_length(text)
+            except ValueError as err:
+                app.notify(str(err), severity="warning", markup=False)
+                return
+            app.view.set_filter(replace(app.view.filter, length=(lo, hi)))
+
+        self.prompt("tokens, low-high (e.g. 10-40):", "", submit)
+
+    def action_next_match(self, step: int) -> None:
+        self.app.view.next_match(step)
+
+    def action_reset_view(self) -> None:
+        self.app.view.reset()
+
+    def action_stop(self) -> None:
+        """Escape: close the prompt, or cancel a running sort, filter or search."""
+        for box in self.query("#prompt"):
+            box.remove()
+            self.app.example_list.focus()
+            return
+        self.app.view.stop()

@@ -1,0 +1,66 @@
+"""The example's two header lines (id, position, length, truncation; label, prediction, correct) and its text.
+
+Like every widget here they only format what the screen hands them; they never read the store.
+"""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from ..data import LoadedExample
+from ..render.tokens import printable, printable_text
+
+_DIM = Style(dim=True)
+_BOLD = Style(bold=True)
+
+
+def _label_name(labels: dict[int, str], k: int | None) -> str:
+    if k is None or k < 0:
+        return "—"
+    return printable(labels.get(int(k), str(int(k))))
+
+
+class InfoPanel(Static):
+    """Two lines: id, position, length, truncation; gold label, prediction with its probability, correct mark."""
+
+    DEFAULT_CSS = "InfoPanel { height: 2; }"
+
+    def show_example(self, ex: LoadedExample, labels: dict[int, str], total: int, *, monochrome: bool = False) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(printable(ex.id), _BOLD)
+        t.append(f"  {ex.index + 1}/{total}  {len(ex.tokens)} tokens", _DIM)
+        if ex.truncated:
+            t.append("  truncated", _BOLD if monochrome else Style(bold=True, color="yellow"))
+            t.append(f" (of {ex.n_orig_tokens})", _DIM)
+        t.append("\n")
+        t.append("label ", _DIM)
+        t.append(_label_name(labels, ex.label))
+        t.append("  pred ", _DIM)
+        t.append(_label_name(labels, ex.pred))
+        if 0 <= ex.pred < len(ex.probs):
+            t.append(f" {float(ex.probs[ex.pred]):.2f}")
+        good, bad = (Style(), _BOLD) if monochrome else (Style(color="green"), Style(color="red", bold=True))
+        mark = {True: ("  ✓ correct", good), False: ("  ✗ wrong", bad), None: ("  · unlabelled", _DIM)}[ex.correct]
+        t.append(*mark)
+        self.update(t)
+
+    def show_message(self, message: str) -> None:
+        self.update(Text(message, style=_DIM))
+
+
+class TextPanel(Static):
+    """The example's text (and pair text), literally, cropped to a few lines."""
+
+    DEFAULT_CSS = "TextPanel { height: auto; max-height: 3; color: $text-muted; }"
+
+    def show_example(self, ex: LoadedExample | None) -> None:
+        t = Text()
+        if ex is not None:
+            t.append("text ", _BOLD)
+            t.append(printable_text(ex.text))
+            if ex.pair is not None:
+                t.append("\npair ", _BOLD)
+                t.append(printable_text(ex.pair))
+        self.update(t)
