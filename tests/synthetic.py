@@ -1,10 +1,13 @@
 """Write a small synthetic store (for TUI development and store tests)."""
 import sys, numpy as np
 from store import StoreWriter, MethodLayout, ExampleData, open_store
-def make_store(path, n_examples=12, L=3, seed=0, with_values=False):
+def make_store(path, n_examples=12, L=3, seed=0, with_values=False, signed_matrices=False):
+    """signed_matrices: normxlogit keeps matrices too (drawn from their own generator: the other values stay)."""
     rng = np.random.default_rng(seed)
+    extra = np.random.default_rng(seed + 1000)
     methods = [MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L, description="attention rollout", params={"store_dtype": "float16"}),
-               MethodLayout("normxlogit", signed=True, n_layer_views=L, class_scores=True, description="norm x logit"),
+               MethodLayout("normxlogit", signed=True, n_layer_views=L, class_scores=True, description="norm x logit",
+                            **({"matrices": "all", "n_matrix_layers": L} if signed_matrices else {})),
                MethodLayout("norm", signed=False, example_values=("ig_delta",) if with_values else ())]
     w = StoreWriter.create(path, n_layers=L, n_heads=4, labels={0: "negative", 1: "positive"}, methods=methods, provenance={"model": "synthetic"}, attrs={"model_id": "synthetic"})
     words = "the movie was [bold] great but tédious and 🎬 long".split()
@@ -16,6 +19,8 @@ def make_store(path, n_examples=12, L=3, seed=0, with_values=False):
         res = {"rollout": {"scores": rng.random(n), "layer_scores": rng.random((L, n)), "matrices": rng.random((L, n, n))},
                "normxlogit": {"scores": rng.normal(size=n), "layer_scores": rng.normal(size=(L, n)), "class_scores": rng.normal(size=(2, n))},
                "norm": {"scores": rng.random(n), "example_values": {"ig_delta": -0.0125 * (i + 1)} if with_values else {}}}
+        if signed_matrices:
+            res["normxlogit"]["matrices"] = extra.normal(size=(L, n, n))
         lab = int(rng.integers(0, 2)); pred = int(rng.integers(0, 2))
         exs.append(ExampleData(row=i, id=f"ex{i}", text=text, pair=None, token_ids=np.arange(n), tokens=toks, spans=np.full((n, 2), -1), segment=np.zeros(n), label=lab, pred=pred, probs=np.array([0.3, 0.7]), target=pred, explain_pos=0, n_orig_tokens=n, truncated=False, results=res))
     w.append(exs[: n_examples // 2]); w.append(exs[n_examples // 2:])

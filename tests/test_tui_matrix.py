@@ -68,7 +68,7 @@ async def test_heatmap_cursor_layers_and_scales(store_path, monkeypatch):
         await pilot.press("left_square_bracket", "left_square_bracket")
         assert screen.view_layer == 2  # wraps
         for want in ("example", "global", "layer"):
-            await pilot.press("n")
+            await pilot.press("s")
             await app.workers.wait_for_complete()
             await pilot.pause()
             await pilot.pause()

@@ -209,7 +209,7 @@ async def test_footer_and_help_list_the_key(metrics_store, color_env):
             await pilot.press("question_mark")
             await pilot.pause()
             text = screen_text(app)
-            assert "metrics (←→ s: sort)" in text and "head masks" in text and "command palette" in text
+            assert "metrics (p: curves)" in text and "head masks" in text and "command palette" in text
 
 
 @async_test
@@ -610,6 +610,16 @@ def test_snapshot_metrics_no_color(snap_compare, metrics_store, monkeypatch):
     assert snap_compare(create_app(metrics_store), terminal_size=(80, 24), run_before=_run("down", "down"))
 
 
+@pytest.mark.parametrize("no_color", [False, True], ids=["color", "no_color"])
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_snapshot_metrics_curves(snap_compare, metrics_store, monkeypatch, size, no_color):
+    """p: the mean curves of aopc@attcat (the third column) as a plotext chart."""
+    from tui.app import create_app
+
+    set_color_env(monkeypatch, no_color=no_color)
+    assert snap_compare(create_app(metrics_store), terminal_size=size, run_before=_run("right", "right", "p"))
+
+
 def test_snapshot_metrics_empty(snap_compare, plain_store, monkeypatch):
     from tui.app import create_app
 
@@ -653,3 +663,115 @@ async def test_enter_sorts_the_examples_by_the_chosen_cell(metrics_store, color_
         lst = app.example_list
         assert [lst.row_at(i) for i in range(lst.row_count)] == want.tolist()
         assert name in screen_text(app) and ("↓" if higher_is_better(name) else "↑") in screen_text(app)
+        # the list's metric column follows the sort: the sorted metric of the sorted method, row by row
+        assert lst.metric_key == (method, name)
+        lines = [ln for ln in screen_text(app).splitlines()[2:2 + lst.row_count]]
+        for i, line in enumerate(lines):
+            row = lst.row_at(i)
+            cell = line.split("▕")[0].rstrip()[-6:]
+            v = float(np.float32(per_example(MEANS[method][name])[row]))
+            assert cell == ("     —" if np.isnan(v) else f"{v:.3f}".rjust(6)), (i, row, line)
+
+
+def list_cells(app) -> list[str]:
+    """The metric column of the visible rows (its last 6 cells, before the list's border)."""
+    n = app.example_list.row_count
+    return [ln.split("▕")[0].rstrip()[-6:] for ln in screen_text(app).splitlines()[2:2 + n]]
+
+
+def want_cells(method: str, name: str) -> list[str]:
+    return ["     —" if np.isnan(v) else f"{v:.3f}".rjust(6)
+            for v in (float(np.float32(x)) for x in per_example(MEANS[method][name]))]
+
+
+@async_test
+async def test_list_metric_column_follows_the_method(metrics_store, partial_store, plain_store, color_env):
+    """The example list shows the current method's per-example metric, store row by store row; m switches it to
+    the next method's; a method without metrics and a store without any show no column."""
+    from tui.app import create_app
+
+    app = create_app(metrics_store)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        lst = app.example_list
+        assert lst.metric_key == ("rollout", "comprehensiveness")
+        assert screen_text(app).splitlines()[1].split("▕")[0].rstrip().endswith("  comp")
+        assert list_cells(app) == want_cells("rollout", "comprehensiveness")
+        await pilot.press("m")
+        await settle(pilot)
+        await app.workers.wait_for_complete()
+        await settle(pilot)
+        assert lst.metric_key == ("normxlogit", "comprehensiveness")
+        assert list_cells(app) == want_cells("normxlogit", "comprehensiveness")
+    app = create_app(partial_store)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("M")  # norm: no metrics in this store, no column
+        await settle(pilot)
+        assert app.example_list.metric_key is None
+        assert "comp" not in screen_text(app).splitlines()[1]
+    app = create_app(plain_store)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        assert app.example_list.metric_key is None and " len " in screen_text(app).splitlines()[1] + " "
+
+
+@async_test
+async def test_p_plots_the_mean_curves_of_the_sort_metric(metrics_store, plain_store, color_env):
+    """p swaps the detail panel for a plotext chart of the sort column's mean per-level curves (the method under the
+    cursor first); a metric without stored curves says so; p again brings the panel back."""
+    from tui.widgets.curve_chart import CurveChart
+
+    app = create_app_for(metrics_store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await open_metrics(pilot)
+        chart = screen.query_one(CurveChart)
+        assert not chart.display and screen.query_one("#metrics-side").display
+        await pilot.press("p")
+        await settle(pilot)
+        assert chart.display and not screen.query_one("#metrics-side").display
+        assert chart.metric == "comprehensiveness" and chart.series == []  # no curves stored for it
+        assert "no per-level curves" in screen_text(app)
+        while screen.sort_name != "aopc@attcat":
+            await pilot.press("right")
+        await settle(pilot)
+        assert chart.metric == "aopc@attcat"
+        assert [s.method for s in chart.series] == screen.chart_methods()[:len(chart.series)]
+        assert chart.series and chart.series[0].method == screen.cursor
+        for s in chart.series:
+            info = screen.data.get(s.method, "aopc@attcat")
+            keep = np.isfinite(info.curve)
+            np.testing.assert_allclose(s.y, info.curve[keep])
+            np.testing.assert_allclose(s.x, info.curve_levels[keep])
+        text = screen_text(app)
+        assert "aopc@attcat: mean curve" in text and all(s.method in text for s in chart.series)
+        await pilot.press("down")  # another method under the cursor: it comes first
+        await settle(pilot)
+        assert chart.series[0].method == screen.cursor
+        await pilot.press("p")
+        await settle(pilot)
+        assert not chart.display and screen.query_one("#metrics-side").display
+
+
+def create_app_for(path):
+    from tui.app import create_app
+
+    return create_app(path)
+
+
+def test_curve_series_leaves_out_what_is_missing():
+    from tui.data import MetricInfo, MetricsData
+    from tui.widgets.curve_chart import curve_series
+
+    def info(method, curve, levels):
+        return MetricInfo(method, "aopc", None, {}, {}, True, curve=curve, curve_levels=levels)
+
+    data = MetricsData(("a", "b", "c", "d"), ("aopc",), {
+        "a": {"aopc": info("a", np.array([0.5, np.nan, 0.2]), np.array([1.0, 2.0, 3.0]))},
+        "b": {"aopc": info("b", None, None)},  # no curves stored
+        "c": {"aopc": info("c", np.array([0.4, 0.3]), np.array([np.nan, 2.0]))},  # a level missing: 1..K
+        "d": {"aopc": info("d", np.array([np.nan]), np.array([1.0]))}})  # nothing finite
+    series = curve_series(data, "aopc", ["c", "a", "b", "d", "e"])
+    assert [s.method for s in series] == ["c", "a"]
+    np.testing.assert_array_equal(series[0].x, [1.0, 2.0]) and np.testing.assert_array_equal(series[0].y, [0.4, 0.3])
+    np.testing.assert_array_equal(series[1].x, [1.0, 3.0]) and np.testing.assert_array_equal(series[1].y, [0.5, 0.2])

@@ -24,6 +24,7 @@ from store import Store, open_store
 
 from .colors import MODES, Mode, detect_mode
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
+from .render.metric_table import short_name
 from .render.tokens import printable
 from .screens.browse import BrowseScreen
 from .screens.compare import CompareScreen
@@ -123,6 +124,7 @@ class AttrApp(App[int]):
         self.view = ListView(self)  # sort, filter and search of the example list
         self.norm = "view"  # colour normalisation: screens.browse.NORMALISATIONS
         self.show_strip = True  # the browse screen's layer strip
+        self.list_metric_name: str | None = None  # the example list's metric column (its method: the current one)
         self.global_scales: dict[str, dict] = {}  # method -> store-wide scale statistics (read once)
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
@@ -222,20 +224,23 @@ class AttrApp(App[int]):
                             group="prefetch", name=f"read ahead of {index}")
 
     def on_example_list_need_rows(self, message: ExampleList.NeedRows) -> None:
-        self.run_worker(partial(self._read_rows, message.block), thread=True, group=f"rows {message.block}",
+        self.run_worker(partial(self._read_rows, message.block, self.example_list.metric_key), thread=True,
+                        group=f"rows {message.block}",
                         name=f"read rows of block {message.block}")
 
-    def _read_rows(self, block: int) -> None:
+    def _read_rows(self, block: int, metric: tuple[str, str] | None) -> None:
         lo = block * ROW_BLOCK
         try:
             with self.store_lock:
                 rows = self.store.index_rows(lo, lo + ROW_BLOCK)
                 ids = self.store.ids_range(lo, lo + len(rows))
+                values = None if metric is None else np.asarray(self.store.metric_values(*metric, lo, lo + len(rows)),
+                                                                np.float64)
         except Exception as err:
             self.post_message(ReadFailed(f"examples {lo + 1}-{lo + ROW_BLOCK}", str(err)))
             return
         self.post_message(RowsLoaded(block, RowBlock(np.array(rows["label"]), np.array(rows["pred"]),
-                                                     np.array(rows["n_tokens"]), ids)))
+                                                     np.array(rows["n_tokens"]), ids, metric, values)))
 
     def _read_examples(self, indices: list[int], report_first: bool = True) -> None:
         worker = get_current_worker()
@@ -303,6 +308,7 @@ class AttrApp(App[int]):
         if not self._alive():
             return
         self.metrics = message.data
+        self.sync_list_metric()
         # examples read before the metric names were known lack their values: read the current one again
         self.cache.clear()
         if self.current is not None:
@@ -371,10 +377,26 @@ class AttrApp(App[int]):
         self.layer = layer
         self._render_current()
 
+    def list_metric(self) -> tuple[str, str] | None:
+        """The list's metric column: the metric the list is sorted by, else the current method's metric last
+        chosen (the metrics screen's enter), else its first; None when the method has none."""
+        if self.view.metric is not None:
+            return self.view.metric
+        info = self.method
+        names = [m.name for m in self.metrics.of(info.name)] if info is not None else []
+        if not names:
+            return None
+        return info.name, self.list_metric_name if self.list_metric_name in names else names[0]
+
+    def sync_list_metric(self) -> None:
+        key = self.list_metric()
+        self.example_list.set_metric(key, short_name(key[1]) if key else "")
+
     def set_method(self, index: int) -> None:
         if self.meta is None or not self.meta.methods:
             return
         self.method_index = index % len(self.meta.methods)
+        self.sync_list_metric()
         self.refresh_bindings()
         self._render_current()
 

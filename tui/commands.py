@@ -258,6 +258,6 @@ class MatrixCommands(_ListedCommands):
                 out.append((f"method: {printable(m)}", partial(screen.set_method, m), "its matrices"))
         for norm in ("layer", "example", "global"):
             if norm != screen.norm:
-                out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), "n cycles"))
+                out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), "s cycles"))
         out.append(("matrix: close", screen.action_close, "back to the examples"))
         return out

@@ -21,6 +21,7 @@ class ListView:
         self.cache = finding.Cache()
         self.key: np.ndarray | None = None  # sort key per store row
         self.key_name = ""
+        self.metric: tuple[str, str] | None = None  # (method, metric) when the key is a per-example metric
         self.descending = False
         self.filter = finding.Filter()
         self.matches: np.ndarray | None = None  # store rows matching the last search
@@ -96,7 +97,7 @@ class ListView:
     def sort_by_metric(self, method: str, name: str, descending: bool) -> None:
         self.ask(("metric", method, name), f"reading {name} of {method}",
                  lambda store, progress, cancel: np.asarray(store.metric_values(method, name), np.float64),
-                 lambda values: self._set_key(values, f"{name} ({method})", descending))
+                 lambda values: self._set_key(values, f"{name} ({method})", descending, (method, name)))
 
     def sort_by_disagreement(self, a: str, b: str) -> None:
         self.ask(("disagreement", a, b), f"ranking {a} against {b}",
@@ -106,8 +107,9 @@ class ListView:
     def sort_by_store_order(self) -> None:
         self._set_key(None, "", False)
 
-    def _set_key(self, key, name: str, descending: bool) -> None:
-        self.key, self.key_name, self.descending = key, name, descending
+    def _set_key(self, key, name: str, descending: bool, metric: tuple[str, str] | None = None) -> None:
+        self.key, self.key_name, self.descending, self.metric = key, name, descending, metric
+        self.app.sync_list_metric()  # a metric sort shows that metric in the list's column
         self.show()
 
     def set_filter(self, f: finding.Filter) -> None:
@@ -116,6 +118,8 @@ class ListView:
 
     def reset(self) -> None:
         self.key, self.key_name, self.filter, self.matches, self.query = None, "", finding.Filter(), None, ""
+        self.metric = None
+        self.app.sync_list_metric()
         self.show()
 
     def show(self) -> None:

@@ -22,9 +22,9 @@ from ..commands import BrowseCommands, ViewCommands
 from ..data import LoadedExample
 from ..render.metric_table import MetricLine
 from ..render.tokens import TokenLayout, token_cells
+from ..widgets.footer import FittedFooter
 from ..widgets import ColorBarView, ExampleList, InfoPanel, LayerStrip, MethodBar, TextPanel, TokenView
 
-COMPACT_FOOTER_BELOW = 90  # columns: below this the footer drops its spacing so that every key fits
 _LAYERS = Binding.Group("layer")
 
 
@@ -71,24 +71,15 @@ class BrowseScreen(Screen[None]):
                 yield LayerStrip(id="strip")
                 yield ColorBarView(id="colorbar")
                 yield TokenView(id="tokens")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
-        self._fit_footer()
         self.query_one(InfoPanel).show_message("reading the store…")
         self.query_one(ExampleList).focus()
         self.app.start()
 
     def on_resize(self, event) -> None:
-        self._fit_footer()
         self.draw()  # the layer strip's height follows the terminal's
-
-    def _fit_footer(self) -> None:
-        """A compact footer on narrow terminals (at 80 columns its keys do not fit otherwise)."""
-        for footer in self.query(Footer):
-            footer.compact = self.app.size.width < COMPACT_FOOTER_BELOW
-            # ^p stays bound (the help screen lists it); its footer entry makes room for q at 80 columns
-            footer.show_command_palette = not footer.compact
 
     # ---------------------------------------------------------------- drawing
     def show_message(self, message: str, tokens: str | None = None) -> None:

@@ -20,11 +20,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Header, SelectionList, Static
+from textual.widgets import Header, SelectionList, Static
 
 from ..agreement import spearman, top_k_overlap
 from ..colors import default_k
 from ..commands import CompareCommands
+from ..widgets.footer import FittedFooter
 from ..render.compare import Row, aligned_blocks, difference, scales
 from ..data import LoadedExample, read_example
 from ..render.tokens import ColorBar, printable
@@ -41,8 +42,8 @@ class CompareScreen(ModalScreen[None]):
     COMMANDS = {CompareCommands}
 
     BINDINGS = [
-        Binding("j", "example(1)", "next example", id="compare.next"),
-        Binding("k", "example(-1)", "previous", id="compare.previous"),
+        Binding("j", "example(1)", "example", id="compare.next"),
+        Binding("k", "example(-1)", "previous example", id="compare.previous", show=False),
         Binding("s", "toggle_shared", "shared scale", id="compare.shared"),
         Binding("d", "toggle_difference", "A−B", id="compare.difference"),
         Binding("plus,equals_sign", "top_k(1)", "k+", id="compare.k_up"),
@@ -76,7 +77,7 @@ class CompareScreen(ModalScreen[None]):
             yield Static(id="compare-bar")
             with VerticalScroll(id="compare-rows"):
                 yield Static(id="compare-tokens")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self._show()

@@ -18,12 +18,13 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from ..colors import Mode
 from ..commands import HeadsCommands
 from ..data import HeadMaskInfo, read_for_screen, read_head_masks
 from ..render.head_grid import EMPTY_MESSAGE, detail_text, legend_text, settings_text, tabs_text
+from ..widgets.footer import FittedFooter
 from ..widgets.head_grid import HeadGrid
 
 _HEADS = Binding.Group("head")
@@ -92,7 +93,7 @@ class HeadsScreen(ModalScreen[None]):
             with VerticalScroll(id="heads-side", can_focus=False):
                 yield Static(id="heads-detail")
                 yield Static(id="heads-settings")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self.query_one("#heads-body").display = False

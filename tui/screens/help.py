@@ -17,11 +17,11 @@ from ..render.tokens import JOIN_MARK, ColorBar
 KEYS = (
     ("j ↓  k ↑", "next / previous example", "PgDn PgUp", "a page of examples"),
     ("]  [", "next / previous layer", "Home End", "first / last example"),
-    ("m  M", "next / previous method", "g", "glyphs on / off"),
+    ("m  M", "next / previous method", "g  l", "glyphs, layer strip"),
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
-    ("h", "head masks (m mask, arrows)", "f", "metrics (←→ s: sort)"),
+    ("h", "head masks (m mask, arrows)", "f", "metrics (p: curves)"),
     ("c", "compare methods", "x", "token-to-token matrix"),
-    ("e", "figure: SVG, TeX, HTML", "s", "scale: view/example/all"),
+    ("e", "figure: SVG, TeX, HTML", "s", "scale: view/ex./store"),
     ("/  n N", "search texts, next / prev.", "r", "reset sort and filter"),
     ("ctrl+p", "command palette", "q  esc", "quit; close a screen"),
 )
@@ -40,7 +40,7 @@ def help_text(mode: Mode) -> Text:
         t.append(f"{k2:<11}", _K)
         t.append(f"{w2}\n")
     t.append("  layers step 1 … L then final (the method's scores); both wrap around\n", Style(dim=True))
-    t.append("  compare: a methods, s scale, d A−B, + - top-k · matrix: n scale, arrows\n", Style(dim=True))
+    t.append("  compare: a methods, s scale, d A−B, + - top-k · matrix: s scale, arrows\n", Style(dim=True))
     t.append("Colours", _H)
     t.append(f" (mode {mode}; the bar shows the numbers at both ends)\n")
     t.append("  signed       ")

@@ -19,12 +19,13 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from ..colors import Scale, format_score
 from ..colors import normalize_within as scale_of
 from ..commands import MatrixCommands
 from ..data import read_matrices
+from ..widgets.footer import FittedFooter
 from ..render.heatmap import block_factor, block_mean, half_block_lines
 from ..render.layer_strip import strip_text
 from ..render.tokens import ColorBar, printable
@@ -42,7 +43,7 @@ class MatrixScreen(ModalScreen[None]):
         Binding("left_square_bracket", "layer(-1)", "layer", id="matrix.layer.previous"),
         Binding("right_square_bracket", "layer(1)", "layer", id="matrix.layer.next", show=False),
         Binding("m", "method(1)", "method", id="matrix.method"),
-        Binding("n", "normalisation", "scale", id="matrix.normalisation"),
+        Binding("s", "normalisation", "scale", id="matrix.normalisation"),  # s as on the browse screen
         Binding("j", "example(1)", "example", id="matrix.next"),
         Binding("k", "example(-1)", "previous", id="matrix.previous", show=False),
         Binding("up", "move(-1, 0)", "cursor", id="matrix.up", show=False),
@@ -78,7 +79,7 @@ class MatrixScreen(ModalScreen[None]):
         yield Static(id="matrix-bar")
         yield Static(id="matrix-map")
         yield Static(id="matrix-status")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self._read(self.index, self.method)

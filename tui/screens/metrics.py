@@ -4,7 +4,9 @@ Layout, top to bottom: a legend (the sort column and direction, what ★ ↑ ↓
 columns metrics: the mean over the examples, the best value of each column bold with ★; the arrows move the row
 cursor, ←/→ or tab pick the sort column, ``s`` flips the direction), the browse screen's current example with its own
 value of every metric of the method under the cursor, and a detail panel for that method (every metric with
-mean ± std, n, its settings and its mean curve). A store without metrics shows one line saying how to get them.
+mean ± std, n, its settings and its mean curve) or, with ``p``, a chart of the sort column's mean per-level curves
+for the method under the cursor and the next ones (plotext). A store without metrics shows one line saying how to
+get them.
 
 The metrics are read when the screen opens, by a thread worker under the app's store lock (values [N] and curves
 [N, K] per metric: small); the worker posts :class:`MetricsLoaded` and the screen draws from memory from then on.
@@ -19,7 +21,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from ..colors import Mode
 from ..commands import MetricsCommands
@@ -32,6 +34,8 @@ from ..render.metric_table import (
     higher_is_better,
     sorted_methods,
 )
+from ..widgets.footer import FittedFooter
+from ..widgets.curve_chart import CurveChart, curve_series
 from ..widgets.metric_table import MetricTable
 
 _ROWS = Binding.Group("method")
@@ -64,6 +68,7 @@ class MetricsScreen(ModalScreen[None]):
         Binding("tab", "sort_column(1)", "next sort column", id="metrics.column.tab", show=False),
         Binding("shift+tab", "sort_column(-1)", "previous sort column", id="metrics.column.backtab", show=False),
         Binding("s", "toggle_order", "order", id="metrics.order"),
+        Binding("p", "toggle_chart", "curves", id="metrics.chart"),
         Binding("enter", "sort_examples", "sort examples", id="metrics.sort_examples"),
         Binding("home", "first_row", "first method", id="metrics.first", show=False),
         Binding("end", "last_row", "last method", id="metrics.last", show=False),
@@ -82,6 +87,7 @@ class MetricsScreen(ModalScreen[None]):
         height: 1fr; border-top: hkey $primary 40%; padding: 0 1; scrollbar-size-vertical: 1;
     }
     MetricsScreen #metrics-detail { width: 100%; }
+    MetricsScreen #metrics-chart { height: 1fr; min-height: 8; border-top: hkey $primary 40%; }
     """
 
     def __init__(self, mode: Mode):
@@ -91,6 +97,7 @@ class MetricsScreen(ModalScreen[None]):
         self.sort = 0  # index of the sort column in data.names
         self.descending = True
         self.cursor: str | None = None  # the method under the cursor (it stays on its method when the order changes)
+        self.chart = False  # p: the curves of the sort column's metric instead of the detail panel
         self.sub_title = "faithfulness metrics"
 
     # ---------------------------------------------------------------- layout
@@ -101,7 +108,8 @@ class MetricsScreen(ModalScreen[None]):
         yield Static(id="metrics-example")
         with VerticalScroll(id="metrics-side", can_focus=False):
             yield Static(id="metrics-detail")
-        yield Footer()
+        yield CurveChart(id="metrics-chart")
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self._show_body(False)
@@ -144,8 +152,10 @@ class MetricsScreen(ModalScreen[None]):
         self._show_message("could not read the metrics (see the notification)")
 
     def _show_body(self, shown: bool) -> None:
-        for selector in ("#metrics-table", "#metrics-example", "#metrics-side"):
+        for selector in ("#metrics-table", "#metrics-example"):
             self.query_one(selector).display = shown
+        self.query_one("#metrics-side").display = shown and not self.chart
+        self.query_one(CurveChart).display = shown and self.chart
 
     def _show_message(self, message: str) -> None:
         self.query_one("#metrics-legend", Static).update(Text(message, style=Style(dim=True)))
@@ -181,7 +191,20 @@ class MetricsScreen(ModalScreen[None]):
 
     def _draw_method(self) -> None:
         self.show_example_values()
-        self.query_one("#metrics-detail", Static).update(MetricDetail(self.data, self.cursor, self.mode))
+        if self.chart:
+            self._draw_chart()
+        else:
+            self.query_one("#metrics-detail", Static).update(MetricDetail(self.data, self.cursor, self.mode))
+
+    def chart_methods(self) -> list[str]:
+        """The methods whose curves the chart draws: the one under the cursor first, then the table's order (six at
+        most, one marker each)."""
+        rows = self.rows
+        return ([self.cursor] if self.cursor in rows else []) + [m for m in rows if m != self.cursor][:5]
+
+    def _draw_chart(self) -> None:
+        name = self.sort_name
+        self.query_one(CurveChart).show(name, curve_series(self.data, name, self.chart_methods()))
 
     def show_example_values(self) -> None:
         """The browse screen's current example, with its value of every metric of the method under the cursor
@@ -205,7 +228,8 @@ class MetricsScreen(ModalScreen[None]):
     # ---------------------------------------------------------------- actions
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Table keys: hidden from the footer when the store has no metrics, greyed while loading."""
-        if action in ("move", "sort_column", "toggle_order", "first_row", "last_row", "scroll_detail", "sort_examples"):
+        if action in ("move", "sort_column", "toggle_order", "first_row", "last_row", "scroll_detail", "sort_examples",
+                      "toggle_chart"):
             if self.data is not None and not self.has_metrics:
                 return False
             return True if self.has_metrics else None
@@ -247,6 +271,13 @@ class MetricsScreen(ModalScreen[None]):
     def action_sort_column(self, step: int) -> None:
         self.set_sort(self.sort + step)
 
+    def action_toggle_chart(self) -> None:
+        """p: the mean per-level curves of the sort column's metric (deletion / insertion, comprehensiveness ...) for
+        the method under the cursor and the next ones, drawn by plotext; p again: the detail panel."""
+        self.chart = not self.chart
+        self._show_body(self.has_metrics)
+        self._draw_method()
+
     def action_toggle_order(self) -> None:
         self.set_sort(self.sort, not self.descending)
 
@@ -265,6 +296,7 @@ class MetricsScreen(ModalScreen[None]):
             self.notify("no such metric for this method", markup=False)
             return
         best_first = self.data.get(self.cursor, name).higher_is_better
+        self.app.list_metric_name = name  # the list's metric column keeps this metric for other methods too
         self.app.view.sort_by_metric(self.cursor, name, best_first)
         self.dismiss(None)
 

@@ -1,8 +1,9 @@
 """The example list: a line-API widget that renders only the visible rows, in store order or in a view's order.
 
-It never holds the whole store: rows (label, prediction, length, id) come in blocks of BLOCK store rows that it asks
-the app to read on a worker when a row of the block is drawn (NeedRows), keeping the MAX_BLOCKS most recent; a row
-not read yet shows its position. A sort or filter is an ``order`` array of store rows. Line 0 is the column header,
+It never holds the whole store: rows (label, prediction, length, id and the per-example metric of the metric column)
+come in blocks of BLOCK store rows that it asks the app to read on a worker when a row of the block is drawn
+(NeedRows), keeping the MAX_BLOCKS most recent; a row not read yet shows its position. When the metric column
+changes (another method), the blocks on screen are read again for it. A sort or filter is an ``order`` array of store rows. Line 0 is the column header,
 with the view's note (sort, filter, matches, or the progress of a pass) at its right.
 """
 
@@ -28,6 +29,7 @@ from ..render.tokens import printable
 _EXAMPLES = Binding.Group("example")
 BLOCK = 1024  # rows read at a time (the store's own index block)
 MAX_BLOCKS = 16  # blocks kept: what a screen shows and its neighbourhood, never the whole store
+METRIC_W = 6  # cells of the metric column
 
 
 @dataclass
@@ -38,9 +40,22 @@ class RowBlock:
     pred: np.ndarray
     n_tokens: np.ndarray
     ids: list[str] | None
+    metric_key: tuple[str, str] | None = None  # the (method, metric) whose per-example values ``metric`` holds
+    metric: np.ndarray | None = None
 _MARKS = {True: ("✓", Style(color="green")), False: ("✗", Style(color="red", bold=True)), None: ("·", Style(dim=True))}
 # Without colour a red mark turns dark grey: the glyph shapes alone tell right from wrong.
 _MONO_MARKS = {True: ("✓", Style()), False: ("✗", Style(bold=True)), None: ("·", Style())}
+
+
+def metric_cell(v) -> str:
+    """A per-example metric in METRIC_W cells: '…' while it is read, '—' where it is undefined (NaN)."""
+    if v is None:
+        return "…".rjust(METRIC_W)
+    v = float(v)
+    if not np.isfinite(v):
+        return "—".rjust(METRIC_W)
+    text = f"{v:.3f}" if abs(v) < 10 else f"{v:.3g}" if abs(v) < 1e5 else f"{v:.0e}"
+    return text.rjust(METRIC_W)[:METRIC_W]
 
 
 def _fit(text: str, width: int) -> str:
@@ -99,6 +114,8 @@ class ExampleList(ScrollView, can_focus=True):
         self._labels: dict[int, str] = {}
         self._label_w = 5
         self._id_w = 4  # widest id seen so far (cells)
+        self.metric_key: tuple[str, str] | None = None  # the metric column's (method, metric); None: no column
+        self._metric_head = ""
 
     # ---------------------------------------------------------------- data
     @property
@@ -163,10 +180,19 @@ class ExampleList(ScrollView, can_focus=True):
         self._blocks[block] = rows
         self._blocks.move_to_end(block)
         self._asked.discard(block)
+        self._asked.discard((block, rows.metric_key))
         while len(self._blocks) > MAX_BLOCKS:
             self._blocks.popitem(last=False)
         if rows.ids:
             self._id_w = max(self._id_w, max(cell_len(printable(i)) for i in rows.ids[:2000]))
+        self.refresh()
+
+    def set_metric(self, key: tuple[str, str] | None, head: str) -> None:
+        """Show the per-example values of metric ``key`` = (method, name) in a column headed ``head``."""
+        if key == self.metric_key:
+            return
+        self.metric_key, self._metric_head = key, head
+        self._asked = {b for b in self._asked if isinstance(b, int)}
         self.refresh()
 
     def set_note(self, note: str) -> None:
@@ -199,13 +225,16 @@ class ExampleList(ScrollView, can_focus=True):
         """(block, offset) of a store row, or None when its block is not read yet (asked for once)."""
         b = row // BLOCK
         blk = self._blocks.get(b)
-        if blk is None:
-            if b not in self._asked:
-                self._asked.add(b)
+        stale = blk is not None and blk.metric_key != self.metric_key  # read for another metric column
+        if blk is None or stale:
+            ask = b if blk is None else (b, self.metric_key)
+            if ask not in self._asked:
+                self._asked.add(ask)
                 # to the app itself: posted while the screen renders, a bubbling message would stop at the screen
                 # (Textual ends propagation at the sender, and the sender here is the screen)
                 self.app.post_message(self.NeedRows(b))
-            return None
+            if blk is None:
+                return None
         return blk, row - b * BLOCK
 
     def _label_name(self, k: int) -> str:
@@ -216,8 +245,8 @@ class ExampleList(ScrollView, can_focus=True):
     # ---------------------------------------------------------------- rendering
     def _columns(self, width: int) -> tuple[int, int]:
         """Widths of the id and label columns for a row of ``width`` cells: ids first (up to 16 cells), labels
-        share the rest (3 to 8 cells each, cut with '…')."""
-        avail = width - 2 - 5 - 2  # mark and space, " len", two separators
+        share the rest (3 to 8 cells each, cut with '…'); the metric column takes METRIC_W + 1 when it is shown."""
+        avail = width - 2 - 5 - 2 - (METRIC_W + 1 if self.metric_key else 0)  # mark, " len", separators
         want_id = min(self._id_w, 16)
         lw = min(self._label_w, max(3, (avail - want_id) // 2))
         id_w = max(3, min(want_id, avail - 2 * lw))
@@ -235,11 +264,17 @@ class ExampleList(ScrollView, can_focus=True):
         mark = (_MONO_MARKS if self.monochrome else _MARKS)[None if label < 0 else label == pred]
         cols = [_fit(ex_id, id_w), _fit(self._label_name(label), lw), _fit(self._label_name(pred), lw),
                 f"{int(blk.n_tokens[k]):>4}"]
+        if self.metric_key:
+            v = blk.metric[k] if blk.metric_key == self.metric_key and blk.metric is not None else None
+            cols.append(metric_cell(v))
         return " ".join(cols), mark
 
     def header_text(self, width: int) -> str:
         id_w, lw = self._columns(width)
         cols = [set_cell_size("id", id_w), set_cell_size("label", lw), set_cell_size("pred", lw), " len"]
+        if self.metric_key:
+            head = self._metric_head
+            cols.append(head.rjust(METRIC_W) if cell_len(head) <= METRIC_W else _fit(head, METRIC_W))
         head = "  " + " ".join(cols)
         if self._order_note:
             head = _fit(head, max(width - cell_len(self._order_note) - 1, 0)) + " " + self._order_note

@@ -1,0 +1,77 @@
+"""CurveChart: the stored per-level curves of one metric (deletion / insertion, comprehensiveness, sufficiency ...)
+for chosen methods, mean over the examples, as a terminal line chart drawn by plotext (textual-plotext).
+
+The curves come from the metrics screen's data (``MetricsData``: ``MetricInfo.curve`` and ``curve_levels``, read in
+a worker); this widget only draws. Each method gets its own marker glyph as well as its own colour, so the chart
+stays readable with NO_COLOR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from textual_plotext import PlotextPlot
+
+MARKERS = ("•", "x", "+", "o", "*", "#")  # one per method (compare and metrics screens show at most six)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One method's mean curve: ``y`` at ``x`` (mean perturbed tokens of each level, or the point number)."""
+
+    method: str
+    x: np.ndarray
+    y: np.ndarray
+
+
+def curve_series(data, metric: str, methods: list[str]) -> list[Series]:
+    """The series of ``metric`` for ``methods`` from a ``MetricsData`` (methods without the metric or without
+    stored curves are left out). x: the curve's mean levels where every point has one, else 1..K."""
+    out = []
+    for m in methods:
+        info = data.get(m, metric)
+        if info is None or info.curve is None:
+            continue
+        y = np.asarray(info.curve, dtype=np.float64)
+        lv = info.curve_levels
+        x = np.asarray(lv, dtype=np.float64) if lv is not None and np.isfinite(lv).all() else np.arange(1, len(y) + 1.0)
+        keep = np.isfinite(y)
+        if keep.any():
+            out.append(Series(m, x[keep], y[keep]))
+    return out
+
+
+class CurveChart(PlotextPlot):
+    """Line chart of per-level curves; call :meth:`show` with the series to draw."""
+
+    DEFAULT_CSS = """
+    CurveChart {
+        width: 1fr;
+        height: 1fr;
+        min-height: 8;
+    }
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None):
+        super().__init__(name=name, id=id, classes=classes)
+        self.series: list[Series] = []
+        self.metric = ""
+        self.x_label = ""
+
+    def show(self, metric: str, series: list[Series], *, x_label: str | None = None) -> None:
+        """Draw ``series`` (replacing what was drawn) under the title ``metric``."""
+        self.metric = metric
+        self.series = list(series)
+        self.x_label = x_label or "tokens perturbed (mean over examples)"
+        plt = self.plt
+        plt.clear_figure()
+        if not self.series:
+            plt.title(f"{metric}: no per-level curves stored")
+        else:
+            plt.title(f"{metric}: mean curve over the examples")
+            for k, s in enumerate(self.series):
+                plt.plot(s.x.tolist(), s.y.tolist(), label=s.method,
+                         marker=MARKERS[k % len(MARKERS)])
+            plt.xlabel(self.x_label)
+        self.refresh()
