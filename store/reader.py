@@ -527,12 +527,44 @@ class Store:
                                                        n * k).reshape(n, k).astype(dtype)
         return out
 
+    def metric_mean_curve(self, method: str, name: str, chunk: int = 8192) -> tuple[np.ndarray | None,
+                                                                                     np.ndarray | None]:
+        """The mean over the examples of a metric's per-level curves [K] (NaN where no example has a point) and of
+        their levels (-1 padding left out), read ``chunk`` examples at a time: memory does not grow with the
+        store. (None, None) for a metric without curves."""
+        kind, where = self._metric(method, name)
+        if kind == "group":
+            with self._reading(f"metric '{name}' of '{method}'") as f:
+                g = f[where]
+                if "curves" not in g:
+                    return None, None
+                n, k = g["curves"].shape
+
+                def rows(key, r0, r1):
+                    return g[key][r0:r1] if key in g else None
+
+                return _chunked_means(n, k, chunk, rows)
+        n, k = int(where["n"]), int(where["k"])
+        offs = {key: int(where[f"{key}_off"]) for key in ("curves", "levels")}
+        if offs["curves"] < 0:
+            return None, None
+
+        def rows(key, r0, r1):
+            off = offs[key]
+            if off < 0:
+                return None
+            return self._read(schema.METRIC_NUMBERS, slice(off + r0 * k, off + r1 * k), (r1 - r0) * k).reshape(-1, k)
+
+        return _chunked_means(n, k, chunk, rows)
+
     def metric_summaries(self, method: str) -> dict[str, dict]:
-        """{metric name: {"summary": ..., "settings": ..., "higher_is_better": ...}} of ``method``."""
+        """{metric name: {"summary": ..., "settings": ..., "higher_is_better": ..., "description": ...}} of
+        ``method`` (no per-example arrays)."""
         out = {}
         for name in self.metric_names(method):
             t = self._metric_text(method, name)
-            out[name] = {"summary": t["summary"], "settings": t["settings"], "higher_is_better": t["higher_is_better"]}
+            out[name] = {"summary": t["summary"], "settings": t["settings"], "higher_is_better": t["higher_is_better"],
+                         "description": t["description"]}
         return out
 
     # ------------------------------------------------------------------ tables
@@ -755,3 +787,29 @@ class Example:
 
     def __repr__(self) -> str:
         return f"<Example {self.index} id={self.id!r} n_tokens={self.n_tokens} label={self.label} pred={self.pred}>"
+
+
+def _chunked_means(n: int, k: int, chunk: int, rows) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Column means of the finite curve values and of the non-negative levels of [n, k] arrays read by
+    ``rows(key, r0, r1)`` in chunks of rows."""
+    if not n or not k:
+        return None, None
+    c_sum, c_cnt = np.zeros(k), np.zeros(k)
+    l_sum, l_cnt = np.zeros(k), np.zeros(k)
+    has_levels = False
+    for r0 in range(0, n, max(chunk, 1)):
+        r1 = min(n, r0 + max(chunk, 1))
+        c = np.asarray(rows("curves", r0, r1), dtype=np.float64)
+        ok = np.isfinite(c)
+        c_sum += np.where(ok, c, 0.0).sum(axis=0)
+        c_cnt += ok.sum(axis=0)
+        lv = rows("levels", r0, r1)
+        if lv is not None:
+            has_levels = True
+            lv = np.asarray(lv, dtype=np.float64)
+            ok = lv >= 0
+            l_sum += np.where(ok, lv, 0.0).sum(axis=0)
+            l_cnt += ok.sum(axis=0)
+    curve = np.where(c_cnt > 0, c_sum / np.maximum(c_cnt, 1), np.nan)
+    levels = np.where(l_cnt > 0, l_sum / np.maximum(l_cnt, 1), np.nan) if has_levels else None
+    return curve, levels

@@ -969,3 +969,42 @@ def test_merge_refuses_mismatched_overlapping_or_incomplete_shards(tmp_path):
             merge(out, [str(tmp_path / n) for n in names], {})
         one_line(str(info.value))
         assert not os.path.exists(out) and not os.path.exists(out + ".merge-tmp")
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 8192])
+def test_metric_mean_curve_in_chunks_equals_the_full_mean(tmp_path, chunk):
+    """Store.metric_mean_curve reads the curves a chunk of examples at a time; its means (finite points, levels
+    >= 0) equal those of the whole arrays, in today's layout and in a format 1.2 store's metric group."""
+    import os
+    import shutil
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_tui_metrics import make_metrics_store
+
+    from store import open_store
+
+    path = tmp_path / "m.h5"
+    make_metrics_store(path)
+    old = tmp_path / "old.h5"
+    shutil.copy(os.path.join(os.path.dirname(__file__), "fixtures", "store-1.2.h5"), old)
+    checked = 0
+    for p in (path, old):
+        with open_store(p) as s:
+            for m in s.metric_methods:
+                for name in s.metric_names(m):
+                    info = s.metric_info(m, name)
+                    curve, levels = s.metric_mean_curve(m, name, chunk=chunk)
+                    if info["curves"] is None:
+                        assert curve is None and levels is None
+                        continue
+                    c = np.asarray(info["curves"], np.float64)
+                    ok = np.isfinite(c)
+                    want = np.where(ok.any(0), np.where(ok, c, 0).sum(0) / np.maximum(ok.sum(0), 1), np.nan)
+                    np.testing.assert_allclose(curve, want, rtol=1e-12, equal_nan=True)
+                    lv = np.asarray(info["levels"], np.float64)
+                    okl = lv >= 0
+                    np.testing.assert_allclose(levels, np.where(okl.any(0), np.where(okl, lv, 0).sum(0) /
+                                                                np.maximum(okl.sum(0), 1), np.nan), rtol=1e-12)
+                    checked += 1
+    assert checked >= 4  # three methods' aopc@attcat and the old store's

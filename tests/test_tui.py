@@ -748,7 +748,7 @@ async def test_16_colours_reach_the_terminal_as_ansi_colours(store_path, monkeyp
     from textual.filter import ANSIToTruecolor
 
     from tui.app import create_app
-    from tui.colors import _WARM_16, background
+    from tui.colors import COLORMAPS, background
 
     monkeypatch.setenv("TERM", "xterm")
     monkeypatch.delenv("COLORTERM", raising=False)
@@ -760,7 +760,7 @@ async def test_16_colours_reach_the_terminal_as_ansi_colours(store_path, monkeyp
         assert all(not f.enabled for f in app._filters if isinstance(f, ANSIToTruecolor))
         cells = token_cells(app)
         used = {c.style.bgcolor.number for c in cells if c.style.bgcolor is not None}
-        assert used <= set(_WARM_16) and len({background(v, "16").number for v in np.linspace(0, 1, 9)}) == 5
+        assert used <= set(COLORMAPS["dark"].warm_16) and len({background(v, "16").number for v in np.linspace(0, 1, 9)}) == 5
 
 
 def test_cli_color_system_option(tmp_path):
@@ -799,3 +799,66 @@ async def test_s_cycles_the_colour_normalisation(store_path, color_env):
         await pilot.press("s")
         await settle(pilot)
         assert app.norm == "view"
+
+
+@pytest.mark.parametrize("cmap", ["dark", "light"])
+def test_every_colormap_moves_away_from_its_zero(cmap):
+    """Each colormap: 0 is the map's zero colour (black or white) on both sides; lightness moves monotonically away
+    from it with |value| in truecolor and 256 colours (16 colours are the terminal's own: each step is another
+    standard colour); the sign shows in the hue; both sides about equally far."""
+    from tui.colors import COLORMAPS, background, lightness
+
+    zero = 0.0 if cmap == "dark" else 100.0
+    direction = 1 if cmap == "dark" else -1
+    for mode in ("truecolor", "256", "16"):
+        assert background(0.0, mode, cmap) == background(-0.0, mode, cmap)
+        if mode != "16":  # the 16-colour zero is the terminal's own (bright) black or white
+            assert abs(lightness(background(0.0, mode, cmap)) - zero) < 1
+        for sign in (1, -1):
+            if mode == "16":
+                ramp = COLORMAPS[cmap].warm_16 if sign > 0 else COLORMAPS[cmap].cold_16
+                used = [background(sign * v, mode, cmap).number for v in np.linspace(0, 1, 21)]
+                assert sorted(set(used), key=used.index) == list(ramp), (cmap, sign, used)  # every step, in order
+                continue
+            light = [direction * lightness(background(sign * v, mode, cmap)) for v in np.linspace(0, 1, 21)]
+            assert all(b >= a - 1e-9 for a, b in zip(light[:-1], light[1:], strict=True)), (cmap, mode, sign, light)
+        for v in (0.3, 0.7, 1.0):
+            assert background(v, mode, cmap).get_truecolor() != background(-v, mode, cmap).get_truecolor()
+    for v in np.linspace(0.1, 1, 10):
+        assert abs(lightness(background(v, "256", cmap)) - lightness(background(-v, "256", cmap))) < 15
+    assert COLORMAPS[cmap].description
+
+
+@async_test
+async def test_colormap_from_the_palette_and_the_cli(store_path, color_env, tmp_path, monkeypatch):
+    """The palette's colormap entry recolours the tokens (a zero score: black in dark, white in light) and the
+    exported figure; --colormap starts with it; an unknown one is a usage error."""
+    from click.testing import CliRunner
+
+    from tui.app import create_app
+    from tui.cli import main
+    from tui.commands import BrowseCommands
+
+    app = create_app(store_path)
+    monkeypatch.chdir(tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        assert app.colormap == "dark"
+        dark_styles = [c.style.bgcolor for c in token_cells(app)]
+        entry = next(c for c in BrowseCommands(app.screen)._commands() if c[0] == "colormap: light")
+        entry[1]()
+        await settle(pilot)
+        assert app.colormap == "light"
+        light_styles = [c.style.bgcolor for c in token_cells(app)]
+        assert light_styles != dark_styles
+        ex = app.cache.get(app.current)
+        scale = app.browse.scale(ex, app.method, ex.scores[app.method.name])
+        zero = int(np.argmin(scale.values))  # the minimum of a non-negative view maps to the zero colour
+        assert light_styles[zero].get_truecolor() == (255, 255, 255)
+        assert dark_styles[zero].get_truecolor() == (0, 0, 0)
+        assert not any(c[0] == "colormap: light" for c in BrowseCommands(app.screen)._commands())
+        paths = app.export_figure(ex, [app.method.name])
+        svg = open(next(p for p in paths if p.endswith(".svg"))).read()
+        assert "#ffffff" in svg.lower()
+    result = CliRunner().invoke(main, [str(store_path), "--colormap", "nope"])
+    assert result.exit_code == 2 and "nope" in result.output

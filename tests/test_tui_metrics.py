@@ -365,12 +365,13 @@ async def test_example_values_follow_the_browse_selection(metrics_store, color_e
         await settle(pilot)
         screen = await open_metrics(pilot)
         line = example_line(screen)
+        assert screen.cursor == "rollout"  # the screen is kept: its cursor stays where it was left
         assert line.startswith(f"example ex{NAN_ROW} {NAN_ROW + 1}/12") and "comp —" in line  # undefined here
         app.example_list.move_to(7)  # the selection moves while the screen is open (the palette's go-to-example)
         await settle(pilot)
         await pilot.pause()
         line = example_line(screen)
-        assert line.startswith("example ex7 8/12 · normxlogit:") and f"comp {fmt(stored(0.41, 7))}" in line
+        assert line.startswith("example ex7 8/12 · rollout:") and f"comp {fmt(stored(0.30, 7))}" in line
 
 
 @async_test
@@ -775,3 +776,35 @@ def test_curve_series_leaves_out_what_is_missing():
     assert [s.method for s in series] == ["c", "a"]
     np.testing.assert_array_equal(series[0].x, [1.0, 2.0]) and np.testing.assert_array_equal(series[0].y, [0.4, 0.3])
     np.testing.assert_array_equal(series[1].x, [1.0, 3.0]) and np.testing.assert_array_equal(series[1].y, [0.5, 0.2])
+
+
+@async_test
+async def test_metrics_screen_is_kept_and_not_read_again(metrics_store, color_env, monkeypatch):
+    """f after f-escape shows the same screen (sort and cursor as left) without reading the store again; no
+    widgets pile up from opening it (Textual's footer kept every removed key alive before widgets/footer.py)."""
+    import gc
+
+    from textual.widget import Widget
+
+    from tui.app import create_app
+    from tui.screens.metrics import MetricsScreen
+
+    reads = []
+    original = MetricsScreen._read_metrics
+    monkeypatch.setattr(MetricsScreen, "_read_metrics", lambda self: (reads.append(1), original(self)))
+    app = create_app(metrics_store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        first = await open_metrics(pilot)
+        await pilot.press("right", "down")
+        await settle(pilot)
+        sort, cursor = first.sort, first.cursor
+        counts = []
+        for _ in range(4):
+            await pilot.press("escape")
+            await settle(pilot)
+            again = await open_metrics(pilot)
+            assert again is first and (again.sort, again.cursor) == (sort, cursor)
+            gc.collect()
+            counts.append(sum(issubclass(type(o), Widget) for o in gc.get_objects()))
+        assert len(reads) == 1
+        assert counts[-1] == counts[0], counts

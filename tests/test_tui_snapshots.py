@@ -71,3 +71,12 @@ def test_every_screen(snap_compare, demo_store, monkeypatch, screen, no_color, s
 
     set_color_env(monkeypatch, no_color=no_color)
     assert snap_compare(create_app(demo_store), terminal_size=size, run_before=_run(*SCREENS[screen]))
+
+
+def test_browse_light_colormap_256(snap_compare, demo_store, monkeypatch):
+    """--colormap light: white at zero, to red (+) and to blue (-), on a signed layer view."""
+    from tui.app import create_app
+
+    set_color_env(monkeypatch)
+    assert snap_compare(create_app(demo_store, color_mode="256", colormap="light"), terminal_size=(80, 24),
+                        run_before=_run("m", "right_square_bracket"))

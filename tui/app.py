@@ -22,7 +22,7 @@ from textual.worker import get_current_worker
 
 from store import Store, open_store
 
-from .colors import MODES, Mode, detect_mode
+from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES, Mode, detect_mode
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .render.metric_table import short_name
 from .render.tokens import printable
@@ -102,7 +102,7 @@ class AttrApp(App[int]):
     ]
 
     def __init__(self, store: Store, *, color_mode: Mode | None = None, poll_seconds: float = POLL_SECONDS,
-                 owns_store: bool = False):
+                 owns_store: bool = False, colormap: str = DEFAULT_COLORMAP):
         super().__init__()
         self.store = store
         self.store_lock = threading.Lock()
@@ -124,6 +124,7 @@ class AttrApp(App[int]):
         self.view = ListView(self)  # sort, filter and search of the example list
         self.norm = "view"  # colour normalisation: screens.browse.NORMALISATIONS
         self.show_strip = True  # the browse screen's layer strip
+        self.colormap = colormap  # colors.COLORMAPS
         self.list_metric_name: str | None = None  # the example list's metric column (its method: the current one)
         self.global_scales: dict[str, dict] = {}  # method -> store-wide scale statistics (read once)
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
@@ -372,6 +373,15 @@ class AttrApp(App[int]):
         self._render_current()
 
     # ---------------------------------------------------------------- state changes and screens
+    def set_colormap(self, name: str) -> None:
+        """Colour every screen (and the exported figures) with colormap ``name`` (colors.COLORMAPS)."""
+        self.colormap = name
+        self.notify(f"colormap: {name} ({COLORMAPS[name].description})", timeout=3, markup=False)
+        for screen in self.screen_stack:
+            redraw = getattr(screen, "redraw", None)
+            if redraw is not None:
+                redraw()
+
     def set_layer(self, layer: int | None) -> None:
         """Show layer view ``layer`` (0-based) of the current method, or its final scores (None)."""
         self.layer = layer
@@ -402,7 +412,7 @@ class AttrApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.color_mode))
+            self.push_screen(HelpScreen(self.color_mode, self.colormap))
 
     def action_heads(self) -> None:
         """The heads screen: the store's head masks (it reads them itself, on a worker)."""
@@ -456,7 +466,7 @@ class AttrApp(App[int]):
         methods = [m for m in methods if m in ex.scores]
         sc = scales({m: ex.scores[m] for m in methods}, signed, shared)
         note = f"{self.meta.name} · {'shared scale' if shared else 'scale per method'}"
-        fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note)
+        fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note, self.colormap)
         directory = export_directory(getattr(self.store, "path", None))
         stem = f"{safe_stem(os.path.splitext(self.meta.name)[0])}-{safe_stem(ex.id)}"
         try:
@@ -485,20 +495,28 @@ class AttrApp(App[int]):
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""
-        if not isinstance(self.screen, MetricsScreen):
-            self.push_screen(MetricsScreen(self.color_mode))
+        if isinstance(self.screen, MetricsScreen):
+            return
+        # One screen for the app's life (installed, so closing it keeps it): opening it again builds nothing and
+        # reads nothing unless the store changed; its sort and cursor stay as the user left them.
+        if not self.is_screen_installed("metrics"):
+            self.install_screen(MetricsScreen(self.color_mode), "metrics")
+        self.push_screen("metrics")
 
 
 def create_app(path_or_store: str | os.PathLike | Store, *, color_mode: str | None = None,
-               poll_seconds: float = POLL_SECONDS) -> AttrApp:
+               poll_seconds: float = POLL_SECONDS, colormap: str = DEFAULT_COLORMAP) -> AttrApp:
     """Build the browser for a store (a path is opened here and closed when the app ends).
 
     ``color_mode``: None/"auto" detects it from the environment (NO_COLOR, COLORTERM, TERM) the way rich does;
-    "truecolor", "256", "16" or "mono" force one. Raises :class:`store.StoreError` for a path that is no store.
+    "truecolor", "256", "16" or "mono" force one. ``colormap``: a name of colors.COLORMAPS. Raises
+    :class:`store.StoreError` for a path that is no store.
     """
+    if colormap not in COLORMAPS:
+        raise ValueError(f"unknown colormap '{colormap}': use one of {', '.join(COLORMAPS)}")
     owns = not isinstance(path_or_store, Store)
     store = open_store(path_or_store) if owns else path_or_store
     mode = None if color_mode in (None, "auto") else color_mode
     if mode is not None and mode not in MODES:
         raise ValueError(f"unknown colour mode '{color_mode}': use auto or one of {', '.join(MODES)}")
-    return AttrApp(store, color_mode=mode, poll_seconds=poll_seconds, owns_store=owns)
+    return AttrApp(store, color_mode=mode, poll_seconds=poll_seconds, owns_store=owns, colormap=colormap)

@@ -9,7 +9,7 @@ import click
 
 from store import StoreError, open_store
 
-from .colors import MODES
+from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES
 
 
 def _fail(message: str) -> None:
@@ -23,8 +23,11 @@ def _fail(message: str) -> None:
 @click.option("--color-system", "--color", "color", type=click.Choice(("auto",) + MODES), default="auto",
               show_default=True,
               help="Colour system; auto reads NO_COLOR, COLORTERM and TERM like rich does (mono: glyphs, no colour).")
+@click.option("--colormap", type=click.Choice(tuple(COLORMAPS)), default=DEFAULT_COLORMAP, show_default=True,
+              help="dark: black at zero (dark terminals); light: white at zero (light terminals, as in papers). "
+                   "The palette switches it too.")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
-def main(store: str, color: str, debug: bool) -> None:
+def main(store: str, color: str, colormap: str, debug: bool) -> None:
     """Browse the token attributions in STORE.h5 (written by attr-compute; it may still be writing)."""
     from .app import create_app  # after argument parsing: `attr-tui --help` stays fast
 
@@ -41,7 +44,7 @@ def main(store: str, color: str, debug: bool) -> None:
             raise
         _fail(f"cannot open '{store}': {type(err).__name__}: {err}")
     try:
-        app = create_app(s, color_mode=color)
+        app = create_app(s, color_mode=color, colormap=colormap)
         app.run()
     finally:
         s.close()

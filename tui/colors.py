@@ -5,10 +5,10 @@ stays in the middle of a diverging scale), non-negative methods to [0, 1] betwee
 A normalised value then maps to a background colour (:func:`background`) in the terminal's colour mode, or, where
 colour is not available (NO_COLOR), to a glyph of the ramp :data:`GLYPHS` plus a sign mark (:func:`sign_mark`).
 
-The colour ramps are runs of xterm-256 palette entries: in 256-colour mode (SSH does not forward COLORTERM) a value
-maps to one entry exactly, in truecolor mode it is interpolated between them, in 16-colour mode it is bucketed into
-five standard colours. Lightness grows with |value| in every mode; negative values are blue to cyan, positive ones red
-to yellow.
+The colour ramps (:data:`COLORMAPS`) are runs of xterm-256 palette entries: in 256-colour mode (SSH does not
+forward COLORTERM) a value maps to one entry exactly, in truecolor mode it is interpolated between them, in 16-colour
+mode it is bucketed into a few standard colours. In the default map ("dark") lightness grows with |value| from black
+at 0; negative values are blue to cyan, positive ones red to yellow. The "light" map starts from white at 0.
 """
 
 from __future__ import annotations
@@ -31,16 +31,40 @@ NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example":
 #: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
 GLYPHS = " ░▒▓█"
 
-# xterm-256 palette entries, dark to bright (CIE lightness grows step by step and matches between the two ramps
-# within a few units). Entry 0, black, is the zero of every scale: a token without attribution is not highlighted.
-_WARM_256 = (16, 52, 88, 124, 160, 196, 202, 208, 214, 220, 226)  # non-negative values and positive signed ones
-_COLD_256 = (16, 18, 19, 20, 21, 27, 33, 39, 45, 51, 159)  # negative signed values
-# Standard 16-colour entries (bright black, then colours of growing brightness).
-_WARM_16 = (8, 1, 9, 3, 11)
-_COLD_16 = (8, 4, 12, 6, 14)
+@dataclass(frozen=True)
+class Colormap:
+    """A diverging pair of ramps, each from the value 0 to the largest magnitude: ``warm`` for non-negative values
+    and positive signed ones, ``cold`` for negative ones, as xterm-256 entries (256-colour mode maps a value to one
+    entry; truecolor interpolates between their RGB) and as standard 16-colour entries (bucketed). Lightness moves
+    monotonically away from the zero colour along every ramp."""
 
-_RGB_WARM = np.array([Color.from_ansi(i).get_truecolor() for i in _WARM_256], dtype=np.float64)
-_RGB_COLD = np.array([Color.from_ansi(i).get_truecolor() for i in _COLD_256], dtype=np.float64)
+    name: str
+    description: str
+    warm_256: tuple[int, ...]
+    cold_256: tuple[int, ...]
+    warm_16: tuple[int, ...]
+    cold_16: tuple[int, ...]
+
+    def rgb(self, cold: bool) -> np.ndarray:
+        return _RGB[(self.name, cold)]
+
+
+COLORMAPS: dict[str, Colormap] = {c.name: c for c in (
+    # Black at zero, brighter with |value| (CIE lightness matches between the ramps within a few units): a token
+    # without attribution is not highlighted on a dark terminal.
+    Colormap("dark", "black at zero: red to yellow +, blue to cyan -",
+             (16, 52, 88, 124, 160, 196, 202, 208, 214, 220, 226), (16, 18, 19, 20, 21, 27, 33, 39, 45, 51, 159),
+             (8, 1, 9, 3, 11), (8, 4, 12, 6, 14)),
+    # White at zero, darker and more saturated with |value|, as attributions are printed in papers (and as a light
+    # terminal theme wants them).
+    Colormap("light", "white at zero: to red +, to blue -",
+             (231, 224, 217, 210, 203, 196, 160, 124, 88), (231, 189, 117, 111, 69, 33, 27, 21, 19),
+             (15, 11, 9, 1), (15, 14, 6, 4)),
+)}
+DEFAULT_COLORMAP = "dark"
+_RGB = {(c.name, cold): np.array([Color.from_ansi(i).get_truecolor() for i in (c.cold_256 if cold else c.warm_256)],
+                                 dtype=np.float64)
+        for c in COLORMAPS.values() for cold in (False, True)}
 
 
 def detect_mode(no_color: bool, color_system: str | None) -> Mode:
@@ -130,19 +154,21 @@ def _level(value: float, n_levels: int) -> int:
     return int(min(n_levels - 1, max(0, round(a * (n_levels - 1)))))
 
 
-def background(value: float, mode: Mode) -> Color | None:
-    """Background colour of a normalised value (negative values use the cold ramp); None in mono mode."""
+def background(value: float, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Color | None:
+    """Background colour of a normalised value in colormap ``cmap`` (negative values use its cold ramp); None in
+    mono mode."""
     v = float(value)
     if mode == "mono" or not np.isfinite(v):
         return None
     cold = v < 0
+    c = COLORMAPS[cmap]
     if mode == "16":
-        ramp = _COLD_16 if cold else _WARM_16
+        ramp = c.cold_16 if cold else c.warm_16
         return Color.from_ansi(ramp[_level(v, len(ramp))])
     if mode == "256":
-        ramp = _COLD_256 if cold else _WARM_256
+        ramp = c.cold_256 if cold else c.warm_256
         return Color.from_ansi(ramp[_level(v, len(ramp))])
-    rgb = _RGB_COLD if cold else _RGB_WARM
+    rgb = c.rgb(cold)
     x = min(abs(v), 1.0) * (len(rgb) - 1)
     i = min(int(x), len(rgb) - 2)
     mix = rgb[i] + (rgb[i + 1] - rgb[i]) * (x - i)
@@ -162,9 +188,9 @@ def lightness(color: Color) -> float:
     return 116.0 * y ** (1.0 / 3.0) - 16.0 if y > 0.008856 else 903.3 * y
 
 
-def token_style(value: float, mode: Mode, *, top: bool = False) -> Style:
+def token_style(value: float, mode: Mode, *, top: bool = False, cmap: str = DEFAULT_COLORMAP) -> Style:
     """Style of a token: a background from the scale with a readable foreground; bold + underline for top-k."""
-    bg = background(value, mode)
+    bg = background(value, mode, cmap)
     if bg is None:
         return Style(bold=top, underline=top)
     light = lightness(bg) > 60

@@ -12,7 +12,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 from textual.markup import escape
 
-from .colors import NORMALISATION_NAMES
+from .colors import COLORMAPS, NORMALISATION_NAMES
 
 from .render.metric_table import SORT_MARKS, arrow, higher_is_better, short_name
 from .render.tokens import printable
@@ -67,6 +67,7 @@ class BrowseCommands(_ListedCommands):
                 if layer != app.layer:
                     out.append((f"layer: {layer + 1}/{info.n_layer_views}", partial(app.set_layer, layer),
                                 f"{printable(info.name)}, layer view {layer + 1}"))
+        out += colormap_commands(app)
         for norm, what in NORMALISATION_NAMES.items():
             if norm != app.norm:
                 out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), f"colours scaled {what} (s)"))
@@ -117,6 +118,12 @@ class BrowseCommands(_ListedCommands):
             text = f"row: {int(q)}"
             yield Hit(0.8, Content(text), partial(app.example_list.move_to_row, int(q) - 1), text=text,
                       help=f"the {int(q)}th example of the store")
+
+
+def colormap_commands(app) -> list[tuple[str, object, str]]:
+    """The colormaps not in use (every screen that colours scores offers them)."""
+    return [(f"colormap: {name}", partial(app.set_colormap, name), c.description)
+            for name, c in COLORMAPS.items() if name != app.colormap]
 
 
 def _find_row(app, example_id: str) -> int | None:
@@ -236,6 +243,7 @@ class CompareCommands(_ListedCommands):
             elif m.name not in chosen and len(chosen) < 6:
                 out.append((f"compare set: add {printable(m.name)}", partial(app.set_compare_set, chosen + [m.name]),
                             ""))
+        out += colormap_commands(app)
         out.append(("export: figure (SVG, LaTeX, HTML)", screen.action_export,
                     f"these methods into {export_dir_hint(app)} (e)"))
         out.append(("compare: close", screen.action_close, "back to the examples"))
@@ -259,5 +267,6 @@ class MatrixCommands(_ListedCommands):
         for norm in ("layer", "example", "global"):
             if norm != screen.norm:
                 out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), "s cycles"))
+        out += colormap_commands(self.app)
         out.append(("matrix: close", screen.action_close, "back to the examples"))
         return out

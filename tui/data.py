@@ -235,26 +235,6 @@ def _value_summary(values) -> dict:
     return {"mean": float(finite.mean()), "std": float(finite.std()), "n": int(finite.size)} if finite.size else {}
 
 
-def _mean_curve(curves, levels, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Mean over the examples of [N, K] curves (NaN-padded) and of their levels (-1 padded)."""
-    if curves is None:
-        return None, None
-    c = np.asarray(curves, dtype=np.float64)
-    if c.ndim != 2 or c.shape[0] != n or not c.shape[1]:
-        return None, None
-    finite = np.isfinite(c)
-    count = finite.sum(axis=0)
-    curve = np.where(count > 0, np.where(finite, c, 0.0).sum(axis=0) / np.maximum(count, 1), np.nan)
-    lv = None
-    if levels is not None:
-        lv_all = np.asarray(levels, dtype=np.float64)
-        if lv_all.shape == c.shape:
-            ok = lv_all >= 0
-            k = ok.sum(axis=0)
-            lv = np.where(k > 0, np.where(ok, lv_all, 0.0).sum(axis=0) / np.maximum(k, 1), np.nan)
-    return curve, lv
-
-
 def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, list[str]]:
     """Every method's metrics, and a note for every metric that could not be used. ``curves``: also read the
     mean per-level curves and descriptions (the metrics screen, which reads them once: the app keeps the result);
@@ -277,10 +257,10 @@ def read_metrics(store: Store, *, curves: bool = True) -> tuple[MetricsData, lis
             if row:
                 table[str(method)] = row
             continue
+        summaries = store.metric_summaries(method)
         for name in store.metric_names(method):
-            info = store.metric_info(method, name)  # its curves are read once here and reduced to their mean
-            n = len(store)
-            curve, lv = _mean_curve(info.get("curves"), info.get("levels"), n)
+            info = summaries[name]
+            curve, lv = store.metric_mean_curve(method, name)  # in chunks: memory does not grow with the store
             summary = dict(info.get("summary") or {})
             if not all(k in summary for k in ("mean", "std", "n")):  # an old record without them: from the values
                 summary = {**_value_summary(store.metric_values(method, name)), **summary}

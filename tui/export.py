@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .colors import Scale, background, format_score, lightness
+from .colors import DEFAULT_COLORMAP, Scale, background, format_score, lightness
 from .render.tokens import printable
 
 BAR_STEPS = 11
@@ -28,6 +28,7 @@ class Figure:
     rows: list[tuple[str, Scale]]  # (method, normalised scores), in display order
     explained: int = -1
     note: str = ""  # e.g. "scale per method" or the store name
+    cmap: str = DEFAULT_COLORMAP  # colors.COLORMAPS: the screen's, so the figure looks like it
 
     def cells(self):
         """(method, [(token text, joined to the previous, "#rrggbb" background, dark text?)]) per row."""
@@ -37,7 +38,7 @@ class Figure:
             for i, tok in enumerate(self.tokens):
                 v = float(scale.values[i]) if i < len(scale.values) else 0.0
                 joined = i > 0 and tok.startswith("##") and len(tok) > 2
-                colour = background(v, "truecolor")
+                colour = background(v, "truecolor", self.cmap)
                 row.append((printable(tok[2:] if joined else tok), joined, colour.get_truecolor().hex if colour
                             else "#ffffff", colour is None or lightness(colour) > 60))
             out.append((name, row))
@@ -46,7 +47,7 @@ class Figure:
     def bar(self, scale: Scale) -> list[tuple[float, str]]:
         """(value, colour) steps of the colour bar of ``scale`` from its low end to its high end."""
         vs = np.linspace(-1.0 if scale.signed else 0.0, 1.0, BAR_STEPS)
-        return [(float(v), background(float(v), "truecolor").get_truecolor().hex) for v in vs]
+        return [(float(v), background(float(v), "truecolor", self.cmap).get_truecolor().hex) for v in vs]
 
 
 # ---------------------------------------------------------------- SVG

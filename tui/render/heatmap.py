@@ -15,7 +15,7 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from ..colors import Mode, background, glyph, sign_mark
+from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, sign_mark
 
 UPPER_HALF = "▀"
 CURSOR_STYLE = Style(reverse=True, bold=True)
@@ -41,12 +41,8 @@ def block_mean(m: np.ndarray, fr: int, fc: int) -> tuple[np.ndarray, np.ndarray]
     return sums / np.maximum(counts, 1), counts
 
 
-def _cell_colour(v: float, mode: Mode):
-    return background(v, mode)
-
-
 def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] | None = None,
-                     cell_width: int = 1, signed: bool = True) -> list[Text]:
+                     cell_width: int = 1, signed: bool = True, cmap: str = DEFAULT_COLORMAP) -> list[Text]:
     """Lines drawing normalised ``values`` [R, C] (in [-1, 1] or [0, 1]): two rows per line in colour modes, one
     per line (glyphs) without colour. The cell at ``cursor`` (row, column) is drawn in reverse video."""
     v = np.asarray(values, dtype=np.float64)
@@ -67,12 +63,13 @@ def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] 
     for r0 in range(0, R, 2):
         t = Text(no_wrap=True, overflow="crop")
         for c in range(C):
-            top = _cell_colour(v[r0, c], mode)
-            bottom = _cell_colour(v[r0 + 1, c], mode) if r0 + 1 < R else None
+            top = background(v[r0, c], mode, cmap)
+            bottom = background(v[r0 + 1, c], mode, cmap) if r0 + 1 < R else None
             style = Style(color=top, bgcolor=bottom)
             if cursor is not None and cursor[1] == c and cursor[0] in (r0, r0 + 1):
                 # the cursor's half becomes a bright marker so the cell stays visible on any colour
-                style = Style(color="white" if cursor[0] == r0 else top, bgcolor="white" if cursor[0] != r0 else bottom,
+                mark = "black" if cmap == "light" else "white"  # the colour farthest from the map's zero
+                style = Style(color=mark if cursor[0] == r0 else top, bgcolor=mark if cursor[0] != r0 else bottom,
                               bold=True)
             t.append(UPPER_HALF * cell_width, style)
         lines.append(t)

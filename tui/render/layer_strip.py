@@ -13,7 +13,7 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from ..colors import Mode, background, glyph, normalize_within
+from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, normalize_within
 from .heatmap import block_factor, block_mean
 
 CURRENT_MARK = "▶"
@@ -35,7 +35,8 @@ def window(total: int, current: int, rows: int) -> range:
 
 
 def strip_text(lines: np.ndarray, labels: list[str], current: int | None, signed: bool, mode: Mode, *, width: int,
-               rows: int, label_w: int = 8, f: int | None = None, cw: int | None = None) -> Text:
+               rows: int, label_w: int = 8, f: int | None = None, cw: int | None = None,
+               cmap: str = DEFAULT_COLORMAP) -> Text:
     """Draw ``lines`` [V, n] (one row of scores per label) in ``width`` cells after a ``label_w``-cell label;
     ``current`` (a row index, or None) is marked with :data:`CURRENT_MARK` and bold. ``f``/``cw`` force the
     columns' geometry (the matrix screen aligns the strip with its heatmap)."""
@@ -56,7 +57,7 @@ def strip_text(lines: np.ndarray, labels: list[str], current: int | None, signed
             if mode == "mono":
                 out.append(glyph(x) * cw, Style(bold=cur))
             else:
-                out.append(" " * cw, Style(bgcolor=background(x, mode)))
+                out.append(" " * cw, Style(bgcolor=background(x, mode, cmap)))
         if k < len(shown) - 1:
             out.append("\n")
     return out

@@ -14,7 +14,7 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
-from ..colors import GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
+from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
 _JOIN_STYLE = Style(dim=True)
@@ -56,7 +56,7 @@ EXPLAINED_MARK = "▸"  # before the token whose prediction is explained (a shap
 
 
 def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, top: set[int],
-                explained: int = -1) -> list[TokenCell]:
+                explained: int = -1, cmap: str = DEFAULT_COLORMAP) -> list[TokenCell]:
     """One cell per token, styled by its normalised score. With ``glyphs`` every token is prefixed by its sign
     mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size. The explained
     token carries :data:`EXPLAINED_MARK`."""
@@ -69,7 +69,7 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
             shown = (sign_mark(v) if scale.signed else "") + glyph(v) + shown
         if i == explained:
             shown = EXPLAINED_MARK + shown
-        cells.append(TokenCell(shown, token_style(v, mode, top=i in top), joined))
+        cells.append(TokenCell(shown, token_style(v, mode, top=i in top, cmap=cmap), joined))
     return cells
 
 
@@ -109,8 +109,10 @@ class TokenLayout:
 class ColorBar:
     """The scale of the current view with its numbers: ``-M [cold..0..warm] +M`` or ``min [ramp] max``."""
 
-    def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0, scope: str = ""):
+    def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0, scope: str = "",
+                 cmap: str = DEFAULT_COLORMAP):
         self.scale, self.mode, self.glyphs, self.top_k, self.scope = scale, mode, glyphs, top_k, scope
+        self.cmap = cmap
 
     def render(self, width: int) -> Text:
         s = self.scale
@@ -134,7 +136,7 @@ class ColorBar:
             ch = glyph(v) if (self.glyphs or self.mode == "mono") else " "
             if j == centre:
                 ch = "0"
-            text.append(ch, token_style(v, self.mode))
+            text.append(ch, token_style(v, self.mode, cmap=self.cmap))
         text.append(" ")
         text.append(right, Style(bold=True))
         if note:

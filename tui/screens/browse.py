@@ -110,13 +110,17 @@ class BrowseScreen(Screen[None]):
         self.query_one(MethodBar).show(info, app.method_index, len(app.meta.methods), app.layer,
                                        ex.values.get(info.name), metrics, ladder=not strip)
         self.query_one(LayerStrip).show(views, ex.scores[info.name], app.layer, info.signed, app.color_mode,
-                                        rows=self._strip_rows())
+                                        rows=self._strip_rows(), cmap=app.colormap)
         scope = {"view": "", "example": "per example", "global": "global"}[app.norm]
         if app.norm == "global" and info.name not in app.global_scales:
             scope = "global: reading…"
-        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope)
-        cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos)
+        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap)
+        cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
+                            cmap=app.colormap)
         self.query_one(TokenView).show_tokens(TokenLayout(cells))
+
+    def redraw(self) -> None:
+        self.draw()
 
     def _strip_rows(self) -> int:
         """Lines the layer strip may take: what leaves the tokens at least four lines (header, example, method bar,

@@ -158,9 +158,9 @@ class CompareScreen(ModalScreen[None]):
             rows = [Row(m, sc[m], raw[m]) for m in methods]
             bar_scale = sc[methods[0]]
         self.query_one("#compare-table").update(Group(head, table))
-        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k))
+        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k, cmap=app.colormap))
         lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
-                               explained=ex.explain_pos)
+                               explained=ex.explain_pos, cmap=app.colormap)
         self.query_one("#compare-tokens").update(Text("\n").join(lines))
         self.sub_title = "compare · " + ", ".join(methods)
 
@@ -206,6 +206,9 @@ class CompareScreen(ModalScreen[None]):
                 self.app.compare_methods = picked  # the choice persists for the next compare
             chooser.first().remove()
             self._draw()
+
+    def redraw(self) -> None:
+        self._draw()
 
     def set_methods(self, methods: list[str]) -> None:
         """Show ``methods`` (the app's compare set, changed from the palette)."""

@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..colors import GLYPHS, Mode, default_k, normalize
+from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, default_k, normalize
 from ..render.tokens import JOIN_MARK, ColorBar
 
 KEYS = (
@@ -30,7 +30,7 @@ _H = Style(bold=True, underline=True)
 _K = Style(bold=True)
 
 
-def help_text(mode: Mode) -> Text:
+def help_text(mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Text:
     """The help page (at most 74 cells wide, about 20 lines, so that it fits 80x24)."""
     t = Text()
     t.append("Keys\n", _H)
@@ -44,11 +44,14 @@ def help_text(mode: Mode) -> Text:
     t.append("Colours", _H)
     t.append(f" (mode {mode}; the bar shows the numbers at both ends)\n")
     t.append("  signed       ")
-    t.append_text(ColorBar(normalize(np.array([-1.0, 1.0]), True), mode, glyphs=False).render(25))
-    t.append("  sign: see Glyphs\n" if mode == "mono" else "  blue -, red to yellow +\n")
+    t.append_text(ColorBar(normalize(np.array([-1.0, 1.0]), True), mode, glyphs=False, cmap=cmap).render(25))
+    dark = cmap == "dark"
+    t.append("  sign: see Glyphs\n" if mode == "mono" else "  blue -, red to yellow +\n" if dark else
+             "  blue -, red +\n")
     t.append("  non-negative ")
-    t.append_text(ColorBar(normalize(np.array([0.0, 1.0]), False), mode, glyphs=False).render(25))
-    t.append("  min to max\n" if mode == "mono" else "  dark (min) to yellow (max)\n")
+    t.append_text(ColorBar(normalize(np.array([0.0, 1.0]), False), mode, glyphs=False, cmap=cmap).render(25))
+    t.append("  min to max\n" if mode == "mono" else "  dark (min) to yellow (max)\n" if dark else
+             "  white (min) to red (max)\n")
     t.append(f"  top-{default_k(100)} tokens (at most a quarter of them) are bold and underlined\n")
     t.append("Glyphs", _H)
     t.append(" (always on without colour, NO_COLOR; g toggles them)\n")
@@ -77,13 +80,14 @@ class HelpScreen(ModalScreen[None]):
     }
     """
 
-    def __init__(self, mode: Mode):
+    def __init__(self, mode: Mode, cmap: str = DEFAULT_COLORMAP):
         super().__init__()
         self.mode = mode
+        self.cmap = cmap
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(help_text(self.mode), id="help-text")
+            yield Static(help_text(self.mode, self.cmap), id="help-text")
 
     def action_dismiss(self) -> None:
         self.dismiss(None)

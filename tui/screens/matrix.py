@@ -176,9 +176,9 @@ class MatrixScreen(ModalScreen[None]):
         head.append(f" · scale: {self.norm}", _DIM)
         info.update(head)
         self.query_one("#matrix-strip").update(self._strip(ex, fc, cw))
-        self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=mono))
+        self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=mono, cmap=app.colormap))
         lines = half_block_lines(cell_scale.values.reshape(cells.shape), app.color_mode, cursor=(r, c), cell_width=cw,
-                                 signed=sc.signed)
+                                 signed=sc.signed, cmap=app.colormap)
         step = 1 if mono else 2
         out = []
         for k, line in enumerate(lines):
@@ -213,7 +213,8 @@ class MatrixScreen(ModalScreen[None]):
             return Text("no layer views for this method", style=_DIM)
         labels = [f"L{i + 1}" for i in range(len(views))]
         return strip_text(views, labels, self.view_layer, self._signed(), self.app.color_mode,
-                          width=self.size.width - 2, rows=_STRIP_MAX, label_w=_LABEL_W, f=f, cw=cw)
+                          width=self.size.width - 2, rows=_STRIP_MAX, label_w=_LABEL_W, f=f, cw=cw,
+                          cmap=self.app.colormap)
 
     # ---------------------------------------------------------------- actions
     def action_layer(self, step: int) -> None:
@@ -240,6 +241,9 @@ class MatrixScreen(ModalScreen[None]):
 
     def action_normalisation(self) -> None:
         self.set_normalisation(NORMALISATIONS[(NORMALISATIONS.index(self.norm) + 1) % len(NORMALISATIONS)])
+
+    def redraw(self) -> None:
+        self._draw()
 
     def set_normalisation(self, norm: str) -> None:
         self.norm = norm

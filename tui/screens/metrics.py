@@ -113,7 +113,21 @@ class MetricsScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self._show_body(False)
+        self._read_key = self._store_key()
         self.run_worker(self._read_metrics, thread=True, exclusive=True, group="metrics", name="read metrics")
+
+    def on_screen_resume(self) -> None:
+        """Opened again: read again only when the store has grown since (the app keeps this screen)."""
+        key = self._store_key()
+        if self.data is not None and key != self._read_key:
+            self._read_key = key
+            self.run_worker(self._read_metrics, thread=True, exclusive=True, group="metrics", name="read metrics")
+        elif self.has_metrics:
+            self.show_example_values()  # the browse screen's example may have changed
+
+    def _store_key(self):
+        meta = getattr(self.app, "meta", None)
+        return None if meta is None else (meta.n, meta.complete)
 
     # ---------------------------------------------------------------- worker (the only HDF5 read of this screen)
     def _read_metrics(self) -> None:
@@ -130,6 +144,7 @@ class MetricsScreen(ModalScreen[None]):
         return cached[1]
 
     def on_metrics_loaded(self, message: MetricsLoaded) -> None:
+        old = self.data.names if self.data is not None else ()
         self.data = message.data
         for problem in message.problems:
             self.notify(problem, severity="warning", timeout=8, markup=False)
@@ -139,9 +154,11 @@ class MetricsScreen(ModalScreen[None]):
         n_methods, n_metrics = len(self.data.methods), len(self.data.names)
         self.sub_title = (f"metrics · {n_methods} method{'s' if n_methods != 1 else ''} × "
                           f"{n_metrics} metric{'s' if n_metrics != 1 else ''}")
-        self.sort = 0
-        self.descending = higher_is_better(self.data, self.data.names[0])  # the first column, best first
-        self.cursor = self.rows[0] if self.rows else None
+        if tuple(old) != tuple(self.data.names):  # first read, or other metrics: the first column, best first
+            self.sort = 0
+            self.descending = higher_is_better(self.data, self.data.names[0])
+        if self.cursor not in self.rows:  # a re-read after the store grew keeps the sort and the cursor
+            self.cursor = self.rows[0] if self.rows else None
         self._show_body(True)
         self.refresh_bindings()
         self._draw()

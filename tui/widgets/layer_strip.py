@@ -16,7 +16,7 @@ class LayerStrip(Static):
     DEFAULT_CSS = "LayerStrip { height: auto; }"
 
     def show(self, views: np.ndarray | None, final: np.ndarray, layer: int | None, signed: bool, mode, *,
-             rows: int) -> None:
+             rows: int, cmap: str = "dark") -> None:
         if views is None or not len(views):
             self.display = False
             return
@@ -25,4 +25,4 @@ class LayerStrip(Static):
         labels = [f"L{i + 1}" for i in range(len(views))] + ["final"]
         current = len(views) if layer is None else layer
         self.update(strip_text(lines, labels, current, signed, mode, width=max(self.size.width, 20), rows=rows,
-                               label_w=7))
+                               label_w=7, cmap=cmap))
