@@ -87,7 +87,8 @@ class MetricsScreen(ModalScreen[None]):
         height: 1fr; border-top: hkey $primary 40%; padding: 0 1; scrollbar-size-vertical: 1;
     }
     MetricsScreen #metrics-detail { width: 100%; }
-    MetricsScreen #metrics-chart { height: 1fr; min-height: 8; border-top: hkey $primary 40%; }
+    MetricsScreen #metrics-chart { height: 1fr; min-height: 10; border-top: hkey $primary 40%; }
+    MetricsScreen.-chart MetricTable { max-height: 30%; }  /* the chart needs the lines: the table scrolls */
     """
 
     def __init__(self, mode: Mode):
@@ -292,6 +293,7 @@ class MetricsScreen(ModalScreen[None]):
         """p: the mean per-level curves of the sort column's metric (deletion / insertion, comprehensiveness ...) for
         the method under the cursor and the next ones, drawn by plotext; p again: the detail panel."""
         self.chart = not self.chart
+        self.set_class(self.chart, "-chart")
         self._show_body(self.has_metrics)
         self._draw_method()
 
