@@ -134,3 +134,31 @@ def test_aligned_blocks_keep_columns_under_each_other():
         starts_b = [i for i, ch in enumerate(bottom.plain) if i and bottom.plain[i - 1] == " " and ch != " "]
         assert starts == starts_b and top.cell_len == bottom.cell_len
     assert "·" in "".join(line.plain for line in lines)  # the pieces of "unbelievable" joined
+
+
+@async_test
+async def test_per_example_metrics_keep_small_values_visible(tmp_path, monkeypatch):
+    """Each method's row shows this example's stored metrics; 4e-05 and -2e-04 are not printed as 0.000 / -0.000."""
+    set_color_env(monkeypatch)
+    from store import MetricData, add_metrics
+    from tui.app import create_app
+    from tui.render.metric_table import fmt
+
+    path = tmp_path / "small.h5"
+    make_store(str(path), n_examples=4, L=3, seed=3)
+    values = {"rollout": [4.1e-05, 0.5, 0.25, 0.125], "normxlogit": [-2.0e-04, 0.1, 0.2, 0.3],
+              "norm": [0.333, np.nan, 0.0, 1.0]}
+    add_metrics(str(path), [MetricData(m, "comprehensiveness", np.array(v), {}, {"mean": 0.0, "std": 0.0, "n": 4}, True,
+                                       "comp") for m, v in values.items()])
+    app = create_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_compare(pilot)
+        for i in range(2):
+            text = screen_text(app)
+            for m in screen.methods:
+                line = next(line for line in text.splitlines() if line.strip().startswith(m + " ") and "." in line)
+                assert line.split()[-1] == fmt(values[m][i]), (line, m, i)
+            await pilot.press("j")
+            await settle(pilot)
+            await pilot.pause()
+    assert fmt(4.1e-05) == "4.1e-05" and fmt(-2.0e-04) == "-2.0e-04" and fmt(np.nan) == "—"

@@ -27,6 +27,7 @@ from ..colors import default_k
 from ..commands import CompareCommands
 from ..widgets.footer import FittedFooter
 from ..render.compare import Row, aligned_blocks, difference, scales
+from ..render.metric_table import fmt
 from ..data import LoadedExample, read_example
 from ..render.tokens import ColorBar, printable
 
@@ -141,7 +142,7 @@ class CompareScreen(ModalScreen[None]):
         for j, m in enumerate(methods):
             rho = 1.0 if j == 0 else spearman(first, raw[m], skip=ex.explain_pos)
             ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos)
-            values = [_fmt(ex.metric_values.get((m, n)), 3) for n in metric_names]
+            values = [fmt(ex.metric_values.get((m, n))) for n in metric_names]  # as the metrics screen: 4e-05 stays visible
             table.add_row(Text(m), _fmt(rho), _fmt(ov), *values)
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(printable(ex.id), Style(bold=True))
