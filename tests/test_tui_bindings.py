@@ -134,6 +134,15 @@ async def press_and_check(pilot, table, key, before_key=None):
     assert after != before, (key, before, after)
 
 
+async def close_and_reopen(pilot, table, keys, open_key, screen_cls, ready):
+    """Each of ``keys`` closes the screen (checked through ``table``); the screen is opened again between them."""
+    for i, key in enumerate(keys):
+        assert isinstance(pilot.app.screen, screen_cls)
+        await press_and_check(pilot, table, key)
+        if i < len(keys) - 1:
+            await open_modal(pilot, open_key, screen_cls, ready)
+
+
 async def back_to_browse(pilot):
     app = pilot.app
     for _ in range(3):
@@ -192,10 +201,7 @@ async def test_compare_keys(full_store, env):
         await pilot.press("escape")  # closes the selection list, not the screen
         await settle(pilot)
         assert screen_name(app) == "CompareScreen"
-        for key in ("escape", "c", "q"):
-            await press_and_check(pilot, COMPARE, key)
-            if key != "q":
-                await open_modal(pilot, "c", CompareScreen, "example")
+        await close_and_reopen(pilot, COMPARE, ("escape", "c", "q"), "c", CompareScreen, "example")
 
 
 @async_test
@@ -209,10 +215,7 @@ async def test_matrix_keys(full_store, env):
         for key in ("right_square_bracket", "left_square_bracket", "s", "j", "k", "down", "right", "up", "left",
                     "m"):
             await press_and_check(pilot, MATRIX, key)
-        for key in ("escape", "x", "q"):
-            await press_and_check(pilot, MATRIX, key)
-            if key != "q":
-                await open_modal(pilot, "x", MatrixScreen, "matrices")
+        await close_and_reopen(pilot, MATRIX, ("escape", "x", "q"), "x", MatrixScreen, "matrices")
 
 
 @async_test
@@ -229,10 +232,7 @@ async def test_metrics_keys(full_store, env):
         await press_and_check(pilot, METRICS, "ctrl+p")  # the palette over the metrics screen
         await pilot.press("escape")
         await settle(pilot)
-        for key in ("escape", "f", "q", "enter"):
-            assert screen_name(app) == "MetricsScreen"
-            await press_and_check(pilot, METRICS, key)
-            await open_modal(pilot, "f", MetricsScreen, "data")
+        await close_and_reopen(pilot, METRICS, ("escape", "f", "q", "enter"), "f", MetricsScreen, "data")
 
 
 @async_test
@@ -248,10 +248,7 @@ async def test_heads_and_help_keys(full_store, env):
         await press_and_check(pilot, HEADS, "ctrl+p")
         await pilot.press("escape")
         await settle(pilot)
-        for key in ("escape", "h", "q"):
-            assert screen_name(app) == "HeadsScreen"
-            await press_and_check(pilot, HEADS, key)
-            await open_modal(pilot, "h", HeadsScreen, "masks")
+        await close_and_reopen(pilot, HEADS, ("escape", "h", "q"), "h", HeadsScreen, "masks")
         await back_to_browse(pilot)
         for key in ("escape", "question_mark"):
             await pilot.press("question_mark")
