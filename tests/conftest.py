@@ -174,3 +174,12 @@ def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9), params: 
             torch.testing.assert_close(x, y[0], rtol=1e-5, atol=1e-5 * scale)
         for key, v in (together.example_values or {}).items():
             torch.testing.assert_close(v[b], alone.example_values[key][0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The tiny models are fastest on one thread, and the machine is shared (modules that run attr-compute)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from compute.cli import main
+from cli_results import invoke
 from store import StoreError, open_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,14 +38,7 @@ WINDOW = 8  # RunConfig.window: batches per commit
 VOCAB_WORDS = ("the movie was great but long and boring film good bad not very a i it is this acting plot story "
                "loved hated fun dull slow").split()
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tiny models are fastest on one thread, and the machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -90,9 +82,6 @@ def write_jsonl(path: Path, n: int, lengths=None, ids: bool = True) -> list[dict
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return rows
 
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
 
 
 def compute(data, model, out, *extra):

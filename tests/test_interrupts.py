@@ -17,23 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
 from compute import interrupts
-from compute.cli import main
+from cli_results import invoke, ok
 from store import StoreError, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the movie was great but long and boring film good bad not very a plot story loved hated fun dull".split()
 STOP_WITHIN = 5.0  # seconds from the signal to the end of the process
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)
@@ -44,11 +37,6 @@ def _keep_handlers():
     for sig, handler in before.items():
         signal.signal(sig, handler)
 
-
-def invoke(*args):
-    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
-    assert res.exit_code == 0, (res.exit_code, res.stderr, res.exception)
-    return res
 
 
 # --- the flag and its safe points, in process ------------------------------------------------------------------------
@@ -231,7 +219,7 @@ def ig_data(tiny_model_dirs, tmp_path_factory):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = tiny_model_dirs["bert"]
     reference = tmp / "reference.h5"
-    invoke("run", data, "--model", model, "-o", reference, *IG)
+    ok(invoke("run", data, "--model", model, "-o", reference, *IG))
     return {"data": data, "model": model, "reference": reference, "n": len(rows)}
 
 
@@ -253,7 +241,7 @@ def test_run_stops_inside_a_long_method_and_resumes(ig_data, tmp_path, sig):
         assert len(s) == N_SHORT and not s.complete
         assert [e.id for e in s] == [f"s{i}" for i in range(N_SHORT)]
 
-    invoke(*command[1:])
+    ok(invoke(*command[1:]))
     with open_store(out) as s, open_store(ig_data["reference"]) as ref:
         assert s.complete and len(s) == len(ref) == ig_data["n"]
         assert s.summary["resumed_from"] == N_SHORT
@@ -297,10 +285,10 @@ def eval_stores(tiny_model_dirs, tmp_path_factory):
     data.write_text("".join(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(40 + i % 20)),
                                         "label": i % 2}) + "\n" for i in range(N_EVAL)))
     plain = tmp / "plain.h5"
-    invoke("run", data, "--model", model, "-o", plain, "--methods", "norm,rollout", "--device", "cpu", "-q")
+    ok(invoke("run", data, "--model", model, "-o", plain, "--methods", "norm,rollout", "--device", "cpu", "-q"))
     reference = tmp / "reference.h5"
     shutil.copy(plain, reference)
-    invoke("eval", reference, *EVAL, "-q")
+    ok(invoke("eval", reference, *EVAL, "-q"))
     return {"plain": plain, "reference": reference}
 
 
@@ -326,7 +314,7 @@ def test_eval_stops_inside_a_metric_keeps_the_finished_ones(eval_stores, tmp_pat
         for i in (0, len(s) - 1):  # the examples are untouched
             np.testing.assert_array_equal(s[i].scores("norm"), ref[i].scores("norm"))
 
-    invoke(*command[1:], "-q")
+    ok(invoke(*command[1:], "-q"))
     with open_store(out) as s, open_store(eval_stores["reference"]) as ref:
         assert sorted(s.metrics("norm")) == ["aopc", "spearman"]
         for k in ("aopc", "spearman"):

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from compute.cli import main
+from cli_results import invoke, ok, one_line
 from store import open_store
 
 WORDS = "the movie was great but long and boring film good bad not very a plot story loved hated fun dull".split()
@@ -32,19 +31,7 @@ def write_data(path: Path, n: int = 10, evidence: bool = False) -> list[dict]:
     return rows
 
 
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
 
-
-def ok(res):
-    assert res.exit_code == 0, (res.exit_code, res.stderr, res.exception)
-    return res
-
-
-def one_line(res, code=1) -> str:
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert res.exit_code == code and len(lines) == 1 and "Traceback" not in res.stderr, (res.exit_code, res.stderr)
-    return lines[0]
 
 
 METRICS = "comprehensiveness,sufficiency,aopc,aopc@attcat,lodds@attcat,aopc@masklrp,lodds@masklrp,aopc@normxlogit," \

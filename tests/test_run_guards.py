@@ -10,36 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-from compute.cli import main
+from cli_results import invoke, ok, one_line
 from store import open_store
 
 WORDS = "the movie was great but long and boring film good bad not very a plot story loved hated fun dull".split()
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
-
-
-def ok(res):
-    assert res.exit_code == 0, (res.exit_code, res.stderr, res.exception)
-    return res
-
-
-def one_line(res, code=1) -> str:
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert res.exit_code == code and len(lines) == 1 and "Traceback" not in res.stderr, (res.exit_code, res.stderr)
-    assert lines[0].startswith("attr-compute: error:") and "internal error" not in lines[0], lines[0]
-    return lines[0]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- 1. --evidence-column never changes what is stored about the prediction -----------------------------------------
