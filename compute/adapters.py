@@ -157,7 +157,7 @@ class Adapter:
     def twin(self, dtype: torch.dtype) -> "Adapter":
         """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because
         they divide by sums that pass near zero, where float32 rounding of the forward is amplified (see
-        compute.methods.relevance)."""
+        compute.methods._internals.relevance)."""
         if next(self.model.parameters()).dtype == dtype:
             return self
         twins = self.__dict__.setdefault("_twins", {})

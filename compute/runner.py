@@ -20,6 +20,7 @@ from store import resume as resume_store
 from store.errors import StoreError
 
 from . import __version__, interrupts
+from .batches import pad_sequences as _pad
 from .data import Dataset, Record, load_dataset
 from .errors import AttrscopeError, UsageError
 from .methods import get_method, parse_methods
@@ -554,14 +555,6 @@ def _estimate_size(progress: Progress, tok: Tokenized, layouts, cfg) -> None:
     total = sum(n_sq * lay.n_matrix_layers * per for lay in layouts if lay.matrices == "all")
     progress.message(f"--matrices all: about {total / 1e6:.1f} MB of matrices before compression "
                      "(use --matrices cls or none for less)")
-
-
-def _pad(seqs: list[list[int]], value: int, device) -> torch.Tensor:
-    n = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), n), value, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    return out.to(device)
 
 
 def _sync(device: torch.device) -> None:

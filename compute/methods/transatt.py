@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import valid_block
-from .base import MethodResult
-from .relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
+from ._internals.aggregate import valid_block
+from ._internals.base import MethodResult
+from ._internals.relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
 
 
 class TransAtt(RelevanceMethod):

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import interrupts
-from ..adapters import Adapter, Captured
-from ..errors import AttrscopeError
+from ... import interrupts
+from ...adapters import Adapter, Captured
+from ...errors import AttrscopeError
 from .base import Method, MethodResult
+from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,8 @@ class GradientPass:
         self.X = E.detach().requires_grad_(True)
         self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
                                   explain_pos=cap.explain_pos, logits=None)
-        # Every Linear's input and output too, for the LRP rules (compute.methods.relevance), where a rule set
-        # exists: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
-        from .relevance import LRPRecord, has_lrp_rules, lrp_hooks
-
+        # Every Linear's input and output too, for the LRP rules (_internals.relevance), where a rule set exists:
+        # references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
         self.lrp = LRPRecord() if has_lrp_rules(adapter) else None
         with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext():
             self.logits = forward_at(adapter, inputs, self.X, spec, self.internals)
@@ -243,6 +242,13 @@ def valid_mean_rows(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask.to(M.dtype)
     shape = (m.shape[0],) + (1,) * (M.dim() - 3) + (m.shape[1], 1)
     return (M * m.view(shape)).sum(-2) / m.sum(-1).clamp_min(1).view((m.shape[0],) + (1,) * (M.dim() - 2))
+
+
+def cat_terms(gp, grads, layers: str) -> torch.Tensor:
+    """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
+    L = gp.adapter.n_layers
+    idx = range(L) if layers == "inputs" else range(1, L + 1)
+    return torch.stack([wide(grads["hidden"][i] * gp.hidden_states[i]).sum(-1) for i in idx], dim=1)
 
 
 class GradientMethod(Method):

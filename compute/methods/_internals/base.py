@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import torch
 
-from ..adapters import Adapter, Captured
-from ..errors import AttrscopeError
+from ...adapters import Adapter, Captured
+from ...errors import AttrscopeError
 
 
 @dataclass
