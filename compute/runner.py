@@ -597,6 +597,7 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
     _sync(device)
     t0 = time.perf_counter()
     cap = lm.adapter.capture(enc, needs)
+    cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
     _sync(device)
     stats["forward"] += time.perf_counter() - t0
 

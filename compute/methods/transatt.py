@@ -19,6 +19,7 @@ class TransAtt(RelevanceMethod):
     reference = "Chefer et al. (2021a); METHODS.md 4.3, 5.2, 14.13"
     has_layer_views = True
     has_matrices = True
+    passes = frozenset({"forward", "backward", "lrp"})  # the gradient weighting
 
     def from_relevance(self, rel, gp, target, cap):
         grads = gp.grads(target)["attentions"]

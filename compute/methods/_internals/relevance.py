@@ -178,7 +178,7 @@ def _unbiased(mod, y: torch.Tensor) -> torch.Tensor:
 def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
               **options) -> Relevance:
     """The batch's propagation for (spec, target, mask, options), shared by the LRP methods of one batch."""
-    gp = gradient_pass(cap, adapter, spec)
+    gp = gradient_pass(cap, adapter, spec, lrp=True)
     mask_key = None if head_mask is None else tuple(map(tuple, head_mask.tolist()))
     key = ("relevance", spec, tuple(target.tolist()), mask_key, tuple(sorted(options.items())))
     with torch.no_grad():
@@ -193,6 +193,7 @@ class RelevanceMethod(Method):
 
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
+    passes = frozenset({"forward", "lrp"})
     pre_ln_ok = False
 
     def __init__(self, **params):
@@ -214,7 +215,7 @@ class RelevanceMethod(Method):
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
         rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), **self.options())
-        gp = gradient_pass(cap, adapter, self.spec)
+        gp = gradient_pass(cap, adapter, self.spec, lrp=True)
         with torch.no_grad():
             return self.from_relevance(rel, gp, target, cap)
 
