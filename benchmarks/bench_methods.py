@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from compute.data import load_dataset  # noqa: E402
 from compute.methods import get_method, parse_methods  # noqa: E402
-from compute.methods.gradients import GradientMethod, IntegratedGradientsMethod  # noqa: E402
-from compute.methods.relevance import RelevanceMethod  # noqa: E402
+from compute.methods._internals.gradients import GradientMethod, IntegratedGradientsMethod  # noqa: E402
+from compute.methods._internals.relevance import RelevanceMethod  # noqa: E402
 from compute.models import load_model, resolve_device  # noqa: E402
 
 

@@ -45,6 +45,9 @@ class Captured:
     ln2_out: list[torch.Tensor] = field(default_factory=list)
     # Target-independent intermediates shared by several methods of one batch (e.g. the per-layer head logits).
     memo: dict = field(default_factory=dict)
+    # The passes the batch's methods declare (Method.passes), set by the runner: the shared gradient pass records
+    # the LRP tensors only where "lrp" is among them. None (a caller that declares nothing): every pass records all.
+    passes: frozenset[str] | None = None
 
     def cached(self, key: str, fn):
         if key not in self.memo:
@@ -157,7 +160,7 @@ class Adapter:
     def twin(self, dtype: torch.dtype) -> "Adapter":
         """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because
         they divide by sums that pass near zero, where float32 rounding of the forward is amplified (see
-        compute.methods.relevance)."""
+        compute.methods._internals.relevance)."""
         if next(self.model.parameters()).dtype == dtype:
             return self
         twins = self.__dict__.setdefault("_twins", {})

@@ -15,12 +15,12 @@ from store import HeadMaskData, open_store
 from store.errors import StoreError
 
 from . import interrupts
+from .batches import pad_sequences
 from .data import Record
 from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks
-from .methods.gradients import kept_keys
+from .methods._internals.gradients import kept_keys
 from .parses import load_parses
-from .runner import _pad
 
 
 @dataclass
@@ -63,8 +63,9 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
         interrupts.check()  # a stop asked for: between batches
         rows = order[b0:b0 + opt.batch_size]
         ids = [enc["input_ids"][i] for i in rows]
-        batch = {"input_ids": _pad(ids, pad_id, device), "attention_mask": _pad([[1] * len(x) for x in ids], 0, device),
-                 "token_type_ids": _pad([enc["token_type_ids"][i] for i in rows], 0, device)}
+        batch = {"input_ids": pad_sequences(ids, pad_id, device),
+                 "attention_mask": pad_sequences([[1] * len(x) for x in ids], 0, device),
+                 "token_type_ids": pad_sequences([enc["token_type_ids"][i] for i in rows], 0, device)}
         aligned = []
         for i in rows:
             seg = np.array([-1 if s is None else s for s in enc.sequence_ids(i)])

@@ -20,6 +20,7 @@ from store import resume as resume_store
 from store.errors import StoreError
 
 from . import __version__, interrupts
+from .batches import pad_sequences as _pad
 from .data import Dataset, Record, load_dataset
 from .errors import AttrscopeError, UsageError
 from .methods import get_method, parse_methods
@@ -556,14 +557,6 @@ def _estimate_size(progress: Progress, tok: Tokenized, layouts, cfg) -> None:
                      "(use --matrices cls or none for less)")
 
 
-def _pad(seqs: list[list[int]], value: int, device) -> torch.Tensor:
-    n = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), n), value, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-    return out.to(device)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -604,6 +597,7 @@ def _run_batch(lm, methods, needs, records, tok, batch, pad_id, device, num_labe
     _sync(device)
     t0 = time.perf_counter()
     cap = lm.adapter.capture(enc, needs)
+    cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
     _sync(device)
     stats["forward"] += time.perf_counter() - t0
 

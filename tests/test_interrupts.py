@@ -108,7 +108,7 @@ def test_safe_points_inside_methods(method, where):
     with torch.no_grad():
         cap = ad.capture(batch, m.needs)
     if method == "transatt":  # its gradient pass (forward and backward) is done; the relevance pass remains
-        from compute.methods.gradients import gradient_pass
+        from compute.methods._internals.gradients import gradient_pass
 
         gradient_pass(cap, ad, m.spec).grads(cap.pred)
     with interrupts.on_signals():

@@ -11,8 +11,8 @@ from conftest import ARCHS, random_batch, tiny_model
 import reference as R
 from compute.adapters import adapter_for
 from compute.methods import get_method
-from compute.methods.aggregate import prod_rows_normalised
-from compute.methods.decomposition import (NEEDS, attention_vectors, decomposed_inner, decomposed_norms,
+from compute.methods._internals.aggregate import prod_rows_normalised
+from compute.methods._internals.decomposition import (NEEDS, attention_vectors, decomposed_inner, decomposed_norms,
                                            decomposed_sq_norms, diagonal_vectors, layer_parts, operands)
 from compute.methods.w_res import mixing_ratio
 

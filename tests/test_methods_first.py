@@ -11,7 +11,7 @@ from conftest import ARCHS, MASK_ID, assert_batch_invariant, random_batch, tiny_
 import reference as R
 from compute.adapters import adapter_for
 from compute.methods import REGISTRY, get_method
-from compute.methods.aggregate import rows_of_products
+from compute.methods._internals.aggregate import rows_of_products
 
 LENGTHS = [9, 4, 7, 1 + 1]  # includes a 2-token example ([CLS] [SEP])
 ALL_NEEDS = frozenset({"attentions", "hidden_states"})
@@ -162,7 +162,7 @@ def test_bfloat16_model_gives_float32_results_close_to_float32():
         out[dtype] = {name: get_method(name, **(half if name == "mask_lrp" else {})).compute(
             cap, ad, torch.zeros(2, dtype=torch.long)).scores for name in REGISTRY}
     for name in REGISTRY:
-        # the LRP rules run on a float64 copy of the model (compute.methods.relevance)
+        # the LRP rules run on a float64 copy of the model (compute.methods._internals.relevance)
         lrp = name in ("lrp", "partial_lrp", "transatt", "mask_lrp")
         assert out[torch.bfloat16][name].dtype == (torch.float64 if lrp else torch.float32)
         if lrp:

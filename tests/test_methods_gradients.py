@@ -12,7 +12,7 @@ from conftest import captured_tiny as setup
 
 from compute.errors import AttrscopeError
 from compute.methods import get_method
-from compute.methods.gradients import GradientPass, Explained, quadrature
+from compute.methods._internals.gradients import GradientPass, Explained, quadrature
 
 ALL_ARCHS = ARCHS + PRE_LN_ARCHS
 GRADIENT_METHODS = ("grad_l2", "gxi_l2", "gxi_mean", "ig_l2", "ig_mean", "cat", "attcat", "grads", "attgrads")
@@ -142,7 +142,7 @@ def test_per_class_scores_equal_single_target_runs(name):
 def test_ig_for_the_predicted_class_is_read_off_the_per_class_integrations(monkeypatch):
     """--target all integrates every class once; the scores and deltas of a mixed target are then gathered from
     those integrations (no extra one) and equal a fresh computation."""
-    import compute.methods.gradients as G
+    import compute.methods._internals.gradients as G
 
     _, ad, _, cap = setup("bert", num_labels=3)
     m = get_method("ig_l2", steps=4)

@@ -16,8 +16,8 @@ import reference as R
 from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
 from compute.methods import get_method
-from compute.methods.gradients import Explained
-from compute.methods.relevance import linear_relprop, relevance
+from compute.methods._internals.gradients import Explained
+from compute.methods._internals.relevance import linear_relprop, relevance
 
 LRP_METHODS = ("lrp", "partial_lrp", "transatt", "mask_lrp", "gae")
 LENGTHS = TINY_LENGTHS
@@ -165,7 +165,7 @@ def test_mask_lrp_mask_of_wrong_shape_is_one_line_error():
 
 def test_mask_sep_masks_the_separator_as_a_key():
     """Mask-LRP's explanation pass (METHODS.md 6.5): [SEP] gets no attention in the pass the methods read."""
-    from compute.methods.gradients import gradient_pass
+    from compute.methods._internals.gradients import gradient_pass
 
     _, ad, _, cap = setup("bert")
     gp = gradient_pass(cap, ad, Explained(mask_sep=True))
@@ -198,7 +198,7 @@ def test_rollout_unhalved_doubles_every_map(arch):
     """The reference's Mask-LRP rolls out the attention relevance before the 1/2 of the A.V rule (cam1_preserve in its
     BERT.py): every per-layer map is exactly twice the default's (float64: a factor 2 is exact), and the rollout is
     that of the doubled maps. The default stays TransAtt with an all-ones mask (test above); unhalved it does not."""
-    from compute.methods.relevance import gradient_weighted_rollout
+    from compute.methods._internals.relevance import gradient_weighted_rollout
 
     _, ad, _, cap = setup(arch)
     for mask in (random_mask(ad.n_layers, ad.n_heads), [[1] * ad.n_heads for _ in range(ad.n_layers)]):

@@ -13,7 +13,7 @@ import reference as R
 from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
 from compute.methods import REGISTRY, get_method
-from compute.methods.decomposition import NEEDS, attention_vectors, layer_parts, operands
+from compute.methods._internals.decomposition import NEEDS, attention_vectors, layer_parts, operands
 
 LENGTHS = [8, 3, 6, 1]
 DEFINED = ["alti", "alti_l2", "norm_n", "norm_res", "norm_fixedres"]

@@ -7,7 +7,7 @@ from .alti import Alti
 from .alti_l2 import AltiL2
 from .attcat import AttCat
 from .attgrads import AttGrads
-from .base import Method, MethodResult
+from ._internals.base import Method, MethodResult
 from .cat import Cat
 from .gae import GAE
 from .globenc import GlobEnc

@@ -17,9 +17,9 @@ import torch
 
 from .. import interrupts
 from ..errors import AttrscopeError
-from .aggregate import valid_block
-from .decomposition import LayerParts, SourceBlocks, layer_parts, operands, tokens_per_block
-from .layerwise import LayerwiseProduct, row_normalise
+from ._internals.aggregate import valid_block
+from ._internals.decomposition import LayerParts, SourceBlocks, layer_parts, operands, tokens_per_block
+from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
 class Alti(LayerwiseProduct):

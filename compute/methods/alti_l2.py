@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .alti import Alti
-from .decomposition import LayerParts, decomposed_inner, decomposed_sq_norms, diagonal_vectors
+from ._internals.decomposition import LayerParts, decomposed_inner, decomposed_sq_norms, diagonal_vectors
 
 
 class AltiL2(Alti):

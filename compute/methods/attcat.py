@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import MethodResult
-from .cat import cat_terms
-from .gradients import GradientMethod, valid_mean_rows, wide
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, cat_terms, valid_mean_rows, wide
 
 
 class AttCat(GradientMethod):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import valid_block
-from .base import MethodResult
-from .gradients import GradientMethod, valid_mean_rows, wide
+from ._internals.aggregate import valid_block
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, valid_mean_rows, wide
 
 
 class AttGrads(GradientMethod):

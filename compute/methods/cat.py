@@ -5,17 +5,8 @@ the paper's text does. Layer view l = the term of layer l."""
 
 from __future__ import annotations
 
-import torch
-
-from .base import MethodResult
-from .gradients import GradientMethod, wide
-
-
-def cat_terms(gp, grads, layers: str) -> torch.Tensor:
-    """CAT^l_j = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
-    L = gp.adapter.n_layers
-    idx = range(L) if layers == "inputs" else range(1, L + 1)
-    return torch.stack([wide(grads["hidden"][i] * gp.hidden_states[i]).sum(-1) for i in idx], dim=1)
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, cat_terms
 
 
 class Cat(GradientMethod):

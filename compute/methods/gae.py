@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import rows_of_products, valid_block
-from .base import MethodResult
-from .gradients import GradientMethod, wide
+from ._internals.aggregate import rows_of_products, valid_block
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, wide
 
 
 class GAE(GradientMethod):

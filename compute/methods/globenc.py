@@ -4,8 +4,8 @@ enters only through sigma2). Aggregated unnormalised (PROD; views scaled to sum 
 
 from __future__ import annotations
 
-from .decomposition import decomposed_norms, layer_parts
-from .layerwise import LayerwiseProduct
+from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.layerwise import LayerwiseProduct
 
 
 class GlobEnc(LayerwiseProduct):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import MethodResult
-from .gradients import GradientMethod, wide
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, wide
 
 
 class GradL2(GradientMethod):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import MethodResult
-from .gradients import GradientMethod, valid_mean_rows, wide
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, valid_mean_rows, wide
 
 
 class Grads(GradientMethod):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import MethodResult
-from .gradients import GradientMethod, wide
+from ._internals.base import MethodResult
+from ._internals.gradients import GradientMethod, wide
 
 
 class GxIMean(GradientMethod):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .gradients import IntegratedGradientsMethod
+from ._internals.gradients import IntegratedGradientsMethod
 
 
 class IGL2(IntegratedGradientsMethod):

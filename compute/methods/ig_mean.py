@@ -3,7 +3,7 @@ The completeness delta sum IG - (F(x) - F(x')) is stored per example ("ig_delta"
 
 from __future__ import annotations
 
-from .gradients import IntegratedGradientsMethod
+from ._internals.gradients import IntegratedGradientsMethod
 
 
 class IGMean(IntegratedGradientsMethod):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Method, MethodResult
+from ._internals.base import Method, MethodResult
 
 
 def head_logits_per_layer(cap, adapter) -> torch.Tensor:

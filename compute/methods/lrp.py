@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import MethodResult
-from .relevance import RelevanceMethod, zero_self
+from ._internals.base import MethodResult
+from ._internals.relevance import RelevanceMethod, zero_self
 
 
 class LRP(RelevanceMethod):

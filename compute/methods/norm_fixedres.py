@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import valid_block
-from .decomposition import decomposed_norms, layer_parts
-from .layerwise import LayerwiseProduct, row_normalise
+from ._internals.aggregate import valid_block
+from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
 class NormFixedRes(LayerwiseProduct):

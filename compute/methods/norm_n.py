@@ -3,8 +3,8 @@ Aggregated unnormalised (PROD, views scaled to sum 1)."""
 
 from __future__ import annotations
 
-from .decomposition import decomposed_norms, layer_parts
-from .layerwise import LayerwiseProduct
+from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.layerwise import LayerwiseProduct
 
 
 class NormN(LayerwiseProduct):

@@ -5,8 +5,8 @@ Rollout" baseline (``row_normalise=True``, set by --preset alti; METHODS.md 2.4 
 
 from __future__ import annotations
 
-from .decomposition import decomposed_norms, layer_parts
-from .layerwise import LayerwiseProduct, row_normalise
+from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
 class NormResLN(LayerwiseProduct):

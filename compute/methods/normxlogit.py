@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Method, MethodResult
+from ._internals.base import Method, MethodResult
 from .logat import LogAt
 from .norm import Norm
 

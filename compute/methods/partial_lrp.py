@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import row_at, valid_block
-from .base import MethodResult
-from .relevance import RelevanceMethod, positive_head_mean, zero_self
+from ._internals.aggregate import row_at, valid_block
+from ._internals.base import MethodResult
+from ._internals.relevance import RelevanceMethod, positive_head_mean, zero_self
 
 
 class PartialLRP(RelevanceMethod):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import row_at, valid_block
-from .base import Method, MethodResult
+from ._internals.aggregate import row_at, valid_block
+from ._internals.base import Method, MethodResult
 
 
 class RawAttention(Method):

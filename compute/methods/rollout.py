@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
-from .base import Method, MethodResult
+from ._internals.aggregate import add_identity_row_normalise, rows_of_products, valid_block
+from ._internals.base import Method, MethodResult
 
 
 class Rollout(Method):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import valid_block
-from .base import MethodResult
-from .relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
+from ._internals.aggregate import valid_block
+from ._internals.base import MethodResult
+from ._internals.relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
 
 
 class TransAtt(RelevanceMethod):
@@ -19,6 +19,7 @@ class TransAtt(RelevanceMethod):
     reference = "Chefer et al. (2021a); METHODS.md 4.3, 5.2, 14.13"
     has_layer_views = True
     has_matrices = True
+    passes = frozenset({"forward", "backward", "lrp"})  # the gradient weighting
 
     def from_relevance(self, rel, gp, target, cap):
         grads = gp.grads(target)["attentions"]

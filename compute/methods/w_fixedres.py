@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .layerwise import LayerwiseProduct
+from ._internals.layerwise import LayerwiseProduct
 
 
 class WFixedRes(LayerwiseProduct):

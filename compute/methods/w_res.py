@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregate import valid_block
-from .decomposition import diagonal_vectors, layer_parts
-from .layerwise import LayerwiseProduct, row_normalise
+from ._internals.aggregate import valid_block
+from ._internals.decomposition import diagonal_vectors, layer_parts
+from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
 def mixing_ratio(p) -> torch.Tensor:

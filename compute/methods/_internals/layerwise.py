@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import interrupts
+from ... import interrupts
 from .aggregate import prod_rows_normalised, rows_of_products, valid_block
 from .base import Method, MethodResult
 from .decomposition import NEEDS

@@ -12,8 +12,14 @@ from typing import ClassVar
 
 import torch
 
-from ..adapters import Adapter, Captured
-from ..errors import AttrscopeError
+from ...adapters import Adapter, Captured
+from ...errors import AttrscopeError
+
+
+# "forward": the batch's captured forward (always run: predictions, internals); "backward": gradients of the
+# explained output (the shared gradient pass, integrated gradients); "lrp": every Linear's input and output recorded
+# in the gradient pass's forward for the LRP rules.
+PASSES = frozenset({"forward", "backward", "lrp"})
 
 
 @dataclass
@@ -35,6 +41,9 @@ class Method:
     has_matrices: ClassVar[bool] = False
     pre_ln_ok: ClassVar[bool] = True  # defined on pre-LN architectures (METHODS.md section 9)
     example_values: ClassVar[tuple[str, ...]] = ()  # per-example scalars stored beside the scores
+    # Passes over the model the method reads (PASSES); the runner gives the batch's union to the shared gradient
+    # pass, which records the LRP tensors only when some method of the batch declares "lrp".
+    passes: ClassVar[frozenset[str]] = frozenset({"forward"})
 
     def __init__(self, **params):
         self.params = params

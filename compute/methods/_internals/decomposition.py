@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..adapters import Adapter, Captured
+from ...adapters import Adapter, Captured
 
 
 def center(v: torch.Tensor) -> torch.Tensor:

@@ -26,17 +26,17 @@ rescales the masked relevance of each layer back to the unmasked total.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .. import interrupts
-from ..adapters import Adapter, Captured
-from ..errors import AttrscopeError
+from ... import interrupts
+from ...adapters import Adapter, Captured
+from ...errors import AttrscopeError
 from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
 from .base import Method, MethodResult
 from .gradients import Explained, GradientPass, gradient_pass, spec_from, wide
+from .lrp_record import has_lrp_rules
 
 EPS = 1e-9
 
@@ -85,54 +85,11 @@ def _merge(t: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class LRPRecord:
-    """What the rules need from the forward pass: every Linear's input and output, per layer, and the head's."""
-
-    layers: list[dict] = field(default_factory=list)  # per layer: role -> (input, output)
-    head: list[tuple] = field(default_factory=list)  # [(input, output)] of the head's dense and classifier
-
-
-def has_lrp_rules(adapter: Adapter) -> bool:
-    return adapter.lrp_linears(adapter.layers()[0]) is not None and adapter.lrp_head() is not None
-
-
 def check_lrp(adapter: Adapter, method: str) -> None:
     if not has_lrp_rules(adapter):
         raise AttrscopeError(
             f"method '{method}' has no LRP rule set for the '{adapter.config.model_type}' architecture yet: use it with "
             "a BERT, RoBERTa, ELECTRA or DistilBERT classifier, or choose gae or a gradient method")
-
-
-@contextmanager
-def lrp_hooks(adapter: Adapter, record: LRPRecord):
-    """Record every Linear's (input, output) during one forward pass."""
-    handles = []
-
-    def keep(slot: dict, role: str):
-        def hook(_m, inp, out):
-            slot[role] = (inp[0], out)
-        return hook
-
-    def keep_head(i: int):
-        def hook(_m, inp, out):
-            record.head[i] = (inp[0], out)
-        return hook
-
-    try:
-        for layer in adapter.layers():
-            slot: dict = {}
-            record.layers.append(slot)
-            for role, mod in adapter.lrp_linears(layer).items():
-                handles.append(mod.register_forward_hook(keep(slot, role)))
-        head = adapter.lrp_head()
-        record.head = [None] * len(head)
-        for i, mod in enumerate(head):
-            handles.append(mod.register_forward_hook(keep_head(i)))
-        yield record
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @dataclass
@@ -221,7 +178,7 @@ def _unbiased(mod, y: torch.Tensor) -> torch.Tensor:
 def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
               **options) -> Relevance:
     """The batch's propagation for (spec, target, mask, options), shared by the LRP methods of one batch."""
-    gp = gradient_pass(cap, adapter, spec)
+    gp = gradient_pass(cap, adapter, spec, lrp=True)
     mask_key = None if head_mask is None else tuple(map(tuple, head_mask.tolist()))
     key = ("relevance", spec, tuple(target.tolist()), mask_key, tuple(sorted(options.items())))
     with torch.no_grad():
@@ -236,6 +193,7 @@ class RelevanceMethod(Method):
 
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
+    passes = frozenset({"forward", "lrp"})
     pre_ln_ok = False
 
     def __init__(self, **params):
@@ -257,7 +215,7 @@ class RelevanceMethod(Method):
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
         rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), **self.options())
-        gp = gradient_pass(cap, adapter, self.spec)
+        gp = gradient_pass(cap, adapter, self.spec, lrp=True)
         with torch.no_grad():
             return self.from_relevance(rel, gp, target, cap)
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import interrupts
-from ..adapters import Adapter, Captured
-from ..errors import AttrscopeError
+from ... import interrupts
+from ...adapters import Adapter, Captured
+from ...errors import AttrscopeError
 from .base import Method, MethodResult
+from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class GradientPass:
     """One forward of F at X = E with every layer's input/output and attention kept, and gradients of the
     selected output with respect to all of them, per target (the graph is kept for further targets)."""
 
-    def __init__(self, cap: Captured, adapter: Adapter, spec: Explained):
+    def __init__(self, cap: Captured, adapter: Adapter, spec: Explained, record_lrp: bool = True):
         if spec.dtype == "float64":
             adapter = adapter.twin(torch.float64)
         self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a float64 twin for LRP)
@@ -129,11 +130,10 @@ class GradientPass:
         self.X = E.detach().requires_grad_(True)
         self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
                                   explain_pos=cap.explain_pos, logits=None)
-        # Every Linear's input and output too, for the LRP rules (compute.methods.relevance), where a rule set
-        # exists: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
-        from .relevance import LRPRecord, has_lrp_rules, lrp_hooks
-
-        self.lrp = LRPRecord() if has_lrp_rules(adapter) else None
+        # Every Linear's input and output too, for the LRP rules (_internals.relevance), where a rule set exists and
+        # ``record_lrp``: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
+        self.records_lrp = record_lrp
+        self.lrp = LRPRecord() if record_lrp and has_lrp_rules(adapter) else None
         with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext():
             self.logits = forward_at(adapter, inputs, self.X, spec, self.internals)
         self._grads: dict[tuple, dict] = {}
@@ -161,9 +161,16 @@ class GradientPass:
         return self._grads[key]
 
 
-def gradient_pass(cap: Captured, adapter: Adapter, spec: Explained) -> GradientPass:
-    """The batch's gradient pass for ``spec``, shared by every gradient method of the batch (cap.memo)."""
-    return cap.cached(("gradient_pass", spec), lambda: GradientPass(cap, adapter, spec))
+def gradient_pass(cap: Captured, adapter: Adapter, spec: Explained, lrp: bool = False) -> GradientPass:
+    """The batch's gradient pass for ``spec``, shared by every gradient method of the batch (cap.memo). It records
+    the LRP tensors when a method of the batch declares the "lrp" pass (cap.passes; undeclared: recorded) or the
+    caller asks (``lrp``: a pass memoised without them, for a batch that declared no LRP method, is run again)."""
+    key = ("gradient_pass", spec)
+    gp = cap.memo.get(key)
+    if gp is None or (lrp and not gp.records_lrp):
+        record = lrp or cap.passes is None or "lrp" in cap.passes
+        gp = cap.memo[key] = GradientPass(cap, adapter, spec, record_lrp=record)
+    return gp
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -245,6 +252,13 @@ def valid_mean_rows(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (M * m.view(shape)).sum(-2) / m.sum(-1).clamp_min(1).view((m.shape[0],) + (1,) * (M.dim() - 2))
 
 
+def cat_terms(gp, grads, layers: str) -> torch.Tensor:
+    """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
+    L = gp.adapter.n_layers
+    idx = range(L) if layers == "inputs" else range(1, L + 1)
+    return torch.stack([wide(grads["hidden"][i] * gp.hidden_states[i]).sum(-1) for i in idx], dim=1)
+
+
 class GradientMethod(Method):
     """Base of the methods read off one gradient pass. Parameters (METHODS.md 14.4, 14.9): output ("logit" |
     "prob"), double_embedding, mask_specials; they select the explained function and are recorded in the store.
@@ -253,6 +267,7 @@ class GradientMethod(Method):
 
     class_specific = True
     needs = frozenset()  # the method runs its own forward + backward
+    passes = frozenset({"forward", "backward"})
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -276,6 +291,7 @@ class IntegratedGradientsMethod(Method):
 
     class_specific = True
     needs = frozenset()
+    passes = frozenset({"forward", "backward"})
     example_values = ("ig_delta",)
 
     def __init__(self, **params):
