@@ -36,7 +36,8 @@ from compute.data import load_dataset  # noqa: E402
 from compute.errors import AttrscopeError  # noqa: E402
 from compute.methods import get_method  # noqa: E402
 from compute.models import load_model, resolve_device  # noqa: E402
-from compute.runner import _pad, _tokenize  # noqa: E402
+from compute.batches import _pad  # noqa: E402
+from compute.run.batches import tokenize as _tokenize  # noqa: E402
 
 
 @dataclass

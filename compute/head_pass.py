@@ -20,7 +20,7 @@ from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks
 from .methods.gradients import kept_keys
 from .parses import load_parses
-from .runner import _pad
+from .batches import _pad
 
 
 @dataclass

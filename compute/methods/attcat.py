@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .base import MethodResult
-from .cat import cat_terms
+from .cat import Cat, cat_terms
 from .gradients import GradientMethod, valid_mean_rows, wide
 
 
@@ -20,6 +20,7 @@ class AttCat(GradientMethod):
     signed = True
     has_layer_views = True
 
+    run_options = Cat.run_options
     def from_grads(self, gp, grads, cap):
         layers = self.params.get("layers", "inputs")
         terms = cat_terms(gp, grads, layers)  # [B, L, n]

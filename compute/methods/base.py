@@ -35,6 +35,7 @@ class Method:
     has_matrices: ClassVar[bool] = False
     pre_ln_ok: ClassVar[bool] = True  # defined on pre-LN architectures (METHODS.md section 9)
     example_values: ClassVar[tuple[str, ...]] = ()  # per-example scalars stored beside the scores
+    run_options: ClassVar[tuple] = ()  # compute.options.Option: the run options it reads (the CLI, resume, provenance)
 
     def __init__(self, **params):
         self.params = params

@@ -10,6 +10,7 @@ import torch
 
 from .aggregate import valid_block
 from .base import MethodResult
+from .lrp import LRP
 from .relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
 
 
@@ -20,6 +21,7 @@ class TransAtt(RelevanceMethod):
     has_layer_views = True
     has_matrices = True
 
+    run_options = LRP.run_options
     def from_relevance(self, rel, gp, target, cap):
         grads = gp.grads(target)["attentions"]
         maps = [valid_block(positive_head_mean(G.to(R.dtype) * R), cap.mask) for G, R in zip(grads, rel.attention)]
