@@ -36,8 +36,8 @@ from compute.data import load_dataset  # noqa: E402
 from compute.errors import AttrscopeError  # noqa: E402
 from compute.methods import get_method  # noqa: E402
 from compute.models import load_model, resolve_device  # noqa: E402
-from compute.batches import pad_sequences as _pad  # noqa: E402
-from compute.runner import _tokenize  # noqa: E402
+from compute.padding import pad_sequences as _pad  # noqa: E402
+from compute.run.batches import tokenize as _tokenize  # noqa: E402
 
 
 @dataclass

@@ -92,112 +92,80 @@ def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, p
                       overrides={"perturbation": perturbation, "levels": levels, "cls": metric_class, "side": side})
 
 
-@main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+def click_option(opt) -> click.Option:
+    """The command-line option of a declared option (compute.options.Option)."""
+    decls = list(opt.flags) or ["--" + opt.name.replace("_", "-")]
+    kw = {"help": opt.help, "metavar": opt.metavar, "show_default": opt.show_default or None}
+    if opt.choices:
+        kw["type"] = click.Choice(list(opt.choices))
+    elif opt.path:
+        kw["type"] = click.Path(dir_okay=False)
+    elif opt.type is int:
+        kw["type"] = int
+    if opt.type is bool and not any("/" in d for d in decls):
+        kw["is_flag"] = True
+    kw["default"] = opt.default
+    return click.Option(decls + [opt.name], **{k: v for k, v in kw.items() if v is not None or k == "default"})
+
+
+class RunCommand(click.Command):
+    """``run`` takes every declared option (compute.run.config.declared_options) after its DATASET argument: the
+    run-level ones and each registered method's, as the registry holds them when the command runs."""
+
+    _made: dict = {}  # declarations -> their click options (click asks for the parameters more than once)
+
+    def get_params(self, ctx):
+        from .run.config import declared_options
+
+        declared = tuple(o for o in declared_options() if o.cli)
+        if declared not in self._made:
+            self._made[declared] = [click_option(o) for o in declared]
+        params = super().get_params(ctx)
+        return [params[0], *self._made[declared], *params[1:]]  # DATASET first, as in the usage line
+
+    def parse_args(self, ctx, args):
+        # The methods' options come with the methods (torch, 1-2 s): a damaged store to resume is named before.
+        output = _resumed_output(args)
+        if output:
+            _guarded(lambda: _check_readable(output), "--debug" in args)
+        return super().parse_args(ctx, args)
+
+
+def _resumed_output(args: list[str]) -> str | None:
+    """The -o of a command line with --resume, read off the raw arguments (None without either)."""
+    args = args[:args.index("--")] if "--" in args else args
+    if "--resume" not in args:
+        return None
+    output = None
+    for i, arg in enumerate(args):
+        if arg in ("-o", "--output") and i + 1 < len(args):
+            output = args[i + 1]
+        elif arg.startswith("--output="):
+            output = arg.split("=", 1)[1]
+        elif arg.startswith("-o") and not arg.startswith("--") and len(arg) > 2:
+            output = arg[2:]
+    return output
+
+
+@main.command("run", cls=RunCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dataset", required=False)
-@click.option("-o", "--output", metavar="STORE.h5", help="Store to write [default: <dataset name>.h5 here].")
-@click.option("--model", metavar="ID_OR_PATH", help="Hugging Face id or local directory [default: bundled demo classifier].")
-@click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Comma-separated method names.")
-@click.option("--limit", type=int, metavar="N", help="Only the first N examples.")
-@click.option("--batch-size", type=int, default=32, show_default=True, metavar="N")
-@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:k]")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-              help="Model compute dtype (methods always compute in at least float32).")
-@click.option("--max-length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].")
-@click.option("--text-column", metavar="C")
-@click.option("--pair-column", metavar="C")
-@click.option("--label-column", metavar="C")
-@click.option("--id-column", metavar="C")
-@click.option("--split", metavar="NAME", help="Split of a Hugging Face dataset id.")
-@click.option("--target", type=click.Choice(["predicted", "label", "all"]), default=None,
-              help="Class explained by class-specific methods [default: predicted, or the preset's].")
-@click.option("--matrices", type=click.Choice(["none", "cls", "all"]), default="cls", show_default=True,
-              help="Per-layer matrices to keep: none, the explained row only, or all n x n.")
-@click.option("--store-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
-              help="dtype of stored matrices (scores are always float32).")
-@click.option("--resume", is_flag=True, help="Finish an interrupted store.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing store.")
-@click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]),
-              help="Reference conventions of a paper (recorded in the store).")
-@click.option("--alti-ln2", is_flag=True, help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2).")
-@click.option("--memory-mb", type=int, default=8, show_default=True, metavar="MB",
-              help="Memory budget of ALTI's source-token blocks.")
-@click.option("--ig-steps", type=int, metavar="M", help="Integrated gradients: quadrature steps [default: 50, or the preset's].")
-@click.option("--ig-rule", type=click.Choice(["gausslegendre", "riemann"]), default=None,
-              help="Integrated gradients: quadrature rule [default: gausslegendre].")
-@click.option("--ig-baseline", type=click.Choice(["mask", "zero"]), default=None,
-              help="Integrated gradients: [MASK]-sequence or zero baseline [default: mask, or the preset's].")
-@click.option("--ig-memory-mb", type=int, default=1024, show_default=True, metavar="MB",
-              help="Integrated gradients: memory for the (example, step) rows of one forward/backward.")
-@click.option("--attcat-layers", type=click.Choice(["inputs", "outputs"]), default=None,
-              help="cat/attcat: layer inputs h^0..h^L-1 (reference code) or outputs h^1..h^L (paper) [default: inputs].")
-@click.option("--attgrads-variant", type=click.Choice(["ref", "gradsam"]), default=None,
-              help="attgrads: last-layer Grad-CAM style (reference) or Grad-SAM over all layers [default: ref].")
-@click.option("--lrp-dtype", type=click.Choice(["float64", "model"]), default="float64", show_default=True,
-              help="Precision of the LRP rules (lrp, partial_lrp, transatt, mask_lrp): float64 on a copy of the model, "
-                   "or the model's own dtype (the reference; unstable, see README).")
-@click.option("--head-stats-data", metavar="DATASET", default=None,
-              help="mask_lrp: dataset of the head-statistics pass [default: the run's dataset].")
-@click.option("--head-stats-limit", type=int, metavar="N", default=None,
-              help="mask_lrp: use the first N examples for the head statistics.")
-@click.option("--parses", type=click.Path(dir_okay=False), default=None,
-              help="mask_lrp: dependency parses as CoNLL-U (default: spaCy, pip install 'attrscope[parse]').")
-@click.option("--head-mask", "head_mask", type=click.Path(dir_okay=False), metavar="STORE.h5", default=None,
-              help="mask_lrp: reuse the head masks of another store instead of computing them.")
-@click.option("--pos-self", type=click.Choice(["exclude", "count"]), default=None,
-              help="Positional statistics: offset 0 excluded (the paper) or counted (the reference) "
-                   "[default: exclude; count under --preset masklrp].")
-@click.option("--mask-combine", type=click.Choice(["union", "sum"]), default="union", show_default=True,
-              help="mask_lrp: union (the reference) or sum (the paper) of the positional and syntactic masks.")
-@click.option("--mask-rollout", type=click.Choice(["unmasked", "masked"]), default="unmasked", show_default=True,
-              help="mask_lrp: roll out each layer's unmasked attention relevance (the reference) or the masked one.")
-@click.option("--mask-renormalise", is_flag=True,
-              help="mask_lrp: rescale the kept heads' relevance to the layer's total (the paper's variant).")
-@click.option("--mask-rollout-unhalved/--mask-rollout-halved", "mask_rollout_unhalved", default=None,
-              help="mask_lrp: roll out the attention relevance before the 1/2 of the A.V rule, as the reference code "
-                   "does (maps 2x TransAtt's), or after it, so that an all-ones mask gives TransAtt "
-                   "[default: halved; unhalved under --preset masklrp].")
-@click.option("--evidence-column", metavar="C", default=None,
-              help="Column of evidence / answer character spans [[start, end], ...] (precision_at_k, dot_product, "
-                   "average_precision).")
-@click.option("--metrics", default=None, metavar="LIST",
-              help="Faithfulness metrics computed after the run (name or name@preset, e.g. "
-                   "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics.")
-@click.option("--allow-random-head", is_flag=True,
-              help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
-                   "random; refused otherwise). For testing only; recorded in the store.")
 @metric_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, max_length, text_column,
-            pair_column, label_column, id_column, split, target, matrices, store_dtype, resume, overwrite, preset,
-            alti_ln2, memory_mb, ig_steps, ig_rule, ig_baseline, ig_memory_mb, attcat_layers, attgrads_variant,
-            lrp_dtype, head_stats_data, head_stats_limit, parses, head_mask, pos_self, mask_combine, mask_rollout,
-            mask_renormalise, mask_rollout_unhalved, evidence_column, metrics, allow_random_head, saliency,
-            precision_k, other_store, perturbation, levels, metric_class, side, metric_batch_size, quiet, debug):
+def run_cmd(dataset, saliency, precision_k, other_store, perturbation, levels, metric_class, side, metric_batch_size,
+            quiet, debug, **options):
     """Compute attributions for DATASET (.jsonl/.csv/.tsv/.parquet or a Hugging Face id name[/config]:split).
 
     Without DATASET, the bundled example reviews are used; without --model, the bundled demo classifier."""
-    if resume and output:
-        _guarded(lambda: _check_readable(output), debug)  # before torch loads: a damaged store is named in a second
-    from .runner import RunConfig
+    metrics = options["metrics"]
+    from .run.config import RunConfig
 
-    cfg = RunConfig(
-        dataset=dataset, output=output, model=model, methods=methods, limit=limit, batch_size=batch_size,
-        device=device, dtype=dtype, max_length=max_length, text_column=text_column, pair_column=pair_column,
-        label_column=label_column, id_column=id_column, split=split, target=target, matrices=matrices,
-        store_dtype=store_dtype, resume=resume, overwrite=overwrite, preset=preset, alti_ln2=alti_ln2,
-        memory_mb=memory_mb, ig_steps=ig_steps, ig_rule=ig_rule, ig_baseline=ig_baseline, ig_memory_mb=ig_memory_mb,
-        attcat_layers=attcat_layers, attgrads_variant=attgrads_variant, lrp_dtype=lrp_dtype,
-        head_stats_data=head_stats_data, head_stats_limit=head_stats_limit, parses=parses, head_mask=head_mask,
-        pos_self=pos_self, mask_combine=mask_combine, mask_rollout=mask_rollout, mask_renormalise=mask_renormalise,
-        mask_rollout_unhalved=mask_rollout_unhalved,
-        evidence_column=evidence_column, metrics=metrics, allow_random_head=allow_random_head,
-        argv=[PROG, *sys.argv[1:]])
+    cfg = RunConfig(dataset, argv=[PROG, *sys.argv[1:]], **options)
 
     def go():
         if metrics:
-            cfg.eval = _eval_config(metrics, None, preset, saliency, precision_k, other_store, perturbation, levels,
-                                    metric_class, side, metric_batch_size)
+            cfg.eval = _eval_config(metrics, None, options["preset"], saliency, precision_k, other_store,
+                                    perturbation, levels, metric_class, side, metric_batch_size)
             from .evaluate import parse_metric_specs
 
             parse_metric_specs(metrics)  # a usage error before anything runs

@@ -15,7 +15,7 @@ from store import HeadMaskData, open_store
 from store.errors import StoreError
 
 from . import interrupts
-from .batches import pad_sequences
+from .padding import pad_sequences
 from .data import Record
 from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks

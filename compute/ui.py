@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .runner import Progress as ProgressBase
+from .run.progress import Progress as ProgressBase
 
 
 class RichProgress(ProgressBase):

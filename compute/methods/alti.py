@@ -17,6 +17,7 @@ import torch
 
 from .. import interrupts
 from ..errors import AttrscopeError
+from ..options import Option, at_least
 from ._internals.aggregate import valid_block
 from ._internals.decomposition import LayerParts, SourceBlocks, layer_parts, operands, tokens_per_block
 from ._internals.layerwise import LayerwiseProduct, row_normalise
@@ -27,6 +28,12 @@ class Alti(LayerwiseProduct):
     description = "ALTI: L1 proximity of each token's LN1-linearised contribution, rolled out over layers"
     reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
     row_stochastic = True
+    run_options = (
+        Option("alti_ln2", False, type=bool, param="ln2", passed="set", resume=True,
+               help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2)."),
+        Option("memory_mb", 8, type=int, show_default=True, metavar="MB", param="memory_mb", resume=True,
+               check=at_least(1), help="Memory budget of ALTI's source-token blocks."),
+    )
 
     def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, **params):
         super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)

@@ -10,6 +10,7 @@ import torch
 
 from ._internals.base import MethodResult
 from ._internals.gradients import GradientMethod, cat_terms, valid_mean_rows, wide
+from .cat import Cat
 
 
 class AttCat(GradientMethod):
@@ -19,6 +20,7 @@ class AttCat(GradientMethod):
     signed = True
     has_layer_views = True
 
+    run_options = Cat.run_options
     def from_grads(self, gp, grads, cap):
         layers = self.params.get("layers", "inputs")
         terms = cat_terms(gp, grads, layers)  # [B, L, n]

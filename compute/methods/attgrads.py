@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..options import Option
 from ._internals.aggregate import valid_block
 from ._internals.base import MethodResult
 from ._internals.gradients import GradientMethod, valid_mean_rows, wide
@@ -19,6 +20,10 @@ class AttGrads(GradientMethod):
     name = "attgrads"
     description = "attention weighted by its gradient (last layer, Grad-CAM style; or Grad-SAM over all layers)"
     reference = "Qiang et al. (2022) baselines; Barkan et al. (2021) Grad-SAM; METHODS.md 4.3"
+    run_options = (
+        Option("attgrads_variant", choices=("ref", "gradsam"), param="variant", passed="set", resume=True,
+               help="attgrads: last-layer Grad-CAM style (reference) or Grad-SAM over all layers [default: ref]."),
+    )
 
     def from_grads(self, gp, grads, cap):
         b = torch.arange(cap.mask.shape[0], device=cap.mask.device)

@@ -5,6 +5,7 @@ the paper's text does. Layer view l = the term of layer l."""
 
 from __future__ import annotations
 
+from ..options import Option
 from ._internals.base import MethodResult
 from ._internals.gradients import GradientMethod, cat_terms
 
@@ -16,6 +17,11 @@ class Cat(GradientMethod):
     signed = True
     has_layer_views = True
 
+    run_options = (
+        Option("attcat_layers", choices=("inputs", "outputs"), param="layers", passed="set", resume=True,
+               help="cat/attcat: layer inputs h^0..h^L-1 (reference code) or outputs h^1..h^L (paper) "
+                    "[default: inputs]."),
+    )
     def from_grads(self, gp, grads, cap):
         terms = cat_terms(gp, grads, self.params.get("layers", "inputs")) * cap.mask[:, None]
         return MethodResult(scores=terms.sum(1), layer_scores=terms)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..options import Option
 from ._internals.base import MethodResult
 from ._internals.relevance import RelevanceMethod, zero_self
 
@@ -18,6 +19,11 @@ class LRP(RelevanceMethod):
     signed = True
     has_layer_views = True
 
+    run_options = (
+        Option("lrp_dtype", "float64", choices=("float64", "model"), show_default=True, param="dtype", resume=True,
+               help="Precision of the LRP rules (lrp, partial_lrp, transatt, mask_lrp): float64 on a copy of the "
+                    "model, or the model's own dtype (the reference; unstable, see README)."),
+    )
     def from_relevance(self, rel, gp, target, cap):
         views = torch.stack(rel.inputs, dim=1) * cap.mask[:, None]  # [B, L, n]: input of layer 1 .. L
         views = zero_self(views, cap.explain_pos)

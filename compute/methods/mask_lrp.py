@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import AttrscopeError
+from ..options import Option, at_least, existing_file
 from .transatt import TransAtt
 
 
@@ -27,6 +28,33 @@ class MaskLRP(TransAtt):
     name = "mask_lrp"
     description = "TransAtt with relevance propagated through the positional and syntactic heads only"
     reference = "Song et al. (2024); METHODS.md 6.2-6.3, 14.14"
+    run_options = (
+        *TransAtt.run_options,
+        # the head-statistics pass that makes the head mask (compute.head_pass); a resumed run reads the store's mask
+        Option("head_stats_data", metavar="DATASET",
+               help="mask_lrp: dataset of the head-statistics pass [default: the run's dataset]."),
+        Option("head_stats_limit", type=int, metavar="N", check=at_least(1),
+               help="mask_lrp: use the first N examples for the head statistics."),
+        Option("parses", path=True, check=existing_file,
+               help="mask_lrp: dependency parses as CoNLL-U (default: spaCy, pip install 'attrscope[parse]')."),
+        Option("head_mask", path=True, metavar="STORE.h5",
+               help="mask_lrp: reuse the head masks of another store instead of computing them."),
+        Option("pos_self", choices=("exclude", "count"),
+               help="Positional statistics: offset 0 excluded (the paper) or counted (the reference) "
+                    "[default: exclude; count under --preset masklrp]."),
+        Option("mask_combine", "union", choices=("union", "sum"), show_default=True, param="combine", resume=True,
+               help="mask_lrp: union (the reference) or sum (the paper) of the positional and syntactic masks."),
+        Option("mask_rollout", "unmasked", choices=("unmasked", "masked"), show_default=True, resume=True,
+               param="rollout_uses_masked", to_param=lambda v: v == "masked",
+               help="mask_lrp: roll out each layer's unmasked attention relevance (the reference) or the masked one."),
+        Option("mask_renormalise", False, type=bool, param="renormalise", to_param=bool, resume=True,
+               help="mask_lrp: rescale the kept heads' relevance to the layer's total (the paper's variant)."),
+        Option("mask_rollout_unhalved", type=bool, flags=("--mask-rollout-unhalved/--mask-rollout-halved",),
+               param="rollout_unhalved", passed="given", param_default=False, resume=True,
+               help="mask_lrp: roll out the attention relevance before the 1/2 of the A.V rule, as the reference code "
+                    "does (maps 2x TransAtt's), or after it, so that an all-ones mask gives TransAtt "
+                    "[default: halved; unhalved under --preset masklrp]."),
+    )
 
     def head_mask(self, cap):
         mask = self.params.get("head_mask")

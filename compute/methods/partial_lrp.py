@@ -9,6 +9,7 @@ import torch
 from ._internals.aggregate import row_at, valid_block
 from ._internals.base import MethodResult
 from ._internals.relevance import RelevanceMethod, positive_head_mean, zero_self
+from .lrp import LRP
 
 
 class PartialLRP(RelevanceMethod):
@@ -18,6 +19,7 @@ class PartialLRP(RelevanceMethod):
     has_layer_views = True
     has_matrices = True
 
+    run_options = LRP.run_options
     def from_relevance(self, rel, gp, target, cap):
         maps = torch.stack([valid_block(positive_head_mean(R), cap.mask) for R in rel.attention], dim=1)  # [B, L, n, n]
         views = zero_self(row_at(maps, cap.explain_pos), cap.explain_pos)

@@ -11,6 +11,7 @@ import torch
 from ._internals.aggregate import valid_block
 from ._internals.base import MethodResult
 from ._internals.relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
+from .lrp import LRP
 
 
 class TransAtt(RelevanceMethod):
@@ -21,6 +22,7 @@ class TransAtt(RelevanceMethod):
     has_matrices = True
     passes = frozenset({"forward", "backward", "lrp"})  # the gradient weighting
 
+    run_options = LRP.run_options
     def from_relevance(self, rel, gp, target, cap):
         grads = gp.grads(target)["attentions"]
         maps = [valid_block(positive_head_mean(G.to(R.dtype) * R), cap.mask) for G, R in zip(grads, rel.attention)]

@@ -44,6 +44,7 @@ class Method:
     # Passes over the model the method reads (PASSES); the runner gives the batch's union to the shared gradient
     # pass, which records the LRP tensors only when some method of the batch declares "lrp".
     passes: ClassVar[frozenset[str]] = frozenset({"forward"})
+    run_options: ClassVar[tuple] = ()  # compute.options.Option: the run options it reads (the CLI, resume, provenance)
 
     def __init__(self, **params):
         self.params = params

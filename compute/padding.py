@@ -1,5 +1,5 @@
-"""Batching helpers shared by the run's method loop (compute.runner) and the head-statistics pass
-(compute.head_pass): both stack tokenised examples of different lengths into one padded tensor."""
+"""Padding token lists of different lengths into one batch tensor: the run's batches (compute.run.batches) and the
+head-statistics pass (compute.head_pass) share it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,120 @@
+"""Options of ``attr-compute run``, each declared once.
+
+An :class:`Option` says everything the run needs to know about one setting: its command-line form and help, its
+default, the check of its value, whether a store made with another value may be resumed, and which method parameter
+it sets. The CLI's options, :class:`compute.run.config.RunConfig`, the run plan's checks, the resume identity, the
+methods' parameters and the store's provenance are all derived from these declarations (compute.run.config).
+
+The run-level options are declared here; a method's options are declared on its class (``Method.options``) and
+collected through ``compute.methods.REGISTRY``, so adding a method option touches the method's file only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import AttrscopeError, UsageError
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # RunConfig attribute and provenance key
+    default: Any = None
+    help: str | None = None
+    type: type = str  # str, int or bool (a flag)
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    flags: tuple[str, ...] = ()  # command-line declarations when not just --name-with-dashes
+    path: bool = False  # a file path (click.Path(dir_okay=False))
+    show_default: bool = False
+    cli: bool = True  # False: a RunConfig setting without a command-line option
+    resume: bool = False  # part of the resume identity: a store made with another value is not resumed
+    param: str | None = None  # the method parameter it sets (declared on a method's class)
+    passed: str = "always"  # when it is passed to the method: always | given (not None) | set (true)
+    to_param: Callable[[Any], Any] | None = None  # the parameter's value from the option's (default: the same)
+    param_default: Any = None  # not None: the parameter recorded with this value when neither option nor preset set it
+    check: Callable[[str, Any], Exception | None] | None = None  # the error for a bad value (flag, value)
+
+    @property
+    def flag(self) -> str:
+        """How the user names the option in messages."""
+        if not self.cli:
+            return f"the {self.name} (RunConfig.{self.name})"
+        long = [f for f in self.flags if f.startswith("--")]
+        return long[0].split("/")[0] if long else "--" + self.name.replace("_", "-")
+
+    def param_of(self, value: Any) -> tuple[bool, Any]:
+        """(whether the method gets the parameter, its value) for the option's value."""
+        if self.passed == "given" and value is None or self.passed == "set" and not value:
+            return False, None
+        return True, self.to_param(value) if self.to_param else value
+
+
+# --- checks of one value --------------------------------------------------------------------------------------
+def at_least(n: int, why: str = "") -> Callable[[str, Any], Exception | None]:
+    def check(flag: str, value):
+        if value is not None and value < n:
+            return UsageError(f"{flag} must be at least {n}{why}")
+        return None
+
+    return check
+
+
+def existing_file(flag: str, value) -> Exception | None:
+    if value and not os.path.exists(value):
+        return AttrscopeError(f"{flag}: file '{value}' not found: check the path")
+    return None
+
+
+# --- run-level options, in the order of ``attr-compute run --help`` ----------------------------------------------
+# Before the methods' options: output, model, data, batching, what is stored. ``resume=True`` marks everything that
+# changes the numbers (batch size, window, dtypes: how examples are batched and summed, hence float rounding), the
+# data read, or what is stored. The head-statistics options are not part of it: a resumed run reads its masks from
+# the store.
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option("output", flags=("-o", "--output"), metavar="STORE.h5",
+           help="Store to write [default: <dataset name>.h5 here]."),
+    Option("model", metavar="ID_OR_PATH",
+           help="Hugging Face id or local directory [default: bundled demo classifier]."),
+    Option("methods", "all", show_default=True, metavar="LIST|all", help="Comma-separated method names.",
+           resume=True),
+    Option("limit", type=int, metavar="N", help="Only the first N examples.", resume=True),
+    Option("batch_size", 32, type=int, show_default=True, metavar="N", resume=True, check=at_least(1)),
+    Option("device", "auto", show_default=True, metavar="auto|cpu|cuda[:k]"),
+    Option("dtype", "float32", choices=("float32", "bfloat16"), show_default=True, resume=True,
+           help="Model compute dtype (methods always compute in at least float32)."),
+    Option("max_length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].",
+           resume=True, check=at_least(2, " (room for the special tokens)")),
+    Option("text_column", metavar="C", resume=True),
+    Option("pair_column", metavar="C", resume=True),
+    Option("label_column", metavar="C", resume=True),
+    Option("id_column", metavar="C", resume=True),
+    Option("split", metavar="NAME", help="Split of a Hugging Face dataset id.", resume=True),
+    Option("target", choices=("predicted", "label", "all"), resume=True,
+           help="Class explained by class-specific methods [default: predicted, or the preset's]."),
+    Option("matrices", "cls", choices=("none", "cls", "all"), show_default=True, resume=True,
+           help="Per-layer matrices to keep: none, the explained row only, or all n x n."),
+    Option("store_dtype", "float16", choices=("float16", "float32"), show_default=True, resume=True,
+           help="dtype of stored matrices (scores are always float32)."),
+    Option("resume", False, type=bool, help="Finish an interrupted store."),
+    Option("overwrite", False, type=bool, help="Replace an existing store."),
+    Option("preset", choices=("alti", "globenc", "attcat", "masklrp", "normxlogit"), resume=True,
+           help="Reference conventions of a paper (recorded in the store)."),
+    Option("window", 8, type=int, cli=False, resume=True),  # batches per window (sort-by-length scope, commit unit)
+)
+
+# After the methods' options.
+RUN_OPTIONS_AFTER_METHODS: tuple[Option, ...] = (
+    Option("evidence_column", metavar="C", resume=True,
+           help="Column of evidence / answer character spans [[start, end], ...] (precision_at_k, dot_product, "
+                "average_precision)."),
+    Option("metrics", metavar="LIST",
+           help="Faithfulness metrics computed after the run (name or name@preset, e.g. "
+                "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics."),
+    Option("allow_random_head", False, type=bool,
+           help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
+                "random; refused otherwise). For testing only; recorded in the store."),
+)

@@ -1,0 +1,50 @@
+"""Stage 2, load: the model, its tokenizer and the dataset, and the checks that need them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..data import Dataset, load_dataset
+from ..errors import AttrscopeError, UsageError
+from ..models import LoadedModel, load_model, resolve_device
+from .plan import RunPlan
+from .progress import Progress
+
+
+@dataclass(frozen=True)
+class Loaded:
+    lm: LoadedModel
+    data: Dataset
+    max_length: int  # truncation: --max-length, or what the model accepts
+
+
+def load(plan: RunPlan, progress: Progress) -> Loaded:
+    cfg = plan.cfg
+    lm = load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
+                    allow_random_head=cfg.allow_random_head)
+    info = lm.info
+    if info.get("random_head"):
+        progress.message(f"--allow-random-head: {len(info['random_head'])} weights of the task head are random "
+                         "(recorded in the store): the results explain no trained classifier")
+    id2label = info["id2label"]
+    data = load_dataset(
+        plan.dataset, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
+        id_column=cfg.id_column, evidence_column=cfg.evidence_column, split=cfg.split, limit=cfg.limit,
+        label2id={v: k for k, v in id2label.items()}, num_labels=len(id2label))
+    if plan.target_mode == "label" and any(r.label < 0 for r in data.records):
+        first = next(r for r in data.records if r.label < 0)
+        raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
+    return Loaded(lm=lm, data=data, max_length=max_length(cfg.max_length, lm))
+
+
+def max_length(asked: int | None, lm: LoadedModel) -> int:
+    limit = int(getattr(lm.model.config, "max_position_embeddings", 512))
+    if lm.info["model_type"] in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # positions start after padding_idx
+    tok_max = getattr(lm.tokenizer, "model_max_length", limit) or limit
+    limit = min(limit, tok_max if tok_max < 1_000_000 else limit)
+    if asked is None:
+        return limit
+    if asked > limit:
+        raise UsageError(f"--max-length {asked} exceeds what the model accepts ({limit})")
+    return asked

@@ -1,0 +1,114 @@
+"""Stage 1, plan: the options of a run -> a validated, frozen :class:`RunPlan`.
+
+Every check that needs no model is here, in one place: the options' own checks (``Option.check``, in declaration
+order), the checks across options, the output path and, for --resume, that the store opens. The checks that need
+the model or the data (--max-length against the model's limit, --target label against the labels, a method's
+architecture) are made where those are loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from store import open_store
+from store.errors import StoreError
+
+from ..errors import AttrscopeError, UsageError
+from ..methods import parse_methods
+from ..papers import PRESETS
+from .config import RunConfig, declared_options, method_options
+
+LOCAL_EXTENSIONS = (".jsonl", ".csv", ".tsv", ".parquet")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    cfg: RunConfig  # the options as given (read only from here on)
+    method_names: tuple[str, ...]  # as asked, before the architecture's filter
+    every_method: bool  # --methods all: every method defined for the architecture (others are skipped, not refused)
+    target_mode: str  # predicted | label | all
+    dataset: str  # the dataset spec (the bundled one when none was given)
+    output: str  # the store's path
+    pos_self: str  # exclude | count (head statistics)
+    method_params: MappingProxyType  # method name -> its parameters (method_params)
+
+
+def make_plan(cfg: RunConfig) -> RunPlan:
+    method_names = parse_methods(cfg.methods)
+    check_options(cfg)
+    preset = PRESETS.get(cfg.preset, {})
+    dataset = cfg.dataset or bundled_dataset()
+    output = cfg.output or default_output(dataset)
+    check_output(output, cfg)
+    if dataset.lower().endswith(LOCAL_EXTENSIONS) and not os.path.exists(dataset):
+        raise AttrscopeError(f"dataset file '{dataset}' not found: check the path")
+    return RunPlan(
+        cfg=cfg, method_names=tuple(method_names), every_method=cfg.methods.strip() == "all",
+        target_mode=cfg.target or preset.get("target", "predicted"), dataset=dataset, output=output,
+        pos_self=cfg.pos_self or preset.get("pos_self", "exclude"),
+        method_params=MappingProxyType({name: method_params(name, cfg) for name in method_names}))
+
+
+def method_params(name: str, cfg: RunConfig) -> dict:
+    """Parameters of method ``name``: the preset's reference conventions, then the options it declares."""
+    params = dict(PRESETS.get(cfg.preset, {}).get("methods", {}).get(name, {}))
+    for opt in method_options(name):
+        if opt.param is None:
+            continue
+        passed, value = opt.param_of(getattr(cfg, opt.name))
+        if passed:
+            params[opt.param] = value
+        elif opt.param_default is not None:
+            params.setdefault(opt.param, opt.param_default)  # recorded either way
+    return params
+
+
+def check_options(cfg: RunConfig) -> None:
+    if cfg.resume and cfg.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: pick one")
+    for opt in declared_options():
+        if opt.check is not None and (err := opt.check(opt.flag, getattr(cfg, opt.name))) is not None:
+            raise err
+    if cfg.metrics:
+        from ..evaluate import evidence_metrics, parse_metric_specs
+
+        needing = evidence_metrics(parse_metric_specs(cfg.metrics))
+        if needing and cfg.evidence_column is None:
+            raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
+                             "evidence character spans, or drop the metric")
+    if cfg.preset is not None and cfg.preset not in PRESETS:
+        raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
+
+
+def check_output(output: str, cfg: RunConfig) -> None:
+    if os.path.isdir(output):
+        raise AttrscopeError(f"-o '{output}' is a directory: pass a file name, e.g. -o {os.path.join(output, 'run.h5')}")
+    exists = os.path.exists(output)
+    if cfg.resume and not exists:
+        raise AttrscopeError(f"--resume: store '{output}' does not exist: run without --resume to create it")
+    if exists and not (cfg.resume or cfg.overwrite):
+        raise AttrscopeError(f"store '{output}' already exists: pass --overwrite to replace it or --resume to finish it")
+    if cfg.resume:
+        try:  # a damaged or truncated store is named before the model loads (minutes on a large model)
+            open_store(output).close()
+        except StoreError as err:
+            raise AttrscopeError(str(err)) from None
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
+    if not os.access(parent, os.W_OK):
+        raise AttrscopeError(f"output directory '{parent}' is not writable: choose another -o")
+
+
+def bundled_dataset() -> str:
+    from importlib.resources import files
+
+    return str(files("attrscope_examples") / "reviews.jsonl")
+
+
+def default_output(dataset: str) -> str:
+    base = os.path.basename(dataset.rstrip("/")).split(":")[0]
+    stem = os.path.splitext(base)[0] or "attributions"
+    return f"{stem.replace('/', '_')}.h5"

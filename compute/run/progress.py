@@ -1,0 +1,13 @@
+"""What a run reports while it works. The CLI renders it with rich (compute.ui); tests use this silent default."""
+
+from __future__ import annotations
+
+
+class Progress:
+    def start(self, total: int, completed: int) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def stop(self) -> None: ...

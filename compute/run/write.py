@@ -1,0 +1,175 @@
+"""Stage 6, write: what the store records of a run (the methods' layouts, the provenance), opening it (new, or
+resumed after checking that the run is the same), and each batch's results cut to the examples' real lengths."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import numpy as np
+import torch
+
+from store import ExampleData, MethodLayout, StoreWriter, open_store
+from store import resume as resume_store
+from store.errors import StoreError
+
+from .. import __version__
+from ..errors import AttrscopeError
+from ..methods import Method
+from .batches import Tokenized
+from .config import declared_options
+from .dispatch import BatchOutput
+from .load import Loaded
+from .plan import RunPlan
+
+
+def layouts(plan: RunPlan, methods: dict[str, Method], adapter) -> list[MethodLayout]:
+    cfg, target_mode = plan.cfg, plan.target_mode
+    out = []
+    for name, m in methods.items():
+        mat = cfg.matrices if m.has_matrices else "none"
+        out.append(MethodLayout(
+            name=name, signed=m.signed, n_layer_views=m.n_layer_views(adapter), matrices=mat,
+            n_matrix_layers=adapter.n_layers if mat != "none" else 0,
+            class_scores=bool(m.class_specific and target_mode == "all"), example_values=tuple(m.example_values),
+            description=m.description,
+            params={**m.params, "store_dtype": cfg.store_dtype, "reference": m.reference,
+                    "class_specific": m.class_specific,
+                    "target": target_mode if m.class_specific else None}))
+    return out
+
+
+def provenance(plan: RunPlan, loaded: Loaded, method_names: list[str]) -> dict:
+    import h5py
+    import transformers
+
+    data = loaded.data
+    return {
+        "attrscope_version": __version__,
+        "command": plan.cfg.argv,
+        "config": {**plan.cfg.as_dict(), "methods": method_names, "target": plan.target_mode,
+                   "max_length": loaded.max_length, "output": os.path.abspath(plan.output)},
+        "model": loaded.lm.info,
+        "dataset": {"source": data.source, "kind": data.kind, "columns": data.columns, "n_rows": data.n_rows,
+                    "n_records": len(data.records), "sha256": data.sha256, "label_names": data.label_names},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "h5py": h5py.__version__, "numpy": np.__version__},
+        "host": {"platform": platform.platform(), "cuda": torch.version.cuda,
+                 "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+    }
+
+
+def open_writer(plan: RunPlan, loaded: Loaded, layouts: list[MethodLayout], provenance: dict,
+                head_masks=()) -> tuple[StoreWriter, int]:
+    """The store's writer and the number of examples it already holds (0 unless --resume)."""
+    output = plan.output
+    if plan.cfg.resume:
+        try:
+            with open_store(output) as old:
+                before = old.config
+        except StoreError as err:
+            raise AttrscopeError(str(err)) from None
+        check_resume(before, provenance, output)
+        try:
+            writer = resume_store(output)
+        except OSError as err:
+            raise AttrscopeError(f"cannot write store '{output}': {_os_reason(err)}: check the path and its "
+                                 "permissions") from None
+        return writer, writer.n_committed
+    try:
+        if plan.cfg.overwrite and os.path.exists(output):
+            os.remove(output)
+        return _create_writer(plan, loaded, layouts, provenance, head_masks), 0
+    except OSError as err:
+        raise AttrscopeError(f"cannot create store '{output}': {_os_reason(err)}: choose another -o") from None
+
+
+def _os_reason(err: OSError) -> str:
+    """The system's reason (HDF5 wraps it into a long message; the errno's text is what the user needs)."""
+    import errno as errno_names
+
+    if err.errno in errno_names.errorcode:
+        return os.strerror(err.errno)
+    return " ".join(str(err).split())[:200]
+
+
+def _create_writer(plan: RunPlan, loaded: Loaded, layouts, provenance, head_masks) -> StoreWriter:
+    lm = loaded.lm
+    attrs = {"model_id": lm.info["model_id"], "model_revision": str(lm.info.get("revision")),
+             "tokenizer": lm.info.get("tokenizer", ""), "attn_implementation": "eager",
+             "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
+             "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
+    return StoreWriter.create(plan.output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
+                              labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
+                              head_masks=list(head_masks), evidence=plan.cfg.evidence_column is not None)
+
+
+def check_resume(before: dict, now: dict, output: str) -> None:
+    """--resume continues a store only with the same resume identity (``Option.resume``), device type, model and
+    data."""
+    b, n = before.get("config", {}), now["config"]
+    for opt in declared_options():
+        if not opt.resume:
+            continue
+        was = b.get(opt.name, opt.default)  # a store older than the option was made with its default
+        if was != n.get(opt.name):
+            raise AttrscopeError(
+                f"--resume: store '{output}' was made with {opt.flag} {_show(was)}, not {_show(n.get(opt.name))}: "
+                f"rerun with {opt.flag} {_show(was)} (the same options), or --overwrite")
+    was_device = before.get("model", {}).get("device")
+    now_device = now["model"].get("device")
+    if was_device and torch.device(was_device).type != torch.device(now_device).type:
+        raise AttrscopeError(f"--resume: store '{output}' was computed on {was_device}, not {now_device}: "
+                             f"rerun with --device {torch.device(was_device).type}, or --overwrite")
+    if before.get("model", {}).get("model_id") != now["model"]["model_id"]:
+        raise AttrscopeError(f"--resume: store '{output}' was made with another model: use the same --model, or --overwrite")
+    if before.get("dataset", {}).get("sha256") != now["dataset"]["sha256"]:
+        raise AttrscopeError(f"--resume: the dataset differs from the one store '{output}' was made from: use the same file, or --overwrite")
+
+
+def _show(value) -> str:
+    """An option's value as the user types it (None: the option was not given)."""
+    if value is None:
+        return "(not given)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
+             convert_ids_to_tokens) -> list[ExampleData]:
+    """The batch's examples as the store keeps them: every array cut to the example's tokens, matrices to the
+    explained row under --matrices cls, evidence spans turned into a per-token flag."""
+    examples = []
+    for b, i in enumerate(batch):
+        r = records[i]
+        n = len(tok.input_ids[i])
+        pos = int(out.explain_pos[b])
+        per = {}
+        for name, res in out.results.items():
+            d = {"scores": res["scores"][b, :n]}
+            if "layer_scores" in res:
+                d["layer_scores"] = res["layer_scores"][b, :, :n]
+            if "matrices" in res:
+                m = res["matrices"][b, :, :n, :n]
+                d["matrices"] = m if matrices == "all" else m[:, pos:pos + 1, :]
+            if "class_scores" in res:
+                d["class_scores"] = res["class_scores"][b, :, :n]
+            d["example_values"] = {k: float(v[b]) for k, v in out.values[name].items()}
+            per[name] = d
+        offsets = np.asarray(tok.offsets[i], dtype=np.int32) if tok.offsets is not None else np.full((n, 2), -1)
+        segment = np.asarray(tok.segments[i], dtype=np.int8)
+        offsets[segment < 0] = -1
+        evidence = None
+        if r.evidence is not None:  # tokens overlapping an evidence span of their own segment
+            evidence = np.zeros(n, dtype=bool)
+            for seg, start, end in r.evidence:
+                evidence |= (segment == seg) & (offsets[:, 0] < end) & (start < offsets[:, 1])
+        examples.append(ExampleData(
+            row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
+            tokens=convert_ids_to_tokens(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
+            pred=int(out.pred[b]), probs=out.probs[b], target=int(out.target[b]), explain_pos=pos,
+            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per, evidence=evidence))
+    return examples
