@@ -12,6 +12,7 @@ import sys
 import click
 
 from .errors import AttrscopeError
+from .export import DEFAULT_CHUNK as EXPORT_CHUNK
 from .interrupts import Interrupted
 
 PROG = "attr-compute"
@@ -268,6 +269,32 @@ def report_cmd(store, fmt, output, debug):
                 fh.write(text)
         else:
             click.echo(text, nl=False)
+
+    _guarded(go, debug)
+
+
+@main.command("export", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("store", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(), metavar="FILE.parquet|FILE.csv",
+              help="Token table: one row per example x method x token (example -> method -> position).")
+@click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Methods of the store to export.")
+@click.option("--layers", is_flag=True, help="Add the per-layer views as columns layer_1..layer_V.")
+@click.option("--metrics", is_flag=True,
+              help="Also write the per-example metrics (one row per example x method) to FILE.metrics.parquet|csv.")
+@click.option("--chunk-size", type=int, default=EXPORT_CHUNK, show_default=True, metavar="N",
+              help="Examples read and written at a time (memory is bounded by the chunk, not the store).")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
+    """Export STORE's token table (and with --metrics its per-example metrics) as Parquet or CSV, in chunks."""
+
+    def go():
+        from .export import export_store
+
+        chosen = None if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+        done = export_store(store, output, chosen, layers=layers, metrics=metrics, chunk=chunk_size)
+        note = "" if done["complete"] else " (the store is not complete: its committed examples only)"
+        for path, rows in done["files"].items():
+            click.echo(f"{path}: {rows} rows from {done['examples']} examples{note}", err=True)
 
     _guarded(go, debug)
 
