@@ -12,7 +12,7 @@ import sys
 import click
 
 from .errors import AttrscopeError
-from .export import DEFAULT_CHUNK as EXPORT_CHUNK
+from .export import CHUNK_ROWS as EXPORT_CHUNK_ROWS
 from .interrupts import Interrupted
 
 PROG = "attr-compute"
@@ -281,8 +281,9 @@ def report_cmd(store, fmt, output, debug):
 @click.option("--layers", is_flag=True, help="Add the per-layer views as columns layer_1..layer_V.")
 @click.option("--metrics", is_flag=True,
               help="Also write the per-example metrics (one row per example x method) to FILE.metrics.parquet|csv.")
-@click.option("--chunk-size", type=int, default=EXPORT_CHUNK, show_default=True, metavar="N",
-              help="Examples read and written at a time (memory is bounded by the chunk, not the store).")
+@click.option("--chunk-size", type=int, default=None, metavar="N",
+              help=f"Examples read and written at a time; memory follows the chunk, not the store [default: as many "
+                   f"as make about {EXPORT_CHUNK_ROWS:,} token rows].")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
     """Export STORE's token table (and with --metrics its per-example metrics) as Parquet or CSV, in chunks."""

@@ -17,7 +17,10 @@ from collections.abc import Iterable, Iterator
 from .errors import AttrscopeError, UsageError
 
 FORMATS = (".parquet", ".csv")
-DEFAULT_CHUNK = 1024  # examples per chunk: a few hundred MB at most for 30 methods with layer columns
+# Token rows per chunk when --chunk-size is not given (the chunk's examples follow from the store's mean length and
+# the number of methods): about 150 MB of peak memory for Parquet and less for CSV, whatever the store's size.
+CHUNK_ROWS = 131_072
+CSV_BLOCK = 16_384  # rows formatted as text at a time
 
 
 def metrics_path(output: str) -> str:
@@ -27,17 +30,17 @@ def metrics_path(output: str) -> str:
 
 
 def export_store(store_path: str, output: str, methods: list[str] | None = None, *, layers: bool = False,
-                 metrics: bool = False, chunk: int = DEFAULT_CHUNK) -> dict:
+                 metrics: bool = False, chunk: int | None = None) -> dict:
     """Write the token table of ``store_path`` (one row per example x method x token, ordered example -> method
     -> position) to ``output`` (.parquet or .csv), and with ``metrics`` the metric table (one row per example x
-    method) to :func:`metrics_path`. Returns {"files": {path: rows}, "examples": N, "complete": bool}.
+    method) to :func:`metrics_path`. ``chunk``: examples per chunk [default: about CHUNK_ROWS token rows]. Returns {"files": {path: rows}, "examples": N, "complete": bool}.
     Raises AttrscopeError / UsageError / StoreError with one line naming the problem and the fix."""
     from store import open_store
 
     ext = os.path.splitext(output)[1].lower()
     if ext not in FORMATS:
         raise UsageError(f"cannot tell the format of '{output}': name the output FILE.parquet or FILE.csv")
-    if chunk < 1:
+    if chunk is not None and chunk < 1:
         raise UsageError("--chunk-size must be at least 1")
     write = _parquet_writer() if ext == ".parquet" else _write_csv
     targets = [output] + ([metrics_path(output)] if metrics else [])
@@ -49,6 +52,7 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
         raise UsageError(f"the output '{output}' is the store itself: name another file")
     with open_store(store_path) as s:
         chosen = _methods(s, store_path, methods)
+        chunk = chunk or _examples_per_chunk(s, len(chosen))
         if layers and not any(int(s.method_info(m)["n_layer_views"]) for m in chosen):
             raise AttrscopeError(f"--layers: {', '.join(chosen)} in store '{store_path}' ha"
                                  f"{'s' if len(chosen) == 1 else 've'} no layer views: leave out --layers, or pass "
@@ -85,6 +89,16 @@ def _methods(s, store_path: str, methods: list[str] | None) -> list[str]:
         if m not in s.methods:
             raise UsageError(f"method '{m}' is not in store '{store_path}': it holds {', '.join(s.methods)}")
     return list(dict.fromkeys(methods))
+
+
+def _examples_per_chunk(s, n_methods: int) -> int:
+    """Examples that make about CHUNK_ROWS token rows, at the store's mean length."""
+    n = len(s)
+    if not n:
+        return 1
+    last = s.index_rows(n - 1, n)[0]
+    tokens = int(last["tok_off"]) + int(last["n_tokens"])
+    return max(1, CHUNK_ROWS * n // max(tokens * n_methods, 1))
 
 
 def _check_output(path: str) -> None:
@@ -157,8 +171,10 @@ def _write_csv(path: str, chunks: Iterable[dict]) -> int:
             if not header:
                 out.writerow(list(cols))
                 header = True
-            out.writerows(zip(*(_csv_cells(v) for v in cols.values())))
-            rows += len(next(iter(cols.values()), ()))
+            n = len(next(iter(cols.values()), ()))
+            for r0 in range(0, n, CSV_BLOCK):  # text is larger than the numbers: format a block at a time
+                out.writerows(zip(*(_csv_cells(v[r0:r0 + CSV_BLOCK]) for v in cols.values())))
+            rows += n
     return rows
 
 

@@ -126,7 +126,9 @@ def test_token_rows_equal_the_store(store_path, tmp_path, ext, layers):
 
 
 @pytest.mark.parametrize("ext", ["parquet", "csv"])
-def test_chunk_size_does_not_change_the_file(store_path, tmp_path, ext):
+def test_chunk_size_does_not_change_the_file(store_path, tmp_path, ext, monkeypatch):
+    monkeypatch.setattr("compute.export.CSV_BLOCK", 7)  # CSV text formatted in blocks inside a chunk too
+
     def export(chunk):
         out = tmp_path / f"c{chunk}.{ext}"
         assert _cli(store_path, "-o", out, "--layers", "--metrics", "--chunk-size", chunk).exit_code == 0
@@ -171,6 +173,16 @@ def test_metrics_file_has_one_row_per_example_and_method(store_path, tmp_path, e
                              for m in methods], axis=1).reshape(-1)
             np.testing.assert_array_equal(np.asarray(got[name], dtype=np.float32), want.astype(np.float32), name)
         assert np.isnan(got["aopc@attcat"][1]) and np.isnan(got["comprehensiveness"][4])  # logat; rollout's NaN
+
+
+def test_the_default_chunk_follows_a_row_budget(store_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("compute.export.CHUNK_ROWS", 40)
+    with open_store(store_path) as s:
+        tokens = sum(ex.n_tokens for ex in s)
+    per_chunk = max(1, 40 * 11 // (tokens * 2))  # two methods, 11 examples
+    assert _cli(store_path, "-o", tmp_path / "d.parquet", "--methods", "norm,logat").exit_code == 0
+    assert pq.ParquetFile(tmp_path / "d.parquet").num_row_groups == -(-11 // per_chunk) > 1
+    _assert_rows(_read(tmp_path / "d.parquet"), _expected_tokens(store_path, ["norm", "logat"], False))
 
 
 def test_an_empty_store_exports_the_header(tmp_path):
