@@ -14,6 +14,7 @@ import click
 from .errors import AttrscopeError
 from .export import CHUNK_ROWS as EXPORT_CHUNK_ROWS
 from .interrupts import Interrupted
+from .papers import PRESET_NAMES
 
 PROG = "attr-compute"
 
@@ -117,7 +118,7 @@ def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, p
               help="dtype of stored matrices (scores are always float32).")
 @click.option("--resume", is_flag=True, help="Finish an interrupted store.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
-@click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]),
+@click.option("--preset", type=click.Choice(PRESET_NAMES),
               help="Reference conventions of a paper (recorded in the store).")
 @click.option("--alti-ln2", is_flag=True, help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2).")
 @click.option("--memory-mb", type=int, default=8, show_default=True, metavar="MB",
@@ -210,11 +211,11 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
 @main.command("eval", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("store", type=click.Path(dir_okay=False))
 @click.option("--metrics", required=True, metavar="LIST",
-              help="Comma-separated metrics, each name or name@preset (attcat, masklrp, normxlogit).")
+              help="Comma-separated metrics, each name or name@preset (attr-compute metrics lists them with their presets).")
 @click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Methods of the store to evaluate.")
 @click.option("--model", metavar="ID_OR_PATH", default=None, help="The model [default: the one recorded in the store].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:K.")
-@click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]), default=None,
+@click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help="Default preset of the metrics named without one [default: the store's run preset].")
 @click.option("--allow-random-head", is_flag=True,
               help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
