@@ -182,7 +182,7 @@ def _csv_cells(col):
     import numpy as np
 
     if col.dtype == object:
-        return col
-    if col.dtype.kind == "f":
-        return np.where(np.isnan(col), "", col.astype(str))  # float32 -> its shortest round-trip digits
-    return col.astype(str)
+        return col.tolist()
+    if col.dtype.kind == "f":  # float32 -> its shortest round-trip digits (the bulk of the CSV's time)
+        return np.where(np.isnan(col), "", col.astype(str)).tolist()
+    return col.tolist()
