@@ -211,7 +211,8 @@ def run_cmd(dataset, output, model, methods, limit, batch_size, device, dtype, m
 @main.command("eval", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("store", type=click.Path(dir_okay=False))
 @click.option("--metrics", required=True, metavar="LIST",
-              help="Comma-separated metrics, each name or name@preset (attr-compute metrics lists them with their presets).")
+              help="Comma-separated metrics, each name or name@preset (attr-compute metrics lists them and their "
+                   "presets).")
 @click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Methods of the store to evaluate.")
 @click.option("--model", metavar="ID_OR_PATH", default=None, help="The model [default: the one recorded in the store].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:K.")

@@ -33,7 +33,8 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
                  metrics: bool = False, chunk: int | None = None) -> dict:
     """Write the token table of ``store_path`` (one row per example x method x token, ordered example -> method
     -> position) to ``output`` (.parquet or .csv), and with ``metrics`` the metric table (one row per example x
-    method) to :func:`metrics_path`. ``chunk``: examples per chunk [default: about CHUNK_ROWS token rows]. Returns {"files": {path: rows}, "examples": N, "complete": bool}.
+    method) to :func:`metrics_path`. ``chunk``: examples per chunk [default: about CHUNK_ROWS token rows].
+    Returns {"files": {path: rows}, "examples": N, "complete": bool}.
     Raises AttrscopeError / UsageError / StoreError with one line naming the problem and the fix."""
     from store import open_store
 

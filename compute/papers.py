@@ -64,7 +64,8 @@ _LIST = (
     Paper(
         "attcat",
         # AttCAT's explanation pass masks [CLS]/[SEP] as keys (14.9) and explains the gold label (14.10).
-        run={"target": "label", "methods": {m: {"mask_specials": True} for m in ("cat", "attcat", "grads", "attgrads")}},
+        run={"target": "label",
+             "methods": {m: {"mask_specials": True} for m in ("cat", "attcat", "grads", "attgrads")}},
         tables=(
             {"paper": "AttCAT (Qiang et al. 2022), Table 1, BERT SST2 (AOPC, deletion)",
              "metric": "aopc", "preset": "attcat",
