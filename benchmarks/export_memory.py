@@ -5,7 +5,7 @@
 
 The stores are tui_scale.py's SST-2-like synthetic stores (8-60 tokens, five methods with six layer views each, two
 metrics per method), built once. Each measurement runs in a fresh child process (so peaks do not mix) that imports
-everything first and reads its peak RSS (ru_maxrss) before and after: "export" runs ``export_store`` with
+everything first and reads its peak RSS (VmHWM, Linux) before and after: "export" runs ``export_store`` with
 ``--layers --metrics`` at the default chunk size; "whole table" builds ``Store.token_table(layers=True)`` of the
 whole store in one piece, the memory the export avoids. Bounded means: the export's growth does not follow the
 store's size, while the whole table's does.
@@ -27,15 +27,16 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 CHILD = r'''
-import json, os, resource, sys, time
+import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 mode, store, out = sys.argv[2], sys.argv[3], sys.argv[4]
 import numpy, h5py, pyarrow, pyarrow.parquet, csv  # noqa: F401 - imported before the baseline is read
 from compute.export import export_store
 from store import open_store
 
-def peak_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak_mb():  # VmHWM: this process image's peak (ru_maxrss would carry the parent's over fork and exec)
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
 
 with open_store(store) as s:  # open and close once: the baseline includes the reader's own state
     len(s)

@@ -14,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 
+from . import interrupts
 from .errors import AttrscopeError, UsageError
 
 FORMATS = (".parquet", ".csv")
@@ -69,17 +70,22 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
                          lambda: s.metric_table(with_metrics, hi=0)))
         written: dict[str, int] = {}
         temps: list[tuple[str, str]] = []
-        try:
-            for path, chunks, empty in jobs:
-                tmp = _temp_beside(path)
-                temps.append((tmp, path))
-                written[path] = write(tmp, _never_empty(chunks(), empty))
-            for tmp, path in temps:  # only once every file is complete
-                os.replace(tmp, path)
-        finally:
-            for tmp, _ in temps:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+        # Ctrl-C / SIGTERM stop at the next chunk, and the temporary files go (only a SIGKILL leaves a .part file)
+        with interrupts.on_signals():
+            try:
+                for path, chunks, empty in jobs:
+                    tmp = _temp_beside(path)
+                    temps.append((tmp, path))
+                    written[path] = write(tmp, _never_empty(chunks(), empty))
+                for tmp, path in temps:  # only once every file is complete
+                    os.replace(tmp, path)
+            except interrupts.Interrupted:
+                raise interrupts.Interrupted(f"interrupted: nothing was written ('{output}' is as it was); run the "
+                                             "same command again") from None
+            finally:
+                for tmp, _ in temps:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
         return {"files": written, "examples": len(s), "complete": s.complete}
 
 
@@ -128,6 +134,7 @@ def _never_empty(chunks: Iterable[dict], empty) -> Iterator[dict]:
     """The chunks, or for a store without examples one empty chunk (a file with the header / schema)."""
     any_chunk = False
     for c in chunks:
+        interrupts.check()
         any_chunk = True
         yield c
     if not any_chunk:

@@ -254,3 +254,23 @@ def test_a_failure_midway_leaves_no_file_and_keeps_the_old_one(store_path, tmp_p
     _one_line_error(_cli(store_path, "-o", out, "--chunk-size", 2), 1, "simulated")
     assert len(calls) == 3  # two chunks were written before the failure
     assert out.read_text() == "previous export" and sorted(os.listdir(tmp_path)) == [f"f.{ext}"]
+
+
+def test_sigterm_stops_at_the_next_chunk_and_leaves_nothing(store_path, tmp_path, monkeypatch):
+    import signal
+
+    from store.reader import Store
+
+    real = Store.token_table
+    calls = []
+
+    def terminated(self, *a, **k):  # SIGTERM arrives while the second chunk is read
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Store, "token_table", terminated)
+    _one_line_error(_cli(store_path, "-o", tmp_path / "s.parquet", "--chunk-size", 2), 130, "interrupted",
+                    "run the same command again")
+    assert len(calls) == 2 and os.listdir(tmp_path) == []
