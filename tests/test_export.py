@@ -9,9 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_results import invoke, ok, one_line
 
-from compute.cli import main
 from compute.export import metrics_path
 from store import ExampleData, MethodLayout, MetricData, StoreWriter, add_metrics, open_store
 
@@ -59,7 +58,7 @@ def store_path(tmp_path_factory):
 
 
 def _cli(*args):
-    return CliRunner().invoke(main, ["export", *[str(a) for a in args]], catch_exceptions=True)
+    return invoke("export", *args)
 
 
 def _read(path) -> dict[str, list]:
@@ -114,7 +113,7 @@ def _assert_rows(got: dict, want: list[dict]):
 def test_token_rows_equal_the_store(store_path, tmp_path, ext, layers):
     out = tmp_path / f"t.{ext}"
     r = _cli(store_path, "-o", out, "--chunk-size", 3, *(["--layers"] if layers else []))
-    assert r.exit_code == 0, r.output
+    ok(r)
     got = _read(out)
     _assert_rows(got, _expected_tokens(store_path, ["rollout", "logat", "norm"], layers))
     assert ("layer_3" in got) == layers and "layer_4" not in got
@@ -150,7 +149,7 @@ def test_chunk_size_does_not_change_the_file(store_path, tmp_path, ext, monkeypa
 def test_methods_choose_and_order_the_rows(store_path, tmp_path, ext):
     out = tmp_path / f"m.{ext}"
     r = _cli(store_path, "-o", out, "--methods", "norm,rollout", "--layers", "--chunk-size", 5)
-    assert r.exit_code == 0, r.output
+    ok(r)
     _assert_rows(_read(out), _expected_tokens(store_path, ["norm", "rollout"], True))
 
 
@@ -158,7 +157,7 @@ def test_methods_choose_and_order_the_rows(store_path, tmp_path, ext):
 def test_metrics_file_has_one_row_per_example_and_method(store_path, tmp_path, ext):
     out = tmp_path / f"x.{ext}"
     r = _cli(store_path, "-o", out, "--metrics", "--chunk-size", 2)
-    assert r.exit_code == 0, r.output
+    ok(r)
     mpath = tmp_path / f"x.metrics.{ext}"
     assert metrics_path(str(out)) == str(mpath) and mpath.exists()
     got = _read(mpath)
@@ -200,10 +199,8 @@ def test_an_empty_store_exports_the_header(tmp_path):
 
 
 def _one_line_error(r, code, *words):
-    assert r.exit_code == code, r.output
-    lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("attr-compute: error: "), r.output
-    assert "Traceback" not in r.output and all(w in lines[0] for w in words), lines[0]
+    line = one_line(r, code)
+    assert all(w in line for w in words), line
 
 
 def test_bad_input_is_one_line_and_writes_nothing(store_path, tmp_path):
