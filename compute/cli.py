@@ -12,7 +12,9 @@ import sys
 import click
 
 from .errors import AttrscopeError
+from .export import CHUNK_ROWS as EXPORT_CHUNK_ROWS
 from .interrupts import Interrupted
+from .papers import PRESET_NAMES
 
 PROG = "attr-compute"
 
@@ -177,11 +179,12 @@ def run_cmd(dataset, saliency, precision_k, other_store, perturbation, levels, m
 @main.command("eval", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("store", type=click.Path(dir_okay=False))
 @click.option("--metrics", required=True, metavar="LIST",
-              help="Comma-separated metrics, each name or name@preset (attcat, masklrp, normxlogit).")
+              help="Comma-separated metrics, each name or name@preset (attr-compute metrics lists them and their "
+                   "presets).")
 @click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Methods of the store to evaluate.")
 @click.option("--model", metavar="ID_OR_PATH", default=None, help="The model [default: the one recorded in the store].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:K.")
-@click.option("--preset", type=click.Choice(["alti", "globenc", "attcat", "masklrp", "normxlogit"]), default=None,
+@click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help="Default preset of the metrics named without one [default: the store's run preset].")
 @click.option("--allow-random-head", is_flag=True,
               help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
@@ -236,6 +239,33 @@ def report_cmd(store, fmt, output, debug):
                 fh.write(text)
         else:
             click.echo(text, nl=False)
+
+    _guarded(go, debug)
+
+
+@main.command("export", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("store", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(), metavar="FILE.parquet|FILE.csv",
+              help="Token table: one row per example x method x token (example -> method -> position).")
+@click.option("--methods", default="all", show_default=True, metavar="LIST|all", help="Methods of the store to export.")
+@click.option("--layers", is_flag=True, help="Add the per-layer views as columns layer_1..layer_V.")
+@click.option("--metrics", is_flag=True,
+              help="Also write the per-example metrics (one row per example x method) to FILE.metrics.parquet|csv.")
+@click.option("--chunk-size", type=int, default=None, metavar="N",
+              help=f"Examples read and written at a time; memory follows the chunk, not the store [default: as many "
+                   f"as make about {EXPORT_CHUNK_ROWS:,} token rows].")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
+    """Export STORE's token table (and with --metrics its per-example metrics) as Parquet or CSV, in chunks."""
+
+    def go():
+        from .export import export_store
+
+        chosen = None if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+        done = export_store(store, output, chosen, layers=layers, metrics=metrics, chunk=chunk_size)
+        note = "" if done["complete"] else " (the store is not complete: its committed examples only)"
+        for path, rows in done["files"].items():
+            click.echo(f"{path}: {rows} rows from {done['examples']} examples{note}", err=True)
 
     _guarded(go, debug)
 

@@ -19,8 +19,8 @@ from store.errors import StoreError
 
 from . import interrupts
 from .errors import AttrscopeError, UsageError
-from .metrics import REGISTRY, get_metric, presets_of
-from .metrics.base import EvalExample
+from .metrics import REGISTRY, get_metric
+from .metrics.base import EvalExample, MetricContext
 
 
 @dataclass
@@ -96,6 +96,10 @@ def parse_metric_specs(spec: str) -> list[tuple[str, str, str | None]]:
         name, _, preset = item.partition("@")
         if name not in REGISTRY:
             raise UsageError(f"unknown metric '{name}': choose from {', '.join(REGISTRY)}")
+        if preset and preset not in REGISTRY[name].presets:
+            choices = ", ".join(REGISTRY[name].presets)
+            raise UsageError(f"metric '{name}' has no preset '{preset}': "
+                             + (f"choose from {choices}" if choices else f"name it without @{preset}"))
         out.append((item, name, preset or None))
     if not out:
         raise UsageError("--metrics is empty: pass names such as comprehensiveness,sufficiency,aopc")
@@ -135,27 +139,17 @@ def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids)
 
 
 def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed: bool) -> dict:
-    from .metrics import presets_of
-
-    settings = dict(presets_of(name).get(preset, {})) if preset else {}
-    if preset and not settings and presets_of(name):
-        raise UsageError(f"metric '{name}' has no preset '{preset}': choose from {', '.join(presets_of(name))}")
-    settings.update({k: v for k, v in cfg.overrides.items() if v is not None and k in _OVERRIDABLE.get(name, ())})
-    if name in ("aopc", "lodds", "accuracy"):
-        settings.setdefault("pad_id", int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0))
-        if getattr(tokenizer, "mask_token_id", None) is not None:
-            settings.setdefault("mask_id", int(tokenizer.mask_token_id))
-    if name == "spearman":
-        settings.setdefault("saliency", cfg.saliency)
-    if name == "precision_at_k":
-        settings.setdefault("k", cfg.k)
-    if name in ("dot_product", "average_precision"):
-        settings.setdefault("signed", bool(signed))
+    """A preset's settings, then the command line's overrides the metric accepts, then what it takes from the run."""
+    metric = REGISTRY[name]
+    settings = dict(metric.presets.get(preset, {})) if preset else {}
+    settings.update({k: v for k, v in cfg.overrides.items() if v is not None and k in metric.overridable})
+    ctx = MetricContext(pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0),
+                        mask_id=None if getattr(tokenizer, "mask_token_id", None) is None
+                        else int(tokenizer.mask_token_id),
+                        saliency=cfg.saliency, k=cfg.k, signed=bool(signed))
+    for k, v in metric.context_settings(ctx).items():
+        settings.setdefault(k, v)
     return settings
-
-
-_OVERRIDABLE = {"aopc": ("perturbation", "levels", "cls", "side"), "lodds": ("perturbation", "levels", "cls", "side"),
-                "accuracy": ("perturbation", "levels", "side")}  # accuracy always reads the gold label
 
 
 def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None = None, device="cpu",
@@ -227,7 +221,7 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
         signed = s.is_signed(method)
         for stored, name, preset in specs:
             # a name without @preset takes the run's preset where the metric has one (aopc under --preset attcat)
-            preset = preset or (cfg.preset if cfg.preset in presets_of(name) else None)
+            preset = preset or (cfg.preset if cfg.preset in REGISTRY[name].presets else None)
             metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed))
             t0 = time.perf_counter()
             parts = []
@@ -245,18 +239,22 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
 
 
 def _check_needs(s, specs, cfg, methods, path) -> None:
-    names = {name for _, name, _ in specs}
-    if "kendall" in names:
-        lacking = [m for m in methods if s.method_info(m)["params"].get("class_specific")
-                   and not s.method_info(m).get("class_scores")]
+    """What the metrics declare they need (``Metric.needs_*``), checked against the store before the model loads."""
+    metrics = [REGISTRY[n] for n in dict.fromkeys(name for _, name, _ in specs)]
+    for m in (m for m in metrics if m.needs_class_scores):
+        lacking = [x for x in methods if s.method_info(x)["params"].get("class_specific")
+                   and not s.method_info(x).get("class_scores")]
         if lacking:
-            raise AttrscopeError(f"metric 'kendall' needs per-class attributions of {', '.join(lacking)}, which store "
-                                 f"'{path}' lacks: compute it with --target all")
-    if "spearman" in names and cfg.saliency not in s.methods:
-        raise AttrscopeError(f"metric 'spearman' compares with the saliency method '{cfg.saliency}', which store "
-                             f"'{path}' lacks: compute it too, or pass --saliency METHOD")
-    if names & {"jaccard_25", "seed_spearman"} and not cfg.other:
-        raise UsageError("jaccard_25 and seed_spearman compare two stores: pass --other STORE.h5")
+            raise AttrscopeError(f"metric '{m.name}' needs per-class attributions of {', '.join(lacking)}, which "
+                                 f"store '{path}' lacks: compute it with --target all")
+    for m in (m for m in metrics if m.needs_saliency):
+        if cfg.saliency not in s.methods:
+            raise AttrscopeError(f"metric '{m.name}' compares with the saliency method '{cfg.saliency}', which store "
+                                 f"'{path}' lacks: compute it too, or pass --saliency METHOD")
+    needing = [m.name for m in metrics if m.needs_other_store]
+    if needing and not cfg.other:
+        raise UsageError(f"{' and '.join(needing)} compare{'s' if len(needing) == 1 else ''} two stores: pass "
+                         "--other STORE.h5")
     needing = evidence_metrics(specs)
     if needing and len(s) and s[0].evidence is None:
         raise AttrscopeError(f"metric '{needing[0]}' needs evidence tokens, which store '{path}' lacks: compute the "

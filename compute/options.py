@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import AttrscopeError, UsageError
+from .papers import PRESET_NAMES
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="dtype of stored matrices (scores are always float32)."),
     Option("resume", False, type=bool, help="Finish an interrupted store."),
     Option("overwrite", False, type=bool, help="Replace an existing store."),
-    Option("preset", choices=("alti", "globenc", "attcat", "masklrp", "normxlogit"), resume=True,
+    Option("preset", choices=PRESET_NAMES, resume=True,
            help="Reference conventions of a paper (recorded in the store)."),
     Option("window", 8, type=int, cli=False, resume=True),  # batches per window (sort-by-length scope, commit unit)
 )

@@ -16,92 +16,21 @@ from store import open_store
 from store.errors import StoreError
 
 from .errors import AttrscopeError
-
-# (paper, metric as stored by its preset, {our method: paper's number}, claim) -- SST-2 columns of METHODS.md 12.
-PAPERS = [
-    {
-        "paper": "ALTI (Ferrando et al. 2022), Table 2, BERT SST-2",
-        "metric": "comprehensiveness", "preset": None,
-        "values": {"grad_l2": .204, "ig_l2": .223, "ig_mean": .211, "gxi_l2": .199, "gxi_mean": .207, "rollout": .074,
-                   "globenc": .174, "alti": .317, "alti_l2": .300, "norm_resln": .134},
-        "claim": "alti",
-        "note": "alti_l2 and 'Norms' (norm_resln, row-normalised under --preset alti) from Table 4",
-    },
-    {
-        "paper": "ALTI (Ferrando et al. 2022), Table 2, BERT SST-2",
-        "metric": "sufficiency", "preset": None,
-        "values": {"grad_l2": .076, "ig_l2": .084, "ig_mean": .112, "gxi_l2": .080, "gxi_mean": .073, "rollout": .270,
-                   "globenc": .125, "alti": .044, "alti_l2": .045, "norm_resln": .180},
-        "claim": "alti",
-        "note": "alti_l2 and 'Norms' from Table 4",
-    },
-    {
-        "paper": "GlobEnc (Modarressi et al. 2022), Table 1, BERT-base SST-2 (Spearman with gradient x input)",
-        "metric": "spearman", "preset": None,
-        "values": {"w_fixedres": -0.24, "w_res": 0.19, "norm_n": 0.44, "norm_fixedres": 0.48, "norm_res": 0.73,
-                   "norm_resln": -0.21, "globenc": 0.77},
-        "claim": "globenc",
-        "note": "W (raw attention product) has no method here",
-    },
-    {
-        "paper": "AttCAT (Qiang et al. 2022), Table 1, BERT SST2 (AOPC, deletion)",
-        "metric": "aopc", "preset": "attcat",
-        "values": {"raw_attention": .331, "rollout": .286, "grads": .335, "attgrads": .351, "partial_lrp": .341,
-                   "transatt": .354, "cat": .352, "attcat": .371},
-        "claim": "attcat",
-    },
-    {
-        "paper": "AttCAT (Qiang et al. 2022), Table 1, BERT SST2 (LOdds, [PAD] replacement)",
-        "metric": "lodds", "preset": "attcat",
-        "values": {"raw_attention": -.885, "rollout": -.641, "grads": -.252, "attgrads": -.603, "partial_lrp": -.922,
-                   "transatt": -1.038, "cat": -1.115, "attcat": -1.319},
-        "claim": "attcat",
-    },
-    {
-        "paper": "AttCAT (Qiang et al. 2022), Table 2, SST2 (Kendall tau, lower = more class-confident)",
-        "metric": "kendall", "preset": None,
-        "values": {"grads": .150, "attgrads": .116, "partial_lrp": .955, "transatt": .336, "cat": .101, "attcat": .018},
-        "claim": "attcat",
-    },
-    {
-        "paper": "Mask-LRP (Song et al. 2024), Table 1, BERT-base SST-2 (AOPC, [PAD])",
-        "metric": "aopc", "preset": "masklrp",
-        "values": {"raw_attention": .374, "rollout": .337, "lrp": .336, "partial_lrp": .396, "transatt": .423,
-                   "attcat": .405, "mask_lrp": .438},
-        "claim": "mask_lrp",
-        "note": "the paper's 'GAE' is transatt (METHODS.md 14.13)",
-    },
-    {
-        "paper": "Mask-LRP (Song et al. 2024), Table 1, BERT-base SST-2 (LOdds, [PAD])",
-        "metric": "lodds", "preset": "masklrp",
-        "values": {"raw_attention": -.992, "rollout": -.911, "lrp": -.888, "partial_lrp": -1.052, "transatt": -1.171,
-                   "attcat": -1.110, "mask_lrp": -1.208},
-        "claim": "mask_lrp",
-        "note": "the paper's 'GAE' is transatt (METHODS.md 14.13)",
-    },
-    {
-        "paper": "NormXLogit (Abbasi et al.), Table 1, BERT SST-2 (AOPC, [MASK])",
-        "metric": "aopc", "preset": "normxlogit",
-        "values": {"grad_l2": .331, "gxi_mean": .339, "ig_mean": .367, "norm": .311, "logat": .364, "normxlogit": .423},
-        "claim": "normxlogit",
-        "note": "Grad. Norm = grad_l2, GI = gxi_mean, IG = ig_mean (L1 aggregations in the paper's code)",
-    },
-]
-
+from .papers import REPORT_TABLES  # the papers' SST-2 tables (compute/papers.py)
 
 def _metric_key(preset: str | None, metric: str) -> str:
     return metric if preset is None else f"{metric}@{preset}"
 
 
-def _find(summaries: dict, metric: str, preset: str | None) -> str | None:
-    """The stored metric that is this paper's variant: 'aopc@attcat', or 'aopc' computed with that preset."""
+def _find(summaries: dict, table: dict) -> str | None:
+    """The stored metric that is a paper table's variant: 'aopc@attcat', or 'aopc' computed with that preset, with
+    the settings the table names (a setting the store does not record is the default, which they name)."""
     for name, info in summaries.items():
         st = info.get("settings", {})
-        if st.get("metric", name.partition("@")[0]) != metric:
+        if st.get("metric", name.partition("@")[0]) != table["metric"]:
             continue
-        if (st.get("preset") or None) == preset:
-            if metric in ("comprehensiveness", "sufficiency") and st.get("variant", "alti") != "alti":
-                continue
+        if (st.get("preset") or None) == table["preset"] and all(
+                st.get(k, v) == v for k, v in table.get("settings", {}).items()):
             return name
     return None
 
@@ -146,8 +75,8 @@ def _csv(summ, metrics) -> str:
                 continue
             sm = ms[name]["summary"]
             paper, value = "", ""
-            for p in PAPERS:
-                if _find(ms, p["metric"], p["preset"]) == name and method in p["values"]:
+            for p in REPORT_TABLES:
+                if _find(ms, p) == name and method in p["values"]:
                     paper, value = p["paper"], p["values"][method]
             w.writerow([method, name, sm.get("mean"), sm.get("std"), sm.get("n"), ms[name]["higher_is_better"], paper,
                         value])
@@ -171,10 +100,10 @@ def _markdown(summ, metrics, info) -> str:
                                                   for k in metrics) + " |")
     out += ["", "## Beside the papers (SST-2; the papers used BERT-base checkpoints, so compare orderings)", ""]
     verdicts = []
-    for p in PAPERS:
+    for p in REPORT_TABLES:
         rows = []
         for method, paper_value in p["values"].items():
-            name = _find(summ.get(method, {}), p["metric"], p["preset"])
+            name = _find(summ.get(method, {}), p)
             if name is None:
                 continue
             rows.append((method, summ[method][name]["summary"].get("mean"), paper_value,

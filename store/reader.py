@@ -578,9 +578,10 @@ class Store:
         return token_columns(self, list(methods or self.methods), layers, max(lo, 0), hi)
 
     def iter_token_tables(self, methods: list[str] | None = None, *, layers: bool = False, chunk: int = 2048):
-        """:meth:`token_table` of ``chunk`` examples at a time (bounded memory for any store size)."""
-        for lo in range(0, self._n, chunk):
-            yield self.token_table(methods, layers=layers, lo=lo, hi=lo + chunk)
+        """:meth:`token_table` of ``chunk`` examples at a time (bounded memory for any store size); the chunks
+        concatenate to the whole table."""
+        for lo in range(0, self._n, max(chunk, 1)):
+            yield self.token_table(methods, layers=layers, lo=lo, hi=lo + max(chunk, 1))
 
     def to_pandas(self, methods: list[str] | None = None, *, layers: bool = False, lo: int = 0, hi: int | None = None):
         """:meth:`token_table` as a pandas DataFrame (``pip install pandas``)."""
@@ -588,11 +589,18 @@ class Store:
 
         return pd.DataFrame(self.token_table(methods, layers=layers, lo=lo, hi=hi))
 
-    def metric_table(self, methods: list[str] | None = None) -> dict[str, np.ndarray]:
-        """One row per example x method, a column per metric (NaN where a method lacks it): example, id, method, ..."""
+    def metric_table(self, methods: list[str] | None = None, *, lo: int = 0, hi: int | None = None
+                     ) -> dict[str, np.ndarray]:
+        """One row per example x method of the examples [lo, hi), ordered example -> method, a column per metric
+        (NaN where a method lacks it): example, id, method, ... Methods without metrics are left out."""
         from .table import metric_columns
 
-        return metric_columns(self, methods)
+        return metric_columns(self, methods, lo, hi)
+
+    def iter_metric_tables(self, methods: list[str] | None = None, *, chunk: int = 2048):
+        """:meth:`metric_table` of ``chunk`` examples at a time; the chunks concatenate to the whole table."""
+        for lo in range(0, self._n, max(chunk, 1)):
+            yield self.metric_table(methods, lo=lo, hi=lo + max(chunk, 1))
 
     def metrics_to_pandas(self, methods: list[str] | None = None):
         """:meth:`metric_table` as a pandas DataFrame."""

@@ -1,8 +1,10 @@
 """Tabular views of a store for the tools researchers analyse with (pandas, Arrow, CSV), as plain numpy columns.
 
-``token_columns``: one row per example x token x method (long format), read a range of examples at a time with
-one contiguous slice per dataset, so a whole store streams through in bounded memory. ``metric_columns``: one row
-per example x method with a column per metric. pandas is only imported by ``Store.to_pandas``.
+``token_columns``: one row per example x token x method (long format), ordered example -> method -> position, read
+a range of examples at a time with one contiguous slice per dataset, so a whole store streams through in bounded
+memory and the rows of consecutive ranges concatenate to the rows of their union. ``metric_columns``: one row per
+example x method with a column per metric, ordered example -> method, by ranges too. pandas is only imported by
+``Store.to_pandas``; ``compute/export.py`` writes these chunks to Parquet / CSV.
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import schema
+
+# The token table's fixed columns, in order; with layers, layer_1..layer_V follow.
+TOKEN_COLUMNS = ("example", "id", "position", "token", "label", "pred", "method", "score")
+# The metric table's fixed columns; one column per metric follows.
+METRIC_COLUMNS = ("example", "id", "method")
 
 
 def _token_strings(store, t0: int, t1: int) -> np.ndarray:
@@ -23,63 +30,81 @@ def _token_strings(store, t0: int, t1: int) -> np.ndarray:
                     dtype=object)
 
 
+def n_layer_columns(store, methods: list[str]) -> int:
+    """V of the layer_1..layer_V columns: the most layer views any of ``methods`` has."""
+    return max((int(store._method_layouts[m]["n_layer_views"]) for m in methods), default=0)
+
+
 def token_columns(store, methods: list[str], layers: bool, lo: int, hi: int) -> dict[str, np.ndarray]:
     """Columns example, id, position, token, label (-1 none), pred, method, score, and with ``layers`` layer_1..
-    layer_V (NaN for methods without that view) for the examples [lo, hi)."""
-    rows = store.index_rows(lo, hi)
-    if not len(rows):
-        return {k: np.zeros(0) for k in ("example", "id", "position", "token", "label", "pred", "method", "score")}
-    n = rows["n_tokens"].astype(np.int64)
-    t0 = int(rows["tok_off"][0])
-    t1 = int(rows["tok_off"][-1]) + int(n[-1])
-    T = t1 - t0
-    example = np.repeat(np.arange(lo, lo + len(rows)), n)
-    position = np.arange(T) - np.repeat(rows["tok_off"] - t0, n)
-    ids = np.repeat(np.array(store.ids_range(lo, lo + len(rows)), dtype=object), n)
-    tokens = _token_strings(store, t0, t1)
-    label, pred = np.repeat(rows["label"], n), np.repeat(rows["pred"], n)
-    V = max((int(store._method_layouts[m]["n_layer_views"]) for m in methods), default=0) if layers else 0
-    cols: dict[str, list] = {k: [] for k in ("example", "id", "position", "token", "label", "pred", "method", "score")}
-    cols.update({f"layer_{v + 1}": [] for v in range(V)})
+    layer_V (NaN for methods without that view) for the examples [lo, hi), ordered example -> method -> position.
+    Column dtypes do not depend on the range (an empty range gives empty columns of the same dtypes)."""
     for m in methods:
         store._need_method(m)
-        cols["example"].append(example)
-        cols["id"].append(ids)
-        cols["position"].append(position)
-        cols["token"].append(tokens)
-        cols["label"].append(label)
-        cols["pred"].append(pred)
-        cols["method"].append(np.full(T, m, dtype=object))
-        cols["score"].append(store._read(schema.method_path(m, "scores"), slice(t0, t1), T))
-        if V:
+    rows = store.index_rows(lo, hi)
+    n = rows["n_tokens"].astype(np.int64)
+    E, M = len(rows), len(methods)
+    start = np.cumsum(n) - n  # each example's first token within the range (the index rows are contiguous)
+    t0 = int(rows["tok_off"][0]) if E else 0
+    T = int(n.sum())
+    t1 = t0 + T
+    # Row r of example e (rows M * start[e] ... M * (start[e] + n[e]) - 1) is method r // n[e], position r % n[e].
+    ex = np.repeat(np.arange(E), M * n)
+    within = np.arange(M * T) - np.repeat(M * start, M * n)
+    method_of, position = np.divmod(within, n[ex])
+    tok = start[ex] + position  # the row's token within the range
+    scores = np.zeros((M, T), dtype=np.float32)
+    for j, m in enumerate(methods):
+        scores[j] = store._read(schema.method_path(m, "scores"), slice(t0, t1), T)
+    cols = {
+        "example": (lo + ex).astype(np.int64),
+        "id": np.array(store.ids_range(lo, lo + E), dtype=object)[ex],
+        "position": position.astype(np.int64),
+        "token": _token_strings(store, t0, t1)[tok],
+        "label": rows["label"][ex].astype(np.int32),
+        "pred": rows["pred"][ex].astype(np.int32),
+        "method": np.array(methods, dtype=object)[method_of],
+        "score": scores[method_of, tok],
+    }
+    V = n_layer_columns(store, methods) if layers else 0
+    if V:
+        views = np.full((M, V, T), np.nan, dtype=np.float32)
+        token_position = np.arange(T) - np.repeat(start, n)
+        for j, m in enumerate(methods):
             v_m = int(store._method_layouts[m]["n_layer_views"])
-            views = np.full((V, T), np.nan, dtype=np.float32)
-            if v_m:
-                flat = store._read(schema.method_path(m, "layer_scores"), slice(t0 * v_m, t1 * v_m), T * v_m)
-                # per example a [V, n] block: put every block's rows under layer_1..layer_V
-                starts = np.repeat((rows["tok_off"] - t0) * v_m, n)
-                within = position
-                for v in range(v_m):
-                    views[v] = flat[starts + v * np.repeat(n, n) + within]
-            for v in range(V):
-                cols[f"layer_{v + 1}"].append(views[v])
-    return {k: np.concatenate(v) for k, v in cols.items()}
+            if not v_m:
+                continue
+            flat = store._read(schema.method_path(m, "layer_scores"), slice(t0 * v_m, t1 * v_m), T * v_m)
+            # per example a [v_m, n] block: view v of the token at p is at block start + v * n + p
+            block = np.repeat(start * v_m, n) + token_position
+            n_tok = np.repeat(n, n)
+            for v in range(v_m):
+                views[j, v] = flat[block + v * n_tok]
+        for v in range(V):
+            cols[f"layer_{v + 1}"] = views[method_of, v, tok]
+    return cols
 
 
-def metric_columns(store, methods: list[str] | None = None) -> dict[str, np.ndarray]:
-    """Columns example, id, method and one per metric (NaN where a method lacks it): one row per example x method."""
+def metric_names(store, methods: list[str]) -> list[str]:
+    """The metric columns of ``methods``: every metric any of them has, in the order they first appear."""
+    return list(dict.fromkeys(n for m in methods for n in store.metric_names(m)))
+
+
+def metric_columns(store, methods: list[str] | None = None, lo: int = 0, hi: int | None = None
+                   ) -> dict[str, np.ndarray]:
+    """Columns example, id, method and one per metric (float32, NaN where a method lacks it) for the examples
+    [lo, hi): one row per example x method, ordered example -> method. ``methods`` without metrics are left out."""
     methods = [m for m in (methods or store.metric_methods) if m in store.metric_methods]
-    names = list(dict.fromkeys(n for m in methods for n in store.metric_names(m)))
-    N = len(store)
-    ids = np.array(store.ids(), dtype=object)
-    cols = {"example": [], "id": [], "method": [], **{n: [] for n in names}}
-    for m in methods:
-        cols["example"].append(np.arange(N))
-        cols["id"].append(ids)
-        cols["method"].append(np.full(N, m, dtype=object))
-        have = set(store.metric_names(m))
-        for n in names:
-            cols[n].append(store.metric_values(m, n).astype(np.float64) if n in have else np.full(N, np.nan))
-    if not methods:
-        return {k: np.zeros(0) for k in cols}
-    return {k: np.concatenate(v) for k, v in cols.items()}
+    names = metric_names(store, methods)
+    hi = len(store) if hi is None else min(hi, len(store))
+    lo = max(0, min(lo, hi))
+    E, M = hi - lo, len(methods)
+    values = np.full((len(names), E, M), np.nan, dtype=np.float32)
+    for j, m in enumerate(methods):
+        for name in store.metric_names(m):
+            values[names.index(name), :, j] = store.metric_values(m, name, lo, hi)
+    cols = {"example": np.repeat(np.arange(lo, hi, dtype=np.int64), M),
+            "id": np.repeat(np.array(store.ids_range(lo, hi), dtype=object), M),
+            "method": np.tile(np.array(methods, dtype=object), E)}
+    cols.update({name: values[k].reshape(-1) for k, name in enumerate(names)})
+    return cols

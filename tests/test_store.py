@@ -869,9 +869,9 @@ def test_token_table_has_one_row_per_example_token_and_method(tmp_path):
     w.close(complete=True)
     with open_store(path) as s:
         t = s.token_table(["norm", "rollout"], layers=True, lo=2, hi=7)
-        rows = [(m, i, p) for m in ("norm", "rollout") for i in range(2, 7) for p in range(len(exs[i].token_ids))]
+        rows = [(m, i, p) for i in range(2, 7) for m in ("norm", "rollout") for p in range(len(exs[i].token_ids))]
         assert len(t["score"]) == len(rows)
-        assert list(zip(t["method"], t["example"], t["position"])) == rows
+        assert list(zip(t["method"], t["example"], t["position"])) == rows  # example -> method -> position
         k = 0
         for m, i, p in rows:
             ex = exs[i]
@@ -882,12 +882,13 @@ def test_token_table_has_one_row_per_example_token_and_method(tmp_path):
                 want = ex.results[m]["layer_scores"][v, p] if m == "rollout" else np.nan
                 np.testing.assert_allclose(t[f"layer_{v + 1}"][k], want, rtol=1e-6)
             k += 1
-        chunks = list(s.iter_token_tables(["logat"], chunk=4))
+        chunks = list(s.iter_token_tables(["logat", "norm"], layers=True, chunk=4))
         assert [len(np.unique(c["example"])) for c in chunks] == [4, 4, 1]
-        whole = s.token_table(["logat"])
-        for key in whole:
+        whole = s.token_table(["logat", "norm"], layers=True)
+        for key in whole:  # two methods: chunks in method-major order would not concatenate to the whole
             np.testing.assert_array_equal(np.concatenate([c[key] for c in chunks]), whole[key])
-        assert "layer_1" not in whole
+            assert np.concatenate([c[key] for c in chunks]).dtype == whole[key].dtype
+        assert "layer_1" not in s.token_table(["logat"])
         pd = pytest.importorskip("pandas")
         df = s.to_pandas(["rollout"], layers=True)
         assert list(df.columns[:8]) == ["example", "id", "position", "token", "label", "pred", "method", "score"]
@@ -906,10 +907,14 @@ def test_metric_table_has_one_row_per_example_and_method(tmp_path):
     with open_store(path) as s:
         t = s.metric_table()
         assert list(t) == ["example", "id", "method", "aopc", "lodds"]
-        assert list(t["method"]) == ["rollout"] * 5 + ["norm"] * 5
-        np.testing.assert_array_equal(t["aopc"], np.concatenate([a.values, c.values]).astype(np.float32))
-        np.testing.assert_array_equal(t["lodds"][:5], b.values.astype(np.float32))
-        assert np.isnan(t["lodds"][5:]).all() and list(t["id"][:2]) == ["ex-0-é", "ex-1-é"]
+        assert list(t["method"]) == ["rollout", "norm"] * 5 and list(t["example"]) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+        np.testing.assert_array_equal(t["aopc"], np.stack([a.values, c.values], 1).reshape(-1).astype(np.float32))
+        np.testing.assert_array_equal(t["lodds"][::2], b.values.astype(np.float32))
+        assert np.isnan(t["lodds"][1::2]).all() and list(t["id"][:3]) == ["ex-0-é", "ex-0-é", "ex-1-é"]
+        chunks = list(s.iter_metric_tables(chunk=2))
+        assert [len(c["example"]) for c in chunks] == [4, 4, 2]
+        for key in t:
+            np.testing.assert_array_equal(np.concatenate([c[key] for c in chunks]), t[key])
 
 
 # --- merging shard stores --------------------------------------------------------------------------------------------

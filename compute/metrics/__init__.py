@@ -1,4 +1,7 @@
-"""Faithfulness metrics (METHODS.md section 8), looked up by name. ``attr-compute metrics`` lists them."""
+"""Faithfulness metrics (METHODS.md section 8), looked up by name. ``attr-compute metrics`` lists them.
+
+Everything about a metric (direction, order, presets, needs) is declared on its class (``base.Metric``); the
+registry only collects the classes, in their declared order."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from ..errors import UsageError
 from .accuracy import PerturbedAccuracy
 from .aopc import AOPC
 from .average_precision import EvidenceAveragePrecision
-from .base import EvalExample, Metric, MetricResult, Predictor
+from .base import EvalExample, Metric, MetricContext, MetricResult, Predictor
 from .comprehensiveness import Comprehensiveness
 from .dot_product import EvidenceDotProduct
 from .jaccard import Jaccard25, SeedSpearman
@@ -16,17 +19,19 @@ from .precision_at_k import PrecisionAtK
 from .spearman import SpearmanWithSaliency
 from .sufficiency import Sufficiency
 
-REGISTRY: dict[str, type[Metric]] = {m.name: m for m in (
-    Comprehensiveness, Sufficiency, AOPC, LOdds, PerturbedAccuracy, KendallTau, SpearmanWithSaliency, PrecisionAtK,
-    EvidenceDotProduct, EvidenceAveragePrecision, Jaccard25, SeedSpearman)}
+_CLASSES = (Comprehensiveness, Sufficiency, AOPC, LOdds, PerturbedAccuracy, KendallTau, SpearmanWithSaliency,
+            PrecisionAtK, EvidenceDotProduct, EvidenceAveragePrecision, Jaccard25, SeedSpearman)
+REGISTRY: dict[str, type[Metric]] = {m.name: m for m in sorted(_CLASSES, key=lambda m: m.order)}
 
 
 def presets_of(name: str) -> dict:
     """The paper presets a metric has (METHODS.md 8.2): {preset: settings}."""
-    import importlib
+    return dict(REGISTRY[name].presets)
 
-    module = importlib.import_module(REGISTRY[name].__module__)
-    return dict(getattr(module, "PRESETS", {}) or {})
+
+def preset_names() -> list[str]:
+    """Every preset name some metric has (each is a paper of compute/papers.py)."""
+    return list(dict.fromkeys(p for m in REGISTRY.values() for p in m.presets))
 
 
 def get_metric(name: str, **settings) -> Metric:
@@ -35,4 +40,5 @@ def get_metric(name: str, **settings) -> Metric:
     return REGISTRY[name](**settings)
 
 
-__all__ = ["REGISTRY", "EvalExample", "Metric", "MetricResult", "Predictor", "get_metric", "presets_of"]
+__all__ = ["REGISTRY", "EvalExample", "Metric", "MetricContext", "MetricResult", "Predictor", "get_metric",
+           "preset_names", "presets_of"]

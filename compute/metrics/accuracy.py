@@ -8,7 +8,8 @@ import numpy as np
 
 from .aopc import PRESETS as AOPC_PRESETS
 from .base import EvalExample, Metric, MetricResult, Predictor
-from .perturbation import LEVEL_DEFAULTS, chosen_class, level_curves, resolve_settings
+from .perturbation import (LEVEL_DEFAULTS, LEVEL_OVERRIDES, chosen_class, level_curves, resolve_settings,
+                           token_id_settings)
 
 # The class read is always the gold label, so AOPC's cls and absolute have no meaning here.
 PRESETS = {name: {k: v for k, v in p.items() if k not in ("cls", "absolute")} for name, p in AOPC_PRESETS.items()}
@@ -21,6 +22,13 @@ class PerturbedAccuracy(Metric):
     reference = "NormXLogit (Abbasi et al.) Table 3; METHODS.md 8.2"
     higher_is_better = False
     needs_model = True
+    order = 50
+    presets = PRESETS
+    overridable = tuple(k for k in LEVEL_OVERRIDES if k != "cls")  # always the gold label
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return token_id_settings(ctx)
 
     def __init__(self, **settings):
         """Settings as AOPC's without cls and absolute; defaults = the NormXLogit preset ([MASK] replacement, needs

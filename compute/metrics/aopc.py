@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import EvalExample, Metric, MetricResult, Predictor
-from .perturbation import LEVEL_DEFAULTS, chosen_class, level_curves, resolve_settings
+from .perturbation import (LEVEL_DEFAULTS, LEVEL_OVERRIDES, chosen_class, level_curves, resolve_settings,
+                           token_id_settings)
 
 DEFAULTS = {**LEVEL_DEFAULTS, "absolute": False}
 
@@ -32,6 +33,13 @@ class AOPC(Metric):
     reference = "AttCAT (Qiang et al. 2022), Mask-LRP (Song et al. 2024), NormXLogit (Abbasi et al.); METHODS.md 8.2"
     higher_is_better = True
     needs_model = True
+    order = 30
+    presets = PRESETS
+    overridable = LEVEL_OVERRIDES
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return token_id_settings(ctx)
 
     def __init__(self, **settings):
         """Settings: levels ninths|tenths, perturbation delete|pad|mask, protect cls_sep|cls, cls label|predicted,

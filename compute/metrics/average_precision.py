@@ -47,6 +47,11 @@ class EvidenceAveragePrecision(Metric):
     reference = "Abbasi et al., NormXLogit, evidence alignment; METHODS.md 8.7"
     higher_is_better = True
     needs_evidence = True
+    order = 100
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return {"signed": ctx.signed}
 
     def __init__(self, exclude="none", random: str = "exact", **settings):
         super().__init__(exclude=parse_exclude(exclude), random=check_choice("random", random, ("exact", "prevalence")),

@@ -1,5 +1,9 @@
 """The metric interface. One subclass per file; the registry in ``compute.metrics`` finds them by name.
 
+Each metric declares on its class everything the rest of the package asks about it: its direction, its place in
+lists and tables, its papers' presets, what it needs (a model, evidence, per-class scores, a saliency method,
+another store), which settings the command-line overrides may set, and the settings it takes from the run.
+
 A metric evaluates one method's stored attributions over a list of examples read back from a store. Metrics that
 perturb inputs call a :class:`Predictor`, which runs the model on many token sequences at once (all levels of all
 examples of a call go through the model together, length-sorted and chunked), so a metric builds every perturbed
@@ -54,13 +58,38 @@ class MetricResult:
     levels: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class MetricContext:
+    """What a run offers a metric's settings (see :meth:`Metric.context_settings`)."""
+
+    pad_id: int  # the tokenizer's pad token (0 without one)
+    mask_id: int | None  # its mask token, None without one
+    saliency: str  # --saliency
+    k: int  # --precision-k
+    signed: bool  # whether the evaluated method's scores are signed
+
+
 class Metric:
     name: ClassVar[str]
     description: ClassVar[str]
     reference: ClassVar[str]
     higher_is_better: ClassVar[bool]
+    order: ClassVar[int]  # place in lists, tables and reports (the registry is sorted by it)
+    # {paper preset name (compute/papers.py): settings of that paper's variant}; name@preset picks one
+    presets: ClassVar[dict[str, dict]] = {}
+    # settings that --perturbation, --levels, --metric-class (cls) and --side may set
+    overridable: ClassVar[tuple[str, ...]] = ()
     needs_model: ClassVar[bool] = False  # perturbs inputs and calls the Predictor
     needs_evidence: ClassVar[bool] = False  # reads EvalExample.evidence (a store made with --evidence-column)
+    needs_class_scores: ClassVar[bool] = False  # per-class scores of class-specific methods (--target all)
+    needs_saliency: ClassVar[bool] = False  # the --saliency method's scores in the same store
+    needs_other_store: ClassVar[bool] = False  # the same methods in a second store (--other)
+
+    @classmethod
+    def context_settings(cls, ctx: MetricContext) -> dict:
+        """Settings taken from the run (token ids, --saliency, --precision-k, the method's sign); a preset's or an
+        override's value wins over them."""
+        return {}
 
     def __init__(self, **settings):
         self.settings = settings

@@ -28,6 +28,7 @@ class Comprehensiveness(Metric):
     reference = "Ferrando et al. 2022 (ALTI) aupc.py; DeYoung et al. 2020 (ERASER); METHODS.md 8.1, 14.2"
     higher_is_better = True
     needs_model = True
+    order = 10
 
     def __init__(self, **settings):
         super().__init__(**check_variant(self.name, settings))

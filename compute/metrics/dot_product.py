@@ -74,6 +74,11 @@ class EvidenceDotProduct(Metric):
     reference = "Abbasi et al., NormXLogit, evidence alignment; METHODS.md 8.7, 14.19"
     higher_is_better = True
     needs_evidence = True
+    order = 90
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return {"signed": ctx.signed}
 
     def __init__(self, normalise: str = "auto", exclude="none", signed: bool | None = None, **settings):
         super().__init__(normalise=check_choice("normalise", normalise, ("auto", "softmax", "sum")),

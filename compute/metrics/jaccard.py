@@ -34,6 +34,8 @@ class Jaccard25(Metric):
     description = "Jaccard similarity of the top-25% tokens between two seeds' attributions (robustness)"
     reference = "Ferrando et al. (2022) ALTI, robustness across MultiBERTs seeds; METHODS.md 8.6"
     higher_is_better = True
+    order = 110
+    needs_other_store = True
 
     def __init__(self, fraction: float = 0.25, same_pred: bool = True, **settings):
         if not 0 < float(fraction) <= 1:
@@ -78,6 +80,8 @@ class SeedSpearman(Metric):
     description = "Spearman formula on dense ranks between two seeds' attributions (robustness)"
     reference = "Ferrando et al. (2022) ALTI, robustness across MultiBERTs seeds; METHODS.md 8.6"
     higher_is_better = True
+    order = 120
+    needs_other_store = True
 
     def __init__(self, ranks: str = "dense", same_pred: bool = True, **settings):
         super().__init__(ranks=check_choice("ranks", ranks, ("dense", "normalised")), same_pred=bool(same_pred),

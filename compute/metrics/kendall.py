@@ -60,6 +60,8 @@ class KendallTau(Metric):
     description = "Kendall tau between the explained and the other classes' token rankings (lower = class-specific)"
     reference = "Qiang et al. (2022) AttCAT, Kendall-tau confidence; METHODS.md 8.3, 14.11"
     higher_is_better = False
+    order = 60
+    needs_class_scores = True
 
     def __init__(self, cls: str = "label", form: str = "argsort", exclude_specials: bool = False, **settings):
         super().__init__(cls=check_choice("cls", cls, ("label", "predicted")),

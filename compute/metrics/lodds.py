@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import EvalExample, Metric, MetricResult, Predictor
-from .perturbation import LEVEL_DEFAULTS, chosen_class, level_curves, resolve_settings
+from .perturbation import (LEVEL_DEFAULTS, LEVEL_OVERRIDES, chosen_class, level_curves, resolve_settings,
+                           token_id_settings)
 
 DEFAULTS = dict(LEVEL_DEFAULTS)
 
@@ -29,6 +30,13 @@ class LOdds(Metric):
     reference = "AttCAT (Qiang et al. 2022), Mask-LRP (Song et al. 2024); METHODS.md 8.2"
     higher_is_better = False
     needs_model = True
+    order = 40
+    presets = PRESETS
+    overridable = LEVEL_OVERRIDES
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return token_id_settings(ctx)
 
     def __init__(self, **settings):
         """Settings as AOPC's, without absolute."""

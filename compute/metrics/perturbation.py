@@ -243,6 +243,16 @@ LEVEL_DEFAULTS = {"levels": "ninths", "perturbation": "delete", "protect": "cls_
                   "side": "top", "attend": "all", "skip_last": None, "pad_id": None, "mask_id": None}
 
 
+# The settings of the perturbation-curve metrics that --perturbation, --levels, --metric-class and --side set.
+LEVEL_OVERRIDES = ("perturbation", "levels", "cls", "side")
+
+
+def token_id_settings(ctx) -> dict:
+    """What perturbing by [PAD] / [MASK] needs from the run's tokenizer (a MetricContext): pad_id, and mask_id where
+    the tokenizer has a mask token."""
+    return {"pad_id": ctx.pad_id, **({"mask_id": ctx.mask_id} if ctx.mask_id is not None else {})}
+
+
 def resolve_settings(metric: str, given: dict, defaults: dict, presets: dict) -> dict:
     """Defaults, then the preset, then the caller's settings; every key filled in (the store records them).
     skip_last None -> True for "ninths" (the AttCAT / Mask-LRP loop), False for "tenths"."""

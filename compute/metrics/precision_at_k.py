@@ -26,6 +26,11 @@ class PrecisionAtK(Metric):
     reference = "Qiang et al. (2022) AttCAT; Song et al. (2024) Mask-LRP; METHODS.md 8.5"
     higher_is_better = True
     needs_evidence = True
+    order = 80
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return {"k": ctx.k}
 
     def __init__(self, k: int = 20, exclude_specials: bool = True, **settings):
         if int(k) < 1:

@@ -97,6 +97,12 @@ class SpearmanWithSaliency(Metric):
     description = "Spearman correlation with a saliency method's scores (GlobEnc), per example"
     reference = "Modarressi et al. (2022) GlobEnc, Table 1; METHODS.md 3.3, 8.4"
     higher_is_better = True
+    order = 70
+    needs_saliency = True
+
+    @classmethod
+    def context_settings(cls, ctx):
+        return {"saliency": ctx.saliency}
 
     def __init__(self, saliency: str = "gxi_l2", exclude_specials: bool = False, **settings):
         super().__init__(saliency=str(saliency), exclude_specials=bool(exclude_specials), **settings)

@@ -15,6 +15,7 @@ class Sufficiency(Metric):
     reference = "Ferrando et al. 2022 (ALTI) aupc.py; DeYoung et al. 2020 (ERASER); METHODS.md 8.1, 14.2"
     higher_is_better = False
     needs_model = True
+    order = 20
 
     def __init__(self, **settings):
         super().__init__(**check_variant(self.name, settings))
