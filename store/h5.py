@@ -108,6 +108,7 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     for m in methods:
         g = mg.create_group(m.name)
         write_attr(g, "encoding-type", schema.METHOD_ENCODING_TYPE)
+        write_attr(g, "layout-version", schema.METHOD_LAYOUT_VERSION)
         write_attr(g, "signed", bool(m.signed))
         write_attr(g, "n_layer_views", int(m.n_layer_views))
         write_attr(g, "matrices", m.matrices)

@@ -125,13 +125,25 @@ class Store:
         layouts = self._json_attr(a, "methods", "the method list")
         if not isinstance(layouts, list) or not all(_layout_ok(m) for m in layouts):
             raise damaged(self.path, "the method list", "a layout lacks its fields")
-        self._method_layouts = {m["name"]: m for m in layouts}
+        self._method_layouts = {m["name"]: m for m in layouts if self._layout_known(m["name"])}
         self.methods: list[str] = list(self._method_layouts)
         f = self._f
         self._separate_ids = schema.IDS in f
         self._evidence = schema.TOKEN_EVIDENCE in f
         self._flats = (schema.example_datasets(self._separate_ids) + schema.token_datasets(self._evidence)
                        + [d for m in self._method_layouts.values() for d in schema.method_datasets(m, self.num_labels)])
+
+    def _layout_known(self, method: str) -> bool:
+        """Whether this reader knows the layout version of ``method``'s group (a newer one: left out, with a warning)."""
+        g = self._f.get(schema.method_group(method))
+        version = int(g.attrs.get("layout-version", 1)) if g is not None else 1
+        if version <= schema.METHOD_LAYOUT_VERSION:
+            return True
+        note = (f"'{self.path}': method '{method}' is stored in layout version {version}, newer than this attrscope's "
+                f"{schema.METHOD_LAYOUT_VERSION}: it is left out; upgrade attrscope to read it")
+        self.warnings.append(note)
+        warnings.warn(note, stacklevel=5)
+        return False
 
     @property
     def model_info(self) -> dict:
@@ -215,10 +227,10 @@ class Store:
             raise damaged(self.path, "/examples/index", f"its last row has {int(last['n_tokens'])} tokens at "
                                                          f"{int(last['tok_off'])}")
         with self._reading("/tokens") as f:
-            if f["tokens/str_off"].shape[0] < t_end:
+            if f[schema.TOKEN_STR_OFF].shape[0] < t_end:
                 raise damaged(self.path, "/tokens/str_off", "shorter than its committed rows")
-        off = self._read("tokens/str_off", slice(t_end - 1, t_end), 1)
-        ln = self._read("tokens/str_len", slice(t_end - 1, t_end), 1)
+        off = self._read(schema.TOKEN_STR_OFF, slice(t_end - 1, t_end), 1)
+        ln = self._read(schema.TOKEN_STR_LEN, slice(t_end - 1, t_end), 1)
         extent = schema.extent_of_last_row(last, n, self._separate_ids, int(off[0]) + int(ln[0]))
         with self._reading("the dataset lengths") as f:
             for d in self._flats:
@@ -716,27 +728,27 @@ class Example:
 
     # tokens --------------------------------------------------------------------
     def _tokens_of(self, name: str) -> np.ndarray:
-        return self._s._read(name, self._tok, self.n_tokens * (2 if name == "tokens/spans" else 1))
+        return self._s._read(name, self._tok, self.n_tokens * (2 if name == schema.TOKEN_SPANS else 1))
 
     @cached_property
     def token_ids(self) -> np.ndarray:
-        return self._tokens_of("tokens/ids")
+        return self._tokens_of(schema.TOKEN_IDS)
 
     @cached_property
     def tokens(self) -> list[str]:
-        off = self._tokens_of("tokens/str_off")
-        lens = self._tokens_of("tokens/str_len")
+        off = self._tokens_of(schema.TOKEN_STR_OFF)
+        lens = self._tokens_of(schema.TOKEN_STR_LEN)
         if (lens < 0).any() or (np.diff(off) != lens[:-1]).any():
             raise damaged(self._s.path, "/tokens/str_off", f"token strings of example {self.index} overlap")
         return self._s._strings(schema.TOKEN_STRINGS, off, lens, "the token strings")
 
     @cached_property
     def spans(self) -> np.ndarray:
-        return self._tokens_of("tokens/spans")
+        return self._tokens_of(schema.TOKEN_SPANS)
 
     @cached_property
     def segment(self) -> np.ndarray:
-        return self._tokens_of("tokens/segment")
+        return self._tokens_of(schema.TOKEN_SEGMENT)
 
     # attributions -----------------------------------------------------------------
     @property

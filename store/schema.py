@@ -18,6 +18,7 @@ Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /example
     /tokens/str_len        int32   [T]
     /tokens/strings        uint8           token strings (tokenizer's convert_ids_to_tokens), UTF-8
     /tokens/evidence       uint8   [T]     1 on evidence / answer tokens (only in stores made with --evidence-column)
+    /methods/<name>               attrs: encoding-type, layout-version (METHOD_LAYOUT_VERSION), signed, ...
     /methods/<name>/scores        float32 [T]            final attribution, aligned with the tokens
     /methods/<name>/layer_scores  float32 [T * V]        per example a [V, n] block (V = n_layer_views)
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
@@ -54,6 +55,10 @@ import numpy as np
 ENCODING_TYPE = "attrscope-store"
 ENCODING_VERSION = "1.3.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale
 METHOD_ENCODING_TYPE = "attrscope-method"
+# What one method group holds (scores, layer_scores, matrices, class_scores, example_values, scale), versioned per
+# group: a change to one method's layout bumps it there, and a reader that does not know the new version leaves that
+# method out (with a warning) and reads the rest. Groups written before this attribute existed are version 1.
+METHOD_LAYOUT_VERSION = 1
 HEAD_MASK_ENCODING_TYPE = "attrscope-head-mask"
 METRIC_ENCODING_TYPE = "attrscope-metric"
 
@@ -77,6 +82,11 @@ PROVENANCE = "provenance"
 INDEX = "examples/index"
 IDS = "examples/ids"
 STRINGS = "examples/strings"
+TOKEN_IDS = "tokens/ids"
+TOKEN_SPANS = "tokens/spans"
+TOKEN_SEGMENT = "tokens/segment"
+TOKEN_STR_OFF = "tokens/str_off"
+TOKEN_STR_LEN = "tokens/str_len"
 TOKEN_STRINGS = "tokens/strings"
 TOKEN_EVIDENCE = "tokens/evidence"
 HEAD_MASKS = "head_masks"
@@ -84,8 +94,12 @@ METRICS = "metrics"
 METHODS = "methods"
 
 
+def method_group(method: str) -> str:
+    return f"{METHODS}/{method}"
+
+
 def method_path(method: str, part: str) -> str:
-    return f"{METHODS}/{method}/{part}"
+    return f"{method_group(method)}/{part}"
 
 
 def metric_path(method: str, metric: str) -> str:
@@ -169,9 +183,9 @@ class Flat:
 
 
 def token_datasets(evidence: bool) -> list[Flat]:
-    out = [Flat("tokens/ids", "int32", "tokens"), Flat("tokens/spans", "int32", "tokens", width=2),
-           Flat("tokens/segment", "int8", "tokens"), Flat("tokens/str_off", "int64", "tokens"),
-           Flat("tokens/str_len", "int32", "tokens"), Flat(TOKEN_STRINGS, "uint8", "token_string_bytes")]
+    out = [Flat(TOKEN_IDS, "int32", "tokens"), Flat(TOKEN_SPANS, "int32", "tokens", width=2),
+           Flat(TOKEN_SEGMENT, "int8", "tokens"), Flat(TOKEN_STR_OFF, "int64", "tokens"),
+           Flat(TOKEN_STR_LEN, "int32", "tokens"), Flat(TOKEN_STRINGS, "uint8", "token_string_bytes")]
     if evidence:
         out.append(Flat(TOKEN_EVIDENCE, "uint8", "tokens"))
     return out

@@ -20,8 +20,8 @@ METRIC_COLUMNS = ("example", "id", "method")
 
 
 def _token_strings(store, t0: int, t1: int) -> np.ndarray:
-    off = store._read("tokens/str_off", slice(t0, t1), t1 - t0)
-    lens = store._read("tokens/str_len", slice(t0, t1), t1 - t0)
+    off = store._read(schema.TOKEN_STR_OFF, slice(t0, t1), t1 - t0)
+    lens = store._read(schema.TOKEN_STR_LEN, slice(t0, t1), t1 - t0)
     if t1 == t0:
         return np.zeros(0, dtype=object)
     lo, hi = int(off[0]), int(off[-1]) + int(lens[-1])

@@ -40,7 +40,7 @@ class StoreWriter:
         self.n_committed = int(idx.shape[0])
         last = idx[self.n_committed - 1] if self.n_committed else None
         tok_end = int(last["tok_off"]) + int(last["n_tokens"]) if last is not None else 0
-        tokstr_end = (int(f["tokens/str_off"][tok_end - 1]) + int(f["tokens/str_len"][tok_end - 1])) if tok_end else 0
+        tokstr_end = (int(f[schema.TOKEN_STR_OFF][tok_end - 1]) + int(f[schema.TOKEN_STR_LEN][tok_end - 1])) if tok_end else 0
         self._extent = schema.extent_of_last_row(last, self.n_committed, True, tokstr_end)
         # Scale statistics of every method view, stored when the run completes (a resumed store's are rebuilt).
         self._scales = scales or {name: ScaleAccumulator(schema.scale_views(m.__dict__))
@@ -97,7 +97,8 @@ class StoreWriter:
         e = self._extent
         id_end, str_end, tok_end, tokstr_end, sq_end = (e.ids_bytes, e.string_bytes, e.tokens, e.token_string_bytes,
                                                          e.squares)
-        tok_cols = {"ids": [], "spans": [], "segment": [], "str_off": [], "str_len": []}
+        tok_cols = {schema.TOKEN_IDS: [], schema.TOKEN_SPANS: [], schema.TOKEN_SEGMENT: [], schema.TOKEN_STR_OFF: [],
+                    schema.TOKEN_STR_LEN: []}  # dataset path -> the batch's parts
         for k, ex in enumerate(examples):
             n = len(ex.token_ids)
             if len(ex.tokens) != n:
@@ -119,16 +120,16 @@ class StoreWriter:
                 str_end += len(b)
             enc = [t.encode("utf-8") for t in ex.tokens]
             lens = np.array([len(b) for b in enc], dtype=np.int64)
-            tok_cols["str_off"].append(tokstr_end + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64))
-            tok_cols["str_len"].append(lens.astype(np.int32))
+            tok_cols[schema.TOKEN_STR_OFF].append(tokstr_end + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64))
+            tok_cols[schema.TOKEN_STR_LEN].append(lens.astype(np.int32))
             tok_strings.extend(enc)
             tokstr_end += int(lens.sum())
-            tok_cols["ids"].append(np.asarray(ex.token_ids, dtype=np.int32))
-            tok_cols["spans"].append(np.asarray(ex.spans, dtype=np.int32).reshape(n, 2))
-            tok_cols["segment"].append(np.asarray(ex.segment, dtype=np.int8))
+            tok_cols[schema.TOKEN_IDS].append(np.asarray(ex.token_ids, dtype=np.int32))
+            tok_cols[schema.TOKEN_SPANS].append(np.asarray(ex.spans, dtype=np.int32).reshape(n, 2))
+            tok_cols[schema.TOKEN_SEGMENT].append(np.asarray(ex.segment, dtype=np.int8))
             if self._evidence:
                 ev = np.zeros(n, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, dtype=np.uint8)
-                tok_cols.setdefault("evidence", []).append(ev.reshape(n))
+                tok_cols.setdefault(schema.TOKEN_EVIDENCE, []).append(ev.reshape(n))
             r["row"], r["tok_off"], r["n_tokens"], r["sq_off"] = ex.row, tok_end, n, sq_end
             r["label"], r["pred"], r["target"], r["explain_pos"] = ex.label, ex.pred, ex.target, ex.explain_pos
             r["n_orig_tokens"] = ex.n_orig_tokens
@@ -140,8 +141,8 @@ class StoreWriter:
         append(f[schema.IDS], np.frombuffer(b"".join(ids), dtype=np.uint8))
         append(f[schema.STRINGS], np.frombuffer(b"".join(strings), dtype=np.uint8))
         append(f[schema.TOKEN_STRINGS], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
-        for key, parts in tok_cols.items():
-            append(f[f"tokens/{key}"], np.concatenate(parts))
+        for path, parts in tok_cols.items():
+            append(f[path], np.concatenate(parts))
         for name, layout in self.methods.items():
             self._append_method(name, layout, examples)
 

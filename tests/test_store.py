@@ -522,6 +522,7 @@ def test_refresh_across_index_chunks(tmp_path, writer_factory):
 # --- format 1.2 stores (written before checksums, separate ids and scale statistics) ----------------------------------
 
 FIXTURE_1_2 = TESTS / "fixtures" / "store-1.2.h5"  # written by the format-1.2 writer (commit 5adfd87), see README there
+FIXTURE_1_3 = TESTS / "fixtures" / "store-1.3.h5"  # the same content by the format-1.3 writer (make_store_1_3.py)
 
 
 def _fixture_example(i: int) -> ExampleData:
@@ -530,9 +531,11 @@ def _fixture_example(i: int) -> ExampleData:
     return ex
 
 
-def test_reads_a_format_1_2_store():
-    with open_store(FIXTURE_1_2) as s:
-        assert s.format_version == "1.2.0" and len(s) == 10 and s.complete and s.has_evidence
+@pytest.mark.parametrize("fixture, version", [(FIXTURE_1_2, "1.2.0"), (FIXTURE_1_3, "1.3.0")])
+def test_reads_a_format_1_2_or_1_3_store(fixture, version):
+    """Stores written by earlier writers (checked in) read as they were written."""
+    with open_store(fixture) as s:
+        assert s.format_version == version and len(s) == 10 and s.complete and s.has_evidence
         assert s.ids() == [f"ex-{i}-é" for i in range(10)] and s.find_id("ex-7-é") == 7
         for i in range(10):
             exp = _fixture_example(i)
@@ -547,11 +550,16 @@ def test_reads_a_format_1_2_store():
         assert hm.attrs == {"threshold": 0.8}
         np.testing.assert_allclose(s.metric_values("rollout", "aopc@attcat"), np.linspace(-0.5, 0.5, 10), rtol=1e-6)
         assert s.metric_info("rollout", "aopc@attcat")["curves"].shape == (10, 3)
-        assert s.scale_stats("rollout") is None  # a 1.2 store has none stored; they are computed on request
+        stored = s.scale_stats("rollout")
+        assert (stored is None) == (version == "1.2.0")  # a 1.2 store has none stored; they are computed on request
         got = s.scale_stats("rollout", compute=True)
         scores = np.concatenate([example(i).results["rollout"]["scores"] for i in range(10)]).astype(np.float32)
         assert got["final"].count == scores.size
         np.testing.assert_allclose(got["final"].max_abs, np.abs(scores).max(), rtol=1e-7)
+        if stored is not None:
+            assert stored["final"].count == scores.size and stored["final"].max_abs == got["final"].max_abs
+            assert s.metric_info("rollout", "aopc@attcat")["settings"] == {"levels": "ninths"}
+            np.testing.assert_array_equal(s.metric_info("rollout", "aopc@attcat")["levels"][4], [1, 2, 3])
 
 
 def test_resume_rewrites_a_format_1_2_store_in_the_current_format(tmp_path):
@@ -1013,3 +1021,33 @@ def test_metric_mean_curve_in_chunks_equals_the_full_mean(tmp_path, chunk):
                                                                 np.maximum(okl.sum(0), 1), np.nan), rtol=1e-12)
                     checked += 1
     assert checked >= 4  # three methods' aopc@attcat and the old store's
+
+
+def test_a_method_in_a_newer_layout_is_left_out_and_the_rest_read(tmp_path):
+    """Each method group carries its layout version: a reader that does not know one method's version names it in a
+    warning and reads every other method as written."""
+    import h5py
+
+    from store import schema
+
+    path = tmp_path / "layouts.h5"
+    w = create(path)
+    w.append([example(i) for i in range(4)])
+    w.close(complete=True)
+    with h5py.File(path, "r") as f:
+        assert {m: int(f[schema.method_group(m)].attrs["layout-version"]) for m in ("rollout", "logat", "norm")} == {
+            "rollout": schema.METHOD_LAYOUT_VERSION, "logat": schema.METHOD_LAYOUT_VERSION,
+            "norm": schema.METHOD_LAYOUT_VERSION}
+    with h5py.File(path, "r+") as f:
+        f[schema.method_group("logat")].attrs["layout-version"] = schema.METHOD_LAYOUT_VERSION + 1
+    with pytest.warns(UserWarning, match="method 'logat' is stored in layout version 2"):
+        s = open_store(path)
+    with s:
+        assert s.methods == ["rollout", "norm"] and len(s) == 4
+        assert any("upgrade attrscope" in note for note in s.warnings)
+        for i in range(4):
+            exp = example(i)
+            np.testing.assert_allclose(s[i].scores("rollout"), exp.results["rollout"]["scores"], rtol=1e-6)
+            np.testing.assert_allclose(s[i].layer_scores("rollout"), exp.results["rollout"]["layer_scores"], rtol=1e-6)
+            np.testing.assert_allclose(s[i].scores("norm"), exp.results["norm"]["scores"], rtol=1e-6)
+            assert s[i].example_values("norm") == pytest.approx(exp.results["norm"]["example_values"], rel=1e-6)
