@@ -1,13 +1,13 @@
 """Time and peak memory of a gradient-only run, before and after the LRP record became opt-in (issue 15).
 
-Before (``--before``, default /work/main), the shared gradient pass recorded every Linear's input and output for the
-LRP rules on every batch; after (``--after``, default this checkout) it records them only when an LRP-family method
+Before (``--before``, a tree of the earlier code, e.g. a git worktree), the shared gradient pass recorded every
+Linear's input and output for the LRP rules on every batch; after (``--after``, default this checkout) it records them only when an LRP-family method
 runs. Each run is its own process with PYTHONPATH set to its tree (checked), on the same data and options; the
 two trees alternate for ``--reps`` rounds, so both see the same machine load, and the ratios come from one
 invocation. Reported per run: the wall time of the run call, the runner's own method seconds (the store's summary),
 and the process's peak resident memory above what it held before the run (ru_maxrss, Linux kilobytes).
 
-    python benchmarks/run_cost.py -n 200 --reps 3
+    git worktree add /tmp/before REV && python benchmarks/run_cost.py --before /tmp/before -n 200 --reps 3
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def one_run(tree: Path, args, out: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", type=Path, default=Path("/work/main"))
+    ap.add_argument("--before", type=Path, required=True, help="code tree of the baseline (e.g. a git worktree)")
     ap.add_argument("--after", type=Path, default=HERE)
     ap.add_argument("-n", type=int, default=200, help="first N SST-2 dev rows")
     ap.add_argument("--methods", default="grad_l2,gxi_l2,attcat")

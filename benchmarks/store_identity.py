@@ -6,7 +6,7 @@ dataset by dataset, byte for byte, and every attribute except the provenance one
 Both processes use the same number of torch threads (the thread count changes float reductions); they run in
 parallel. Prints IDENTICAL, or every differing path, and exits 1.
 
-    python benchmarks/store_identity.py --before /work/main --after . -n 100
+    git worktree add /tmp/before REV && python benchmarks/store_identity.py --before /tmp/before -n 100
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def compare(path_a: Path, path_b: Path) -> tuple[list[str], int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", type=Path, default=Path("/work/main"), help="code tree of the reference store")
+    ap.add_argument("--before", type=Path, required=True, help="code tree of the reference store (e.g. a git worktree)")
     ap.add_argument("--after", type=Path, default=HERE, help="code tree under test [default: this checkout]")
     ap.add_argument("-n", type=int, default=100, help="first N SST-2 dev rows")
     ap.add_argument("--model", type=Path, default=SHARED / "models" / "minilm-sst2")
