@@ -1,6 +1,8 @@
 """User-facing errors: one line that names the problem and the fix.
 
-The CLIs print ``str(err)`` and exit with ``err.exit_code``; a traceback is shown only with ``--debug``.
+Each failure is raised once, where it is known, as one of these or as store/'s ``StoreError`` (a missing, damaged or
+incompatible store; store/ cannot import compute/), and is not re-wrapped on its way up: the CLIs print ``str(err)``
+once and exit with ``err.exit_code`` (1 for a StoreError); a traceback is shown only with ``--debug``.
 """
 
 

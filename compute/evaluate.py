@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from store import MetricData, add_metrics, open_store
-from store.errors import StoreError
 
 from . import interrupts
 from .errors import AttrscopeError, UsageError
@@ -160,10 +159,7 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
     from .models import load_model
 
     specs = parse_metric_specs(cfg.metrics)
-    try:
-        s = open_store(path)
-    except StoreError as err:
-        raise AttrscopeError(str(err)) from None
+    s = open_store(path)
     # A stop asked for (Ctrl-C, SIGTERM) ends the work at the next safe point; the results finished are written.
     with interrupts.on_signals():
         with s:
@@ -183,10 +179,7 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
                 lm = load_model(spec, device=torch.device(device), dtype=dtype, allow_random_head=allow_random_head)
             other = other_ids = None
             if cfg.other:
-                try:
-                    other = open_store(cfg.other)
-                except StoreError as err:
-                    raise AttrscopeError(str(err)) from None
+                other = open_store(cfg.other)
                 other_ids = {x: i for i, x in enumerate(other.ids())}
             pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
             predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size) if needs_model else None

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from store import HeadMaskData, open_store
-from store.errors import StoreError
 
 from . import interrupts
 from .padding import pad_sequences
@@ -96,19 +95,16 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
 
 def masks_from_store(path: str, n_layers: int, n_heads: int) -> list[HeadMaskData]:
     """The head masks of another store (``--head-mask STORE.h5``), checked against the model's shape."""
-    try:
-        with open_store(path) as s:
-            names = s.head_masks
-            if "mask_lrp" not in names:
-                raise AttrscopeError(f"store '{path}' holds no mask_lrp head mask: make one with "
-                                     "attr-compute --methods mask_lrp")
-            out = []
-            for name in names:
-                hm = s.head_mask(name)
-                out.append(HeadMaskData(name=name, mask=np.asarray(hm), arrays=dict(hm.stats),
-                                        attrs={**hm.attrs, "copied_from": path}))
-    except StoreError as err:
-        raise AttrscopeError(str(err)) from None
+    with open_store(path) as s:  # a missing or damaged store: its StoreError is the message
+        names = s.head_masks
+        if "mask_lrp" not in names:
+            raise AttrscopeError(f"store '{path}' holds no mask_lrp head mask: make one with "
+                                 "attr-compute --methods mask_lrp")
+        out = []
+        for name in names:
+            hm = s.head_mask(name)
+            out.append(HeadMaskData(name=name, mask=np.asarray(hm), arrays=dict(hm.stats),
+                                    attrs={**hm.attrs, "copied_from": path}))
     shape = out[0].mask.shape
     if shape != (n_layers, n_heads):
         raise AttrscopeError(f"the head masks in '{path}' are {shape[0]} x {shape[1]} but the model has {n_layers} "

@@ -13,7 +13,6 @@ import io
 import math
 
 from store import open_store
-from store.errors import StoreError
 
 from .errors import AttrscopeError
 from .papers import REPORT_TABLES  # the papers' SST-2 tables (compute/papers.py)
@@ -48,10 +47,7 @@ def _fmt(x, digits=3) -> str:
 
 
 def make_report(path: str, fmt: str = "markdown") -> str:
-    try:
-        s = open_store(path)
-    except StoreError as err:
-        raise AttrscopeError(str(err)) from None
+    s = open_store(path)
     with s:
         if not s.metric_methods:
             raise AttrscopeError(f"store '{path}' has no metrics: add them with attr-compute eval {path} --metrics ...")

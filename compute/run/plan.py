@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from store import open_store
-from store.errors import StoreError
 
 from ..errors import AttrscopeError, UsageError
 from ..methods import parse_methods
@@ -91,10 +90,8 @@ def check_output(output: str, cfg: RunConfig) -> None:
     if exists and not (cfg.resume or cfg.overwrite):
         raise AttrscopeError(f"store '{output}' already exists: pass --overwrite to replace it or --resume to finish it")
     if cfg.resume:
-        try:  # a damaged or truncated store is named before the model loads (minutes on a large model)
-            open_store(output).close()
-        except StoreError as err:
-            raise AttrscopeError(str(err)) from None
+        # a damaged or truncated store is named (StoreError) before the model loads (minutes on a large model)
+        open_store(output).close()
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")

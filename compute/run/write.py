@@ -11,7 +11,6 @@ import torch
 
 from store import ExampleData, MethodLayout, StoreWriter, open_store
 from store import resume as resume_store
-from store.errors import StoreError
 
 from .. import __version__
 from ..errors import AttrscopeError
@@ -64,11 +63,8 @@ def open_writer(plan: RunPlan, loaded: Loaded, layouts: list[MethodLayout], prov
     """The store's writer and the number of examples it already holds (0 unless --resume)."""
     output = plan.output
     if plan.cfg.resume:
-        try:
-            with open_store(output) as old:
-                before = old.config
-        except StoreError as err:
-            raise AttrscopeError(str(err)) from None
+        with open_store(output) as old:
+            before = old.config
         check_resume(before, provenance, output)
         try:
             writer = resume_store(output)
