@@ -51,6 +51,7 @@ def main():
 
     \b
     attr-compute [DATASET] [OPTIONS]     compute (see: attr-compute run --help)
+    attr-compute merge OUT.h5 SHARD...   join the shard stores of a --shard K/N run
     attr-compute methods                 list the attribution methods
     attr-tui STORE.h5                    browse the result in the terminal
     """
@@ -266,6 +267,26 @@ def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
         note = "" if done["complete"] else " (the store is not complete: its committed examples only)"
         for path, rows in done["files"].items():
             click.echo(f"{path}: {rows} rows from {done['examples']} examples{note}", err=True)
+
+    _guarded(go, debug)
+
+
+@main.command("merge", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("output", type=click.Path(dir_okay=False), metavar="OUT.h5")
+@click.argument("shards", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="SHARD.h5...")
+@click.option("-q", "--quiet", is_flag=True, help="No summary.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def merge_cmd(output, shards, quiet, debug):
+    """Merge the shard stores of one --shard K/N run (any order) into OUT.h5, in dataset order."""
+
+    def go():
+        from .merge import merge_shards
+
+        done = merge_shards(output, list(shards), argv=[PROG, *sys.argv[1:]],
+                            message=lambda line: click.echo(line, err=True))
+        if not quiet:
+            click.echo(f"{output}: {done['examples']} examples from {done['shards']} shards"
+                       f"{', metrics ' + ', '.join(done['metrics']) if done['metrics'] else ''}", err=True)
 
     _guarded(go, debug)
 
