@@ -217,3 +217,28 @@ def test_merge_refuses_shards_of_different_plans(runs, tmp_path):
     (tmp_path / "merged.h5").write_text("")
     line = one_line(invoke("merge", tmp_path / "merged.h5", shard0, shard1))
     assert "already exists" in line and (tmp_path / "merged.h5").read_text() == ""
+
+
+def test_mask_lrp_shards_share_the_whole_runs_head_masks(tiny_model_dirs, tmp_path):
+    """mask_lrp's head statistics are taken over the whole run in every shard, so the shards merge and the merged
+    store equals the single-process run."""
+    from test_head_pass import write_data as write_parsed_data
+
+    data, parses, _ = write_parsed_data(tmp_path, n=10)
+    args = (data, "--model", tiny_model_dirs["bert"], "--methods", "mask_lrp", "--parses", parses,
+            "--batch-size", 1, "--matrices", "none", "-q")
+    ok(invoke(*args, "-o", tmp_path / "full.h5"))
+    for k in (0, 1):
+        ok(invoke(*args, "-o", tmp_path / "out.h5", "--shard", f"{k}/2"))
+    ok(invoke("merge", tmp_path / "out.h5", tmp_path / "out.shard-0-of-2.h5", tmp_path / "out.shard-1-of-2.h5"))
+    with open_store(tmp_path / "full.h5") as full, open_store(tmp_path / "out.h5") as merged:
+        assert merged.head_masks == full.head_masks and full.head_masks
+        for name in full.head_masks:
+            a, b = merged.head_mask(name), full.head_mask(name)
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            assert a.stats.keys() == b.stats.keys()
+            for key in b.stats:
+                np.testing.assert_array_equal(a.stats[key], b.stats[key])
+        assert merged.ids() == full.ids() and len(full) == 10
+        for i in range(len(full)):
+            np.testing.assert_array_equal(merged[i].scores("mask_lrp"), full[i].scores("mask_lrp"))

@@ -18,6 +18,7 @@ class Loaded:
     data: Dataset
     max_length: int  # truncation: --max-length, or what the model accepts
     shard: ShardPlan | None = None  # --shard: the rows of this process (data.records holds only those)
+    run_records: list | None = None  # --shard: every record of the run (the head statistics read them all)
 
 
 def load(plan: RunPlan, progress: Progress) -> Loaded:
@@ -37,11 +38,12 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
     limit = max_length(cfg.max_length, lm)
-    shard = None
+    shard, run_records = None, None
     if cfg.shard is not None:  # cut after --limit, from the lengths the run will compute with
-        shard = plan_shard(cfg.shard, data.records, token_lengths(lm.tokenizer, data.records, limit))
-        data = replace(data, records=data.records[shard.start:shard.stop])
-    return Loaded(lm=lm, data=data, max_length=limit, shard=shard)
+        run_records = data.records
+        shard = plan_shard(cfg.shard, run_records, token_lengths(lm.tokenizer, run_records, limit))
+        data = replace(data, records=run_records[shard.start:shard.stop])
+    return Loaded(lm=lm, data=data, max_length=limit, shard=shard, run_records=run_records)
 
 
 def max_length(asked: int | None, lm: LoadedModel) -> int:
