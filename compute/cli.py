@@ -139,7 +139,7 @@ def _resumed_output(args: list[str]) -> str | None:
     args = args[:args.index("--")] if "--" in args else args
     if "--resume" not in args:
         return None
-    output = None
+    output = shard = None
     for i, arg in enumerate(args):
         if arg in ("-o", "--output") and i + 1 < len(args):
             output = args[i + 1]
@@ -147,6 +147,18 @@ def _resumed_output(args: list[str]) -> str | None:
             output = arg.split("=", 1)[1]
         elif arg.startswith("-o") and not arg.startswith("--") and len(arg) > 2:
             output = arg[2:]
+        elif arg == "--shard" and i + 1 < len(args):
+            shard = args[i + 1]
+        elif arg.startswith("--shard="):
+            shard = arg.split("=", 1)[1]
+    if output and shard:  # the shard's own store (compute.shards); a bad K/N is the plan's usage error
+        from .errors import UsageError
+        from .shards import parse_shard, shard_output
+
+        try:
+            output = shard_output(output, *parse_shard(shard))
+        except UsageError:
+            return None
     return output
 
 

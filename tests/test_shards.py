@@ -104,6 +104,14 @@ def test_merged_store_equals_single_process_run(runs):
                     if mine is not None:
                         np.testing.assert_array_equal(mine, theirs, err_msg=f"{m} {get.__name__} example {i}")
                 assert a.example_values(m) == b.example_values(m)
+        for m in full.methods:  # the store-wide scales (colour ranges of attr-tui), accumulated over the merge
+            mine, theirs = merged.scale_stats(m), full.scale_stats(m)
+            assert mine.keys() == theirs.keys() and theirs
+            for view in theirs:
+                a, b = mine[view], theirs[view]
+                assert (a.count, a.min, a.max, a.max_abs) == (b.count, b.min, b.max, b.max_abs), (m, view)
+                assert a.mean == pytest.approx(b.mean, rel=1e-9, abs=1e-12) and a.std == pytest.approx(b.std, rel=1e-9)
+                np.testing.assert_array_equal(a.hist, b.hist)
         assert any(full[0].matrices(m) is not None and full[0].matrices(m).ndim == 3 for m in full.methods)
         # the metrics: values, curves and levels joined in dataset order, summaries recomputed over all examples
         assert merged.metric_methods == full.metric_methods and len(full.metric_methods) == 5
@@ -242,3 +250,20 @@ def test_mask_lrp_shards_share_the_whole_runs_head_masks(tiny_model_dirs, tmp_pa
         assert merged.ids() == full.ids() and len(full) == 10
         for i in range(len(full)):
             np.testing.assert_array_equal(merged[i].scores("mask_lrp"), full[i].scores("mask_lrp"))
+
+
+def test_the_early_resume_check_reads_the_shards_store():
+    """--resume names a damaged store before torch loads: under --shard, the shard's store, not OUT."""
+    from compute.cli import _resumed_output
+
+    assert _resumed_output(["d.jsonl", "-o", "out.h5", "--shard", "1/2", "--resume"]) == "out.shard-1-of-2.h5"
+    assert _resumed_output(["d.jsonl", "--shard=0/3", "--output=o.h5", "--resume"]) == "o.shard-0-of-3.h5"
+    assert _resumed_output(["d.jsonl", "-o", "out.h5", "--resume"]) == "out.h5"
+    assert _resumed_output(["d.jsonl", "-o", "out.h5", "--shard", "x", "--resume"]) is None  # the plan's usage error
+
+
+def test_a_damaged_shard_store_is_named_on_resume(tmp_path):
+    data = write_data(tmp_path / "d.jsonl", n=4)
+    (tmp_path / "out.shard-1-of-2.h5").write_bytes(b"not a store")
+    line = one_line(invoke(data, "-o", tmp_path / "out.h5", "--shard", "1/2", "--resume"))
+    assert "out.shard-1-of-2.h5" in line
