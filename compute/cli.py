@@ -51,6 +51,7 @@ def main():
 
     \b
     attr-compute [DATASET] [OPTIONS]     compute (see: attr-compute run --help)
+    attr-compute merge OUT.h5 SHARD...   join the shard stores of a --shard K/N run
     attr-compute methods                 list the attribution methods
     attr-tui STORE.h5                    browse the result in the terminal
     """
@@ -138,7 +139,7 @@ def _resumed_output(args: list[str]) -> str | None:
     args = args[:args.index("--")] if "--" in args else args
     if "--resume" not in args:
         return None
-    output = None
+    output = shard = None
     for i, arg in enumerate(args):
         if arg in ("-o", "--output") and i + 1 < len(args):
             output = args[i + 1]
@@ -146,6 +147,18 @@ def _resumed_output(args: list[str]) -> str | None:
             output = arg.split("=", 1)[1]
         elif arg.startswith("-o") and not arg.startswith("--") and len(arg) > 2:
             output = arg[2:]
+        elif arg == "--shard" and i + 1 < len(args):
+            shard = args[i + 1]
+        elif arg.startswith("--shard="):
+            shard = arg.split("=", 1)[1]
+    if output and shard:  # the shard's own store (compute.shards); a bad K/N is the plan's usage error
+        from .errors import UsageError
+        from .shards import parse_shard, shard_output
+
+        try:
+            output = shard_output(output, *parse_shard(shard))
+        except UsageError:
+            return None
     return output
 
 
@@ -266,6 +279,26 @@ def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
         note = "" if done["complete"] else " (the store is not complete: its committed examples only)"
         for path, rows in done["files"].items():
             click.echo(f"{path}: {rows} rows from {done['examples']} examples{note}", err=True)
+
+    _guarded(go, debug)
+
+
+@main.command("merge", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("output", type=click.Path(dir_okay=False), metavar="OUT.h5")
+@click.argument("shards", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="SHARD.h5...")
+@click.option("-q", "--quiet", is_flag=True, help="No summary.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def merge_cmd(output, shards, quiet, debug):
+    """Merge the shard stores of one --shard K/N run (any order) into OUT.h5, in dataset order."""
+
+    def go():
+        from .merge import merge_shards
+
+        done = merge_shards(output, list(shards), argv=[PROG, *sys.argv[1:]],
+                            message=lambda line: click.echo(line, err=True))
+        if not quiet:
+            click.echo(f"{output}: {done['examples']} examples from {done['shards']} shards"
+                       f"{', metrics ' + ', '.join(done['metrics']) if done['metrics'] else ''}", err=True)
 
     _guarded(go, debug)
 

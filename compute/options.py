@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import AttrscopeError, UsageError
 from .papers import PRESET_NAMES
+from .shards import check_shard
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("methods", "all", show_default=True, metavar="LIST|all", help="Comma-separated method names.",
            resume=True),
     Option("limit", type=int, metavar="N", help="Only the first N examples.", resume=True),
+    Option("shard", metavar="K/N", resume=True, check=check_shard,
+           help="Compute only shard K of N (from 0) of the examples, cut into N contiguous parts of about equal token "
+                "counts, into <output>.shard-K-of-N.h5; join the N with attr-compute merge (Slurm job arrays)."),
     Option("batch_size", 32, type=int, show_default=True, metavar="N", resume=True, check=at_least(1)),
     Option("device", "auto", show_default=True, metavar="auto|cpu|cuda[:k]"),
     Option("dtype", "float32", choices=("float32", "bfloat16"), show_default=True, resume=True,

@@ -46,7 +46,9 @@ def head_masks(plan: RunPlan, loaded: Loaded, progress: Progress) -> list[HeadMa
         if not os.path.exists(cfg.head_mask):
             raise AttrscopeError(f"--head-mask: store '{cfg.head_mask}' not found: check the path")
         return masks_from_store(cfg.head_mask, L, H)
-    records, source = loaded.data.records, loaded.data.source
+    # under --shard, the statistics of the whole run, so that every shard gets the same masks
+    records = loaded.run_records if loaded.run_records is not None else loaded.data.records
+    source = loaded.data.source
     if cfg.head_stats_data:
         id2label = lm.info["id2label"]
         other = load_dataset(cfg.head_stats_data, text_column=cfg.text_column, pair_column=cfg.pair_column,

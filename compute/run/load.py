@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..data import Dataset, load_dataset
 from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
+from ..shards import ShardPlan, plan_shard, token_lengths
 from .plan import RunPlan
 from .progress import Progress
 
@@ -16,6 +17,8 @@ class Loaded:
     lm: LoadedModel
     data: Dataset
     max_length: int  # truncation: --max-length, or what the model accepts
+    shard: ShardPlan | None = None  # --shard: the rows of this process (data.records holds only those)
+    run_records: list | None = None  # --shard: every record of the run (the head statistics read them all)
 
 
 def load(plan: RunPlan, progress: Progress) -> Loaded:
@@ -34,7 +37,13 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
     if plan.target_mode == "label" and any(r.label < 0 for r in data.records):
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
-    return Loaded(lm=lm, data=data, max_length=max_length(cfg.max_length, lm))
+    limit = max_length(cfg.max_length, lm)
+    shard, run_records = None, None
+    if cfg.shard is not None:  # cut after --limit, from the lengths the run will compute with
+        run_records = data.records
+        shard = plan_shard(cfg.shard, run_records, token_lengths(lm.tokenizer, run_records, limit))
+        data = replace(data, records=run_records[shard.start:shard.stop])
+    return Loaded(lm=lm, data=data, max_length=limit, shard=shard, run_records=run_records)
 
 
 def max_length(asked: int | None, lm: LoadedModel) -> int:

@@ -17,6 +17,7 @@ from store import open_store
 from ..errors import AttrscopeError, UsageError
 from ..methods import parse_methods
 from ..papers import PRESETS
+from ..shards import parse_shard, shard_output
 from .config import RunConfig, declared_options, method_options
 
 LOCAL_EXTENSIONS = (".jsonl", ".csv", ".tsv", ".parquet")
@@ -40,6 +41,8 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     preset = PRESETS.get(cfg.preset, {})
     dataset = cfg.dataset or bundled_dataset()
     output = cfg.output or default_output(dataset)
+    if cfg.shard is not None:  # each shard its own store beside the output named (compute.shards)
+        output = shard_output(output, *parse_shard(cfg.shard))
     check_output(output, cfg)
     if dataset.lower().endswith(LOCAL_EXTENSIONS) and not os.path.exists(dataset):
         raise AttrscopeError(f"dataset file '{dataset}' not found: check the path")

@@ -51,9 +51,10 @@ def provenance(plan: RunPlan, loaded: Loaded, method_names: list[str]) -> dict:
         "model": loaded.lm.info,
         "dataset": {"source": data.source, "kind": data.kind, "columns": data.columns, "n_rows": data.n_rows,
                     "n_records": len(data.records), "sha256": data.sha256, "label_names": data.label_names},
+        "shard": loaded.shard.as_dict() if loaded.shard else None,  # --shard: the plan (compute.shards)
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "h5py": h5py.__version__, "numpy": np.__version__},
-        "host": {"platform": platform.platform(), "cuda": torch.version.cuda,
+        "host": {"platform": platform.platform(), "node": platform.node(), "cuda": torch.version.cuda,
                  "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
     }
 
@@ -121,6 +122,9 @@ def check_resume(before: dict, now: dict, output: str) -> None:
         raise AttrscopeError(f"--resume: store '{output}' was made with another model: use the same --model, or --overwrite")
     if before.get("dataset", {}).get("sha256") != now["dataset"]["sha256"]:
         raise AttrscopeError(f"--resume: the dataset differs from the one store '{output}' was made from: use the same file, or --overwrite")
+    if before.get("shard") != now.get("shard"):  # same K/N, yet other rows: another tokenizer cut the shards
+        raise AttrscopeError(f"--resume: shard store '{output}' holds other rows than this run's shard: use the same "
+                             "dataset, model and --max-length, or --overwrite")
 
 
 def _show(value) -> str:
