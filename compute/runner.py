@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+from store import open_store
+
 from . import interrupts
 from .run.batches import encode, matrix_bytes, tokenize, windows
 from .run.config import RunConfig
@@ -126,6 +128,12 @@ def _batch_size(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress
     cfg, lm = plan.cfg, loaded.lm
     if cfg.batch_size != "auto":
         return cfg.batch_size, "given"
+    if cfg.resume:  # the size the store was begun with: the same batches, so the same numbers, bit for bit
+        with open_store(plan.output) as old:
+            used = old.config.get("batch_size", {}).get("used")
+        if used:
+            progress.message(f"--batch-size auto: {used} (as the resumed store recorded)")
+            return used, "recorded in the resumed store"
     records = loaded.data.records if next(lm.model.parameters()).device.type == "cuda" else []
     tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (only on CUDA)
     size, how = auto_batch_size(lm, methods, tok, [r.label for r in records], plan.target_mode,

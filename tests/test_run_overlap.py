@@ -300,3 +300,40 @@ def test_inputs_go_to_cuda_from_pinned_memory_without_blocking_and_to_the_cpu_as
     calls = []
     to_device(RecordingTensor(calls), torch.device(device))
     assert calls == expected
+
+
+def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_bitwise(tiny_model_dirs, tmp_path,
+                                                                                       monkeypatch):
+    import compute.run.dispatch as dispatch
+    import compute.runner as runner
+
+    data = write_rows(tmp_path / "d.jsonl", 30)
+    run = ("--model", tiny_model_dirs["bert"], "--device", "cpu", "--methods", "rollout,norm", "-q")
+    fixed = tmp_path / "fixed.h5"
+    ok(invoke("run", data, "-o", fixed, *run, "--batch-size", 3))
+
+    out = tmp_path / "auto.h5"
+    monkeypatch.setattr(dispatch, "CPU_AUTO_BATCH_SIZE", 3)  # auto finds 3 this time (on CUDA: the free memory)
+    append, calls = StoreWriter.append, []
+
+    def second_fails(self, examples):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return append(self, examples)
+
+    monkeypatch.setattr(StoreWriter, "append", second_fails)
+    one_line(invoke("run", data, "-o", out, *run, "--batch-size", "auto"))
+    with open_store(out) as s:
+        assert len(s) == 24 and s.config["batch_size"]["used"] == 3  # one window: 8 batches of 3
+
+    monkeypatch.setattr(StoreWriter, "append", append)
+    monkeypatch.setattr(dispatch, "CPU_AUTO_BATCH_SIZE", 5)  # now auto would find another size
+    sizes, windows = [], runner.windows
+    monkeypatch.setattr(runner, "windows", lambda tok, size, window: (sizes.append(size), windows(tok, size, window))[1])
+    ok(invoke("run", data, "-o", out, *run, "--batch-size", "auto", "--resume"))
+    assert sizes == [3]
+    a, b = stored_arrays(fixed), stored_arrays(out)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
