@@ -95,6 +95,21 @@ def _eval_config(metrics, methods, preset, saliency, precision_k, other_store, p
                       overrides={"perturbation": perturbation, "levels": levels, "cls": metric_class, "side": side})
 
 
+class ParsedValue(click.ParamType):
+    """A declared option's ``parse`` as a click type: its ValueError is the usage error."""
+
+    def __init__(self, parse, name):
+        self.parse, self.name = parse, name or "value"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # the default
+        try:
+            return self.parse(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
 def click_option(opt) -> click.Option:
     """The command-line option of a declared option (compute.options.Option)."""
     decls = list(opt.flags) or ["--" + opt.name.replace("_", "-")]
@@ -103,6 +118,8 @@ def click_option(opt) -> click.Option:
         kw["type"] = click.Choice(list(opt.choices))
     elif opt.path:
         kw["type"] = click.Path(dir_okay=False)
+    elif opt.parse:
+        kw["type"] = ParsedValue(opt.parse, opt.metavar)
     elif opt.type is int:
         kw["type"] = int
     if opt.type is bool and not any("/" in d for d in decls):

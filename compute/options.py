@@ -39,6 +39,7 @@ class Option:
     to_param: Callable[[Any], Any] | None = None  # the parameter's value from the option's (default: the same)
     param_default: Any = None  # not None: the parameter recorded with this value when neither option nor preset set it
     check: Callable[[str, Any], Exception | None] | None = None  # the error for a bad value (flag, value)
+    parse: Callable[[str], Any] | None = None  # the value of its command-line text (a ValueError: a usage error)
 
     @property
     def flag(self) -> str:
@@ -65,6 +66,24 @@ def at_least(n: int, why: str = "") -> Callable[[str, Any], Exception | None]:
     return check
 
 
+def batch_size_value(text: str) -> int | str:
+    """--batch-size N or auto."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a number or auto") from None
+
+
+def batch_size_check(flag: str, value) -> Exception | None:
+    if value == "auto":
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return UsageError(f"{flag} must be a number or auto, not {value!r}")
+    return at_least(1)(flag, value)
+
+
 def existing_file(flag: str, value) -> Exception | None:
     if value and not os.path.exists(value):
         return AttrscopeError(f"{flag}: file '{value}' not found: check the path")
@@ -76,6 +95,8 @@ def existing_file(flag: str, value) -> Exception | None:
 # changes the numbers (batch size, window, dtypes: how examples are batched and summed, hence float rounding), the
 # data read, or what is stored. The head-statistics options are not part of it: a resumed run reads its masks from
 # the store.
+DEFAULT_BATCH_SIZE = 32  # --batch-size's default, and auto's on CPU (memory is not probed there)
+
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("output", flags=("-o", "--output"), metavar="STORE.h5",
            help="Store to write [default: <dataset name>.h5 here]."),
@@ -87,7 +108,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("shard", metavar="K/N", resume=True, check=check_shard,
            help="Compute only shard K of N (from 0) of the examples, cut into N contiguous parts of about equal token "
                 "counts, into <output>.shard-K-of-N.h5; join the N with attr-compute merge (Slurm job arrays)."),
-    Option("batch_size", 32, type=int, show_default=True, metavar="N", resume=True, check=at_least(1)),
+    Option("batch_size", DEFAULT_BATCH_SIZE, type=int, show_default=True, metavar="N|auto", resume=True,
+           parse=batch_size_value, check=batch_size_check,
+           help="Examples per forward pass; auto: the largest that fits the GPU's free memory (probed once, "
+                f"recorded in the store), {DEFAULT_BATCH_SIZE} on CPU. A batch that runs out of GPU memory is "
+                "halved and retried."),
     Option("device", "auto", show_default=True, metavar="auto|cpu|cuda[:k]"),
     Option("dtype", "float32", choices=("float32", "bfloat16"), show_default=True, resume=True,
            help="Model compute dtype (methods always compute in at least float32)."),

@@ -10,16 +10,18 @@ from __future__ import annotations
 import os
 import time
 
+from store import open_store
+
 from . import interrupts
 from .run.batches import encode, matrix_bytes, tokenize, windows
 from .run.config import RunConfig
-from .run.dispatch import Timings, make_methods, run_batch
+from .run.dispatch import Timings, auto_batch_size, make_methods, run_batch, run_halving
 from .run.head_masks import attach_head_masks
 from .run.load import Loaded, load
 from .run.metrics import compute_metrics
 from .run.plan import RunPlan, make_plan, method_params
 from .run.progress import Progress
-from .run.write import examples, layouts, open_writer, provenance
+from .run.write import WindowWriter, examples, layouts, open_writer, provenance
 
 __all__ = ["RunConfig", "Progress", "run", "method_params", "resume_command"]
 
@@ -44,13 +46,17 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
     cfg, lm = plan.cfg, loaded.lm
     methods = make_methods(plan, lm, progress)
     methods, head_masks = attach_head_masks(plan, loaded, methods, progress)
+    batch_size, how = _batch_size(plan, loaded, methods, progress)
     method_layouts = layouts(plan, methods, lm.adapter)
+    prov = {**provenance(plan, loaded, list(methods)),
+            "batch_size": {"asked": cfg.batch_size, "used": batch_size, "how": how}}
     with interrupts.critical():
-        writer, done = open_writer(plan, loaded, method_layouts, provenance(plan, loaded, list(methods)), head_masks)
+        writer, done = open_writer(plan, loaded, method_layouts, prov, head_masks)
     state["writer"] = writer
 
     records = loaded.data.records[done:]
     timings = Timings(methods={name: 0.0 for name in methods})
+    window_writer = None
     try:
         tok = tokenize(lm, records, loaded.max_length)
         if cfg.matrices == "all" and records:
@@ -61,22 +67,33 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         progress.start(total=len(loaded.data.records), completed=done)
         device = next(lm.model.parameters()).device
         pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-        for window in windows(tok, cfg.batch_size, cfg.window):
+        window_writer = WindowWriter(writer)  # commits on its own thread while the next window computes
+
+        def run_rows(rows: list[int]):
+            return run_batch(lm, methods, encode(tok, rows, pad_id, device), [records[i].label for i in rows],
+                             plan.target_mode, writer.num_labels, cfg.matrices != "none", timings)
+
+        for window in windows(tok, batch_size, cfg.window):
             done_rows = {}
             for batch in window.batches:
-                out = run_batch(lm, methods, encode(tok, batch, pad_id, device), [records[i].label for i in batch],
-                                plan.target_mode, writer.num_labels, cfg.matrices != "none", timings)
-                done_rows.update(zip(batch, examples(out, batch, records, tok, cfg.matrices,
-                                                     lm.tokenizer.convert_ids_to_tokens)))
+                # a batch that runs out of memory is computed in halves (the same results: padding is masked)
+                for rows, out in run_halving(batch, run_rows, lambda i: len(tok.input_ids[i]), progress.message):
+                    done_rows.update(zip(rows, examples(out, rows, records, tok, cfg.matrices,
+                                                        lm.tokenizer.convert_ids_to_tokens)))
                 progress.advance(len(batch))
                 interrupts.check()
-            with interrupts.critical():  # a commit is never cut in half
-                writer.append([done_rows[i] for i in sorted(done_rows)])
+            window_writer.submit([done_rows[i] for i in sorted(done_rows)])  # a whole window, in dataset order
             interrupts.check()
+        with interrupts.critical():
+            window_writer.finish()
     except BaseException:
         progress.stop()
-        with interrupts.critical():
-            writer.close()
+        with interrupts.critical():  # what was submitted is written (the store keeps every finished window)
+            try:
+                if window_writer is not None:
+                    window_writer.finish()
+            finally:
+                writer.close()
         raise
     progress.stop()
 
@@ -87,6 +104,8 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         "wall_seconds": round(time.perf_counter() - t_start, 3),
         "forward_seconds": round(timings.forward, 3),
         "method_seconds": {k: round(v, 3) for k, v in timings.methods.items()},
+        "write_seconds": round(window_writer.write_seconds, 3),  # on the writer thread
+        "write_wait_seconds": round(window_writer.wait_seconds, 3),  # the compute loop waiting on the writer
         "device": str(lm.info["device"]),
         "resumed_from": done if cfg.resume else None,
     }
@@ -101,6 +120,26 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
     summary["store"] = os.path.abspath(plan.output)
     summary["store_bytes"] = os.path.getsize(plan.output)
     return summary
+
+
+def _batch_size(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress) -> tuple[int, str]:
+    """The batch size and how it was chosen: as given, or --batch-size auto's (compute.run.dispatch.auto_batch_size:
+    a probe on CUDA, a fixed size on CPU)."""
+    cfg, lm = plan.cfg, loaded.lm
+    if cfg.batch_size != "auto":
+        return cfg.batch_size, "given"
+    if cfg.resume:  # the size the store was begun with: the same batches, so the same numbers, bit for bit
+        with open_store(plan.output) as old:
+            used = old.config.get("batch_size", {}).get("used")
+        if used:
+            progress.message(f"--batch-size auto: {used} (as the resumed store recorded)")
+            return used, "recorded in the resumed store"
+    records = loaded.data.records if next(lm.model.parameters()).device.type == "cuda" else []
+    tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (only on CUDA)
+    size, how = auto_batch_size(lm, methods, tok, [r.label for r in records], plan.target_mode,
+                                len(lm.info["id2label"]), cfg.matrices != "none")
+    progress.message(f"--batch-size auto: {size} ({how})")
+    return size, how
 
 
 def resume_command(argv: list[str]) -> str:

@@ -4,6 +4,7 @@ forward pass and every method."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,8 +13,13 @@ import torch
 from ..errors import AttrscopeError
 from ..methods import Method, get_method
 from ..models import LoadedModel
+from ..options import DEFAULT_BATCH_SIZE
+from .batches import Tokenized, encode
 from .plan import RunPlan
 from .progress import Progress
+
+CPU_AUTO_BATCH_SIZE = DEFAULT_BATCH_SIZE  # --batch-size auto on CPU: memory is not probed there
+AUTO_BATCH_LIMIT = 1024  # the largest batch --batch-size auto tries
 
 
 def make_methods(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict[str, Method]:
@@ -101,3 +107,83 @@ def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# --- out of memory: a batch that does not fit is halved, and --batch-size auto ------------------------------------
+def is_out_of_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory error (torch.cuda.OutOfMemoryError, or the RuntimeError older kernels raise)."""
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(err, oom)) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
+
+
+def _release_cached_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_halving(rows: list[int], run_rows: Callable[[list[int]], BatchOutput], n_tokens: Callable[[int], int],
+                message: Callable[[str], None] = lambda _: None) -> list[tuple[list[int], BatchOutput]]:
+    """``run_rows(rows)``, or, when it runs out of memory, each half of ``rows`` the same way (down to one example):
+    the (rows, output) parts in the order of ``rows``. The results do not depend on how rows are batched (padding
+    is masked), so a split batch gives what the whole one would, to float rounding."""
+    try:
+        return [(rows, run_rows(rows))]
+    except Exception as err:  # noqa: BLE001 - anything but an out-of-memory error is raised again at once
+        if not is_out_of_memory(err):
+            raise
+    # outside the except block: its traceback holds the failed attempt's tensors until it ends
+    _release_cached_memory()
+    if len(rows) == 1:
+        raise AttrscopeError(f"out of memory on a single example of {n_tokens(rows[0])} tokens: lower --max-length, "
+                             "or run on a device with more memory (--batch-size is already 1 here)")
+    half = (len(rows) + 1) // 2
+    message(f"out of memory on a batch of {len(rows)}: retrying it as {half} + {len(rows) - half}")
+    return (run_halving(rows[:half], run_rows, n_tokens, message)
+            + run_halving(rows[half:], run_rows, n_tokens, message))
+
+
+def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest batch size b <= ``limit`` with ``fits(b)`` (which must be monotone: a batch that fits, fits
+    smaller), by doubling from 1 and then bisecting: about 2 log2(limit) tries. 0 when even 1 does not fit."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, limit + 1  # fits(lo); hi: the smallest size known not to fit
+    while lo * 2 < hi:
+        if not fits(lo * 2):
+            hi = lo * 2
+            break
+        lo *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, labels: list[int],
+                    target_mode: str, num_labels: int, keep_matrices: bool) -> tuple[int, str]:
+    """--batch-size auto: (the batch size, how it was found). On CUDA, the largest batch of copies of the longest
+    example that runs the forward pass and every method without running out of memory (``largest_fitting``), found
+    once; elsewhere the fixed CPU_AUTO_BATCH_SIZE (CPU memory is not probed: it swaps rather than fails)."""
+    device = next(lm.model.parameters()).device
+    if device.type != "cuda" or not tok.input_ids:
+        return CPU_AUTO_BATCH_SIZE, f"fixed on {device.type}"
+    longest = max(range(len(tok.input_ids)), key=lambda i: len(tok.input_ids[i]))
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+
+    def fits(size: int) -> bool:
+        try:
+            run_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), [labels[longest]] * size,
+                      target_mode, num_labels, keep_matrices, Timings())
+            return True
+        except Exception as err:  # noqa: BLE001
+            if not is_out_of_memory(err):
+                raise
+        _release_cached_memory()
+        return False
+
+    limit = min(AUTO_BATCH_LIMIT, len(tok.input_ids))
+    size = largest_fitting(fits, limit)
+    if size == 0:
+        raise AttrscopeError(f"out of memory on a single example of {len(tok.input_ids[longest])} tokens: lower "
+                             "--max-length, or run on a device with more memory")
+    return size, f"probed on {device}: the largest batch of the longest example ({len(tok.input_ids[longest])} tokens) that fits, up to {limit}"

@@ -10,6 +10,7 @@ from store import HeadMaskData
 from ..data import load_dataset
 from ..errors import AttrscopeError
 from ..methods import Method
+from ..options import DEFAULT_BATCH_SIZE
 from .load import Loaded
 from .plan import RunPlan
 from .progress import Progress
@@ -58,7 +59,9 @@ def head_masks(plan: RunPlan, loaded: Loaded, progress: Progress) -> list[HeadMa
         records, source = other.records, other.source
     if cfg.head_stats_limit is not None:
         records = records[:cfg.head_stats_limit]
-    opt = HeadPassOptions(source=source, batch_size=cfg.batch_size, max_length=loaded.max_length, parses=cfg.parses,
+    # --batch-size auto is probed with the methods, after this pass; the pass (a forward only) takes the default
+    batch_size = DEFAULT_BATCH_SIZE if cfg.batch_size == "auto" else cfg.batch_size
+    opt = HeadPassOptions(source=source, batch_size=batch_size, max_length=loaded.max_length, parses=cfg.parses,
                           exclude_self=plan.pos_self == "exclude", combine=cfg.mask_combine,
                           mask_sep=bool(plan.method_params["mask_lrp"].get("mask_sep")))
     return compute_head_masks(lm, records, opt, progress.message)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import platform
+import queue
+import threading
+import time
 
 import numpy as np
 import torch
@@ -20,6 +23,65 @@ from .config import declared_options
 from .dispatch import BatchOutput
 from .load import Loaded
 from .plan import RunPlan
+
+
+class WindowWriter:
+    """Commits windows on a writer thread, so the model never waits for the file unless the queue is full.
+
+    The main thread ``submit``s each finished window (its examples in dataset order); one thread appends them in the
+    order submitted, each a whole commit, so the store stays a prefix of the dataset. The queue holds at most
+    ``depth`` windows (their arrays are in memory until written). ``finish()`` writes what is queued and waits for
+    it; an error of the writer thread is raised in the main thread by the next ``submit`` or by ``finish``. Only the
+    writer thread touches the store between the first ``submit`` and ``finish``.
+    """
+
+    def __init__(self, writer: StoreWriter, depth: int = 2):
+        self.writer = writer
+        self.wait_seconds = 0.0  # the main thread blocked on writing: a full queue, and the drain at the end
+        self.write_seconds = 0.0  # the writer thread inside StoreWriter.append
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None  # the writer thread's error, until the main thread raised it
+        self._failed = False  # once set, nothing more is written
+        self._thread = threading.Thread(target=self._work, name="attrscope-writer", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            examples = self._queue.get()
+            if examples is None:
+                return
+            if self._failed:
+                continue  # after an error nothing more is written; taking the rest keeps submit from blocking
+            try:
+                t0 = time.perf_counter()
+                self.writer.append(examples)
+                self.write_seconds += time.perf_counter() - t0
+            except OSError as err:  # a full disk, a lost mount: the user's to fix, said in one line
+                self._failed = True
+                self._error = AttrscopeError(f"cannot write store '{self.writer.path}': {_os_reason(err)}: the "
+                                             "windows written before are kept; free space and finish with --resume")
+            except BaseException as err:  # raised in the main thread (submit, finish)
+                self._error, self._failed = err, True
+
+    def submit(self, examples: list[ExampleData]) -> None:
+        self._raise_error()
+        t0 = time.perf_counter()
+        self._queue.put(examples)
+        self.wait_seconds += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        """Write every window submitted, stop the thread, and raise its error if it had one. Idempotent."""
+        if self._thread.is_alive():
+            t0 = time.perf_counter()
+            self._queue.put(None)
+            self._thread.join()
+            self.wait_seconds += time.perf_counter() - t0
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
 
 
 def layouts(plan: RunPlan, methods: dict[str, Method], adapter) -> list[MethodLayout]:
