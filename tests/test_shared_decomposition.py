@@ -1,8 +1,13 @@
-"""Issue-3 acceptance on the shared MiniLM-SST2 model over all of SST-2 dev: every stored final vector, layer view
-and per-layer matrix of alti, alti_l2, globenc, norm_n, norm_res, norm_resln equals an independent float64
-computation of METHODS.md's definitions (tests/reference.py) within 1e-4 relative (float16 matrices 2e-3)."""
+"""Issue-3 acceptance on the shared MiniLM-SST2 model over SST-2 dev: every stored final vector, layer view and
+per-layer matrix of alti, alti_l2, globenc, norm_n, norm_res, norm_resln equals an independent float64 computation of
+METHODS.md's definitions (tests/reference.py) within 1e-4 relative (float16 matrices 2e-3).
+
+By default every second dev example (dev rows 0, 2, 4, ...: 436; about 80 s on 2 cores, within the suite's budget);
+ATTRSCOPE_DECOMPOSITION_EVERY=1 checks all 872."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +19,7 @@ from store import open_store
 
 pytestmark = [needs_shared, pytest.mark.slow, pytest.mark.shared]
 NAMES = ["alti", "alti_l2", "globenc", "norm_n", "norm_res", "norm_resln"]
+EVERY = int(os.environ.get("ATTRSCOPE_DECOMPOSITION_EVERY", "2"))
 
 
 def test_decomposition_methods_equal_the_float64_definitions(tmp_path):
@@ -21,14 +27,17 @@ def test_decomposition_methods_equal_the_float64_definitions(tmp_path):
 
     from compute.runner import RunConfig, run
 
+    lines = SST2_DEV.read_text(encoding="utf-8").splitlines(keepends=True)
+    subset = tmp_path / "dev_subset.tsv"
+    subset.write_text(lines[0] + "".join(lines[1::EVERY]), encoding="utf-8")
     out = tmp_path / "dec.h5"
-    run(RunConfig(dataset=str(SST2_DEV), model=str(SHARED_MODEL), methods=",".join(NAMES), matrices="all",
+    run(RunConfig(dataset=str(subset), model=str(SHARED_MODEL), methods=",".join(NAMES), matrices="all",
                   output=str(out)))
     model = AutoModelForSequenceClassification.from_pretrained(
         SHARED_MODEL, attn_implementation="eager").to(torch.float64).eval()
     worst: dict[str, float] = {}
     with open_store(out) as s:
-        assert len(s) == 872
+        assert len(s) == len(lines[1::EVERY]) == (872 + EVERY - 1) // EVERY
         for ex in s:
             _, att, hs = R.forward64(model, ex.token_ids.tolist())
             ref = R.decomposition_methods(model, hs, att, NAMES, pos=ex.explain_pos)
