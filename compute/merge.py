@@ -20,6 +20,7 @@ from store.copying import merge as merge_stores
 
 from . import __version__
 from .errors import AttrscopeError, UsageError
+from .options import show_value
 from .run.config import declared_options
 
 
@@ -104,8 +105,8 @@ def _check_one_plan(shards: list[dict]) -> None:
             raise AttrscopeError(f"{pair} come from different datasets (or --limit): merge the shards of one run")
         for opt in declared_options():
             if opt.resume and opt.name != "shard" and ca.get(opt.name, opt.default) != cb.get(opt.name, opt.default):
-                raise AttrscopeError(f"{pair} were made with different {opt.flag} ({_show(ca.get(opt.name))} and "
-                                     f"{_show(cb.get(opt.name))}): the shards of one run share every option but --shard")
+                raise AttrscopeError(f"{pair} were made with different {opt.flag} ({show_value(ca.get(opt.name))} and "
+                                     f"{show_value(cb.get(opt.name))}): the shards of one run share every option but --shard")
         if a["plan"]["n"] != b["plan"]["n"]:
             raise AttrscopeError(f"{pair} are shards of different splits (--shard {a['plan']['k']}/{a['plan']['n']} "
                                  f"and {b['plan']['k']}/{b['plan']['n']}): merge the N shards of one K/N run")
@@ -165,11 +166,3 @@ def _merged_metrics(shards: list[dict]) -> tuple[list[MetricData], list[str]]:
                               summary=metric.summary(res), higher_is_better=infos[0]["higher_is_better"],
                               description=infos[0]["description"], curves=res.curves, levels=res.levels))
     return out, dropped
-
-
-def _show(value) -> str:
-    if value is None:
-        return "not given"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)

@@ -148,3 +148,14 @@ RUN_OPTIONS_AFTER_METHODS: tuple[Option, ...] = (
            help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
                 "random; refused otherwise). For testing only; recorded in the store."),
 )
+
+
+def show_value(value) -> str:
+    """An option's value as the user types it (None: the option was not given), for one-line messages."""
+    if value is None:
+        return "(not given)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)

@@ -18,6 +18,7 @@ from store import resume as resume_store
 from .. import __version__
 from ..errors import AttrscopeError
 from ..methods import Method
+from ..options import show_value
 from .batches import Tokenized
 from .config import declared_options
 from .dispatch import BatchOutput
@@ -173,8 +174,8 @@ def check_resume(before: dict, now: dict, output: str) -> None:
         was = b.get(opt.name, opt.default)  # a store older than the option was made with its default
         if was != n.get(opt.name):
             raise AttrscopeError(
-                f"--resume: store '{output}' was made with {opt.flag} {_show(was)}, not {_show(n.get(opt.name))}: "
-                f"rerun with {opt.flag} {_show(was)} (the same options), or --overwrite")
+                f"--resume: store '{output}' was made with {opt.flag} {show_value(was)}, not "
+                f"{show_value(n.get(opt.name))}: rerun with {opt.flag} {show_value(was)} (the same options), or --overwrite")
     was_device = before.get("model", {}).get("device")
     now_device = now["model"].get("device")
     if was_device and torch.device(was_device).type != torch.device(now_device).type:
@@ -187,17 +188,6 @@ def check_resume(before: dict, now: dict, output: str) -> None:
     if before.get("shard") != now.get("shard"):  # same K/N, yet other rows: another tokenizer cut the shards
         raise AttrscopeError(f"--resume: shard store '{output}' holds other rows than this run's shard: use the same "
                              "dataset, model and --max-length, or --overwrite")
-
-
-def _show(value) -> str:
-    """An option's value as the user types it (None: the option was not given)."""
-    if value is None:
-        return "(not given)"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
