@@ -116,7 +116,9 @@ def write_tiny_model_dir(path: Path, arch: str = "bert", seed: int = 0) -> Path:
     assert len(vocab) <= 120
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tok_cls = DistilBertTokenizerFast if arch == "distilbert" else BertTokenizerFast
-    tok = tok_cls(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    # the vocabulary itself, not vocab_file (transformers 5 ignores that argument: every word became [UNK])
+    tok = tok_cls(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True)
+    assert tok.tokenize("the movie") == ["the", "movie"]
     tok.save_pretrained(path)
     model = tiny_model(arch, seed=seed, dtype=torch.float32)
     model.config.id2label = {0: "negative", 1: "positive"}
