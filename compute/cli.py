@@ -233,18 +233,24 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
             raise AttrscopeError(f"store '{store}' not found: check the path")
         _check_readable(store)  # before torch and the model load (seconds to minutes)
 
+        from .distributed import process_group, world_from_env
         from .evaluate import evaluate_store
         from .models import resolve_device
 
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
+        world = world_from_env()  # torchrun: each rank its share of the examples (compute.distributed)
         try:
-            summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(device),
-                                     message=(lambda m: None) if quiet else (lambda m: click.echo(m, err=True)),
-                                     allow_random_head=allow_random_head)
+            with process_group(world, device) as dev:
+                summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(dev),
+                                         message=(lambda m: None) if quiet or (world and world.rank) else
+                                         (lambda m: click.echo(m, err=True)),
+                                         allow_random_head=allow_random_head, world=world)
         except Interrupted as err:
             raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays valid; "
                               f"compute the rest with: {shlex.join([PROG, *sys.argv[1:]])}") from None
+        if world is not None and world.rank != 0:
+            return
         if not quiet:
             click.echo(_metrics_table(store, summary["methods"]), err=True)
 
@@ -376,10 +382,17 @@ def methods_cmd():
 
 
 def _run(cfg, quiet: bool) -> None:
+    from .distributed import run_distributed, world_from_env
     from .runner import run
     from .ui import RichProgress, print_summary
 
-    summary = run(cfg, RichProgress(quiet=quiet))
+    world = world_from_env()
+    if world is None:
+        summary = run(cfg, RichProgress(quiet=quiet))
+    else:  # torchrun: rank 0 shows its progress and the merged store; the others work quietly
+        summary = run_distributed(cfg, RichProgress(quiet=quiet or world.rank != 0), world)
+        if world.rank != 0:
+            return
     if not quiet:
         print_summary(summary)
     else:
@@ -407,7 +420,10 @@ def _guarded(fn, debug: bool) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"{PROG}: error: {message}", err=True)
+    import os
+
+    rank = f"[rank {os.environ['RANK']}] " if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else ""
+    click.echo(f"{PROG}: error: {rank}{message}", err=True)
     sys.exit(code)
 
 

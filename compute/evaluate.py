@@ -9,7 +9,7 @@ Metric specs are ``name`` or ``name@preset`` (``aopc@attcat``): the preset picks
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from store import MetricData, add_metrics, open_store
 from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .metrics import REGISTRY, get_metric
-from .metrics.base import EvalExample, MetricContext
+from .metrics.base import EvalExample, MetricContext, MetricResult
 
 
 @dataclass
@@ -152,10 +152,12 @@ def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed:
 
 
 def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None = None, device="cpu",
-                   message=lambda s: None, allow_random_head: bool = False) -> dict:
+                   message=lambda s: None, allow_random_head: bool = False, world=None) -> dict:
     """Compute ``cfg.metrics`` for the store's methods and write them into the store. ``lm``: a loaded model (the
     run's own), else it is loaded from the store's provenance or ``model_spec`` (``allow_random_head``: as in
-    attr-compute). Returns a summary dict."""
+    attr-compute). ``world`` (compute.distributed.World, under torchrun, with the process group up): this rank
+    evaluates its contiguous share of the examples (balanced by tokens), the shares are gathered and rank 0 writes
+    them. Returns a summary dict."""
     from .models import load_model
 
     specs = parse_metric_specs(cfg.metrics)
@@ -184,14 +186,22 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
             pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
             predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size) if needs_model else None
             out, timings, stopped = [], {}, False
+            lo, hi = (0, len(s)) if world is None else rank_rows(s.index_column("n_tokens"), world)
             try:
                 with interrupts.layer_checks(lm.adapter.layers()):
-                    _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out, timings, message)
+                    _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out, timings, message,
+                              lo, hi)
             except KeyboardInterrupt:
+                if world is not None:
+                    raise  # the other ranks' shares are lost with this one: nothing is written
                 stopped = True
             finally:
                 if other is not None:
                     other.close()
+        if world is not None:  # every rank has closed the store: rank 0 joins the shares and writes them
+            out = _gathered(out, world)
+            if world.rank != 0:
+                return {"metrics": [x[0] for x in specs], "methods": methods, "rows": [lo, hi]}
         with interrupts.critical():  # never cut in half
             if out or not stopped:
                 add_metrics(path, out)
@@ -207,9 +217,43 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
     return summary
 
 
-def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list, timings: dict, message) -> None:
-    """Every (method, metric) of the store, appended to ``out`` as each one is finished (and said)."""
-    N = len(s)
+def rank_rows(n_tokens, world) -> tuple[int, int]:
+    """The examples [lo, hi) that rank ``world.rank`` evaluates: contiguous shares balanced by token count
+    (compute.shards.split_by_tokens); with fewer examples than ranks, one each and none for the rest."""
+    from .shards import split_by_tokens
+
+    n = len(n_tokens)
+    if n < world.world_size:
+        return (world.rank, world.rank + 1) if world.rank < n else (n, n)
+    return split_by_tokens([int(x) for x in n_tokens], world.world_size)[world.rank]
+
+
+def _gathered(out: list, world) -> list:
+    """Every rank's results of each (method, metric), joined in rank order (= dataset order), the summaries
+    recomputed over the whole store by the metric itself (each is a function of the per-example values)."""
+    import torch.distributed as dist
+
+    shares = [None] * world.world_size
+    dist.all_gather_object(shares, [(m.method, m.name, m.values, m.curves, m.levels) for m in out])
+    joined = []
+    for i, mine in enumerate(out):
+        parts = [MetricResult(values=share[i][2], curves=share[i][3], levels=share[i][4]) for share in shares
+                 if len(share[i][2])]
+        if any(share[i][:2] != (mine.method, mine.name) for share in shares):
+            raise AttrscopeError("the ranks evaluated different metrics: launch every rank with the same command")
+        res = _concat(parts, sum(len(p.values) for p in parts))
+        metric = get_metric(mine.settings["metric"],
+                            **{k: v for k, v in mine.settings.items() if k not in ("preset", "metric")})
+        joined.append(replace(mine, values=res.values, curves=res.curves, levels=res.levels,
+                              summary=metric.summary(res)))
+    return joined
+
+
+def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list, timings: dict, message,
+              lo: int = 0, hi: int | None = None) -> None:
+    """Every (method, metric) of the examples [lo, hi) of the store, appended to ``out`` as each one is finished
+    (and said)."""
+    hi = len(s) if hi is None else hi
     for method in methods:
         signed = s.is_signed(method)
         for stored, name, preset in specs:
@@ -218,11 +262,11 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
             metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed))
             t0 = time.perf_counter()
             parts = []
-            for a in range(0, N, cfg.chunk):
+            for a in range(lo, hi, cfg.chunk):
                 interrupts.check()
-                examples = _examples(s, list(range(a, min(a + cfg.chunk, N))), method, cfg, other, other_ids)
+                examples = _examples(s, list(range(a, min(a + cfg.chunk, hi))), method, cfg, other, other_ids)
                 parts.append(metric.evaluate(examples, predictor))
-            res = _concat(parts, N)
+            res = _concat(parts, hi - lo)
             timings[f"{method}/{stored}"] = round(time.perf_counter() - t0, 3)
             message(f"metric {method}/{stored}: done in {timings[f'{method}/{stored}']:.1f} s")
             out.append(MetricData(method=method, name=stored, values=res.values, settings={

@@ -24,12 +24,14 @@ from .options import show_value
 from .run.config import declared_options
 
 
-def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, message=lambda s: None) -> dict:
-    """Merge the shard stores ``paths`` (any order) into the new store ``out``. Returns what was merged."""
+def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, message=lambda s: None,
+                 replace: bool = False, extra_provenance: dict | None = None) -> dict:
+    """Merge the shard stores ``paths`` (any order) into the new store ``out`` (``replace``: an existing ``out`` is
+    replaced once the merge is done). ``extra_provenance`` is added to the merged store's. Returns what was merged."""
     t0 = time.perf_counter()
     if not paths:
         raise UsageError("merge needs the shard stores: attr-compute merge OUT.h5 SHARD.h5...")
-    if os.path.exists(out):
+    if os.path.exists(out) and not replace:
         raise AttrscopeError(f"store '{out}' already exists: remove it or choose another OUT")
     if any(os.path.abspath(p) == os.path.abspath(out) for p in paths):
         raise UsageError(f"OUT '{out}' is one of the shards: choose another OUT")
@@ -53,6 +55,7 @@ def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, m
                          "examples": s["examples"], "tokens": s["plan"]["tokens"], "command": s["provenance"]["command"]}
                         for s in shards],
         "merged_on": {"platform": platform.platform(), "node": platform.node()},
+        **(extra_provenance or {}),
     }
     summary = {"examples": n_examples, "tokens": sum(s["plan"]["tokens"] for s in shards), "shards": len(shards),
                "shard_wall_seconds": [(s["summary"] or {}).get("wall_seconds") for s in shards]}

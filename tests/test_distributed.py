@@ -1,0 +1,180 @@
+"""``torchrun --nproc-per-node 2 attr-compute ...`` (compute.distributed): two Gloo workers on CPU, each its shard, rank
+0 merging, give the single-process run's store; so does a launch whose rank 1 is killed mid-run and restarted by
+torchrun (--max-restarts 1), which resumes its shard; ``torchrun ... attr-compute eval`` splits the perturbed passes
+and writes what one process would. The launches are real torchrun processes (about 10 s each on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cli_results import invoke, ok, one_line
+from store import open_store
+from store_compare import assert_same_store
+from test_shards import N_EXAMPLES, write_data
+
+# Batch size 1: the same batches in every process, so the scores are bitwise those of one process (compute.shards)
+METHODS = "rollout,alti,grad_l2,attcat"
+METRICS = "comprehensiveness,sufficiency"
+RUN = ("--methods", METHODS, "--matrices", "all", "--batch-size", "1", "--metrics", METRICS)
+EVAL_METRICS = "aopc,lodds"
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _script(name: str) -> str:
+    """The console script installed beside this interpreter (a pyenv shim on PATH is a shell script)."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def torchrun(*args, cwd, env=None, restarts: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd = [_script("torchrun"), "--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts),
+           "--no-python", _script("attr-compute"), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def launched(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower() and "elastic" not in line]
+    assert proc.returncode == 0, "\n".join(errors[:20]) or proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def launches(tiny_model_dirs, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("torchrun")
+    data = write_data(tmp / "data.jsonl")
+    model = tiny_model_dirs["bert"]
+    ok(invoke(data, "--model", model, *RUN, "-q", "-o", tmp / "full.h5"))
+    (tmp / "two").mkdir()
+    two = launched(torchrun(data, "--model", model, *RUN, "-o", "out.h5", cwd=tmp / "two"))
+    (tmp / "killed").mkdir()  # rank 1 SIGKILLed after 17 of its examples (two windows of 8 committed), restarted
+    killed = launched(torchrun(data, "--model", model, *RUN, "-o", "out.h5", cwd=tmp / "killed", restarts=1,
+                               env={"ATTRSCOPE_TEST_KILL_RANK": "1:17"}))
+    for name in ("eval-two.h5", "eval-one.h5"):
+        shutil.copy(tmp / "full.h5", tmp / name)
+    evaluated = launched(torchrun("eval", "eval-two.h5", "--metrics", EVAL_METRICS, "--metric-batch-size", "4",
+                                  cwd=tmp))
+    ok(invoke("eval", tmp / "eval-one.h5", "--metrics", EVAL_METRICS, "--metric-batch-size", "4", "-q"))
+    return {"tmp": tmp, "data": data, "model": model, "two": two, "killed": killed, "evaluated": evaluated}
+
+
+def test_two_workers_give_the_single_process_store(launches):
+    tmp = launches["tmp"]
+    assert sorted(os.listdir(tmp / "two")) == ["out.h5"]  # the shard stores were merged and removed
+    with open_store(tmp / "full.h5") as full, open_store(tmp / "two" / "out.h5") as merged:
+        assert_same_store(merged, full, N_EXAMPLES, METRICS.split(","), 4)
+        launch = merged.config["distributed"]
+        assert launch["world_size"] == 2 and launch["backend"] == "gloo" and launch["restarts"] == 0
+        ranks = launch["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1] and [r["local_rank"] for r in ranks] == [0, 1]
+        assert all(r["device"] == "cpu" and r["node"] for r in ranks)
+        assert sum(r["examples"] for r in ranks) == N_EXAMPLES and all(r["resumed_from"] is None for r in ranks)
+        assert [s["k"] for s in merged.config["merged_from"]] == [0, 1]
+        # the shards are cut by tokens: the long examples first make rank 0's shard the shorter by count
+        assert ranks[0]["examples"] < ranks[1]["examples"]
+        assert abs(ranks[0]["tokens"] - ranks[1]["tokens"]) <= max(len(e.token_ids) for e in full)
+    stderr = launches["two"].stderr
+    assert "40 (40 this run)" in stderr and "2 ranks (gloo)" in stderr  # rank 0's summary of the merged store
+    assert "Traceback" not in stderr
+
+
+def test_a_killed_rank_is_restarted_and_resumes_its_shard(launches):
+    tmp = launches["tmp"]
+    assert sorted(os.listdir(tmp / "killed")) == ["out.h5"]
+    with open_store(tmp / "full.h5") as full, open_store(tmp / "killed" / "out.h5") as merged:
+        assert_same_store(merged, full, N_EXAMPLES, METRICS.split(","), 4)
+        launch = merged.config["distributed"]
+        assert launch["restarts"] == 1
+        rank1 = launch["ranks"][1]
+        # the windows committed before the kill were kept: 8 batches of one example each
+        assert rank1["resumed_from"] in (8, 16), rank1
+        assert launch["ranks"][0]["resumed_from"] is not None  # rank 0 was restarted too and found its shard
+
+
+def test_eval_splits_the_examples_and_writes_what_one_process_writes(launches):
+    tmp = launches["tmp"]
+    with open_store(tmp / "eval-two.h5") as two, open_store(tmp / "eval-one.h5") as one:
+        for m in one.methods:
+            assert two.metric_names(m) == one.metric_names(m) == [*METRICS.split(","), *EVAL_METRICS.split(",")]
+            for name in EVAL_METRICS.split(","):
+                np.testing.assert_allclose(two.metric_values(m, name), one.metric_values(m, name), rtol=1e-5,
+                                           atol=1e-6, err_msg=f"{m}/{name}")
+                a, b = two.metric_info(m, name), one.metric_info(m, name)
+                assert a["settings"] == b["settings"] and a["summary"].keys() == b["summary"].keys()
+                for key, value in b["summary"].items():
+                    assert a["summary"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (m, name, key)
+                np.testing.assert_allclose(a["curves"], b["curves"], rtol=1e-5, atol=1e-6)
+                np.testing.assert_array_equal(a["levels"], b["levels"])
+    out = launches["evaluated"].stderr
+    assert out.count("metric rollout/aopc: done") == 1  # rank 0 speaks, rank 1 works quietly
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_existing_output_is_refused_by_every_rank(launches, rank, monkeypatch):
+    """Refused before the process group is set up (so without a torchrun launch here): every rank says it."""
+    tmp = launches["tmp"] / "two"
+    before = (tmp / "out.h5").stat().st_mtime_ns
+    for name, value in {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)}.items():
+        monkeypatch.setenv(name, value)
+    line = one_line(invoke(launches["data"], "--model", launches["model"], *RUN, "-o", tmp / "out.h5"), code=1)
+    line = line.removeprefix("attr-compute: error: ")
+    assert line == f"[rank {rank}] store '{tmp / 'out.h5'}' already exists: pass --overwrite to replace it"
+    assert sorted(os.listdir(tmp)) == ["out.h5"] and (tmp / "out.h5").stat().st_mtime_ns == before
+
+
+# --- the launch's arithmetic, without processes -----------------------------------------------------------------
+
+def test_world_from_env():
+    from compute.distributed import World, world_from_env
+    from compute.errors import UsageError
+
+    assert world_from_env({}) is None and world_from_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
+    assert world_from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "TORCHELASTIC_RESTART_COUNT": "2"}) \
+        == World(rank=3, world_size=4, local_rank=1, restart=2)
+    assert world_from_env({"WORLD_SIZE": "2", "RANK": "1"}) == World(rank=1, world_size=2, local_rank=1, restart=0)
+    for bad in ({"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "x"}, {"WORLD_SIZE": "2", "RANK": "2"}):
+        with pytest.raises(UsageError):
+            world_from_env(bad)
+
+
+def test_rank_config_gives_each_rank_its_shard_and_resumes_after_a_restart(tmp_path):
+    from compute.distributed import World, rank_config
+    from compute.errors import UsageError
+    from compute.run.config import RunConfig
+
+    out = tmp_path / "out.h5"
+    cfg = RunConfig("d.jsonl", output=str(out), overwrite=True, device="auto")
+    first = rank_config(cfg, World(rank=1, world_size=3, local_rank=1, restart=0))
+    assert (first.shard, first.device, first.resume, first.overwrite) == ("1/3", "cpu", False, True)
+    assert cfg.shard is None  # the user's config is not changed
+    restarted = World(rank=1, world_size=3, local_rank=1, restart=1)
+    begun = rank_config(cfg, restarted)  # no shard store yet: it is begun
+    assert (begun.resume, begun.overwrite) == (False, True)
+    (tmp_path / "out.shard-1-of-3.h5").write_bytes(b"")
+    again = rank_config(cfg, restarted)  # its shard store exists: resumed, never overwritten
+    assert (again.resume, again.overwrite) == (True, False)
+    with pytest.raises(UsageError, match="--shard and a torchrun launch"):
+        rank_config(RunConfig("d.jsonl", shard="0/2"), restarted)
+
+
+def test_rank_rows_cover_the_store_in_order():
+    from compute.distributed import World
+    from compute.evaluate import rank_rows
+
+    tokens = [30, 30, 5, 5, 5, 5, 5, 5]
+    rows = [rank_rows(tokens, World(rank=r, world_size=2, local_rank=r, restart=0)) for r in range(2)]
+    assert rows == [(0, 1), (1, 8)]  # 30 tokens against 60 (60 against 30 is as near half: the earlier cut)
+    few = [rank_rows([3, 4], World(rank=r, world_size=4, local_rank=r, restart=0)) for r in range(4)]
+    assert few == [(0, 1), (1, 2), (2, 2), (2, 2)]
