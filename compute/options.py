@@ -113,6 +113,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Examples per forward pass; auto: the largest that fits the GPU's free memory (probed once, "
                 f"recorded in the store), {DEFAULT_BATCH_SIZE} on CPU. A batch that runs out of GPU memory is "
                 "halved and retried."),
+    Option("batch_memory_mb", type=int, metavar="MB", check=at_least(1),
+           help="--batch-size auto on the CPU: the largest batch whose peak memory (measured on the longest example) "
+                f"stays within MB [default: not measured, {DEFAULT_BATCH_SIZE}]."),
     Option("device", "auto", show_default=True, metavar="auto|cpu|cuda[:k]"),
     Option("dtype", "float32", choices=("float32", "bfloat16"), show_default=True, resume=True,
            help="Model compute dtype (methods always compute in at least float32)."),

@@ -124,7 +124,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
 
 def _batch_size(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress) -> tuple[int, str]:
     """The batch size and how it was chosen: as given, or --batch-size auto's (compute.run.dispatch.auto_batch_size:
-    a probe on CUDA, a fixed size on CPU)."""
+    a probe on CUDA, a measurement on the CPU under --batch-memory-mb, else a fixed size)."""
     cfg, lm = plan.cfg, loaded.lm
     if cfg.batch_size != "auto":
         return cfg.batch_size, "given"
@@ -134,10 +134,11 @@ def _batch_size(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress
         if used:
             progress.message(f"--batch-size auto: {used} (as the resumed store recorded)")
             return used, "recorded in the resumed store"
-    records = loaded.data.records if next(lm.model.parameters()).device.type == "cuda" else []
-    tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (only on CUDA)
+    probed = next(lm.model.parameters()).device.type == "cuda" or cfg.batch_memory_mb is not None
+    records = loaded.data.records if probed else []
+    tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (CUDA, or --batch-memory-mb)
     size, how = auto_batch_size(lm, methods, tok, [r.label for r in records], plan.target_mode,
-                                len(lm.info["id2label"]), cfg.matrices != "none")
+                                len(lm.info["id2label"]), cfg.matrices != "none", cfg.batch_memory_mb)
     progress.message(f"--batch-size auto: {size} ({how})")
     return size, how
 

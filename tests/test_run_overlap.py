@@ -341,3 +341,60 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
     assert a.keys() == b.keys()
     for name in a:
         assert np.array_equal(a[name], b[name]), name
+
+
+# --- --batch-size auto on the CPU with --batch-memory-mb -----------------------------------------------------------
+def test_cpu_batch_within_finds_the_largest_batch_of_a_linear_memory_cost():
+    from compute.run.dispatch import cpu_batch_within
+
+    for base, per, budget, limit in ((50, 7, 400, 1024), (10, 100, 95, 64), (0, 3, 1000, 16), (5, 1, 5, 8)):
+        sizes = []
+
+        def peak(size, base=base, per=per):
+            sizes.append(size)
+            return base + per * size
+
+        size, each = cpu_batch_within(peak, budget, limit)
+        best = max([s for s in range(1, limit + 1) if base + per * s <= budget], default=0)
+        # the bytes per example: the slope, or what one example takes when even one does not fit
+        assert (size, each) == (best, per if best else base + per), (base, per, budget, limit)
+        assert len(sizes) <= 4 and max(sizes) <= max(best, 2)  # a handful of runs, none larger than the answer
+
+
+def test_cpu_batch_within_lowers_a_prediction_that_does_not_fit():
+    from compute.run.dispatch import cpu_batch_within
+
+    def peak(size):  # grows faster than the line through 1 and 2 predicts (attention is quadratic in memory)
+        return 10 * size + (size * size if size > 2 else 0)
+
+    size, _ = cpu_batch_within(peak, 400, 1024)
+    # 40 predicted, lowered by quarters (30, 22, 16: 416 > 400) to 12: within a quarter of the best, 15 (375)
+    assert size == 12 and peak(size) <= 400
+
+
+def test_peak_bytes_measures_what_the_work_holds():
+    from compute.run import memory
+
+    if not memory.can_measure():
+        pytest.skip("no /proc/self/clear_refs here")
+
+    def hold(mb):
+        x = torch.ones(mb << 18)  # mb MB of float32
+        return float(x[-1])
+
+    measured = memory.peak_bytes(lambda: hold(200))
+    assert 190 << 20 <= measured <= 260 << 20
+    assert memory.peak_bytes(lambda: None) < 20 << 20
+
+
+def test_batch_memory_mb_sizes_the_batch_and_records_how(tiny_model_dirs, tmp_path):
+    data = write_rows(tmp_path / "d.jsonl", 30)
+    run = ("--model", tiny_model_dirs["bert"], "--device", "cpu", "--methods", "rollout,alti", "-q",
+           "--batch-size", "auto")
+    ok(invoke("run", data, "-o", tmp_path / "a.h5", *run, "--batch-memory-mb", "2000"))
+    with open_store(tmp_path / "a.h5") as s:
+        used = s.config["batch_size"]
+        assert used["asked"] == "auto" and used["used"] == 30 and "within 2000 MB" in used["how"]
+    line = one_line(invoke("run", data, "-o", tmp_path / "b.h5", *run, "--batch-memory-mb", "0"), code=2)
+    assert "--batch-memory-mb must be at least 1" in line
+    assert not (tmp_path / "b.h5").exists()

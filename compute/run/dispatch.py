@@ -160,20 +160,42 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
 
 
 def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, labels: list[int],
-                    target_mode: str, num_labels: int, keep_matrices: bool) -> tuple[int, str]:
+                    target_mode: str, num_labels: int, keep_matrices: bool,
+                    cpu_budget_mb: int | None = None) -> tuple[int, str]:
     """--batch-size auto: (the batch size, how it was found). On CUDA, the largest batch of copies of the longest
     example that runs the forward pass and every method without running out of memory (``largest_fitting``), found
-    once; elsewhere the fixed CPU_AUTO_BATCH_SIZE (CPU memory is not probed: it swaps rather than fails)."""
+    once. On the CPU, with ``cpu_budget_mb`` (--batch-memory-mb), the largest whose measured peak memory stays
+    within it (``cpu_batch_within``); without, the fixed CPU_AUTO_BATCH_SIZE (a CPU swaps rather than fails, so
+    there is no error to probe for)."""
     device = next(lm.model.parameters()).device
-    if device.type != "cuda" or not tok.input_ids:
+    if not tok.input_ids or (device.type != "cuda" and cpu_budget_mb is None):
         return CPU_AUTO_BATCH_SIZE, f"fixed on {device.type}"
     longest = max(range(len(tok.input_ids)), key=lambda i: len(tok.input_ids[i]))
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    limit = min(AUTO_BATCH_LIMIT, len(tok.input_ids))
+
+    def run(size: int) -> None:
+        run_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), [labels[longest]] * size,
+                  target_mode, num_labels, keep_matrices, Timings())
+
+    if device.type != "cuda":
+        from . import memory
+
+        if not memory.can_measure():
+            return CPU_AUTO_BATCH_SIZE, f"fixed on {device.type} (the peak memory cannot be measured here)"
+        size, per_example = cpu_batch_within(lambda size: memory.peak_bytes(lambda: run(size)),
+                                             cpu_budget_mb << 20, limit)
+        if size == 0:
+            raise AttrscopeError(f"--batch-memory-mb {cpu_budget_mb}: one example of {len(tok.input_ids[longest])} "
+                                 f"tokens needs about {per_example / 2**20:.0f} MB: raise the budget or lower "
+                                 "--max-length")
+        return size, (f"measured on {device.type}: the largest batch of the longest example "
+                      f"({len(tok.input_ids[longest])} tokens, about {per_example / 2**20:.1f} MB each) within "
+                      f"{cpu_budget_mb} MB, up to {limit}")
 
     def fits(size: int) -> bool:
         try:
-            run_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), [labels[longest]] * size,
-                      target_mode, num_labels, keep_matrices, Timings())
+            run(size)
             return True
         except Exception as err:  # noqa: BLE001
             if not is_out_of_memory(err):
@@ -181,9 +203,27 @@ def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized,
         _release_cached_memory()
         return False
 
-    limit = min(AUTO_BATCH_LIMIT, len(tok.input_ids))
     size = largest_fitting(fits, limit)
     if size == 0:
         raise AttrscopeError(f"out of memory on a single example of {len(tok.input_ids[longest])} tokens: lower "
                              "--max-length, or run on a device with more memory")
     return size, f"probed on {device}: the largest batch of the longest example ({len(tok.input_ids[longest])} tokens) that fits, up to {limit}"
+
+
+def cpu_batch_within(peak: Callable[[int], int], budget: int, limit: int) -> tuple[int, int]:
+    """(the largest batch size <= ``limit`` whose ``peak(size)`` (bytes) is within ``budget``, the bytes per
+    example). Memory grows about linearly with the batch: the line through sizes 1 and 2 (after a warm-up run, whose
+    one-time allocations are not the batch's) predicts the size, which is measured and lowered by a quarter until it
+    fits. A handful of runs, the largest one batch of the size found. (0, per example) when one example does not
+    fit."""
+    peak(1)  # warm-up: lazily made buffers and caches
+    one = peak(1)
+    if one > budget:
+        return 0, one
+    if limit == 1:
+        return 1, one
+    per = max(peak(2) - one, 1)
+    size = min(limit, 1 + (budget - one) // per)
+    while size > 2 and peak(size) > budget:
+        size = max(2, size * 3 // 4)
+    return size, per
