@@ -103,6 +103,11 @@ def check_output(cfg, output: str) -> None:
         raise AttrscopeError(f"store '{output}' already exists: pass --overwrite to replace it")
 
 
+def backend_for(device: str) -> str:
+    """NCCL between GPUs, Gloo between CPU processes."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
 @contextmanager
 def process_group(world: World | None, device_spec: str):
     """The process group of this launch (NCCL on CUDA, Gloo on CPU), torn down on the way out; yields this rank's
@@ -121,7 +126,7 @@ def process_group(world: World | None, device_spec: str):
     # addresses) would be read by the next attempt's ranks: each attempt keeps its keys under its own prefix.
     store, rank, world_size = next(dist.rendezvous("env://", timeout=GATHER_TIMEOUT))
     store = dist.PrefixStore(f"attrscope/attempt-{world.restart}", store)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=store, rank=rank,
+    dist.init_process_group(backend_for(device), store=store, rank=rank,
                             world_size=world_size, timeout=GATHER_TIMEOUT)
     try:
         yield device

@@ -178,3 +178,30 @@ def test_rank_rows_cover_the_store_in_order():
     assert rows == [(0, 1), (1, 8)]  # 30 tokens against 60 (60 against 30 is as near half: the earlier cut)
     few = [rank_rows([3, 4], World(rank=r, world_size=4, local_rank=r, restart=0)) for r in range(4)]
     assert few == [(0, 1), (1, 2), (2, 2), (2, 2)]
+
+
+def test_each_rank_takes_the_gpu_of_its_local_rank(monkeypatch):
+    """The CUDA choice of a launch, on a machine without one (torch.cuda mocked): auto and cuda mean the GPU of the
+    local rank; an explicit device is kept; a local rank without a GPU is one line."""
+    import torch
+
+    from compute.distributed import World, local_device
+    from compute.errors import AttrscopeError
+
+    w = World(rank=5, world_size=8, local_rank=1, restart=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local_device("auto", w) == "cpu" and local_device("cpu", w) == "cpu"
+    with pytest.raises(AttrscopeError, match="CUDA is not available"):
+        local_device("cuda", w)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert local_device("auto", w) == "cuda:1" == local_device("cuda", w)
+    assert local_device("cpu", w) == "cpu" and local_device("cuda:0", w) == "cuda:0"
+    with pytest.raises(AttrscopeError, match="local rank 2 has no GPU .*--nproc-per-node"):
+        local_device("auto", World(rank=2, world_size=4, local_rank=2, restart=0))
+
+
+def test_the_backend_follows_the_device():
+    from compute.distributed import backend_for
+
+    assert backend_for("cpu") == "gloo" and backend_for("cuda:3") == "nccl" and backend_for("cuda") == "nccl"
