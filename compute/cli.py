@@ -34,8 +34,8 @@ class DefaultGroup(click.Group):
             _fail(" ".join(err.format_message().split()) + hint, 2)
         except click.ClickException as err:
             _fail(" ".join(err.format_message().split()), err.exit_code)
-        except click.exceptions.Abort:
-            _fail("aborted", 1)
+        except click.exceptions.Abort:  # Ctrl-C before a command began its work (click turns it into Abort)
+            _fail("interrupted before anything was written: run the same command again", 130)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def parse_args(self, ctx, args):

@@ -157,11 +157,16 @@ def run_distributed(cfg, progress, world: World) -> dict:
                 "examples_this_run": summary["examples_this_run"], "tokens": summary["tokens"],
                 "resumed_from": summary["resumed_from"], "wall_seconds": summary["wall_seconds"],
                 "forward_seconds": summary["forward_seconds"], "method_seconds": summary["method_seconds"]}
-        ranks = [None] * world.world_size
-        dist.all_gather_object(ranks, done)
-    if world.rank != 0:
-        return summary
-    return _merge(cfg, mine.output, ranks, backend, world, t0, progress)
+        try:
+            ranks = [None] * world.world_size
+            dist.all_gather_object(ranks, done)  # waits for the slowest rank
+            if world.rank != 0:
+                return summary
+            return _merge(cfg, mine.output, ranks, backend, world, t0, progress)
+        except KeyboardInterrupt:  # the merge writes a temporary file: nothing half-written is left at -o
+            raise interrupts.Interrupted(
+                f"interrupted after this rank's shard: shard store '{summary['store']}' is complete; finish with "
+                "the same torchrun command and --resume (the shards are merged then)") from None
 
 
 def _merge(cfg, output: str, ranks: list[dict], backend: str, world: World, t0: float, progress) -> dict:

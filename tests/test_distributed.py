@@ -205,3 +205,41 @@ def test_the_backend_follows_the_device():
     from compute.distributed import backend_for
 
     assert backend_for("cpu") == "gloo" and backend_for("cuda:3") == "nccl" and backend_for("cuda") == "nccl"
+
+
+def test_a_stop_while_waiting_for_the_other_ranks_keeps_the_shard_and_says_how_to_finish(launches, tmp_path,
+                                                                                         monkeypatch):
+    """Ctrl-C in the gather (this rank done, another still working): the shard is complete and kept, and the line
+    says to rerun the launch with --resume (not the one-process command the runner would suggest)."""
+    from contextlib import contextmanager
+
+    import torch.distributed as dist
+
+    import compute.distributed as distributed
+    from compute.interrupts import Interrupted
+    from compute.run.config import RunConfig
+
+    @contextmanager
+    def no_group(world, device):
+        yield device
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distributed, "process_group", no_group)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "all_gather_object", stopped)
+    out = tmp_path / "out.h5"
+    cfg = RunConfig(str(launches["data"]), model=str(launches["model"]), methods="rollout", batch_size=4,
+                    output=str(out))
+    world = distributed.World(rank=1, world_size=2, local_rank=1, restart=0)
+    from compute.run.progress import Progress
+
+    with pytest.raises(Interrupted) as err:
+        distributed.run_distributed(cfg, Progress(), world)
+    shard = tmp_path / "out.shard-1-of-2.h5"
+    assert str(err.value) == (f"interrupted after this rank's shard: shard store '{shard}' is complete; finish with "
+                              "the same torchrun command and --resume (the shards are merged then)")
+    with open_store(shard) as s:
+        assert s.complete and len(s) == s.config["shard"]["stop"] - s.config["shard"]["start"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.shard-1-of-2.h5"]
