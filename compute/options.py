@@ -114,7 +114,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 f"recorded in the store), {DEFAULT_BATCH_SIZE} on CPU. A batch that runs out of GPU memory is "
                 "halved and retried."),
     Option("device", "auto", show_default=True, metavar="auto|cpu|cuda[:k]"),
-    Option("dtype", "float32", choices=("float32", "bfloat16"), show_default=True, resume=True,
+    Option("dtype", "float32", choices=("float32", "bfloat16", "float16"), show_default=True, resume=True,
            help="Model compute dtype (methods always compute in at least float32)."),
     Option("max_length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].",
            resume=True, check=at_least(2, " (room for the special tokens)")),
