@@ -3,7 +3,7 @@
 The model is loaded once per dtype; the same length-sorted batches of the first N dataset examples run through the
 capture forward and every method, each method with its own intermediates (nothing shared between methods) and the
 class that the float32 model predicts (so a flipped prediction does not change the class explained; the flips are
-counted apart). Per method and dtype, over the real tokens of all examples:
+counted apart). The dtypes are interleaved batch by batch and method by method, so a busy machine slows them alike. Per method and dtype, over the real tokens of all examples:
 
   * max |s - s32|: the largest absolute difference of the final scores from float32's;
   * relative: that divided by max |s32| (methods of different scales compare);
@@ -55,40 +55,57 @@ def batches_of(lm, texts, batch_size, dev):
     return out
 
 
-def run_dtype(args, dtype, dev, texts, targets):
-    """{method: [scores per example (float64, real tokens)]}, {method: seconds}, predictions, capture seconds."""
-    lm = load_model(args.model, device=dev, dtype=dtype)
-    ad = lm.adapter
-    every_other_head = [[(l + h) % 2 for h in range(ad.n_heads)] for l in range(ad.n_layers)]
-    extra = {"mask_lrp": {"head_mask": every_other_head}, "ig_l2": {"steps": args.ig_steps},
-             "ig_mean": {"steps": args.ig_steps}}
-    methods = {n: get_method(n, **extra.get(n, {})) for n in args.names}
-    needs = frozenset().union(*(m.needs for m in methods.values()))
-    scores = {n: [None] * len(texts) for n in methods}
-    seconds = {n: 0.0 for n in methods}
-    preds = np.zeros(len(texts), dtype=np.int64)
-    t_capture = 0.0
-    for rows, batch in batches_of(lm, texts, args.batch_size, dev):
+class DtypeRun:
+    """One dtype's model, methods and what they produced: scores per method and example (float64, real tokens),
+    seconds per method, predictions, capture seconds."""
+
+    def __init__(self, args, dtype, dev, n_examples):
+        self.lm = load_model(args.model, device=dev, dtype=dtype)
+        ad = self.lm.adapter
+        every_other_head = [[(l + h) % 2 for h in range(ad.n_heads)] for l in range(ad.n_layers)]
+        extra = {"mask_lrp": {"head_mask": every_other_head}, "ig_l2": {"steps": args.ig_steps},
+                 "ig_mean": {"steps": args.ig_steps}}
+        self.methods = {n: get_method(n, **extra.get(n, {})) for n in args.names}
+        self.needs = frozenset().union(*(m.needs for m in self.methods.values()))
+        self.scores = {n: [None] * n_examples for n in self.methods}
+        self.seconds = {n: 0.0 for n in self.methods}
+        self.preds = np.zeros(n_examples, dtype=np.int64)
+        self.t_capture = 0.0
+
+    def capture(self, rows, batch, dev):
         _sync(dev)
         t0 = time.perf_counter()
         with torch.no_grad():
-            cap = ad.capture(batch, needs)
+            cap = self.lm.adapter.capture(batch, self.needs)
         _sync(dev)
-        t_capture += time.perf_counter() - t0
-        preds[rows] = cap.pred.cpu().numpy()
-        target = cap.pred if targets is None else torch.as_tensor(targets[rows], device=dev)
-        for n, m in methods.items():
-            cap.memo.clear()  # each method pays for its own intermediates
-            cap.passes = m.passes  # the gradient pass records the LRP tensors for LRP methods only
-            t0 = time.perf_counter()
-            with torch.no_grad():  # as attr-compute runs them (gradient methods enable grad themselves)
-                res = m.compute(cap, ad, target)
-            _sync(dev)
-            seconds[n] += time.perf_counter() - t0
-            s = res.scores.double().cpu().numpy()
-            for b, i in enumerate(rows):
-                scores[n][i] = s[b, :int(cap.lengths[b])]
-    return scores, seconds, preds, t_capture
+        self.t_capture += time.perf_counter() - t0
+        self.preds[rows] = cap.pred.cpu().numpy()
+        return cap
+
+    def method(self, name, cap, rows, target, dev):
+        cap.memo.clear()  # each method pays for its own intermediates
+        cap.passes = self.methods[name].passes  # the gradient pass records the LRP tensors for LRP methods only
+        t0 = time.perf_counter()
+        with torch.no_grad():  # as attr-compute runs them (gradient methods enable grad themselves)
+            res = self.methods[name].compute(cap, self.lm.adapter, target)
+        _sync(dev)
+        self.seconds[name] += time.perf_counter() - t0
+        s = res.scores.double().cpu().numpy()
+        for b, i in enumerate(rows):
+            self.scores[name][i] = s[b, :int(cap.lengths[b])]
+
+
+def run_all(args, dtypes, dev, texts) -> dict[str, DtypeRun]:
+    """Every dtype on the same batches, interleaved (each batch's capture, then each method, in every dtype one
+    after the other), so that a busy machine slows all dtypes alike and the time ratios hold."""
+    runs = {d: DtypeRun(args, d, dev, len(texts)) for d in ["float32", *dtypes]}
+    for rows, batch in batches_of(runs["float32"].lm, texts, args.batch_size, dev):
+        caps = {d: r.capture(rows, batch, dev) for d, r in runs.items()}
+        target = caps["float32"].pred  # the class the float32 model predicts, in every dtype
+        for name in args.names:
+            for d, r in runs.items():
+                r.method(name, caps[d], rows, target, dev)
+    return runs
 
 
 def compare(ref: list[np.ndarray], got: list[np.ndarray]) -> dict:
@@ -123,15 +140,14 @@ def main() -> None:
     texts = [r.text for r in data.records]
 
     t0 = time.perf_counter()
-    ref, ref_s, ref_pred, ref_cap = run_dtype(args, "float32", dev, texts, None)
-    runs = {}
-    for d in dtypes:
-        runs[d] = run_dtype(args, d, dev, texts, ref_pred)
+    runs = run_all(args, dtypes, dev, texts)
+    ref, ref_s, ref_pred, ref_cap = (runs["float32"].scores, runs["float32"].seconds, runs["float32"].preds,
+                                     runs["float32"].t_capture)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"model {args.model}, {len(texts)} examples of {args.data}, batch {args.batch_size}, {dev} ({name}), "
           f"ig steps {args.ig_steps}, torch {torch.__version__}, {time.perf_counter() - t0:.0f} s in all")
     for d in dtypes:
-        _, _, pred, cap_s = runs[d]
+        pred, cap_s = runs[d].preds, runs[d].t_capture
         print(f"{d}: {int((pred != ref_pred).sum())} of {len(texts)} predictions differ from float32's (the float32 "
               f"prediction is explained); capture forward {cap_s / ref_cap:.2f} x float32's time")
     head = "| method | " + " | ".join(f"{d} max abs diff | rel. | Spearman mean | min | time" for d in dtypes) + " |"
@@ -142,7 +158,7 @@ def main() -> None:
     for n in args.names:
         cells = []
         for d in dtypes:
-            scores, seconds = runs[d][0], runs[d][1]
+            scores, seconds = runs[d].scores, runs[d].seconds
             c = compare(ref[n], scores[n])
             if not c["finite"]:
                 bad.append(f"{n} ({d})")
