@@ -47,7 +47,8 @@ def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32"
     whose task head transformers had to initialise at random is refused unless ``allow_random_head``."""
     from .demo import DEMO_MODEL_ID, load_demo_model
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[dtype]
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                   "float64": torch.float64}[dtype]
     if spec in (None, DEMO_MODEL_ID):
         model, tokenizer, info = load_demo_model()
     else:

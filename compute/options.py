@@ -117,7 +117,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="--batch-size auto on the CPU: the largest batch whose peak memory (measured on the longest example) "
                 f"stays within MB [default: not measured, {DEFAULT_BATCH_SIZE}]."),
     Option("device", "auto", show_default=True, metavar="auto|cpu|cuda[:k]"),
-    Option("dtype", "float32", choices=("float32", "bfloat16"), show_default=True, resume=True,
+    Option("dtype", "float32", choices=("float32", "bfloat16", "float16"), show_default=True, resume=True,
            help="Model compute dtype (methods always compute in at least float32)."),
     Option("max_length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].",
            resume=True, check=at_least(2, " (room for the special tokens)")),

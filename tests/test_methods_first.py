@@ -149,11 +149,12 @@ def test_example_alone_equals_example_in_padded_batch_float32(arch, name):
     assert_batch_invariant(arch, name)
 
 
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
 @torch.no_grad()
-def test_bfloat16_model_gives_float32_results_close_to_float32():
+def test_half_precision_model_gives_float32_results_close_to_float32(low):
     batch = random_batch("bert", [6, 4])
     out = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, low):
         model = tiny_model("bert", dtype=dtype)
         ad = adapter_for(model)
         ad.mask_token_id = MASK_ID
@@ -164,11 +165,11 @@ def test_bfloat16_model_gives_float32_results_close_to_float32():
     for name in REGISTRY:
         # the LRP rules run on a float64 copy of the model (compute.methods._internals.relevance)
         lrp = name in ("lrp", "partial_lrp", "transatt", "mask_lrp")
-        assert out[torch.bfloat16][name].dtype == (torch.float64 if lrp else torch.float32)
+        assert out[low][name].dtype == (torch.float64 if lrp else torch.float32)
         if lrp:
-            # bfloat16 rounds the weights: another model, and the LRP rules divide by sums that pass near zero, so
+            # half precision rounds the weights: another model, and the LRP rules divide by sums that pass near zero, so
             # their result is not continuous in the weights (README: LRP precision); only finiteness is checked
-            assert torch.isfinite(out[torch.bfloat16][name]).all()
+            assert torch.isfinite(out[low][name]).all()
             continue
         scale = float(out[torch.float32][name].abs().max())
-        torch.testing.assert_close(out[torch.bfloat16][name], out[torch.float32][name], rtol=0.1, atol=0.1 * scale)
+        torch.testing.assert_close(out[low][name], out[torch.float32][name], rtol=0.1, atol=0.1 * scale)

@@ -14,5 +14,5 @@ class GxIL2(GradientMethod):
     reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
 
     def from_grads(self, gp, grads, cap):
-        a = torch.linalg.vector_norm(wide(gp.X * grads["X"]), dim=-1)
+        a = torch.linalg.vector_norm(wide(gp.X) * wide(grads["X"]), dim=-1)
         return MethodResult(scores=a * cap.mask)

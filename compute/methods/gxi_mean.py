@@ -12,5 +12,5 @@ class GxIMean(GradientMethod):
     reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
 
     def from_grads(self, gp, grads, cap):
-        a = wide(gp.X * grads["X"]).abs().mean(dim=-1)
+        a = (wide(gp.X) * wide(grads["X"])).abs().mean(dim=-1)
         return MethodResult(scores=a * cap.mask)

@@ -92,9 +92,32 @@ def embedding_output(adapter: Adapter, inputs: dict) -> torch.Tensor:
 
 
 def select(logits: torch.Tensor, target: torch.Tensor, output: str) -> torch.Tensor:
-    """F for every row: the target's logit or softmax probability [R]."""
+    """F for every row: the target's logit or softmax probability [R], in float32 at least (a half-precision
+    model's softmax and its backward run in float32; the gradient reaches the model's logits in its dtype)."""
+    logits = wide(logits)
     out = torch.softmax(logits, dim=-1) if output == "prob" else logits
     return out.gather(1, target[:, None])[:, 0]
+
+
+# float16 keeps 11 bits down to 6.1e-5 and nothing under 6e-8, while the gradients of a logit reach 1e-8 (about a
+# tenth of MiniLM's hidden-state gradients are under 6.1e-5): the backward of a float16 model starts from F times
+# this power of two (loss scaling), which moves them into float16's normal range; the largest seen are about 3, far
+# from 65504 / 2**12 = 16. A backward that overflows anyway is run again at a sixteenth of the scale.
+FLOAT16_GRAD_SCALE = 2.0 ** 12
+
+
+def output_grads(y: torch.Tensor, wrt: list[torch.Tensor], *, retain_graph: bool = False) -> list[torch.Tensor | None]:
+    """dy/dt for every t in ``wrt`` (None where y does not depend on t). A float16 graph (``wrt[0]``'s dtype) is
+    differentiated at y * scale and its gradients are returned in float32 divided by the scale (exact: a power of
+    two); other dtypes are differentiated as they are."""
+    if wrt[0].dtype != torch.float16:
+        return list(torch.autograd.grad(y, wrt, retain_graph=retain_graph, allow_unused=True))
+    scale = FLOAT16_GRAD_SCALE
+    while True:
+        g = torch.autograd.grad(y * scale, wrt, retain_graph=True if scale > 1 else retain_graph, allow_unused=True)
+        if scale == 1 or all(t is None or bool(torch.isfinite(t).all()) for t in g):
+            return [None if t is None else t.float() / scale for t in g]
+        scale = max(scale / 16, 1.0)
 
 
 def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained, internals: Captured | None = None,
@@ -155,7 +178,7 @@ class GradientPass:
             wrt = [self.X, *hs, *att]
             with torch.enable_grad():
                 y = select(self.logits, target, self.spec.output).sum()
-                g = torch.autograd.grad(y, wrt, retain_graph=True, allow_unused=True)
+                g = output_grads(y, wrt, retain_graph=True)
             g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, wrt)]
             self._grads[key] = {"X": g[0], "hidden": g[1:1 + len(hs)], "attentions": g[1 + len(hs):]}
         return self._grads[key]
@@ -222,9 +245,13 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     X0 = ig_baseline(cap, adapter, spec, E, baseline)
     alphas, weights = quadrature(steps, rule)
     B, n, d = E.shape
-    alpha = torch.as_tensor(alphas, dtype=E.dtype, device=E.device)
-    weight = torch.as_tensor(weights, dtype=E.dtype, device=E.device)
-    total = torch.zeros_like(E)
+    # The path points, the weighted sum of the steps' gradients and the attribution in float32 at least: a
+    # half-precision model only runs the forward and backward at each point (bfloat16 would round the quadrature
+    # nodes to 3 digits, and the sum of 50 steps would lose the small ones).
+    E_w, X0_w = wide(E), wide(X0)
+    alpha = torch.as_tensor(alphas, dtype=E_w.dtype, device=E.device)
+    weight = torch.as_tensor(weights, dtype=E_w.dtype, device=E.device)
+    total = torch.zeros_like(E_w)
     R = B * steps
     ex_of = torch.arange(R, device=E.device) // steps  # row r = (example r // m, step r % m)
     step_of = torch.arange(R, device=E.device) % steps
@@ -233,12 +260,12 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, st = ex_of[r0:r0 + chunk], step_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
-        X = (X0[ex] + alpha[st, None, None] * (E[ex] - X0[ex])).requires_grad_(True)
+        X = (X0_w[ex] + alpha[st, None, None] * (E_w[ex] - X0_w[ex])).to(E.dtype).requires_grad_(True)
         with torch.enable_grad():
             y = select(forward_at(adapter, rows_in, X, spec), target[ex], spec.output).sum()
-            (g,) = torch.autograd.grad(y, X)
-        total.index_add_(0, ex, g * weight[st, None, None])
-    attr = (E - X0) * total
+            (g,) = output_grads(y, [X])
+        total.index_add_(0, ex, wide(g) * weight[st, None, None])
+    attr = (E_w - X0_w) * total
     ends = forward_at(adapter, {k: torch.cat([v, v]) for k, v in inputs.items()}, torch.cat([E, X0]), spec, grad=False)
     f = select(wide(ends), torch.cat([target, target]), spec.output)
     delta = wide(attr).sum(dim=(1, 2)) - (f[:B] - f[B:])
@@ -256,7 +283,7 @@ def cat_terms(gp, grads, layers: str) -> torch.Tensor:
     """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
     L = gp.adapter.n_layers
     idx = range(L) if layers == "inputs" else range(1, L + 1)
-    return torch.stack([wide(grads["hidden"][i] * gp.hidden_states[i]).sum(-1) for i in idx], dim=1)
+    return torch.stack([(wide(grads["hidden"][i]) * wide(gp.hidden_states[i])).sum(-1) for i in idx], dim=1)
 
 
 class GradientMethod(Method):
