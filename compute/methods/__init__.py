@@ -31,6 +31,7 @@ from .raw_attention import RawAttention
 from .rollout import Rollout
 from .transatt import TransAtt
 from .w_fixedres import WFixedRes
+from .value_zeroing import ValueZeroing
 from .w_res import WRes
 
 # Canonical order (DESIGN.md section 4).
@@ -38,7 +39,7 @@ REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
     GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
     LRP, PartialLRP, TransAtt, GAE, MaskLRP,
-    Norm, LogAt, NormXLogit)}
+    Norm, LogAt, NormXLogit, ValueZeroing)}
 
 
 def parse_methods(spec: str) -> list[str]:
