@@ -9,6 +9,8 @@ from .attcat import AttCat
 from .attgrads import AttGrads
 from ._internals.base import Method, MethodResult
 from .cat import Cat
+from .decompx import DecompX
+from .decompx_nohead import DecompXNoHead
 from .gae import GAE
 from .globenc import GlobEnc
 from .grad_l2 import GradL2
@@ -39,7 +41,7 @@ REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
     GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
     LRP, PartialLRP, TransAtt, GAE, MaskLRP,
-    Norm, LogAt, NormXLogit, ValueZeroing)}
+    Norm, LogAt, NormXLogit, ValueZeroing, DecompX, DecompXNoHead)}
 
 
 def parse_methods(spec: str) -> list[str]:
