@@ -179,9 +179,14 @@ class Adapter:
         lin2(act(lin1(y))) (dropout is the identity in eval mode), or None where the family has none declared."""
         return None
 
+    def mlp(self, layer: nn.Module) -> nn.Module | None:
+        """A pre-LN block's MLP as one module: r + mlp(LN2(r)) is the block's output (None for post-LN layers)."""
+        return None
+
     def head_parts(self) -> tuple[nn.Linear, Callable, nn.Linear] | None:
         """(dense, activation, classifier) of the classification head that reads the explained token:
-        logits = classifier(act(dense(h))), or None where the family has none declared."""
+        logits = classifier(act(dense(h))); (None, None, score) where the head is one linear map (decoders); None
+        where the family has none declared."""
         return None
 
     # --- relevance propagation (Chefer's LRP rules, METHODS.md 5.1) ----------------------------------------------
@@ -451,6 +456,12 @@ class GPT2Adapter(Adapter):
     def final_norm(self):
         return self.model.transformer.ln_f
 
+    def mlp(self, layer):
+        return layer.mlp
+
+    def head_parts(self):
+        return None, None, self.model.score  # a linear score on the final norm's output
+
     def _head(self, h):
         return self.model.score(h)  # per-position logits before HF pools the last real token
 
@@ -500,6 +511,12 @@ class LlamaAdapter(Adapter):
 
     def final_norm(self):
         return self._base().norm
+
+    def mlp(self, layer):
+        return layer.mlp
+
+    def head_parts(self):
+        return None, None, self.model.score
 
     def _head(self, h):
         return self.model.score(h)

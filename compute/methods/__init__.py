@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from .alti import Alti
 from .alti_l2 import AltiL2
+from .alti_logit import AltiLogit
 from .attcat import AttCat
 from .attgrads import AttGrads
 from ._internals.base import Method, MethodResult
@@ -38,7 +39,7 @@ from .w_res import WRes
 
 # Canonical order (DESIGN.md section 4).
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
-    RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
+    RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2, AltiLogit,
     GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
     LRP, PartialLRP, TransAtt, GAE, MaskLRP,
     Norm, LogAt, NormXLogit, ValueZeroing, DecompX, DecompXNoHead)}
