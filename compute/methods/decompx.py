@@ -50,7 +50,7 @@ class DecompXBase(Method):
 
 class DecompX(DecompXBase):
     name = "decompx"
-    description = "DecompX: each token's share of the target logit, its decomposition propagated through every layer and the head"
+    description = "DecompX: each token's share of the target logit, propagated through every layer and the head"
     reference = "Modarressi et al. (2023), ACL; docs/methods.md"
     signed = True
     class_specific = True

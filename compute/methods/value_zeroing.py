@@ -34,7 +34,7 @@ def unit_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class ValueZeroing(LayerwiseProduct):
     name = "value_zeroing"
-    description = "Value Zeroing: cosine distance of each layer's outputs when a token's value vectors are zeroed, rolled out"
+    description = "Value Zeroing: how far each layer's outputs move when a token's values are zeroed, rolled out"
     reference = "Mohebbi, Zuidema, Chrupala, Alishahi (2023), EACL; docs/methods.md"
     pre_ln_ok = False  # the feed-forward block and LN2 are re-applied as post-LN layers compute them
     row_stochastic = True

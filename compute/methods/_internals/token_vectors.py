@@ -1,7 +1,7 @@
 """DecompX's propagation of per-token decompositions through a post-LN encoder and its head (docs/methods.md
 "DecompX"). Every hidden state is carried as n vectors, one per input token: x_i = sum_j x_{i<-j}.
 
-Per layer (REF: mohsenfayyaz/DecompX, its default configuration), for every receiving token i and source j:
+Per layer (REF: mohsenfayyaz/DecompX as configured in its paper and demo), for receiving token i, source j:
 
     attention  z_{i<-j} = sum_h sum_k A_ik^h W_O^h W_V^h x_{k<-j} + x_{i<-j}      (layer 1: the value bias stays in
                v_j and x_{i<-j} = [i=j] x_i, the embedding output being its own token's)
@@ -82,7 +82,8 @@ def propagate(cap, adapter, memory_mb: int) -> Propagated:
             rows = e if l == L - 1 else None  # the last layer only for the explained row
             X = _layer(cap, adapter, l, X, rows, memory_mb) * source_mask.to(cap.attentions[l].dtype)
             rows_per_layer.append(X[:, 0] if rows is not None else _rows(X, e)[:, 0])
-        cap.memo[key] = Propagated(rows=torch.stack(rows_per_layer, dim=1), logits=_head(adapter, cap, rows_per_layer[-1]))
+        logits = _head(adapter, cap, rows_per_layer[-1])
+        cap.memo[key] = Propagated(rows=torch.stack(rows_per_layer, dim=1), logits=logits)
     return cap.memo[key]
 
 
