@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -172,6 +173,22 @@ class Adapter:
             twins[dtype] = twin
         return twins[dtype]
 
+    # --- the feed-forward block and the head as functions (DecompX, Value Zeroing) ------------------------------
+    def ffn_parts(self, layer: nn.Module) -> tuple[nn.Linear, Callable, nn.Linear] | None:
+        """(first Linear, activation, second Linear) of a post-LN layer's feed-forward block, FFN(y) =
+        lin2(act(lin1(y))) (dropout is the identity in eval mode), or None where the family has none declared."""
+        return None
+
+    def mlp(self, layer: nn.Module) -> nn.Module | None:
+        """A pre-LN block's MLP as one module: r + mlp(LN2(r)) is the block's output (None for post-LN layers)."""
+        return None
+
+    def head_parts(self) -> tuple[nn.Linear, Callable, nn.Linear] | None:
+        """(dense, activation, classifier) of the classification head that reads the explained token:
+        logits = classifier(act(dense(h))); (None, None, score) where the head is one linear map (decoders); None
+        where the family has none declared."""
+        return None
+
     # --- relevance propagation (Chefer's LRP rules, METHODS.md 5.1) ----------------------------------------------
     def lrp_linears(self, layer: nn.Module) -> dict[str, nn.Module] | None:
         """The Linear modules of a post-LN encoder layer that the LRP rules pass through, by role: q, k, v (fed by
@@ -318,6 +335,16 @@ class BertAdapter(Adapter):
         return {"q": sa.query, "k": sa.key, "v": sa.value, "o": layer.attention.output.dense,
                 "f1": layer.intermediate.dense, "f2": layer.output.dense}
 
+    def ffn_parts(self, layer):
+        return layer.intermediate.dense, layer.intermediate.intermediate_act_fn, layer.output.dense
+
+    def head_parts(self):
+        m = self.model
+        if self.config.model_type == "bert":
+            return m.bert.pooler.dense, m.bert.pooler.activation, m.classifier
+        # RoBERTa's head applies tanh, ELECTRA's its own activation (GELU)
+        return m.classifier.dense, getattr(m.classifier, "activation", torch.tanh), m.classifier.out_proj
+
     def lrp_head(self):
         m = self.model
         if self.config.model_type == "bert":
@@ -363,6 +390,12 @@ class DistilBertAdapter(Adapter):
     def lrp_linears(self, layer):
         at = layer.attention
         return {"q": at.q_lin, "k": at.k_lin, "v": at.v_lin, "o": at.out_lin, "f1": layer.ffn.lin1, "f2": layer.ffn.lin2}
+
+    def ffn_parts(self, layer):
+        return layer.ffn.lin1, layer.ffn.activation, layer.ffn.lin2
+
+    def head_parts(self):
+        return self.model.pre_classifier, torch.relu, self.model.classifier
 
     def lrp_head(self):
         return [self.model.pre_classifier, self.model.classifier]  # -> ReLU -> dropout -> classifier
@@ -423,6 +456,12 @@ class GPT2Adapter(Adapter):
     def final_norm(self):
         return self.model.transformer.ln_f
 
+    def mlp(self, layer):
+        return layer.mlp
+
+    def head_parts(self):
+        return None, None, self.model.score  # a linear score on the final norm's output
+
     def _head(self, h):
         return self.model.score(h)  # per-position logits before HF pools the last real token
 
@@ -472,6 +511,12 @@ class LlamaAdapter(Adapter):
 
     def final_norm(self):
         return self._base().norm
+
+    def mlp(self, layer):
+        return layer.mlp
+
+    def head_parts(self):
+        return None, None, self.model.score
 
     def _head(self, h):
         return self.model.score(h)

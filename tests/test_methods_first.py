@@ -116,11 +116,13 @@ def test_logat_at_cls_of_last_layer_is_the_models_logit(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", ["logat", "normxlogit"])
+@pytest.mark.parametrize("name", ["logat", "normxlogit", "decompx", "alti_logit"])
 @torch.no_grad()
 def test_all_class_scores_equal_single_target_runs(arch, name):
-    model, ad, batch, cap, _, _ = _run(arch, name)
     m = get_method(name)
+    model = tiny_model(arch)
+    ad = adapter_for(model)
+    cap = ad.capture(random_batch(arch, LENGTHS), ALL_NEEDS | m.needs)
     all_classes = m.compute_classes(cap, ad, 2)
     for c in range(2):
         single = m.compute(cap, ad, torch.full((len(LENGTHS),), c)).scores

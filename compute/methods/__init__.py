@@ -5,10 +5,13 @@ from __future__ import annotations
 from ..errors import UsageError
 from .alti import Alti
 from .alti_l2 import AltiL2
+from .alti_logit import AltiLogit
 from .attcat import AttCat
 from .attgrads import AttGrads
 from ._internals.base import Method, MethodResult
 from .cat import Cat
+from .decompx import DecompX
+from .decompx_nohead import DecompXNoHead
 from .gae import GAE
 from .globenc import GlobEnc
 from .grad_l2 import GradL2
@@ -31,14 +34,15 @@ from .raw_attention import RawAttention
 from .rollout import Rollout
 from .transatt import TransAtt
 from .w_fixedres import WFixedRes
+from .value_zeroing import ValueZeroing
 from .w_res import WRes
 
 # Canonical order (DESIGN.md section 4).
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
-    RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2,
+    RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2, AltiLogit,
     GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
     LRP, PartialLRP, TransAtt, GAE, MaskLRP,
-    Norm, LogAt, NormXLogit)}
+    Norm, LogAt, NormXLogit, ValueZeroing, DecompX, DecompXNoHead)}
 
 
 def parse_methods(spec: str) -> list[str]:

@@ -1,0 +1,147 @@
+"""ALTI-Logit (Ferrando, Gallego, Tsiamas, Costa-jussa 2023, ACL; docs/methods.md "ALTI-Logit").
+
+Per layer l, each source token j's attention contribution to the explained token e, z^l_{e<-j} = sum_h A_ej^h W_O^h
+v_j^h (value biases inside v_j, b_O left out), is projected on the direction g^l along which the state it enters
+reaches the explained logit: Delta^l_j = <g^l, z^l_{e<-j}>. Tracked to the input tokens with ALTI's rollout of the
+layers below, view_l = Delta^l C^{l-1} ... C^1 (the layer's logit contributions per input token), and the final
+score is their sum over layers (signed).
+
+g^l: pre-LN decoders (the paper's setting): the logit is linear in the residual stream once the final norm's scale
+is frozen, so g^l = P(gamma_f * u) / sigma_f for every layer (gamma_f * u / rms_f with RMSNorm), u the score row of
+the target class. Post-LN encoders (attrscope's transfer, not in the paper): the explained token's own path from
+the pre-LN1 state s^l_e to the logit (residual, LN1, feed-forward, LN2 of every layer above, then the head) taken
+with frozen LayerNorm scales and zero-origin slopes act(h)/h for the feed-forward and pooler activations (as
+DecompX), g^l being that linear path's vector-Jacobian product with the head's row u.
+
+The target enters only through ``output_direction`` (u for the class explained): masked- and next-token targets
+with foils swap in the unembedding rows' difference there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import interrupts
+from ..errors import AttrscopeError
+from ._internals.aggregate import valid_block
+from ._internals.base import Method, MethodResult
+from ._internals.decomposition import NEEDS, center, decomposed_inner, layer_parts
+from ._internals.token_vectors import zero_origin_slope
+from .alti import Alti
+
+
+def at(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """t[b, pos[b]] for every example b: [B, n, ...] -> [B, ...]."""
+    return t[torch.arange(t.shape[0], device=t.device), pos]
+
+
+class AltiLogit(Method):
+    name = "alti_logit"
+    description = "ALTI-Logit: each layer's attention contributions to the target logit, tracked to the inputs by ALTI"
+    reference = "Ferrando, Gallego, Tsiamas, Costa-jussa (2023), ACL; docs/methods.md"
+    signed = True
+    class_specific = True
+    needs = NEEDS
+    has_layer_views = True
+    run_options = (Alti.run_options[1],)  # --memory-mb: ALTI's source-token blocks
+
+    def __init__(self, memory_mb: int = 8, **params):
+        super().__init__(memory_mb=memory_mb, **params)
+
+    def check_architecture(self, adapter) -> None:
+        super().check_architecture(adapter)
+        head = adapter.head_parts()
+        known = adapter.mlp(adapter.layers()[0]) is not None if adapter.pre_ln else \
+            adapter.ffn_parts(adapter.layers()[0]) is not None
+        if head is None or not known:
+            raise AttrscopeError(f"method '{self.name}' does not know the head or the feed-forward block of "
+                                 f"'{adapter.config.model_type}' models")
+
+    # --- the target: the direction of the explained output at the final state ----------------------------------
+    def output_direction(self, cap, adapter, target: torch.Tensor) -> torch.Tensor:
+        """u [B, d]: logit_target = <u, final state of the explained token> + a constant, with the head's
+        activation frozen at its zero-origin slope (exact for a linear head)."""
+        dense, act, classifier = adapter.head_parts()
+        dtype = cap.hidden_states[-1].dtype
+        rows = classifier.weight.to(dtype)[target]  # [B, C-row]
+        if dense is None:
+            return rows
+        h = at(self._final_state(cap, adapter), cap.explain_pos)
+        pre = nn.functional.linear(h, dense.weight.to(dtype), dense.bias.to(dtype))
+        return (zero_origin_slope(pre, act(pre)) * rows) @ dense.weight.to(dtype)
+
+    def _final_state(self, cap, adapter) -> torch.Tensor:
+        """The state the head reads: the last hidden state (post-LN), the final norm's input (pre-LN)."""
+        if not adapter.pre_ln:
+            return cap.hidden_states[-1]
+        layer = adapter.layers()[-1]
+        mlp = adapter.mlp(layer)
+        dtype = next(mlp.parameters()).dtype
+        r = cap.ln2_in[-1]
+        return r + mlp(cap.ln2_out[-1].to(dtype)).to(r.dtype)
+
+    # --- the directions g^l -------------------------------------------------------------------------------------
+    def directions(self, cap, adapter, target) -> torch.Tensor:
+        """g^l [B, L, d]: the vector whose inner product with an attention contribution of layer l is its share of
+        the target logit."""
+        u = self.output_direction(cap, adapter, target)
+        L = adapter.n_layers
+        e = cap.explain_pos
+        if adapter.pre_ln:
+            norm = adapter.final_norm()
+            r = at(self._final_state(cap, adapter), e)
+            gamma = norm.weight.to(r.dtype)
+            if isinstance(norm, nn.LayerNorm):
+                sigma = (center(r).square().mean(-1) + norm.eps).sqrt()
+                g = center(gamma * u) / sigma[:, None]
+            else:  # RMSNorm: no centring
+                rms = (r.square().mean(-1) + norm.variance_epsilon).sqrt()
+                g = gamma * u / rms[:, None]
+            return g[:, None].expand(-1, L, -1)
+        G = []
+        g = u
+        for l in range(L - 1, -1, -1):
+            p = layer_parts(cap, adapter, l)
+            lin1, act, lin2 = adapter.ffn_parts(adapter.layers()[l])
+            W1, b1, W2 = (t.to(g.dtype) for t in (lin1.weight, lin1.bias, lin2.weight))
+            pre = nn.functional.linear(at(p.y, e), W1, b1)
+            theta = zero_origin_slope(pre, act(pre))
+            g_t = center(p.gamma2 * g) / at(p.sigma2, e)[:, None]  # through LN2 (frozen sigma)
+            g_y = g_t + (theta * (g_t @ W2)) @ W1  # residual + feed-forward
+            g = center(p.gamma1 * g_y) / at(p.sigma1, e)[:, None]  # through LN1: the pre-LN1 state's vector
+            G.append(g)
+        return torch.stack(G[::-1], dim=1)
+
+    # --- the method -----------------------------------------------------------------------------------------------
+    def alti_matrices(self, cap, adapter) -> list[torch.Tensor]:
+        """ALTI's C^l [B, n, n] of every layer, shared by the classes of one batch."""
+        alti = Alti(memory_mb=self.params["memory_mb"])
+        return cap.cached(("alti_logit", "alti", self.params["memory_mb"]),
+                          lambda: [valid_block(alti.layer_matrix(cap, adapter, l), cap.mask)
+                                   for l in range(adapter.n_layers)])
+
+    def layer_contributions(self, cap, adapter, target) -> torch.Tensor:
+        """Delta^l_j [B, L, n]: source token j's attention contribution in layer l to the target logit."""
+        G = self.directions(cap, adapter, target)
+        B, n = cap.mask.shape
+        out = []
+        for l in range(adapter.n_layers):
+            interrupts.check()  # a stop asked for: between layers
+            p = layer_parts(cap, adapter, l)
+            inner = decomposed_inner(p, "n", G[:, l, None].expand(B, n, -1))  # <g, z_{i<-j}> for every row i
+            out.append(at(inner, cap.explain_pos) * cap.mask)
+        return torch.stack(out, dim=1)
+
+    def compute(self, cap, adapter, target):
+        self.check_architecture(adapter)
+        delta = self.layer_contributions(cap, adapter, target)
+        C = self.alti_matrices(cap, adapter)
+        views = []
+        for l in range(adapter.n_layers):
+            v = delta[:, l]
+            for k in range(l - 1, -1, -1):  # C^{l-1} ... C^1: which inputs the sources of layer l hold
+                v = torch.bmm(v[:, None], C[k])[:, 0]
+            views.append(v)
+        views = torch.stack(views, dim=1)
+        return MethodResult(scores=views.sum(1), layer_scores=views)
