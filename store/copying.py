@@ -43,8 +43,9 @@ def _example_data(e, methods: list[MethodLayout]) -> ExampleData:
 
 def _copy_examples(src: Store, w: StoreWriter, step: int = 512) -> None:
     methods = list(w.methods.values())
-    for lo in range(0, len(src), step):
-        w.append([_example_data(src[i], methods) for i in range(lo, min(lo + step, len(src)))])
+    with src.sequential():  # every example in order: large reads ahead instead of one per example and array
+        for lo in range(0, len(src), step):
+            w.append([_example_data(src[i], methods) for i in range(lo, min(lo + step, len(src)))])
 
 
 def _new_store_like(src: Store, path: str, provenance: dict, attrs: dict | None = None) -> tuple[h5py.File, StoreWriter]:

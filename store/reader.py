@@ -45,6 +45,7 @@ class Store:
         # Reads from several threads (the TUI's workers) and refresh()'s handle swap are serialised by this lock.
         self._lock = threading.RLock()
         self._f: h5py.File | None = open_for_reading(self.path)
+        self._ahead: dict[str, tuple[int, np.ndarray]] | None = None  # sequential(): dataset -> (start, window)
         self.warnings: list[str] = []  # e.g. a newer minor format (unknown parts are ignored)
         try:
             with self._reading("the store header"):
@@ -80,10 +81,36 @@ class Store:
     def _read(self, name: str, sel, expect: int | None = None) -> np.ndarray:
         """``self._f[name][sel]``; ``expect``: the number of elements the index promises (a shorter read is damage)."""
         with self._reading(f"/{name}") as f:
-            out = f[name][sel]
+            if self._ahead is not None and isinstance(sel, slice) and sel.step is None and sel.stop is not None:
+                out = self._read_ahead(f, name, sel.start or 0, sel.stop)
+            else:
+                out = f[name][sel]
         if expect is not None and np.size(out) != expect:
             raise damaged(self.path, f"/{name}", f"{np.size(out)} values where the index needs {expect}")
         return out
+
+    def _read_ahead(self, f, name: str, a: int, b: int) -> np.ndarray:
+        """Rows [a, b) of ``name`` from its read-ahead window, which is refilled from ``a`` when it does not hold
+        them (under ``sequential()``)."""
+        start, window = self._ahead.get(name, (0, None))
+        if window is None or a < start or b > start + len(window):
+            ds = f[name]
+            start, window = a, ds[a:min(ds.shape[0], max(b, a + self._ahead_rows))]
+            self._ahead[name] = (start, window)
+        return window[a - start:b - start]
+
+    @contextmanager
+    def sequential(self, rows: int = 1 << 18):
+        """Within the block, the examples' arrays are read through a window of ``rows`` rows per dataset, read
+        ahead: a pass over every example in order (a merge, a copy) makes a few large reads per dataset instead of
+        one small read per example and dataset. Memory: one window per dataset read."""
+        with self._lock:
+            self._ahead, self._ahead_rows = {}, rows
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._ahead = None
 
     def _json_attr(self, attrs, key: str, what: str, default=None):
         raw = attrs.get(key)

@@ -1051,3 +1051,41 @@ def test_a_method_in_a_newer_layout_is_left_out_and_the_rest_read(tmp_path):
             np.testing.assert_allclose(s[i].layer_scores("rollout"), exp.results["rollout"]["layer_scores"], rtol=1e-6)
             np.testing.assert_allclose(s[i].scores("norm"), exp.results["norm"]["scores"], rtol=1e-6)
             assert s[i].example_values("norm") == pytest.approx(exp.results["norm"]["example_values"], rel=1e-6)
+
+
+def test_sequential_reads_give_the_same_arrays_in_a_few_large_reads(tmp_path, monkeypatch):
+    """Store.sequential() (the merge's and copy's pass over every example) serves each example's arrays from
+    read-ahead windows: the same values as one read per array, and far fewer reads of the file."""
+    import h5py
+
+    path = tmp_path / "s.h5"
+    make_store(path, n_examples=40, L=3, with_values=True)
+
+    def every_array(s):
+        out = []
+        for e in s:
+            out += [e.token_ids, e.spans, e.segment, np.array(e.tokens)]
+            for m in s.methods:
+                out += [e.scores(m), e.layer_scores(m), e.matrices(m), e.class_scores(m)]
+        return out
+
+    reads = []
+    real = h5py.Dataset.__getitem__
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda ds, sel: (reads.append(ds.name), real(ds, sel))[1])
+    with open_store(path) as s:
+        plain = every_array(s)
+        n_plain = len(reads)
+        reads.clear()
+        with s.sequential(rows=64):  # small windows: several refills per dataset
+            ahead = every_array(s)
+        reads.clear()
+        with s.sequential():
+            assert all(np.array_equal(a, b) for a, b in zip(every_array(s), plain) if a is not None)
+        n_ahead = len(reads)
+        assert s._ahead is None  # the windows are dropped on the way out
+    assert len(plain) == len(ahead)
+    for a, b in zip(plain, ahead):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+    assert n_ahead * 5 < n_plain, (n_ahead, n_plain)
