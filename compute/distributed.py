@@ -160,9 +160,11 @@ def run_distributed(cfg, progress, world: World) -> dict:
         try:
             ranks = [None] * world.world_size
             dist.all_gather_object(ranks, done)  # waits for the slowest rank
-            if world.rank != 0:
-                return summary
-            return _merge(cfg, mine.output, ranks, backend, world, t0, progress)
+            merged = _merge(cfg, mine.output, ranks, backend, world, t0, progress) if world.rank == 0 else summary
+            # the ranks leave together: a rank whose process ended while rank 0 was still merging was sometimes
+            # aborted in the process group's teardown ("terminate called without an active exception")
+            dist.barrier()
+            return merged
         except KeyboardInterrupt:  # the merge writes a temporary file: nothing half-written is left at -o
             raise interrupts.Interrupted(
                 f"interrupted after this rank's shard: shard store '{summary['store']}' is complete; finish with "
