@@ -373,7 +373,7 @@ def test_cpu_batch_within_lowers_a_prediction_that_does_not_fit():
 
 
 def test_peak_bytes_measures_what_the_work_holds():
-    from compute.run import memory
+    from compute import memory
 
     if not memory.can_measure():
         pytest.skip("no /proc/self/clear_refs here")

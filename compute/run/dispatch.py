@@ -179,7 +179,7 @@ def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized,
                   target_mode, num_labels, keep_matrices, Timings())
 
     if device.type != "cuda":
-        from . import memory
+        from .. import memory
 
         if not memory.can_measure():
             return CPU_AUTO_BATCH_SIZE, f"fixed on {device.type} (the peak memory cannot be measured here)"
