@@ -5,7 +5,8 @@ process per device. Each rank computes ``--shard RANK/WORLD_SIZE`` of the datase
 balanced by token count, decided from the data alone, so no rank waits on another to know its rows) on its local
 device, into its own shard store beside the output; the ranks then gather what each did, and rank 0 merges the
 shards into the store the user named (compute.merge) and removes them. The process group (NCCL on CUDA, Gloo on
-CPU) is used only for that gather: the work itself needs no communication.
+CPU) is used only for that gather and for leaving together after the merge: the work itself needs no
+communication.
 
 Restarts: torchrun ``--max-restarts`` restarts every worker when one dies (TORCHELASTIC_RESTART_COUNT > 0); a
 restarted rank resumes its shard store (the rows it had committed are kept), whatever --overwrite said.
