@@ -237,16 +237,22 @@ def _gathered(out: list, world) -> list:
     dist.all_gather_object(shares, [(m.method, m.name, m.values, m.curves, m.levels) for m in out])
     joined = []
     for i, mine in enumerate(out):
-        parts = [MetricResult(values=share[i][2], curves=share[i][3], levels=share[i][4]) for share in shares
-                 if len(share[i][2])]
         if any(share[i][:2] != (mine.method, mine.name) for share in shares):
             raise AttrscopeError("the ranks evaluated different metrics: launch every rank with the same command")
-        res = _concat(parts, sum(len(p.values) for p in parts))
-        metric = get_metric(mine.settings["metric"],
-                            **{k: v for k, v in mine.settings.items() if k not in ("preset", "metric")})
-        joined.append(replace(mine, values=res.values, curves=res.curves, levels=res.levels,
-                              summary=metric.summary(res)))
+        res, summary = joined_parts(mine.settings, [MetricResult(values=share[i][2], curves=share[i][3],
+                                                                 levels=share[i][4]) for share in shares])
+        joined.append(replace(mine, values=res.values, curves=res.curves, levels=res.levels, summary=summary))
     return joined
+
+
+def joined_parts(settings: dict, parts: list[MetricResult]) -> tuple[MetricResult, dict]:
+    """The results of consecutive parts of a store's examples (ranks, shards) joined in order, and the summary
+    the metric of ``settings`` (a stored record's) computes over all of them: every summary is a function of the
+    per-example values."""
+    parts = [p for p in parts if len(p.values)]
+    res = _concat(parts, sum(len(p.values) for p in parts))
+    metric = get_metric(settings["metric"], **{k: v for k, v in settings.items() if k not in ("preset", "metric")})
+    return res, metric.summary(res)
 
 
 def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list, timings: dict, message,

@@ -143,8 +143,7 @@ def _check_one_plan(shards: list[dict]) -> None:
 
 def _merged_metrics(shards: list[dict]) -> tuple[list[MetricData], list[str]]:
     """The metrics every shard has with the same settings, joined; and a line for each one left out."""
-    from .evaluate import _concat  # the chunk concatenation of attr-compute eval: curves padded to the widest
-    from .metrics import get_metric
+    from .evaluate import joined_parts
     from .metrics.base import MetricResult
 
     per_shard = []
@@ -160,12 +159,10 @@ def _merged_metrics(shards: list[dict]) -> tuple[list[MetricData], list[str]]:
                            "(compute it on the merged store with attr-compute eval)")
             continue
         infos = [p[key] for p in per_shard]
-        parts = [MetricResult(values=i["values"], curves=i["curves"], levels=i["levels"]) for i in infos]
-        n = sum(len(i["values"]) for i in infos)
-        res = _concat(parts, n)
         settings = infos[0]["settings"]
-        metric = get_metric(settings["metric"], **{k: v for k, v in settings.items() if k not in ("preset", "metric")})
+        res, summary = joined_parts(settings, [MetricResult(values=i["values"], curves=i["curves"],
+                                                            levels=i["levels"]) for i in infos])
         out.append(MetricData(method=key[0], name=key[1], values=res.values, settings=settings,
-                              summary=metric.summary(res), higher_is_better=infos[0]["higher_is_better"],
+                              summary=summary, higher_is_better=infos[0]["higher_is_better"],
                               description=infos[0]["description"], curves=res.curves, levels=res.levels))
     return out, dropped
