@@ -422,7 +422,8 @@ def _guarded(fn, debug: bool) -> None:
 def _fail(message: str, code: int) -> None:
     import os
 
-    rank = f"[rank {os.environ['RANK']}] " if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else ""
+    # under a launch, which rank says it (RANK may be what is missing: the line then says so itself)
+    rank = f"[rank {os.environ.get('RANK', '?')}] " if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else ""
     click.echo(f"{PROG}: error: {rank}{message}", err=True)
     sys.exit(code)
 

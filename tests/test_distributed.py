@@ -243,3 +243,12 @@ def test_a_stop_while_waiting_for_the_other_ranks_keeps_the_shard_and_says_how_t
     with open_store(shard) as s:
         assert s.complete and len(s) == s.config["shard"]["stop"] - s.config["shard"]["start"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.shard-1-of-2.h5"]
+
+
+def test_a_launch_without_rank_is_one_usage_line(tmp_path, monkeypatch):
+    """WORLD_SIZE set by hand without RANK: the usage line (the error prefix must not need RANK itself)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    line = one_line(invoke(write_data(tmp_path / "d.jsonl"), "-o", tmp_path / "o.h5"), code=2)
+    assert line.startswith("attr-compute: error: [rank ?] WORLD_SIZE is set but RANK")
+    assert not (tmp_path / "o.h5").exists()
