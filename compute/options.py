@@ -121,10 +121,25 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Model compute dtype (methods always compute in at least float32)."),
     Option("max_length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].",
            resume=True, check=at_least(2, " (room for the special tokens)")),
+    Option("task", "auto", show_default=True, resume=True,
+           choices=("auto", "classification", "regression", "masked-token", "next-token", "qa"),
+           help="What the model predicts and the methods explain (compute.tasks); auto: read off the model's head "
+                "(a 1-output classifier is regression, a masked LM masked-token, a causal LM next-token, a "
+                "question-answering head qa)."),
     Option("text_column", metavar="C", resume=True),
     Option("pair_column", metavar="C", resume=True),
     Option("label_column", metavar="C", resume=True),
     Option("id_column", metavar="C", resume=True),
+    Option("target_column", metavar="C", resume=True,
+           help="masked-token / next-token: column of the target word [default: target, if present; else the "
+                "model's own prediction]."),
+    Option("foil_column", metavar="C", resume=True,
+           help="masked-token / next-token: column of a foil word; the methods then explain target minus foil."),
+    Option("word_index_column", metavar="C", resume=True,
+           help="masked-token: column of the 0-based index of the word (text.split()) to mask, instead of a mask "
+                "token in the text."),
+    Option("answers_column", metavar="C", resume=True,
+           help="qa: column of SQuAD-style answers {\"text\": [...], \"answer_start\": [...]} [default: answers]."),
     Option("split", metavar="NAME", help="Split of a Hugging Face dataset id.", resume=True),
     Option("target", choices=("predicted", "label", "all"), resume=True,
            help="Class explained by class-specific methods [default: predicted, or the preset's]."),
