@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .errors import AttrscopeError
+from .tasks.readout import Readout
 
 # Internals a method can ask for (Method.needs).
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
@@ -33,7 +34,7 @@ class Captured:
     mask: torch.Tensor  # [B, n] bool, True on real tokens
     lengths: torch.Tensor  # [B]
     explain_pos: torch.Tensor  # [B] row explained by the methods ([CLS] for encoder classifiers)
-    logits: torch.Tensor  # [B, C]
+    logits: torch.Tensor  # [B, C] the output vector the target indexes (the task's readout at explain_pos)
     special: torch.Tensor | None = None  # [B, n] bool, True on special tokens ([CLS], [SEP], ...)
     sep: torch.Tensor | None = None  # [B, n] bool, True on separator tokens ([SEP], </s>)
     inputs: dict = field(default_factory=dict)  # the model's forward inputs (gradient methods re-run the model)
@@ -49,6 +50,11 @@ class Captured:
     # The passes the batch's methods declare (Method.passes), set by the runner: the shared gradient pass records
     # the LRP tensors only where "lrp" is among them. None (a caller that declares nothing): every pass records all.
     passes: frozenset[str] | None = None
+    # The task's explained output (compute.tasks): where a forward's output vector is read (every forward a method
+    # runs reads its F there) and the foil subtracted from the target (-1: none; None: no foils in the batch).
+    readout: Readout = Readout()
+    foil: torch.Tensor | None = None
+    output: object = None  # the model's forward output (the task reads its parts and prediction off it)
 
     def cached(self, key: str, fn):
         if key not in self.memo:
@@ -99,7 +105,7 @@ class Adapter:
     model_types: tuple[str, ...] = ()
     pre_ln: bool = False  # LayerNorm before attention/MLP (GPT-2, Llama) instead of after the residual add
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, task: str = "classification"):
         self.model = model
         self.config = model.config
         # Set from the tokenizer by compute.models.load_model (integrated gradients' [MASK] baseline, AttCAT's
@@ -107,6 +113,7 @@ class Adapter:
         self.mask_token_id: int | None = None
         self.special_ids: list[int] | None = None
         self.sep_token_id: int | None = None  # Mask-LRP's explanation pass masks [SEP] as a key (METHODS.md 6.5)
+        self.task = task  # compute.tasks name: which head the model has (the methods defined for it)
 
     # --- structure -------------------------------------------------------------------------------------------
     @property
@@ -158,6 +165,36 @@ class Adapter:
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def lm_head(self) -> tuple[Callable, torch.Tensor, torch.Tensor | None]:
+        """A language-model head as (transform, W [V, d'], b [V] or None): logits = transform(h) W^T + b (a masked
+        LM's dense + activation + LayerNorm; the identity for decoders, whose last hidden state is already normed)."""
+        raise AttrscopeError(f"no language-model head is known for the {self.family} family")
+
+    def head_logit(self, h: torch.Tensor, target: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's head applied to every token of ``h`` [B, n, d] as if it were the explained one: the target's
+        output less the foil's (foil >= 0) [B, n] (LogAt). A language-model head computes only those two rows of
+        its vocabulary matrix, never [B, n, V]."""
+        if self.task in ("masked-token", "next-token"):
+            dtype = next(self.model.parameters()).dtype
+            transform, W, b = self.lm_head()
+            z = transform(h.to(dtype)).to(h.dtype)  # [B, n, d']
+            w = W[target].to(h.dtype)  # [B, d']
+            bias = b[target].to(h.dtype) if b is not None else torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+            if foil is not None:
+                has = (foil >= 0).to(h.dtype)
+                f = foil.clamp_min(0)
+                w = w - has[:, None] * W[f].to(h.dtype)
+                if b is not None:
+                    bias = bias - has * b[f].to(h.dtype)
+            return torch.einsum("bnd,bd->bn", z, w) + bias[:, None]
+        logits = self.head_per_token(h)  # [B, n, C]
+        from .tasks.readout import explained
+
+        B, n, C = logits.shape
+        flat = logits.reshape(B * n, C)
+        rep = lambda t: None if t is None else t.repeat_interleave(n)  # noqa: E731
+        return explained(flat, rep(target), rep(foil)).view(B, n)
+
     def twin(self, dtype: torch.dtype) -> "Adapter":
         """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because
         they divide by sums that pass near zero, where float32 rounding of the forward is amplified (see
@@ -168,7 +205,7 @@ class Adapter:
         if dtype not in twins:
             import copy
 
-            twin = type(self)(copy.deepcopy(self.model).to(dtype))
+            twin = type(self)(copy.deepcopy(self.model).to(dtype), self.task)
             twin.mask_token_id, twin.special_ids, twin.sep_token_id = self.mask_token_id, self.special_ids, self.sep_token_id
             twins[dtype] = twin
         return twins[dtype]
@@ -276,7 +313,9 @@ class Adapter:
 
     def capture(self, enc: dict, needs: frozenset[str], grad: bool = False) -> Captured:
         """One batched forward pass with hooks for ``needs``. ``enc`` holds padded tensors on the model's device.
-        With ``grad`` the autograd graph is kept for a backward pass (gradient methods)."""
+        With ``grad`` the autograd graph is kept for a backward pass (gradient methods). ``cap.output`` keeps the
+        model's output for the task; ``cap.logits`` is the classification logits where the model has them (a task
+        with another head sets it per explained part)."""
         unknown = set(needs) - NEEDS
         if unknown:
             raise ValueError(f"unknown internals requested: {sorted(unknown)}")
@@ -287,8 +326,9 @@ class Adapter:
                        inputs=self.forward_inputs(enc))
         with self.hooks(cap, frozenset(needs)), torch.set_grad_enabled(grad):
             out = self.model(**cap.inputs)
-        cap.logits = out.logits
-        if not grad and cap.logits.dtype in (torch.float16, torch.bfloat16):
+        cap.output = out
+        cap.logits = out.logits if self.task in ("classification", "regression") else None
+        if not grad and cap.logits is not None and cap.logits.dtype in (torch.float16, torch.bfloat16):
             _upcast(cap)  # methods compute in float32 even when the model runs in half precision
         L = self.n_layers
         if "hidden_states" in needs and len(cap.hidden_states) != L + 1:
@@ -345,6 +385,18 @@ class BertAdapter(Adapter):
         # RoBERTa's head applies tanh, ELECTRA's its own activation (GELU)
         return m.classifier.dense, getattr(m.classifier, "activation", torch.tanh), m.classifier.out_proj
 
+    def lm_head(self):
+        m, kind = self.model, self.config.model_type
+        if kind == "bert":
+            p = m.cls.predictions
+            return p.transform, p.decoder.weight, p.decoder.bias
+        if kind == "electra":
+            g = m.generator_predictions
+            return (lambda h: g.LayerNorm(g.activation(g.dense(h)))), m.generator_lm_head.weight, m.generator_lm_head.bias
+        head = m.lm_head  # RoBERTa, XLM-R, CamemBERT: dense -> GELU -> LayerNorm -> decoder
+        return ((lambda h: head.layer_norm(torch.nn.functional.gelu(head.dense(h)))), head.decoder.weight,
+                head.decoder.bias)
+
     def lrp_head(self):
         m = self.model
         if self.config.model_type == "bert":
@@ -396,6 +448,11 @@ class DistilBertAdapter(Adapter):
 
     def head_parts(self):
         return self.model.pre_classifier, torch.relu, self.model.classifier
+
+    def lm_head(self):
+        m = self.model
+        return ((lambda h: m.vocab_layer_norm(m.activation(m.vocab_transform(h)))), m.vocab_projector.weight,
+                m.vocab_projector.bias)
 
     def lrp_head(self):
         return [self.model.pre_classifier, self.model.classifier]  # -> ReLU -> dropout -> classifier
@@ -465,6 +522,9 @@ class GPT2Adapter(Adapter):
     def _head(self, h):
         return self.model.score(h)  # per-position logits before HF pools the last real token
 
+    def lm_head(self):
+        return (lambda h: h), self.model.lm_head.weight, self.model.lm_head.bias  # on ln_f's output
+
     def explain_positions(self, input_ids, mask):
         return last_real_token(mask)
 
@@ -479,7 +539,7 @@ class LlamaAdapter(Adapter):
     pre_ln = True
 
     def _base(self):
-        return self.model.model
+        return self.model.base_model  # .model, or .transformer for LlamaForQuestionAnswering
 
     def layers(self):
         return list(self._base().layers)
@@ -521,6 +581,9 @@ class LlamaAdapter(Adapter):
     def _head(self, h):
         return self.model.score(h)
 
+    def lm_head(self):
+        return (lambda h: h), self.model.lm_head.weight, self.model.lm_head.bias  # on the final norm's output
+
     def explain_positions(self, input_ids, mask):
         return last_real_token(mask)
 
@@ -529,13 +592,14 @@ ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapt
 SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
 
 
-def adapter_for(model: nn.Module) -> Adapter:
+def adapter_for(model: nn.Module, task: str = "classification") -> Adapter:
+    """The adapter of ``model``'s family, for the head ``task`` (compute.tasks) names."""
+    from .tasks import get_task
+
     model_type = getattr(model.config, "model_type", "?")
     for cls in ADAPTERS:
         if model_type in cls.model_types:
-            if not type(model).__name__.endswith("ForSequenceClassification"):
-                raise AttrscopeError(
-                    f"model class {type(model).__name__} is not a sequence classifier: pass a *ForSequenceClassification checkpoint")
-            return cls(model)
+            get_task(task).check_model(model)
+            return cls(model, task)
     raise AttrscopeError(
         f"unsupported architecture '{model_type}': attrscope supports {', '.join(SUPPORTED_MODEL_TYPES)}")

@@ -10,6 +10,7 @@ import torch
 
 from .adapters import SUPPORTED_MODEL_TYPES, Adapter, adapter_for
 from .errors import AttrscopeError, UsageError
+from .tasks import TASKS, Task, detect_task, get_task
 
 
 @dataclass
@@ -17,6 +18,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     adapter: Adapter
+    task: Task  # what the run explains (compute.tasks): --task, or detected from the model's head
     info: dict  # provenance: model_id, revision, tokenizer, attn implementation, dtype, device ...
 
 
@@ -42,19 +44,21 @@ def _check_model_type(config, source: str) -> None:
 
 
 def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32",
-               allow_random_head: bool = False) -> LoadedModel:
-    """Load ``spec`` (None: the bundled demo classifier) on ``device``; eval mode, eager attention. A checkpoint
-    whose task head transformers had to initialise at random is refused unless ``allow_random_head``."""
+               allow_random_head: bool = False, task: str = "auto", task_options: dict | None = None) -> LoadedModel:
+    """Load ``spec`` (None: the bundled demo classifier) on ``device`` with the head of ``task`` (auto: detected
+    from the checkpoint's config); eval mode, eager attention. A checkpoint whose task head transformers had to
+    initialise at random is refused unless ``allow_random_head``."""
     from .demo import DEMO_MODEL_ID, load_demo_model
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                    "float64": torch.float64}[dtype]
     if spec in (None, DEMO_MODEL_ID):
         model, tokenizer, info = load_demo_model()
+        task = "classification" if task == "auto" else task
     else:
-        model, tokenizer, info = _load_hf(spec, allow_random_head)
+        model, tokenizer, info, task = _load_hf(spec, allow_random_head, task)
     model = model.to(device=device, dtype=torch_dtype).eval()
-    adapter = adapter_for(model)
+    adapter = adapter_for(model, task)
     adapter.mask_token_id = getattr(tokenizer, "mask_token_id", None)
     adapter.sep_token_id = getattr(tokenizer, "sep_token_id", None)
     # [UNK] is in the tokenizer's special list but stands for a word of the text
@@ -76,7 +80,9 @@ def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32"
         dtype=dtype,
         device=str(device),
     )
-    return LoadedModel(model=model, tokenizer=tokenizer, adapter=adapter, info=info)
+    info["task"] = task
+    return LoadedModel(model=model, tokenizer=tokenizer, adapter=adapter, info=info,
+                       task=get_task(task, **(task_options or {})))
 
 
 def quiet_transformers() -> None:
@@ -114,8 +120,9 @@ def _missing_directory(spec: str) -> bool:
         spec.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(spec))
 
 
-def _load_hf(spec: str, allow_random_head: bool = False):
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+def _load_hf(spec: str, allow_random_head: bool = False, task: str = "auto"):
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
 
     quiet_transformers()
     if _missing_directory(spec):
@@ -141,18 +148,20 @@ def _load_hf(spec: str, allow_random_head: bool = False):
         raise AttrscopeError(
             f"cannot load model '{spec}' from the Hugging Face hub (no such model?): {_one_line(err)}") from None
     _check_model_type(config, spec)
+    if task == "auto":
+        task = detect_task(config)
+    auto_class = getattr(transformers, TASKS[task].auto_class)
     try:
-        model, loading = AutoModelForSequenceClassification.from_pretrained(
-            spec, attn_implementation="eager", output_loading_info=True)
+        model, loading = auto_class.from_pretrained(spec, attn_implementation="eager", output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
     random_weights = _newly_initialised(loading)
     if random_weights and not allow_random_head:
         raise AttrscopeError(
-            f"model '{spec}' has no trained classification head: {_few(random_weights)} are not in the checkpoint "
-            "and would be initialised at random: pass a model fine-tuned for sequence classification "
-            "(a *ForSequenceClassification checkpoint), or --allow-random-head to run it anyway (for testing only)")
+            f"model '{spec}' has no trained {task} head: {_few(random_weights)} are not in the checkpoint "
+            f"and would be initialised at random: pass a model trained for it (a *{TASKS[task].class_suffixes[0]} "
+            "checkpoint), the --task its head is for, or --allow-random-head to run it anyway (for testing only)")
     pad_note = None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         # GPT-2 has no pad token; padding is masked out, and HF's classifier then pools the last non-pad token.
@@ -169,7 +178,7 @@ def _load_hf(spec: str, allow_random_head: bool = False):
         # --allow-random-head: the weights transformers initialised at random (results change from load to load)
         "random_head": random_weights or None,
     }
-    return model, tokenizer, info
+    return model, tokenizer, info, task
 
 
 def _newly_initialised(loading: dict) -> list[str]:

@@ -59,6 +59,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
     window_writer = None
     try:
         tok = tokenize(lm, records, loaded.max_length)
+        task_rows = lm.task.prepare(lm, records, tok)  # target and foil tokens, spans, positions (compute.tasks)
         if cfg.matrices == "all" and records:
             total = matrix_bytes(tok, [lay.n_matrix_layers for lay in method_layouts if lay.matrices == "all"],
                                  cfg.store_dtype)
@@ -70,7 +71,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         window_writer = WindowWriter(writer)  # commits on its own thread while the next window computes
 
         def run_rows(rows: list[int]):
-            return run_batch(lm, methods, encode(tok, rows, pad_id, device), [records[i].label for i in rows],
+            return run_batch(lm, methods, encode(tok, rows, pad_id, device), task_rows.take(rows),
                              plan.target_mode, writer.num_labels, cfg.matrices != "none", timings)
 
         for window in windows(tok, batch_size, cfg.window):
@@ -79,7 +80,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
                 # a batch that runs out of memory is computed in halves (the same results: padding is masked)
                 for rows, out in run_halving(batch, run_rows, lambda i: len(tok.input_ids[i]), progress.message):
                     done_rows.update(zip(rows, examples(out, rows, records, tok, cfg.matrices,
-                                                        lm.tokenizer.convert_ids_to_tokens)))
+                                                        lm.tokenizer.convert_ids_to_tokens, task_rows)))
                 progress.advance(len(batch))
                 interrupts.check()
             window_writer.submit([done_rows[i] for i in sorted(done_rows)])  # a whole window, in dataset order
@@ -137,8 +138,8 @@ def _batch_size(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress
     probed = next(lm.model.parameters()).device.type == "cuda" or cfg.batch_memory_mb is not None
     records = loaded.data.records if probed else []
     tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (CUDA, or --batch-memory-mb)
-    size, how = auto_batch_size(lm, methods, tok, [r.label for r in records], plan.target_mode,
-                                len(lm.info["id2label"]), cfg.matrices != "none", cfg.batch_memory_mb)
+    size, how = auto_batch_size(lm, methods, tok, lm.task.prepare(lm, records, tok), plan.target_mode,
+                                len(lm.task.labels(lm.info["id2label"])), cfg.matrices != "none", cfg.batch_memory_mb)
     progress.message(f"--batch-size auto: {size} ({how})")
     return size, how
 

@@ -63,6 +63,31 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
     return model.to(dtype).eval()
 
 
+TASK_AUTO_CLASSES = {"classification": "AutoModelForSequenceClassification",
+                     "regression": "AutoModelForSequenceClassification", "masked-token": "AutoModelForMaskedLM",
+                     "next-token": "AutoModelForCausalLM", "qa": "AutoModelForQuestionAnswering"}
+
+
+def tiny_task_model(arch: str, task: str, seed: int = 0, dtype=torch.float64, layers: int = 3, num_labels: int = 2):
+    """tiny_model with the head of ``task`` (compute.tasks): a 1-output head for regression, a masked or causal LM
+    head, a start/end QA head; the same weight scaling."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch, 1 if task == "regression" else num_labels, layers)
+    cls = getattr(transformers, TASK_AUTO_CLASSES[task])
+    model = cls.from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() or ".ln_" in name:
+                p.add_(0.2 * torch.randn_like(p))
+            elif p.dim() == 2:
+                p.mul_(3.0)
+            else:
+                p.add_(0.05 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
 # Hugging Face's Llama computes RMSNorm and RoPE in float32 even in a float64 model, so an example inside a padded batch
 # and the same example alone differ at float32 rounding (1.5e-7 relative seen with transformers 5.23); every other
 # architecture is float64 throughout. Tests that compare a batched result with a one-example pass use these tolerances.

@@ -25,7 +25,7 @@ from torch import nn
 from .. import interrupts
 from ..errors import AttrscopeError
 from ._internals.aggregate import valid_block
-from ._internals.base import Method, MethodResult
+from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.decomposition import NEEDS, center, decomposed_inner, layer_parts
 from ._internals.token_vectors import zero_origin_slope
 from .alti import Alti
@@ -38,6 +38,7 @@ def at(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 class AltiLogit(Method):
     name = "alti_logit"
+    tasks = SEQUENCE_HEAD_TASKS
     description = "ALTI-Logit: each layer's attention contributions to the target logit, tracked to the inputs by ALTI"
     reference = "Ferrando, Gallego, Tsiamas, Costa-jussa (2023), ACL; docs/methods.md"
     signed = True

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import AttrscopeError
 from ..options import Option, at_least
-from ._internals.base import Method, MethodResult
+from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.decomposition import NEEDS
 from ._internals.token_vectors import propagate
 
@@ -27,6 +27,7 @@ MEMORY_OPTION = Option("decompx_memory_mb", 64, type=int, show_default=True, met
 class DecompXBase(Method):
     needs = NEEDS
     has_layer_views = True
+    tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
     pre_ln_ok = False  # the decomposition follows post-LN layers (LN1 and LN2 on the residual path)
     run_options = (MEMORY_OPTION,)
 

@@ -3,16 +3,20 @@ forward pass and every method."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from ..errors import AttrscopeError
 from ..methods import Method, get_method
+from ..adapters import Captured
 from ..models import LoadedModel
+from ..tasks import Outcome, Part, TaskRows
 from ..options import DEFAULT_BATCH_SIZE
 from .batches import Tokenized, encode
 from .plan import RunPlan
@@ -31,14 +35,16 @@ def make_methods(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict[str
         methods = {name: m for name, m in methods.items() if name not in skipped}
         if skipped:
             progress.message(f"--methods all: skipping {', '.join(skipped)}, not defined for the "
-                             f"{lm.info['model_type']} architecture (METHODS.md section 9)")
+                             f"{lm.info['model_type']} architecture (METHODS.md section 9) or --task {lm.task.name}")
     for m in methods.values():
+        m.check_task(lm.task.name)
         m.check_architecture(lm.adapter)
     return methods
 
 
 def _defined(method: Method, adapter) -> bool:
     try:
+        method.check_task(adapter.task)
         method.check_architecture(adapter)
         return True
     except AttrscopeError:
@@ -54,54 +60,90 @@ class Timings:
 @dataclass
 class BatchOutput:
     """One batch's results as numpy arrays, padded: per method its arrays (scores [B, n], layer_scores [B, V, n],
-    matrices [B, L, n, n], class_scores [B, C, n]) and per-example values [B]."""
+    matrices [B, L, n, n], class_scores [B, C, n]) and per-example values [B], and the task's outcome (the
+    prediction, its probabilities, the explained position and output, target and foil tokens, spans)."""
 
     results: dict[str, dict[str, np.ndarray]]
     values: dict[str, dict[str, np.ndarray]]
-    probs: np.ndarray  # [B, C]
-    pred: np.ndarray  # [B]
-    target: np.ndarray  # [B]: the class explained
-    explain_pos: np.ndarray  # [B]
+    outcome: Outcome
+
+    # the outcome's fields by their old names (the writer, the tests)
+    @property
+    def probs(self) -> np.ndarray:
+        return self.outcome.probs
+
+    @property
+    def pred(self) -> np.ndarray:
+        return self.outcome.pred
+
+    @property
+    def target(self) -> np.ndarray:
+        return self.outcome.target
+
+    @property
+    def explain_pos(self) -> np.ndarray:
+        return self.outcome.explain_pos
 
 
 @torch.no_grad()
-def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], labels: list[int],
+def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
               target_mode: str, num_labels: int, keep_matrices: bool, timings: Timings) -> BatchOutput:
+    """The forward pass and every method on one batch; ``rows``: what the task read of these examples. A task with
+    several explained outputs (qa: start and end) runs every method once per output and adds the maps."""
     device = enc["input_ids"].device
     needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
     _sync(device)
     t0 = time.perf_counter()
     cap = lm.adapter.capture(enc, needs)
     cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
+    parts = lm.task.parts(cap, rows, target_mode)
+    outcome = lm.task.outcome(cap, parts, rows)
     _sync(device)
     timings.forward += time.perf_counter() - t0
 
-    pred = cap.pred
-    if target_mode == "label":
-        target = torch.as_tensor(labels, dtype=torch.long, device=device)
-    else:
-        target = pred  # "predicted"; with "all" the final scores explain the predicted class
+    caps = [explaining(cap, part, fresh=len(parts) > 1) for part in parts]
+    cap.output = None  # a language model's [B, n, V] logits are not kept while the methods run
     results: dict[str, dict[str, np.ndarray]] = {}
     values: dict[str, dict[str, np.ndarray]] = {}  # per-example scalars [B] (Method.example_values)
     for name, m in methods.items():
         t0 = time.perf_counter()
-        out = {}
-        if m.class_specific and target_mode == "all":
-            # every class first: methods that cache per target (integrated gradients) then read the predicted
-            # class's result off them instead of computing it again
-            out["class_scores"] = m.compute_classes(cap, lm.adapter, num_labels)
-        res = m.compute(cap, lm.adapter, target)
-        out["scores"] = res.scores
-        if res.layer_scores is not None:
-            out["layer_scores"] = res.layer_scores
-        if res.matrices is not None and keep_matrices:
-            out["matrices"] = res.matrices
-        results[name] = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
-        values[name] = {k: v.detach().float().cpu().numpy() for k, v in (res.example_values or {}).items()}
+        outs, vals = [], []
+        for pcap, part in zip(caps, parts):
+            out = {}
+            if m.class_specific and target_mode == "all":
+                # every class first: methods that cache per target (integrated gradients) then read the predicted
+                # class's result off them instead of computing it again
+                out["class_scores"] = m.compute_classes(pcap, lm.adapter, num_labels)
+            res = m.compute(pcap, lm.adapter, part.target)
+            out["scores"] = res.scores
+            if res.layer_scores is not None:
+                out["layer_scores"] = res.layer_scores
+            if res.matrices is not None and keep_matrices and (m.class_specific or not outs):
+                out["matrices"] = res.matrices  # a class-independent method's matrices are the same for every part
+            outs.append(out)
+            vals.append(res.example_values or {})
+        results[name] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
+        values[name] = {k: _added([v[k] for v in vals]) for k in vals[0]}
         _sync(device)
         timings.methods[name] = timings.methods.get(name, 0.0) + time.perf_counter() - t0
-    return BatchOutput(results=results, values=values, probs=cap.probs.cpu().numpy(), pred=pred.cpu().numpy(),
-                       target=target.cpu().numpy(), explain_pos=cap.explain_pos.cpu().numpy())
+    return BatchOutput(results=results, values=values, outcome=outcome)
+
+
+def _added(parts: list[torch.Tensor]) -> np.ndarray:
+    """The parts' maps added (one part: itself, bit for bit) as float32 numpy."""
+    total = functools.reduce(operator.add, parts)
+    return total.detach().float().cpu().numpy()
+
+
+def explaining(cap: Captured, part: Part, fresh: bool) -> Captured:
+    """``cap`` set to explain ``part``: its position, output vector, target's foil. With ``fresh`` a copy with its own
+    memo (the intermediates methods share are keyed by target, not by position)."""
+    if fresh:
+        cap = replace(cap, memo={})
+    cap.explain_pos, cap.readout, cap.foil = part.explain_pos, part.readout, part.foil
+    logits = part.readout(cap.output, part.explain_pos)
+    cap.logits = logits.float() if logits.element_size() < 4 else logits
+    return cap
 
 
 def _sync(device: torch.device) -> None:
@@ -159,7 +201,7 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
-def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, labels: list[int],
+def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, rows: TaskRows,
                     target_mode: str, num_labels: int, keep_matrices: bool,
                     cpu_budget_mb: int | None = None) -> tuple[int, str]:
     """--batch-size auto: (the batch size, how it was found). On CUDA, the largest batch of copies of the longest
@@ -175,7 +217,7 @@ def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized,
     limit = min(AUTO_BATCH_LIMIT, len(tok.input_ids))
 
     def run(size: int) -> None:
-        run_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), [labels[longest]] * size,
+        run_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), rows.take([longest] * size),
                   target_mode, num_labels, keep_matrices, Timings())
 
     if device.type != "cuda":

@@ -8,6 +8,7 @@ from ..data import Dataset, load_dataset
 from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
 from ..shards import ShardPlan, plan_shard, token_lengths
+from .batches import tokenize
 from .plan import RunPlan
 from .progress import Progress
 
@@ -24,7 +25,9 @@ class Loaded:
 def load(plan: RunPlan, progress: Progress) -> Loaded:
     cfg = plan.cfg
     lm = load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
-                    allow_random_head=cfg.allow_random_head)
+                    allow_random_head=cfg.allow_random_head, task=cfg.task)
+    lm.task.options = task_options(cfg, lm.task.name)
+    lm.task.check_target_mode(plan.target_mode)
     info = lm.info
     if info.get("random_head"):
         progress.message(f"--allow-random-head: {len(info['random_head'])} weights of the task head are random "
@@ -33,17 +36,34 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
     data = load_dataset(
         plan.dataset, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
         id_column=cfg.id_column, evidence_column=cfg.evidence_column, split=cfg.split, limit=cfg.limit,
-        label2id={v: k for k, v in id2label.items()}, num_labels=len(id2label))
-    if plan.target_mode == "label" and any(r.label < 0 for r in data.records):
+        label2id={v: k for k, v in id2label.items()}, num_labels=len(id2label), **task_columns(cfg, lm))
+    if lm.task.name == "classification" and plan.target_mode == "label" and any(r.label < 0 for r in data.records):
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
     limit = max_length(cfg.max_length, lm)
+    if lm.task.name != "classification":  # the task's data errors (a missing mask, a word of two tokens) come now,
+        records = data.records            # before a store is opened
+        lm.task.check_rows(lm.task.prepare(lm, records, tokenize(lm, records, limit)), records, plan.target_mode)
     shard, run_records = None, None
     if cfg.shard is not None:  # cut after --limit, from the lengths the run will compute with
         run_records = data.records
         shard = plan_shard(cfg.shard, run_records, token_lengths(lm.tokenizer, run_records, limit))
         data = replace(data, records=run_records[shard.start:shard.stop])
     return Loaded(lm=lm, data=data, max_length=limit, shard=shard, run_records=run_records)
+
+
+def task_options(cfg, task: str) -> dict:
+    """The task's options from the run's (recorded in the store)."""
+    return {"regression_rank": cfg.regression_rank} if task == "regression" else {}
+
+
+def task_columns(cfg, lm: LoadedModel) -> dict:
+    """load_dataset's task arguments: the task, its mask token, the column flags."""
+    if lm.task.name == "classification":
+        return {}
+    return dict(task=lm.task.name, mask_token=getattr(lm.tokenizer, "mask_token", None),
+                target_column=cfg.target_column, foil_column=cfg.foil_column,
+                word_index_column=cfg.word_index_column, answers_column=cfg.answers_column)
 
 
 def max_length(asked: int | None, lm: LoadedModel) -> int:

@@ -24,6 +24,7 @@ from .config import declared_options
 from .dispatch import BatchOutput
 from .load import Loaded
 from .plan import RunPlan
+from ..tasks import TaskRows
 
 
 class WindowWriter:
@@ -160,8 +161,14 @@ def _create_writer(plan: RunPlan, loaded: Loaded, layouts, provenance, head_mask
              "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
     return StoreWriter.create(plan.output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
-                              labels=lm.info["id2label"], methods=layouts, provenance=provenance, attrs=attrs,
-                              head_masks=list(head_masks), evidence=plan.cfg.evidence_column is not None)
+                              labels=lm.task.labels(lm.info["id2label"]), methods=layouts, provenance=provenance,
+                              attrs=attrs, head_masks=list(head_masks), evidence=has_evidence(plan, lm),
+                              task={"name": lm.task.name, "options": dict(lm.task.options)})
+
+
+def has_evidence(plan: RunPlan, lm) -> bool:
+    """Evidence flags are stored for --evidence-column, and for qa always (the gold answer's tokens)."""
+    return plan.cfg.evidence_column is not None or lm.task.name == "qa"
 
 
 def check_resume(before: dict, now: dict, output: str) -> None:
@@ -191,10 +198,12 @@ def check_resume(before: dict, now: dict, output: str) -> None:
 
 
 def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
-             convert_ids_to_tokens) -> list[ExampleData]:
+             convert_ids_to_tokens, task_rows: TaskRows | None = None) -> list[ExampleData]:
     """The batch's examples as the store keeps them: every array cut to the example's tokens, matrices to the
-    explained row under --matrices cls, evidence spans turned into a per-token flag."""
+    explained row under --matrices cls, evidence spans turned into a per-token flag, the task's outcome with the
+    words of its target and foil tokens."""
     examples = []
+    o = out.outcome
     for b, i in enumerate(batch):
         r = records[i]
         n = len(tok.input_ids[i])
@@ -223,5 +232,21 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
             row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
             tokens=convert_ids_to_tokens(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
             pred=int(out.pred[b]), probs=out.probs[b], target=int(out.target[b]), explain_pos=pos,
-            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per, evidence=evidence))
+            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per, evidence=evidence,
+            target_token=int(o.target_token[b]), foil_token=int(o.foil_token[b]), span_end=int(o.span_end[b]),
+            pred_end=int(o.pred_end[b]), output=float(o.output[b]),
+            gold_value=float("nan") if task_rows is None else float(task_rows.gold_value[i]),
+            task_info=_task_info(o, b, None if task_rows is None else task_rows.info[i], convert_ids_to_tokens)))
     return examples
+
+
+def _task_info(o, b: int, data_info: dict | None, convert_ids_to_tokens) -> dict:
+    """The example's words (JSON in the store): the target and foil tokens as the tokenizer writes them, the model's
+    own top word, and what the data gave (a qa answer's text)."""
+    info = dict(data_info or {})
+    for key, ids in (("target", o.target_token), ("foil", o.foil_token)):
+        if int(ids[b]) >= 0:
+            info[key] = convert_ids_to_tokens([int(ids[b])])[0]
+    if int(o.target_token[b]) >= 0:  # a word-prediction task: the model's own top word too
+        info["predicted"] = convert_ids_to_tokens([int(o.pred[b])])[0]
+    return info

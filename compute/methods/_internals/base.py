@@ -20,6 +20,9 @@ from ...errors import AttrscopeError
 # explained output (the shared gradient pass, integrated gradients); "lrp": every Linear's input and output recorded
 # in the gradient pass's forward for the LRP rules.
 PASSES = frozenset({"forward", "backward", "lrp"})
+# Tasks with a sequence head read at one token (compute.tasks): the methods that decompose its logit or start
+# relevance at it are defined for these only.
+SEQUENCE_HEAD_TASKS = frozenset({"classification", "regression"})
 
 
 @dataclass
@@ -45,6 +48,9 @@ class Method:
     # pass, which records the LRP tensors only when some method of the batch declares "lrp".
     passes: ClassVar[frozenset[str]] = frozenset({"forward"})
     run_options: ClassVar[tuple] = ()  # compute.options.Option: the run options it reads (the CLI, resume, provenance)
+    # The tasks (compute.tasks) it is defined for; None: every task (methods that read only the explained row, or
+    # the gradient of the explained output, whatever head produced it).
+    tasks: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, **params):
         self.params = params
@@ -56,6 +62,15 @@ class Method:
                 f"method '{self.name}' is not defined for the pre-LN architecture '{adapter.config.model_type}' "
                 "(METHODS.md section 9): use alti, alti_l2, norm_n, norm_res, norm_fixedres, or a gradient, attention or "
                 "logit method")
+
+    def check_task(self, task: str) -> None:
+        """One-line error where the method is not defined for the run's task, naming those that are."""
+        if self.tasks is not None and task not in self.tasks:
+            from .. import REGISTRY  # the registry imports every method, this base among them
+
+            defined = [name for name, m in REGISTRY.items() if m.tasks is None or task in m.tasks]
+            raise AttrscopeError(f"method '{self.name}' is not defined for --task {task}: the methods defined for it "
+                                 f"are {', '.join(defined)}")
 
     def n_layer_views(self, adapter: Adapter) -> int:
         return adapter.n_layers if self.has_layer_views else 0

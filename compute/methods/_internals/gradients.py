@@ -24,6 +24,7 @@ from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from .base import Method, MethodResult
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
+from ...tasks.readout import explained
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,13 @@ def embedding_output(adapter: Adapter, inputs: dict) -> torch.Tensor:
     return box[0]
 
 
-def select(logits: torch.Tensor, target: torch.Tensor, output: str) -> torch.Tensor:
-    """F for every row: the target's logit or softmax probability [R], in float32 at least (a half-precision
-    model's softmax and its backward run in float32; the gradient reaches the model's logits in its dtype)."""
+def select(logits: torch.Tensor, target: torch.Tensor, output: str, foil: torch.Tensor | None = None) -> torch.Tensor:
+    """F for every row: the target's logit or softmax probability [R] (less the foil's, where one is given), in
+    float32 at least (a half-precision model's softmax and its backward run in float32; the gradient reaches the
+    model's logits in its dtype). A one-output head (regression) has no softmax: "prob" explains the value."""
     logits = wide(logits)
-    out = torch.softmax(logits, dim=-1) if output == "prob" else logits
-    return out.gather(1, target[:, None])[:, 0]
+    out = torch.softmax(logits, dim=-1) if output == "prob" and logits.shape[-1] > 1 else logits
+    return explained(out, target, foil)
 
 
 # float16 keeps 11 bits down to 6.1e-5 and nothing under 6e-8, while the gradients of a logit reach 1e-8 (about a
@@ -121,8 +123,9 @@ def output_grads(y: torch.Tensor, wrt: list[torch.Tensor], *, retain_graph: bool
 
 
 def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained, internals: Captured | None = None,
-               grad: bool = True):
-    """Logits of the model at embedding-space input X [R, n, d] (with ``grad`` the graph follows X). With
+               grad: bool = True, *, readout=None, pos: torch.Tensor | None = None):
+    """The output vector [R, C] of the model at embedding-space input X [R, n, d], read by the task's ``readout``
+    at positions ``pos`` [R] (default: the classification logits); with ``grad`` the graph follows X. With
     ``internals``, layer inputs and outputs and attention probabilities are recorded into it."""
     handles = []
     if spec.double_embedding:
@@ -134,7 +137,8 @@ def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained,
     try:
         ctx = adapter.hooks(internals, frozenset({"hidden_states", "attentions"})) if internals else nullcontext()
         with ctx, torch.set_grad_enabled(grad):
-            return adapter.model(**call).logits
+            out = adapter.model(**call)
+            return out.logits if readout is None else readout(out, pos)
     finally:
         for h in handles:
             h.remove()
@@ -158,7 +162,9 @@ class GradientPass:
         self.records_lrp = record_lrp
         self.lrp = LRPRecord() if record_lrp and has_lrp_rules(adapter) else None
         with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext():
-            self.logits = forward_at(adapter, inputs, self.X, spec, self.internals)
+            self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
+                                     pos=cap.explain_pos)
+        self.foil = cap.foil
         self._grads: dict[tuple, dict] = {}
 
     @property
@@ -177,7 +183,7 @@ class GradientPass:
             hs, att = self.hidden_states, self.attentions
             wrt = [self.X, *hs, *att]
             with torch.enable_grad():
-                y = select(self.logits, target, self.spec.output).sum()
+                y = select(self.logits, target, self.spec.output, self.foil).sum()
                 g = output_grads(y, wrt, retain_graph=True)
             g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, wrt)]
             self._grads[key] = {"X": g[0], "hidden": g[1:1 + len(hs)], "attentions": g[1 + len(hs):]}
@@ -262,14 +268,21 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
         rows_in = {k: v[ex] for k, v in inputs.items()}
         X = (X0_w[ex] + alpha[st, None, None] * (E_w[ex] - X0_w[ex])).to(E.dtype).requires_grad_(True)
         with torch.enable_grad():
-            y = select(forward_at(adapter, rows_in, X, spec), target[ex], spec.output).sum()
+            y = select(forward_at(adapter, rows_in, X, spec, readout=cap.readout, pos=cap.explain_pos[ex]),
+                       target[ex], spec.output, foil_rows(cap.foil, ex)).sum()
             (g,) = output_grads(y, [X])
         total.index_add_(0, ex, wide(g) * weight[st, None, None])
     attr = (E_w - X0_w) * total
-    ends = forward_at(adapter, {k: torch.cat([v, v]) for k, v in inputs.items()}, torch.cat([E, X0]), spec, grad=False)
-    f = select(wide(ends), torch.cat([target, target]), spec.output)
+    both = torch.arange(B, device=E.device).repeat(2)
+    ends = forward_at(adapter, {k: torch.cat([v, v]) for k, v in inputs.items()}, torch.cat([E, X0]), spec, grad=False,
+                      readout=cap.readout, pos=cap.explain_pos[both])
+    f = select(wide(ends), target[both], spec.output, foil_rows(cap.foil, both))
     delta = wide(attr).sum(dim=(1, 2)) - (f[:B] - f[B:])
     return attr, delta
+
+
+def foil_rows(foil: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if foil is None else foil[rows]
 
 
 def valid_mean_rows(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

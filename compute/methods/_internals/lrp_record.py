@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...adapters import Adapter
+from .base import SEQUENCE_HEAD_TASKS
 
 
 @dataclass
@@ -19,7 +20,9 @@ class LRPRecord:
 
 
 def has_lrp_rules(adapter: Adapter) -> bool:
-    return adapter.lrp_linears(adapter.layers()[0]) is not None and adapter.lrp_head() is not None
+    """A rule set exists for the family's layers and for the model's head (a sequence head: compute.tasks)."""
+    return (adapter.task in SEQUENCE_HEAD_TASKS and adapter.lrp_linears(adapter.layers()[0]) is not None
+            and adapter.lrp_head() is not None)
 
 
 @contextmanager

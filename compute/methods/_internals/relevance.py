@@ -34,7 +34,7 @@ from ... import interrupts
 from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
-from .base import Method, MethodResult
+from .base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from .gradients import Explained, GradientPass, gradient_pass, spec_from, wide
 from .lrp_record import has_lrp_rules
 
@@ -194,6 +194,7 @@ class RelevanceMethod(Method):
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
     passes = frozenset({"forward", "lrp"})
+    tasks = SEQUENCE_HEAD_TASKS  # the rules start at a sequence head's logit
     pre_ln_ok = False
 
     def __init__(self, **params):
