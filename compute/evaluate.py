@@ -40,8 +40,11 @@ class ModelPredictor:
     Identical (sequence, attend) pairs are run once per call and remembered across calls (the variants of AOPC
     and LOdds of several presets share most of their perturbed inputs)."""
 
-    def __init__(self, model, pad_id: int, batch_size: int, cache_limit: int = 2_000_000):
+    def __init__(self, model, pad_id: int, batch_size: int, cache_limit: int = 2_000_000,
+                 task: str = "classification"):
         self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+        self.task = task  # what a row's numbers are: softmax (classification), the value (regression), or
+        #                   [p(target), p(foil)] at the explained position (word prediction, with ``where``)
         self.device = next(model.parameters()).device
         self.cache: dict[bytes, np.ndarray] = {}
         self.cache_limit = cache_limit
@@ -54,8 +57,10 @@ class ModelPredictor:
         return s + b"|" + (b"" if att is None else np.packbits(np.asarray(att, dtype=bool)).tobytes()
                            + len(att).to_bytes(4, "little"))
 
-    def __call__(self, sequences, attend=None):
-        keys = [self._key(s, None if attend is None else attend[i]) for i, s in enumerate(sequences)]
+    def __call__(self, sequences, attend=None, where=None):
+        keys = [self._key(s, None if attend is None else attend[i])
+                + (b"" if where is None else np.asarray(where[i], dtype=np.int64).tobytes())
+                for i, s in enumerate(sequences)]
         todo = list(dict.fromkeys(k for k in keys if k not in self.cache))
         index = {k: i for i, k in enumerate(keys)}
         t0 = time.perf_counter()
@@ -73,7 +78,7 @@ class ModelPredictor:
             interrupts.check()
             with torch.no_grad():
                 logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            probs = torch.softmax(logits.double(), dim=-1).cpu().numpy()
+            probs = self._rows(logits, None if where is None else np.stack([where[index[k]] for k in chunk]))
             for r, k in enumerate(chunk):
                 self.cache[k] = probs[r]
         if self.device.type == "cuda":
@@ -84,6 +89,18 @@ class ModelPredictor:
         if len(self.cache) > self.cache_limit:
             self.cache.clear()
         return out
+
+
+    def _rows(self, logits: torch.Tensor, where: np.ndarray | None) -> np.ndarray:
+        if where is not None:  # word prediction: the target's and the foil's probability at the explained position
+            w = torch.as_tensor(where, device=logits.device)
+            at = torch.softmax(logits[torch.arange(len(w), device=logits.device), w[:, 0]].double(), dim=-1)
+            b = torch.arange(len(w), device=logits.device)
+            p_foil = torch.where(w[:, 2] >= 0, at[b, w[:, 2].clamp_min(0)], torch.full_like(at[:, 0], float("nan")))
+            return torch.stack([at[b, w[:, 1]], p_foil], 1).cpu().numpy()
+        if self.task == "regression":  # the output value itself: the metrics measure its change
+            return logits.double().cpu().numpy()
+        return torch.softmax(logits.double(), dim=-1).cpu().numpy()
 
 
 def parse_metric_specs(spec: str) -> list[tuple[str, str, str | None]]:
@@ -113,9 +130,11 @@ def evidence_metrics(specs: list[tuple[str, str, str | None]]) -> list[str]:
 def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids) -> list[EvalExample]:
     out = []
     class_specific = bool(s.method_info(method)["params"].get("class_specific"))
+    classes = s.task["name"] == "classification"  # elsewhere the metrics read the explained output's column
     for i in idx:
         ex = s[i]
         seg = ex.segment
+        words = ex.task_info if s.task["name"] in ("masked-token", "next-token") else {}
         cs = ex.class_scores(method)
         if cs is None and not class_specific:  # a class-independent method explains every class the same way
             cs = np.tile(ex.scores(method), (s.num_labels, 1))
@@ -131,7 +150,8 @@ def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids)
                     paired_scores, paired_pred = oex.scores(method).astype(np.float64), oex.pred
         out.append(EvalExample(index=i, id=ex.id, token_ids=ex.token_ids.astype(np.int64), special=seg < 0,
                                scores=ex.scores(method).astype(np.float64), label=ex.label if ex.label is not None
-                               else -1, pred=ex.pred, explain_pos=ex.explain_pos,
+                               else -1, pred=ex.pred if classes else ex.target, explain_pos=ex.explain_pos,
+                               target_token=words.get("target_token", -1), foil_token=words.get("foil_token", -1),
                                class_scores=None if cs is None else cs.astype(np.float64), other_scores=others,
                                evidence=ex.evidence, paired_scores=paired_scores, paired_pred=paired_pred))
     return out
@@ -174,17 +194,24 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
                 if m not in s.methods:
                     raise UsageError(f"method '{m}' is not in store '{path}': it holds {', '.join(s.methods)}")
             needs_model = any(REGISTRY[name].needs_model for _, name, _ in specs)
+            task = s.task["name"]
+            if needs_model and task == "qa":
+                perturbing = next(stored for stored, name, _ in specs if REGISTRY[name].needs_model)
+                raise UsageError(f"metric '{perturbing}' perturbs the input and reads one output, which qa stores "
+                                 "do not define (a start and an end that move): use precision_at_k, dot_product "
+                                 "or average_precision")
             _check_needs(s, specs, cfg, methods, path)  # before the model loads: a refusal takes no time
             if lm is None:
                 spec = model_spec or s.config.get("model", {}).get("model_id")
                 dtype = s.config.get("config", {}).get("dtype", "float32")
-                lm = load_model(spec, device=torch.device(device), dtype=dtype, allow_random_head=allow_random_head)
+                lm = load_model(spec, device=torch.device(device), dtype=dtype, allow_random_head=allow_random_head,
+                                task=task)
             other = other_ids = None
             if cfg.other:
                 other = open_store(cfg.other)
                 other_ids = {x: i for i, x in enumerate(other.ids())}
             pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-            predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size) if needs_model else None
+            predictor = ModelPredictor(lm.model, pad_id, cfg.batch_size, task=task) if needs_model else None
             out, timings, stopped = [], {}, False
             lo, hi = (0, len(s)) if world is None else rank_rows(s.index_column("n_tokens"), world)
             try:

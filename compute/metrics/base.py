@@ -37,6 +37,10 @@ class EvalExample:
     # caller pairs examples by id and only where both stores hold the same tokens.
     paired_scores: np.ndarray | None = None  # [n]
     paired_pred: int | None = None
+    # Word-prediction tasks (masked-token, next-token): the explained target and foil tokens (-1: none); the
+    # Predictor reads their probabilities at the explained position of each perturbed sequence.
+    target_token: int = -1
+    foil_token: int = -1
 
 
 class Predictor(Protocol):
@@ -44,7 +48,10 @@ class Predictor(Protocol):
     positions the model attends to (None: all of them). Token type ids are not passed (the reference code of all
     the papers leaves them out). Returns softmax probabilities [R, C] as float64."""
 
-    def __call__(self, sequences: list[np.ndarray], attend: list[np.ndarray] | None = None) -> np.ndarray: ...
+    def __call__(self, sequences: list[np.ndarray], attend: list[np.ndarray] | None = None,
+                 where: np.ndarray | None = None) -> np.ndarray: ...
+    # ``where`` [R, 3] (word-prediction tasks only): per sequence the explained position, target and foil token;
+    # the probabilities are then [p(target), p(foil) or NaN] at that position.
 
 
 @dataclass

@@ -30,6 +30,7 @@ class Padded:
     n: np.ndarray  # [E] int64
     explain_pos: np.ndarray  # [E] int64
     special: np.ndarray  # [E, N] bool
+    words: np.ndarray | None = None  # [E, 2] target and foil token of word-prediction tasks (None: other tasks)
 
 
 def pad_examples(examples: list[EvalExample]) -> Padded:
@@ -46,7 +47,8 @@ def pad_examples(examples: list[EvalExample]) -> Padded:
         scores[valid] = np.concatenate([np.asarray(ex.scores, dtype=np.float64).reshape(-1) for ex in examples])
         special[valid] = np.concatenate([np.asarray(ex.special, dtype=bool).reshape(-1) for ex in examples])
     explain_pos = np.array([ex.explain_pos for ex in examples], dtype=np.int64)
-    return Padded(tokens, valid, scores, n, explain_pos, special)
+    words = np.array([(ex.target_token, ex.foil_token) for ex in examples], dtype=np.int64).reshape(E, 2)
+    return Padded(tokens, valid, scores, n, explain_pos, special, words if (words[:, 0] >= 0).any() else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------- ranking
@@ -94,8 +96,8 @@ def protected_mask(P: Padded, protect: str) -> np.ndarray:
         return (P.special | explained) & P.valid
     if protect == "cls":
         return explained & P.valid
-    if protect == "ends":
-        return ((pos == 0) | (pos == P.n[:, None] - 1)) & P.valid
+    if protect == "ends":  # the explained position too (a masked LM's mask; [CLS] or the last token otherwise)
+        return ((pos == 0) | (pos == P.n[:, None] - 1) | explained) & P.valid
     raise AttrscopeError(f"unknown protect '{protect}': use cls_sep or cls")
 
 
@@ -174,6 +176,19 @@ def replace(P: Padded, row_ex: np.ndarray, drop: np.ndarray, token_id: int) -> l
     return _split(seq[P.valid[row_ex]], P.n[row_ex])
 
 
+def explained_where(P: Padded, row_ex: np.ndarray, drop: np.ndarray, deleted: bool) -> np.ndarray | None:
+    """[R, 3] per perturbed row: where the explained position went (deletion moves it left by the dropped tokens
+    before it; it is never dropped itself) and the example's target and foil tokens. None outside word-prediction
+    tasks (the predictor reads the classifier's output)."""
+    if P.words is None:
+        return None
+    pos = P.explain_pos[row_ex]
+    if deleted:
+        before = np.arange(drop.shape[1])[None, :] < pos[:, None]
+        pos = pos - (drop & before).sum(1)
+    return np.concatenate([pos[:, None], P.words[row_ex]], axis=1)
+
+
 def attend_masks(sequences: list[np.ndarray], convention: str = "all") -> list[np.ndarray]:
     """Per sequence the positions the perturbed pass attends to: all of them, explicitly, so a predictor never
     derives a mask from [PAD] ids.
@@ -188,9 +203,11 @@ def attend_masks(sequences: list[np.ndarray], convention: str = "all") -> list[n
 
 
 def chosen_probabilities(predictor: Predictor, sequences: list[np.ndarray], attend: list[np.ndarray] | None,
-                         row_of: np.ndarray, cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                         row_of: np.ndarray, cls: np.ndarray,
+                         where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """ONE predictor call over every row. Returns p [E, K]: probability of each example's class ``cls`` [E] at each
-    level (NaN where row_of is -1), and top [E, K]: the argmax class of the row (-1 there)."""
+    level (NaN where row_of is -1), and top [E, K]: the argmax class of the row (-1 there). ``where``: the rows'
+    explained positions and words (explained_where), for word-prediction tasks."""
     E, K = row_of.shape
     p = np.full((E, K), np.nan)
     top = np.full((E, K), -1, dtype=np.int64)
@@ -198,7 +215,8 @@ def chosen_probabilities(predictor: Predictor, sequences: list[np.ndarray], atte
         return p, top
     if predictor is None:
         raise AttrscopeError("this metric perturbs inputs and needs a model (Predictor); none was given")
-    probs = np.asarray(predictor(sequences, attend), dtype=np.float64)  # [R, C]
+    raw = predictor(sequences, attend) if where is None else predictor(sequences, attend, where)
+    probs = np.asarray(raw, dtype=np.float64)  # [R, C]
     if probs.ndim != 2 or probs.shape[0] != len(sequences):
         raise AttrscopeError(f"predictor returned shape {probs.shape} for {len(sequences)} sequences (want [R, C])")
     has = row_of >= 0
@@ -223,9 +241,11 @@ def alti_deletion(examples: list[EvalExample], predictor: Predictor, sufficiency
     ok = m > 0
     counts = np.concatenate([j, m[:, None]], axis=1) if sufficiency else j  # [E, 7] or [E, 6]
     row_ex, row_count, row_of = plan_rows(counts, ok)
-    seqs = delete(P, row_ex, drop_mask(rank_of, row_ex, row_count, keep_top=sufficiency))
+    drop = drop_mask(rank_of, row_ex, row_count, keep_top=sufficiency)
+    seqs = delete(P, row_ex, drop)
     pred = np.array([ex.pred for ex in examples], dtype=np.int64).reshape(E)
-    p, _ = chosen_probabilities(predictor, seqs, attend_masks(seqs), row_of, pred)
+    p, _ = chosen_probabilities(predictor, seqs, attend_masks(seqs), row_of, pred,
+                                explained_where(P, row_ex, drop, deleted=True))
     f = p[:, 6] if sufficiency else p[:, 0]
     return p[:, :6], f, np.where(ok[:, None], j, -1)
 
@@ -307,7 +327,8 @@ def level_curves(examples: list[EvalExample], predictor: Predictor, s: dict, cls
         seqs = delete(P, row_ex, drop)
     else:
         seqs = replace(P, row_ex, drop, int(s[f"{s['perturbation']}_id"]))
-    p, top = chosen_probabilities(predictor, seqs, attend_masks(seqs, s["attend"]), row_of, cls)
+    p, top = chosen_probabilities(predictor, seqs, attend_masks(seqs, s["attend"]), row_of, cls,
+                                  explained_where(P, row_ex, drop, deleted=s["perturbation"] == "delete"))
     return LevelCurves(p[:, 0], p[:, 1:], top[:, 1:], np.where(ok[:, None], k, -1), ok)
 
 

@@ -3,7 +3,6 @@ at the position the head pools ([CLS] for encoders, the last real token for deco
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .base import Outcome, Part, Task, TaskRows, none_like
