@@ -233,8 +233,24 @@ class Adapter:
         return None
 
     def lrp_head(self) -> list[nn.Module] | None:
+        """The Linear modules of the model's head that the LRP rules pass through, bottom-up (activations and
+        LayerNorms between them pass relevance unchanged): the sequence head's (``sequence_lrp_head``), a masked
+        LM's dense and vocabulary decoder, a QA head's qa_outputs. None: no rule set."""
+        if self.task == "qa":
+            return [self.model.qa_outputs]
+        if self.task == "masked-token":
+            return self.lm_lrp_head()
+        if self.task == "next-token":
+            return None
+        return self.sequence_lrp_head()
+
+    def sequence_lrp_head(self) -> list[nn.Module] | None:
         """The classification head's two Linear modules, reading the explained token ([CLS]): dense (pooler,
         RoBERTa/ELECTRA head dense, DistilBERT pre_classifier), then the classifier. None: no rule set."""
+        return None
+
+    def lm_lrp_head(self) -> list[nn.Module] | None:
+        """A masked LM head's dense and vocabulary decoder (GELU and LayerNorm between and after them)."""
         return None
 
     def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -397,11 +413,19 @@ class BertAdapter(Adapter):
         return ((lambda h: head.layer_norm(torch.nn.functional.gelu(head.dense(h)))), head.decoder.weight,
                 head.decoder.bias)
 
-    def lrp_head(self):
+    def sequence_lrp_head(self):
         m = self.model
         if self.config.model_type == "bert":
             return [m.bert.pooler.dense, m.classifier]  # pooler dense -> tanh -> dropout -> classifier
         return [m.classifier.dense, m.classifier.out_proj]  # RoBERTa (tanh) / ELECTRA (GELU) heads
+
+    def lm_lrp_head(self):
+        m, kind = self.model, self.config.model_type
+        if kind == "bert":
+            return [m.cls.predictions.transform.dense, m.cls.predictions.decoder]
+        if kind == "electra":
+            return [m.generator_predictions.dense, m.generator_lm_head]
+        return [m.lm_head.dense, m.lm_head.decoder]
 
     def _head(self, h):
         B, n, d = h.shape
@@ -454,8 +478,11 @@ class DistilBertAdapter(Adapter):
         return ((lambda h: m.vocab_layer_norm(m.activation(m.vocab_transform(h)))), m.vocab_projector.weight,
                 m.vocab_projector.bias)
 
-    def lrp_head(self):
+    def sequence_lrp_head(self):
         return [self.model.pre_classifier, self.model.classifier]  # -> ReLU -> dropout -> classifier
+
+    def lm_lrp_head(self):
+        return [self.model.vocab_transform, self.model.vocab_projector]  # -> GELU -> LayerNorm -> projector
 
     def _head(self, h):
         # DistilBertForSequenceClassification: classifier(dropout(relu(pre_classifier(h)))).

@@ -152,6 +152,37 @@ def write_tiny_model_dir(path: Path, arch: str = "bert", seed: int = 0) -> Path:
     return path
 
 
+def tiny_vocab() -> list[str]:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += list(dict.fromkeys(WORDS + list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
+                                + list(".,!?'-")))
+    assert len(vocab) <= 120
+    return vocab
+
+
+def write_tiny_task_model_dir(path: Path, arch: str, task: str, seed: int = 0) -> Path:
+    """A saved tiny model with the head of ``task`` and a word-level tokenizer over tiny_vocab(): BERT's (with [CLS]
+    and [SEP]) for encoders, one that adds no special tokens for the decoders (a causal LM reads the prefix as is)."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import WordPiece
+    from transformers import BertTokenizerFast, PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {t: i for i, t in enumerate(tiny_vocab())}
+    if arch in PRE_LN_ARCHS:
+        raw = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+        raw.normalizer = normalizers.Lowercase()
+        raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        raw.decoder = decoders.WordPiece()
+        tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
+    else:
+        tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    tok.save_pretrained(path)
+    model = tiny_task_model(arch, task, seed=seed, dtype=torch.float32)
+    model.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")

@@ -138,6 +138,8 @@ def test_every_defined_method_runs_and_does_not_depend_on_the_batch(arch, task):
         rows.context = [(3, 5), (2, 2), (4, 7)]
     names = defined(task, lm.adapter)
     assert len(names) >= 15, names
+    if task in ("masked-token", "qa") and arch != "gpt2":
+        assert {"lrp", "partial_lrp", "transatt"} <= set(names)  # the LRP rules start at these heads too
     params = {n: {"steps": 4} for n in ("ig_l2", "ig_mean")}
     full = run(lm, names, batch, rows, **params)
     for b, k in enumerate(LENGTHS):
@@ -155,17 +157,16 @@ def test_every_defined_method_runs_and_does_not_depend_on_the_batch(arch, task):
                                    rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("task", ["masked-token", "qa"])
-def test_methods_not_defined_for_a_task_fail_in_one_line_naming_the_defined_ones(task):
-    for name in ("lrp", "decompx", "alti_logit", "transatt"):
+@pytest.mark.parametrize("task,undefined", [("masked-token", ("decompx", "alti_logit", "decompx_nohead")),
+                                            ("qa", ("decompx", "alti_logit", "logat")),
+                                            ("next-token", ("lrp", "transatt", "mask_lrp", "decompx"))])
+def test_methods_not_defined_for_a_task_fail_in_one_line_naming_the_defined_ones(task, undefined):
+    for name in undefined:
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_task(task)
         msg = str(err.value)
         assert "\n" not in msg and f"--task {task}" in msg and "alti" in msg.split("are ")[1]
         assert name not in msg.split("are ")[1].split(", ")
-    if task == "qa":
-        with pytest.raises(AttrscopeError, match="--task qa"):
-            get_method("logat").check_task("qa")
 
 
 # --------------------------------------------------------------------------------------------------------------- qa
@@ -300,3 +301,36 @@ def test_word_targets_must_be_one_token():
     assert word_token(tok, "is", "x") == 5 and word_token(tok, " are ", "x") == 6
     with pytest.raises(AttrscopeError, match="example 'e1': the word 'walking' is 2 tokens .*walk ##ing"):
         word_token(tok, "walking", "example 'e1'")
+
+
+@pytest.mark.parametrize("arch,task", [("bert", "masked-token"), ("roberta", "masked-token"),
+                                       ("distilbert", "masked-token"), ("electra", "masked-token"),
+                                       ("bert", "qa"), ("distilbert", "qa")])
+def test_lrp_relevance_starts_at_the_task_head_and_is_conserved(arch, task):
+    """METHODS.md 11.7 for the masked-LM and QA heads: one unit of relevance at the explained output (the target
+    word's logit; the start channel at the answer's start) reaches the input, about conserved; a foil starts -1 more,
+    so a contrast starts with a total of 0 (the add rule rescales by absolute sums: not linear in the start)."""
+    from compute.methods._internals.gradients import Explained, gradient_pass
+    from compute.methods._internals.relevance import propagate
+
+    lm = loaded(arch, task)
+    batch = random_batch(arch, [9, 9])
+    batch["attention_mask"][:] = 1  # no padding: conservation is stated without it
+    rows = TaskRows.plain([-1, -1])
+    if task == "qa":
+        rows.context = [(3, 7), (2, 6)]
+    else:
+        rows.position, rows.target_token, rows.foil_token = [3, 5], [10, 11], [12, 13]
+    with torch.no_grad():
+        cap = lm.adapter.capture(batch, frozenset())
+    parts = lm.task.parts(cap, rows, "predicted")
+    pcap = explaining(cap, parts[0], True)
+    gp = gradient_pass(pcap, lm.adapter, Explained(dtype="float64"), lrp=True)
+    channel = 0 if task == "qa" else None
+    with torch.no_grad():
+        rel = propagate(gp, parts[0].target, pcap.explain_pos, channel=channel)
+        total = rel.input.sum((1, 2))
+        assert torch.allclose(total, torch.ones_like(total), atol=0.1), total
+        if task == "masked-token":
+            contrast = propagate(gp, parts[0].target, pcap.explain_pos, foil=parts[0].foil).input
+            assert torch.allclose(contrast.sum((1, 2)), torch.zeros(2, dtype=contrast.dtype), atol=0.2)

@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...adapters import Adapter
-from .base import SEQUENCE_HEAD_TASKS
 
 
 @dataclass
@@ -20,9 +19,8 @@ class LRPRecord:
 
 
 def has_lrp_rules(adapter: Adapter) -> bool:
-    """A rule set exists for the family's layers and for the model's head (a sequence head: compute.tasks)."""
-    return (adapter.task in SEQUENCE_HEAD_TASKS and adapter.lrp_linears(adapter.layers()[0]) is not None
-            and adapter.lrp_head() is not None)
+    """A rule set exists for the family's layers and for the model's head (compute.tasks)."""
+    return adapter.lrp_linears(adapter.layers()[0]) is not None and adapter.lrp_head() is not None
 
 
 @contextmanager
@@ -37,7 +35,9 @@ def lrp_hooks(adapter: Adapter, record: LRPRecord):
 
     def keep_head(i: int):
         def hook(_m, inp, out):
-            record.head[i] = (inp[0], out)
+            # a head run on every token (a vocabulary decoder: [B, n, V]) keeps its input only: the rules need the
+            # output at the explained row, recomputed there (compute.methods._internals.relevance)
+            record.head[i] = (inp[0], out if out.dim() == 2 else None)
         return hook
 
     try:

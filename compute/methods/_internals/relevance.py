@@ -34,7 +34,7 @@ from ... import interrupts
 from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
-from .base import SEQUENCE_HEAD_TASKS, Method, MethodResult
+from .base import Method, MethodResult
 from .gradients import Explained, GradientPass, gradient_pass, spec_from, wide
 from .lrp_record import has_lrp_rules
 
@@ -103,22 +103,48 @@ class Relevance:
     attention: list[torch.Tensor]
 
 
+def start_relevance(target: torch.Tensor, foil: torch.Tensor | None, channel: int | None, width: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """[B, width] relevance at the head's output: one-hot at the explained output's entry (the target class or word;
+    a QA head's start or end channel), less one-hot at the foil word where one is given (a contrast)."""
+    index = target if channel is None else torch.full_like(target, channel)
+    R = torch.nn.functional.one_hot(index, width).to(dtype)
+    if foil is not None:
+        has = (foil >= 0).to(dtype)[:, None]
+        R = R - has * torch.nn.functional.one_hot(foil.clamp_min(0), width).to(dtype)
+    return R
+
+
+# The output channel of a QA head (start_logits / end_logits) a readout reads; other heads index by the target.
+QA_CHANNELS = {"start_logits": 0, "end_logits": 1}
+
+
 def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_mask: torch.Tensor | None = None, *,
-              rollout_uses_masked: bool = False, renormalise: bool = False) -> Relevance:
-    """Relevance from the one-hot target logit down to the encoder input, for the batch recorded in ``gp`` (on the
-    model gp ran: the float64 twin by default)."""
+              rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
+              channel: int | None = None) -> Relevance:
+    """Relevance from the one-hot target logit (less the foil's; or a QA head's ``channel`` at the explained
+    position) down to the encoder input, for the batch recorded in ``gp`` (on the model gp ran: the float64 twin by
+    default)."""
     adapter, rec = gp.adapter, gp.lrp
     H = adapter.n_heads
     layers = adapter.layers()
 
-    # head: classifier (alpha-beta) <- activation (identity) <- dense (alpha-beta) <- IndexSelect of the [CLS] row
-    (x1, y1), (x2, y2) = [(wide(i.detach()), wide(o.detach())) for i, o in rec.head]
-    lin1, lin2 = adapter.lrp_head()
-    R = torch.nn.functional.one_hot(target, y2.shape[-1]).to(y2.dtype)
-    R = linear_relprop(R, x2, wide(lin2.weight), _unbiased(lin2, y2))
-    R = linear_relprop(R, x1, wide(lin1.weight), _unbiased(lin1, y1))
+    # head: its Linears (alpha-beta) top-down, activations and LayerNorms passing relevance unchanged, on the
+    # explained row (a sequence head reads it alone; a language-model or QA head runs on every token: its row
+    # at the explained position is the one that produced the explained output)
     last = wide(gp.hidden_states[-1].detach())
     b = torch.arange(last.shape[0], device=last.device)
+    R = None
+    for mod, (x, y) in zip(reversed(adapter.lrp_head()), reversed(rec.head)):
+        x = wide(x.detach())
+        if x.dim() == 3:
+            x = x[b, pos]
+            y = torch.nn.functional.linear(x, wide(mod.weight), None if mod.bias is None else wide(mod.bias))
+        else:
+            y = wide(y.detach())
+        if R is None:
+            R = start_relevance(target, foil, channel, y.shape[-1], y.dtype)
+        R = linear_relprop(R, x, wide(mod.weight), _unbiased(mod, y))
     R_out = torch.zeros_like(last)
     R_out[b, pos] = last[b, pos] * safe_div(R, last[b, pos])
 
@@ -182,7 +208,8 @@ def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Te
     mask_key = None if head_mask is None else tuple(map(tuple, head_mask.tolist()))
     key = ("relevance", spec, tuple(target.tolist()), mask_key, tuple(sorted(options.items())))
     with torch.no_grad():
-        return cap.cached(key, lambda: propagate(gp, target, cap.explain_pos, head_mask, **options))
+        return cap.cached(key, lambda: propagate(gp, target, cap.explain_pos, head_mask, foil=cap.foil,
+                                                 channel=QA_CHANNELS.get(cap.readout.field), **options))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,7 +221,9 @@ class RelevanceMethod(Method):
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
     passes = frozenset({"forward", "lrp"})
-    tasks = SEQUENCE_HEAD_TASKS  # the rules start at a sequence head's logit
+    # the rules start at the head's explained output: a sequence head, a masked LM's vocabulary head, a QA head
+    # (the decoders' next-token task has no rule set: pre-LN, METHODS.md section 9)
+    tasks = frozenset({"classification", "regression", "masked-token", "qa"})
     pre_ln_ok = False
 
     def __init__(self, **params):
