@@ -478,16 +478,16 @@ def _resolve_task_columns(task, columns, spec, *, text_column, pair_column, labe
 
     target = find.pick(target_column, "--target-column", TARGET_CANDIDATES)
     foil = find.pick(foil_column, "--foil-column", FOIL_CANDIDATES)
-    if task == "next-token":
-        text = find.required(text_column, "--text-column", PREFIX_CANDIDATES, "prefix text")
-        return {"text": text, "pair": pair, "label": None, "id": id_, "target": target, "foil": foil,
-                "format": "plain"}
-
     if word_index_column is None and find.has_all(LINZEN_COLUMNS):
+        # masked-token masks the verb; next-token reads the words before it as the prefix.
         return {"text": find.pick(text_column, "--text-column", ("orig_sentence",)), "pair": pair, "label": None,
                 "id": id_, "target": find.pick(target_column, "--target-column", ("verb",)), "foil": foil,
                 "word_index": find.auto(("verb_index",)),
                 "subject_index": find.auto(("subj_index",)), "subject": find.auto(("subj",)), "format": "linzen"}
+    if task == "next-token":
+        text = find.required(text_column, "--text-column", PREFIX_CANDIDATES, "prefix text")
+        return {"text": text, "pair": pair, "label": None, "id": id_, "target": target, "foil": foil,
+                "format": "plain"}
     text = find.required(text_column, "--text-column", LM_TEXT_CANDIDATES, "text")
     word_index = find.pick(word_index_column, "--word-index-column", WORD_INDEX_CANDIDATES)
     cols = {"text": text, "pair": pair, "label": None, "id": id_, "target": target, "foil": foil,
@@ -639,7 +639,7 @@ class _TaskRows:
             return self._blimp_pair(base, where, row)
         if self.format == "blimp" and _is_blank(row.get(self.cols["text"])):
             return None  # a BLiMP paradigm without the one-word-prefix form (one_prefix_method false)
-        if self.task == "next-token":
+        if self.task == "next-token" and self.format != "linzen":
             return self._next_token(base, where, row)
         if self.cols.get("word_index") is not None:
             return self._masked_word(base, where, row)
@@ -673,14 +673,15 @@ class _TaskRows:
         return self._lm(base, where, text, pair, target, foil, self._evidence(row, where, text, pair))
 
     def _masked_word(self, base: dict, where: str, row: dict) -> Record:
-        """A word index (or the Linzen verb index): that word, without attached punctuation, becomes the mask."""
+        """A word index (or the Linzen verb index): that word, without attached punctuation, becomes the mask (for
+        next-token, the Linzen file only: the words before it become the prefix)."""
         cols = self.cols
         text, pair = self._text_and_pair(where, row)
         target, foil = self._target_and_foil(where, row)
         words = _word_spans(text)
         first = 1 if self.format == "linzen" else 0  # the Linzen file counts words from 1 (CoNLL indices)
         index = _word_index(row.get(cols["word_index"]), where, cols["word_index"], first, len(words))
-        if self.mask_token in text:
+        if self.task == "masked-token" and self.mask_token in text:
             raise AttrscopeError(f"{where} already holds the mask token {self.mask_token!r} and a word index in "
                                  f"{cols['word_index']!r}: keep one of the two")
         start, end = _word_core(text, *words[index])
@@ -695,6 +696,15 @@ class _TaskRows:
         evidence = self._evidence(row, where, text, pair)
         if self.format == "linzen" and evidence is None:
             evidence = (self._linzen_subject(row, where, text, words),)
+        if self.task == "next-token":  # the Linzen file for a causal LM: the words before the verb
+            prefix = text[:words[index][0]].rstrip()
+            if not prefix:
+                raise AttrscopeError(f"{where}: the verb is the first word, so there is no prefix before it: "
+                                     "next-token needs at least one word before the verb (remove the row)")
+            if evidence and any(seg == 0 and b > len(prefix) for seg, a, b in evidence):
+                raise AttrscopeError(f"{where}: an evidence span ends after the prefix (the words before the verb): "
+                                     "evidence must point at words of the prefix")
+            return self._lm(base, where, prefix, pair, target, foil, evidence)
         if evidence:
             evidence = _shift_spans(evidence, start, end, len(self.mask_token) - (end - start), where)
         masked = text[:start] + self.mask_token + text[end:]

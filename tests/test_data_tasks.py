@@ -291,6 +291,32 @@ def test_bundled_linzen_file():
         assert record.text.split()[int(cells["verb_index"]) - 1] == M
 
 
+def test_bundled_linzen_file_for_next_token():
+    spec = str(TASKS_DIR / "agreement_linzen.tsv")
+    ds = load_dataset(spec, task="next-token")
+    assert ds.columns["format"] == "linzen" and ds.task == "next-token" and len(ds.records) == 12
+    assert ds.records[0] == lm(0, "0", "the keys to the cabinet", "hang", None, ((0, 4, 8),))
+    assert ds.records[9] == lm(9, "9", "the birds", "sing", None, ((0, 4, 9),))
+    masked = load_dataset(spec, task="masked-token", mask_token=M).records
+    for prefix, record in zip(ds.records, masked):
+        assert record.text.startswith(prefix.text + " " + M)
+        assert (prefix.target, prefix.foil, prefix.evidence) == (record.target, record.foil, record.evidence)
+
+
+def test_linzen_next_token_needs_words_before_the_verb(tmp_path):
+    spec = write(tmp_path / "l.tsv", LINZEN_HEADER + "\tev\n" + linzen_row("walk the men", "men", "walk", 3, 1)
+                 + "\t\n")
+    assert load_error(spec, task="next-token") == (
+        f"row 0 of '{spec}' (line 2): the verb is the first word, so there is no prefix before it: next-token needs "
+        "at least one word before the verb (remove the row)")
+    spec = write(tmp_path / "m.tsv", LINZEN_HEADER + "\tev\n" + linzen_row("the men walk far", "men", "walk", 2, 3)
+                 + "\t[[13, 16]]\n")
+    assert load_error(spec, task="next-token", evidence_column="ev") == (
+        f"row 0 of '{spec}' (line 2): an evidence span ends after the prefix (the words before the verb): evidence "
+        "must point at words of the prefix")
+    assert load_dataset(spec, task="next-token").records == [lm(0, "0", "the men", "walk", None, ((0, 4, 7),))]
+
+
 def test_linzen_layout_with_a_foil_column(tmp_path):
     spec = write(tmp_path / "l.tsv", LINZEN_HEADER + "\tfoil\n" + linzen_row("the men walk", "men", "walk", 2, 3,
                                                                                "walks") + "\n")
