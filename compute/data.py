@@ -1,8 +1,9 @@
 """Load the examples to attribute: local .jsonl/.csv/.tsv/.parquet files or a Hugging Face hub split.
 
-Every source is reduced to the same thing, a list of ``Record``s (text, optional pair, label index, id),
-so the rest of attr-compute never looks at file formats. Problems with the data are raised as
-one-line ``AttrscopeError``s that name the file, the row and the fix.
+Every source is reduced to the same thing, a list of ``Record``s (text, optional pair, label index, id, and per
+task the target and foil words, the regression value or the QA answer), so the rest of attr-compute never looks at
+file formats. Problems with the data are raised as one-line ``AttrscopeError``s that name the file, the row and the
+fix. The columns each task reads are documented in docs/tasks.md ("Data formats").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import math
 import numbers
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,27 @@ TEXT_CANDIDATES = ("text", "sentence", "sentence1", "premise", "question1", "que
 PAIR_FOR_TEXT = {"sentence1": "sentence2", "premise": "hypothesis", "question1": "question2"}
 LABEL_CANDIDATES = ("label", "labels", "gold_label", "target", "class")
 ID_CANDIDATES = ("id", "idx", "guid", "example_id", "uid")
+
+TASKS = ("classification", "regression", "masked-token", "next-token", "qa")
+# Per task, the candidates tried when no flag names the column (case-insensitive, in order).
+REGRESSION_LABEL_CANDIDATES = ("label", "labels", "score", "similarity_score")
+LM_TEXT_CANDIDATES = ("text", "sentence")  # masked-token
+PREFIX_CANDIDATES = ("text", "prefix", "sentence")  # next-token
+TARGET_CANDIDATES = ("target", "correct")  # "correct"/"wrong": the simple agreement form
+FOIL_CANDIDATES = ("foil", "wrong")
+WORD_INDEX_CANDIDATES = ("word_index", "verb_index")
+QUESTION_CANDIDATES = ("question",)
+CONTEXT_CANDIDATES = ("context",)
+ANSWERS_CANDIDATES = ("answers",)
+# BLiMP (Warstadt et al. 2020) minimal pairs; the one-prefix fields are the next-token form of the same pair.
+BLIMP_COLUMNS = ("sentence_good", "sentence_bad")
+BLIMP_PREFIX_COLUMNS = ("one_prefix_prefix", "one_prefix_word_good", "one_prefix_word_bad")
+# The agreement file of Linzen et al. (2016), agr_50_mostcommon_10K.tsv: these of its 18 columns are read.
+# Its `sentence` column replaces rare words by their POS tag, so the real words come from `orig_sentence`;
+# verb_index and subj_index count words from 1.
+LINZEN_COLUMNS = ("orig_sentence", "verb_index", "verb", "subj_index", "subj")
+# Mask tokens of common tokenizers, named in the error when a text holds one that is not the model's.
+KNOWN_MASK_TOKENS = ("[MASK]", "<mask>")
 
 # Suffixes that mean "this was meant to be a file", so a missing one is reported as a missing file
 # rather than being looked up on the hub.
@@ -47,6 +70,12 @@ class Record:
     label: int  # class index, -1 when the dataset has no label (or the cell is empty)
     # Evidence / answer character spans (segment, start, end), segment 0 = text, 1 = pair (--evidence-column).
     evidence: tuple[tuple[int, int, int], ...] | None = None
+    # masked-token / next-token: the word whose logit is explained (None: the model's own prediction) and the
+    # contrasting foil word (None: no contrast); kept as written, the task tokenises them.
+    target: str | None = None
+    foil: str | None = None
+    value: float | None = None  # regression: the gold value (None: unlabelled)
+    answer: str | None = None  # qa: the first gold answer's text; its span in the context is evidence[0]
 
 
 @dataclass
@@ -58,6 +87,11 @@ class Dataset:
     n_rows: int  # rows in the source before --limit
     sha256: str | None  # of the local file bytes; None for hub datasets
     label_names: dict | None  # how string labels were mapped, e.g. {"positive": 1, "negative": 0}, else None
+    task: str = "classification"
+    # Rows left out on purpose (BLiMP pairs that do not differ in one word, or have no one-word prefix for
+    # next-token): how many, and notes for the user saying which and why (the runner prints them).
+    skipped: int = 0
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -74,17 +108,33 @@ class _Table:
 def load_dataset(
     spec: str,
     *,
+    task: str = "classification",
+    mask_token: str | None = None,
     text_column=None,
     pair_column=None,
     label_column=None,
     id_column=None,
+    target_column=None,
+    foil_column=None,
+    answers_column=None,
+    word_index_column=None,
     evidence_column=None,
     split=None,
     limit=None,
     label2id: dict[str, int] | None = None,
     num_labels: int | None = None,
 ) -> Dataset:
-    """Read ``spec`` (a local file, or ``name[/config]:split`` on the hub) into records."""
+    """Read ``spec`` (a local file, or ``name[/config]:split`` on the hub) into records for ``task``.
+
+    ``mask_token`` is the model's mask token; masked-token data needs it (texts must hold it, or it replaces the
+    word a word index, a BLiMP pair or the Linzen verb index points at). ``label2id``/``num_labels`` map class
+    labels (classification only). ``limit`` counts source rows, so skipped BLiMP pairs count towards it.
+    """
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    _check_task_flags(task, mask_token, label_column=label_column, target_column=target_column,
+                      foil_column=foil_column, answers_column=answers_column, word_index_column=word_index_column,
+                      evidence_column=evidence_column)
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be a positive number of examples, got {limit}")
 
@@ -101,14 +151,25 @@ def load_dataset(
     if table.n_rows == 0:
         raise AttrscopeError(f"dataset '{spec}' has no rows: add at least one example")
 
-    cols = _resolve_columns(table.columns, spec, text_column, pair_column, label_column, id_column)
+    if task == "classification":
+        cols = _resolve_columns(table.columns, spec, text_column, pair_column, label_column, id_column)
+    else:
+        cols = _resolve_task_columns(task, table.columns, spec, text_column=text_column, pair_column=pair_column,
+                                     label_column=label_column, id_column=id_column, target_column=target_column,
+                                     foil_column=foil_column, answers_column=answers_column,
+                                     word_index_column=word_index_column)
     if evidence_column is not None:
         cols["evidence"] = _find_column(table.columns, evidence_column)
         if cols["evidence"] is None:
             raise AttrscopeError(f"column {evidence_column!r} (from --evidence-column) is not in '{spec}' (columns: "
                                  f"{', '.join(repr(c) for c in table.columns)}): pass one of those")
     labels = _LabelMapper(label2id, num_labels)
-    records = _to_records(table.rows, cols, labels, limit, spec)
+    if task == "classification":
+        make = _classification_row(cols, labels)
+    else:
+        make = _TaskRows(task, cols, mask_token)
+    records, skipped_rows = _to_records(table.rows, make, cols, limit, spec)
+    notes = (make.skipped_note(skipped_rows, len(records) + len(skipped_rows), spec),) if skipped_rows else ()
     return Dataset(
         records=records,
         source=spec,
@@ -117,7 +178,30 @@ def load_dataset(
         n_rows=table.n_rows,
         sha256=table.sha256,
         label_names=labels.mapped or None,
+        task=task,
+        skipped=len(skipped_rows),
+        notes=notes,
     )
+
+
+def _check_task_flags(task: str, mask_token, **flags) -> None:
+    """Column flags another task reads are usage errors, not silently ignored."""
+    applies = {
+        "label_column": ("classification", "regression"),
+        "target_column": ("masked-token", "next-token"),
+        "foil_column": ("masked-token", "next-token"),
+        "word_index_column": ("masked-token",),
+        "answers_column": ("qa",),
+        "evidence_column": ("classification", "regression", "masked-token", "next-token"),
+    }
+    for name, value in flags.items():
+        if value is not None and task not in applies[name]:
+            flag = "--" + name.replace("_", "-")
+            extra = " (qa reads the evidence span from the answers)" if name == "evidence_column" else ""
+            raise UsageError(f"{flag} applies to --task {' / '.join(applies[name])}, not {task}{extra}: drop it")
+    if task == "masked-token" and not mask_token:
+        raise UsageError("--task masked-token needs a model with a mask token (a masked-LM tokenizer): "
+                         "use a masked language model")
 
 
 # --- local files -------------------------------------------------------------------------------------
@@ -309,39 +393,108 @@ def _find_column(columns: list[str], name: str) -> str | None:
     return next((c for c in columns if str(c).strip().lower() == key), None)
 
 
-def _resolve_columns(columns, spec, text_column, pair_column, label_column, id_column) -> dict:
-    available = ", ".join(repr(c) for c in columns) or "none"
+class _ColumnFinder:
+    """Finds columns of one source by flag (must exist) or by candidates (first present), for its messages."""
 
-    def explicit(name, flag):
-        found = _find_column(columns, name)
+    def __init__(self, columns: list[str], spec: str):
+        self.columns, self.spec = columns, spec
+        self.available = ", ".join(repr(c) for c in columns) or "none"
+
+    def explicit(self, name: str, flag: str) -> str:
+        found = _find_column(self.columns, name)
         if found is None:
             raise AttrscopeError(
-                f"column {name!r} (from {flag}) is not in '{spec}' (columns: {available}): pass one of those"
+                f"column {name!r} (from {flag}) is not in '{self.spec}' (columns: {self.available}): pass one of those"
             )
         return found
 
-    def auto(candidates):
-        return next((c for c in (_find_column(columns, n) for n in candidates) if c is not None), None)
+    def auto(self, candidates) -> str | None:
+        return next((c for c in (_find_column(self.columns, n) for n in candidates) if c is not None), None)
 
-    if text_column is not None:
-        text = explicit(text_column, "--text-column")
-    else:
-        text = auto(TEXT_CANDIDATES)
-        if text is None:
-            raise AttrscopeError(
-                f"no text column found in '{spec}' (columns: {available}): pass --text-column"
-            )
+    def pick(self, given, flag: str, candidates) -> str | None:
+        return self.explicit(given, flag) if given is not None else self.auto(candidates)
 
+    def required(self, given, flag: str, candidates, what: str) -> str:
+        found = self.pick(given, flag, candidates)
+        if found is None:
+            raise AttrscopeError(f"no {what} column found in '{self.spec}' (columns: {self.available}): pass {flag}")
+        return found
+
+    def has_all(self, names) -> bool:
+        return all(_find_column(self.columns, n) is not None for n in names)
+
+
+def _resolve_columns(columns, spec, text_column, pair_column, label_column, id_column,
+                     label_candidates=LABEL_CANDIDATES) -> dict:
+    find = _ColumnFinder(columns, spec)
+    text = find.required(text_column, "--text-column", TEXT_CANDIDATES, "text")
     if pair_column is not None:
-        pair = explicit(pair_column, "--pair-column")
+        pair = find.explicit(pair_column, "--pair-column")
     elif text_column is None and str(text).strip().lower() in PAIR_FOR_TEXT:
         pair = _find_column(columns, PAIR_FOR_TEXT[str(text).strip().lower()])
     else:
         pair = None
-
-    label = explicit(label_column, "--label-column") if label_column is not None else auto(LABEL_CANDIDATES)
-    id_ = explicit(id_column, "--id-column") if id_column is not None else auto(ID_CANDIDATES)
+    label = find.pick(label_column, "--label-column", label_candidates)
+    id_ = find.pick(id_column, "--id-column", ID_CANDIDATES)
     return {"text": text, "pair": pair, "label": label, "id": id_}
+
+
+def _resolve_task_columns(task, columns, spec, *, text_column, pair_column, label_column, id_column, target_column,
+                          foil_column, answers_column, word_index_column) -> dict:
+    """The columns a non-classification task reads, and the layout ("format") they were found in."""
+    find = _ColumnFinder(columns, spec)
+    if task == "regression":
+        cols = _resolve_columns(columns, spec, text_column, pair_column, label_column, id_column,
+                                label_candidates=REGRESSION_LABEL_CANDIDATES)
+        return {**cols, "format": "plain"}
+    if task == "qa":
+        return {"text": find.required(text_column, "--text-column", QUESTION_CANDIDATES, "question"),
+                "pair": find.required(pair_column, "--pair-column", CONTEXT_CANDIDATES, "context"),
+                "label": None, "id": find.pick(id_column, "--id-column", ID_CANDIDATES),
+                "answers": find.pick(answers_column, "--answers-column", ANSWERS_CANDIDATES), "format": "squad"}
+
+    pair = find.explicit(pair_column, "--pair-column") if pair_column is not None else None
+    id_ = find.pick(id_column, "--id-column", ID_CANDIDATES)
+    blimp_columns = BLIMP_COLUMNS if task == "masked-token" else BLIMP_PREFIX_COLUMNS
+    if find.has_all(blimp_columns):
+        given = [flag for flag, v in (("--text-column", text_column), ("--pair-column", pair_column),
+                                      ("--target-column", target_column), ("--foil-column", foil_column),
+                                      ("--word-index-column", word_index_column)) if v is not None]
+        if given:
+            raise UsageError(f"'{spec}' holds BLiMP minimal pairs ({', '.join(blimp_columns)}), which give the text, "
+                             f"target and foil: drop {', '.join(given)}")
+        uid, pair_id = _find_column(columns, "UID"), _find_column(columns, "pairID")
+        named = [find.auto((c,)) for c in blimp_columns]
+        # Ids: UID_pairID (pairID counts within a paradigm, UID names it) unless --id-column says otherwise.
+        cols = {"text": named[0], "pair": None, "label": None, "id": id_ if id_column is not None else None,
+                "format": "blimp"}
+        if task == "masked-token":
+            cols.update(good=named[0], bad=named[1])
+        else:
+            cols.update(target=named[1], foil=named[2])
+        if id_column is None:
+            cols.update(blimp_uid=uid, blimp_pair_id=pair_id)
+        return cols
+
+    target = find.pick(target_column, "--target-column", TARGET_CANDIDATES)
+    foil = find.pick(foil_column, "--foil-column", FOIL_CANDIDATES)
+    if word_index_column is None and find.has_all(LINZEN_COLUMNS):
+        # masked-token masks the verb; next-token reads the words before it as the prefix.
+        return {"text": find.pick(text_column, "--text-column", ("orig_sentence",)), "pair": pair, "label": None,
+                "id": id_, "target": find.pick(target_column, "--target-column", ("verb",)), "foil": foil,
+                "word_index": find.auto(("verb_index",)),
+                "subject_index": find.auto(("subj_index",)), "subject": find.auto(("subj",)), "format": "linzen"}
+    if task == "next-token":
+        text = find.required(text_column, "--text-column", PREFIX_CANDIDATES, "prefix text")
+        return {"text": text, "pair": pair, "label": None, "id": id_, "target": target, "foil": foil,
+                "format": "plain"}
+    text = find.required(text_column, "--text-column", LM_TEXT_CANDIDATES, "text")
+    word_index = find.pick(word_index_column, "--word-index-column", WORD_INDEX_CANDIDATES)
+    cols = {"text": text, "pair": pair, "label": None, "id": id_, "target": target, "foil": foil,
+            "format": "plain"}
+    if word_index is not None:
+        cols["word_index"] = word_index
+    return cols
 
 
 # --- labels -----------------------------------------------------------------------------------------------
@@ -426,16 +579,19 @@ class _LabelMapper:
 # --- records ----------------------------------------------------------------------------------------------
 
 
-def _to_records(rows, cols: dict, labels: _LabelMapper, limit: int | None, spec: str) -> list[Record]:
+def _to_records(rows, make, cols: dict, limit: int | None, spec: str) -> tuple[list[Record], list[int]]:
+    """Records from ``make(row_no, where, row, id)`` (None: the row is skipped), and the skipped row numbers."""
     records: list[Record] = []
+    skipped: list[int] = []
     first_row_of_id: dict[str, int] = {}
     for row_no, (where, row) in enumerate(rows):
         if limit is not None and row_no >= limit:
             break
-        text = _text(row, cols["text"], where)
-        pair = _text(row, cols["pair"], where) if cols["pair"] is not None else None
-        label = labels(row.get(cols["label"]), where) if cols["label"] is not None else -1
-        id_ = _record_id(row, cols["id"], row_no)
+        id_ = _row_id(row, cols, row_no)
+        record = make(row_no, where, row, id_)
+        if record is None:
+            skipped.append(row_no)
+            continue
         # Results are keyed by id (and --resume skips done ids), so two rows must not share one.
         if id_ in first_row_of_id:
             raise AttrscopeError(
@@ -443,9 +599,308 @@ def _to_records(rows, cols: dict, labels: _LabelMapper, limit: int | None, spec:
                 "make the id column unique, or pass --id-column with a unique column"
             )
         first_row_of_id[id_] = row_no
+        records.append(record)
+    return records, skipped
+
+
+def _row_id(row: dict, cols: dict, row_no: int) -> str:
+    if cols.get("blimp_pair_id") is not None:  # BLiMP: pairID counts within a paradigm, UID names the paradigm
+        pair_id = _record_id(row, cols["blimp_pair_id"], row_no)
+        uid = row.get(cols["blimp_uid"]) if cols.get("blimp_uid") is not None else None
+        return f"{uid}_{pair_id}" if isinstance(uid, str) and uid.strip() else pair_id
+    return _record_id(row, cols["id"], row_no)
+
+
+def _classification_row(cols: dict, labels: _LabelMapper):
+    def make(row_no: int, where: str, row: dict, id_: str) -> Record:
+        text = _text(row, cols["text"], where)
+        pair = _text(row, cols["pair"], where) if cols["pair"] is not None else None
+        label = labels(row.get(cols["label"]), where) if cols["label"] is not None else -1
         evidence = _evidence(row.get(cols["evidence"]), where, text, pair) if cols.get("evidence") else None
-        records.append(Record(row=row_no, id=id_, text=text, pair=pair, label=label, evidence=evidence))
-    return records
+        return Record(row=row_no, id=id_, text=text, pair=pair, label=label, evidence=evidence)
+
+    return make
+
+
+class _TaskRows:
+    """Turns one row into the Record of a regression, masked-token, next-token or qa task (see docs/tasks.md)."""
+
+    def __init__(self, task: str, cols: dict, mask_token: str | None):
+        self.task, self.cols, self.mask_token = task, cols, mask_token
+        self.format = cols["format"]
+
+    def __call__(self, row_no: int, where: str, row: dict, id_: str) -> Record | None:
+        base = {"row": row_no, "id": id_, "label": -1}
+        if self.task == "regression":
+            return self._regression(base, where, row)
+        if self.task == "qa":
+            return self._qa(base, where, row)
+        if self.format == "blimp" and self.task == "masked-token":
+            return self._blimp_pair(base, where, row)
+        if self.format == "blimp" and _is_blank(row.get(self.cols["text"])):
+            return None  # a BLiMP paradigm without the one-word-prefix form (one_prefix_method false)
+        if self.task == "next-token" and self.format != "linzen":
+            return self._next_token(base, where, row)
+        if self.cols.get("word_index") is not None:
+            return self._masked_word(base, where, row)
+        return self._masked_text(base, where, row)
+
+    def _regression(self, base: dict, where: str, row: dict) -> Record:
+        text, pair = self._text_and_pair(where, row)
+        column = self.cols["label"]
+        value = _value(row.get(column), where) if column is not None else None
+        return Record(**base, text=text, pair=pair, value=value, evidence=self._evidence(row, where, text, pair))
+
+    def _qa(self, base: dict, where: str, row: dict) -> Record:
+        question, context = self._text_and_pair(where, row)
+        if self.cols["answers"] is None:
+            return Record(**base, text=question, pair=context)
+        answer, evidence = _answer(row.get(self.cols["answers"]), where, context)
+        return Record(**base, text=question, pair=context, answer=answer, evidence=evidence)
+
+    def _next_token(self, base: dict, where: str, row: dict) -> Record:
+        text, pair = self._text_and_pair(where, row)
+        if not text.strip():
+            raise AttrscopeError(f"{where} has an empty prefix in column {self.cols['text']!r}: next-token explains "
+                                 "the word after the prefix, so write at least one word")
+        target, foil = self._target_and_foil(where, row)
+        return self._lm(base, where, text, pair, target, foil, self._evidence(row, where, text, pair))
+
+    def _masked_text(self, base: dict, where: str, row: dict) -> Record:
+        text, pair = self._text_and_pair(where, row)
+        self._check_one_mask(text, where)
+        target, foil = self._target_and_foil(where, row)
+        return self._lm(base, where, text, pair, target, foil, self._evidence(row, where, text, pair))
+
+    def _masked_word(self, base: dict, where: str, row: dict) -> Record:
+        """A word index (or the Linzen verb index): that word, without attached punctuation, becomes the mask (for
+        next-token, the Linzen file only: the words before it become the prefix)."""
+        cols = self.cols
+        text, pair = self._text_and_pair(where, row)
+        target, foil = self._target_and_foil(where, row)
+        words = _word_spans(text)
+        first = 1 if self.format == "linzen" else 0  # the Linzen file counts words from 1 (CoNLL indices)
+        index = _word_index(row.get(cols["word_index"]), where, cols["word_index"], first, len(words))
+        if self.task == "masked-token" and self.mask_token in text:
+            raise AttrscopeError(f"{where} already holds the mask token {self.mask_token!r} and a word index in "
+                                 f"{cols['word_index']!r}: keep one of the two")
+        start, end = _word_core(text, *words[index])
+        word = text[start:end]
+        if target is None:
+            target = word
+        elif word.lower() not in {target.lower(), (foil or target).lower()}:
+            # Most often an index counted from the other end (1 instead of 0): say which counting was used.
+            raise AttrscopeError(f"{where}: word {index + first} ({cols['word_index']!r}, counting from {first}) is "
+                                 f"{word!r}, neither the target {target!r} nor the foil {foil!r}: check the index "
+                                 f"counts whitespace-separated words from {first}")
+        evidence = self._evidence(row, where, text, pair)
+        if self.format == "linzen" and evidence is None:
+            evidence = (self._linzen_subject(row, where, text, words),)
+        if self.task == "next-token":  # the Linzen file for a causal LM: the words before the verb
+            prefix = text[:words[index][0]].rstrip()
+            if not prefix:
+                raise AttrscopeError(f"{where}: the verb is the first word, so there is no prefix before it: "
+                                     "next-token needs at least one word before the verb (remove the row)")
+            if evidence and any(seg == 0 and b > len(prefix) for seg, a, b in evidence):
+                raise AttrscopeError(f"{where}: an evidence span ends after the prefix (the words before the verb): "
+                                     "evidence must point at words of the prefix")
+            return self._lm(base, where, prefix, pair, target, foil, evidence)
+        if evidence:
+            evidence = _shift_spans(evidence, start, end, len(self.mask_token) - (end - start), where)
+        masked = text[:start] + self.mask_token + text[end:]
+        return self._lm(base, where, masked, pair, target, foil, evidence)
+
+    def _text_and_pair(self, where: str, row: dict) -> tuple[str, str | None]:
+        pair = _text(row, self.cols["pair"], where) if self.cols["pair"] is not None else None
+        return _text(row, self.cols["text"], where), pair
+
+    def _target_and_foil(self, where: str, row: dict) -> tuple[str | None, str | None]:
+        return (_word(row, self.cols.get("target"), where, "target"),
+                _word(row, self.cols.get("foil"), where, "foil"))
+
+    def _lm(self, base, where, text, pair, target, foil, evidence) -> Record:
+        if target is not None and foil is not None and target == foil:
+            raise AttrscopeError(f"{where}: the target and the foil are both {target!r}: a foil must differ from "
+                                 "the target (or leave the foil empty)")
+        return Record(**base, text=text, pair=pair, evidence=evidence, target=target, foil=foil)
+
+    def _evidence(self, row, where, text, pair):
+        column = self.cols.get("evidence")
+        return _evidence(row.get(column), where, text, pair) if column else None
+
+    def _check_one_mask(self, text: str, where: str) -> None:
+        count = text.count(self.mask_token)
+        if count == 1:
+            return
+        column = self.cols["text"]
+        if count > 1:
+            raise AttrscopeError(f"{where} holds the mask token {self.mask_token!r} {count} times in column "
+                                 f"{column!r}: masked-token explains one masked word, so keep one")
+        others = [t for t in KNOWN_MASK_TOKENS if t != self.mask_token and t in text]
+        hint = (f"it holds {others[0]!r}, but this model's mask token is {self.mask_token!r}: write "
+                f"{self.mask_token!r} instead" if others else
+                f"write {self.mask_token!r} where the word to predict is, or pass --word-index-column")
+        raise AttrscopeError(f"{where} has no mask token {self.mask_token!r} in column {column!r}: {hint}")
+
+    def _blimp_pair(self, base: dict, where: str, row: dict) -> Record | None:
+        """The one word in which sentence_good and sentence_bad differ becomes the mask; None if there is not one."""
+        good = _text(row, self.cols["good"], where)
+        bad = _text(row, self.cols["bad"], where)
+        good_words, bad_words = _word_spans(good), _word_spans(bad)
+        if len(good_words) != len(bad_words):
+            return None
+        differ = [i for i, (g, b) in enumerate(zip(good_words, bad_words)) if good[slice(*g)] != bad[slice(*b)]]
+        if len(differ) != 1:
+            return None
+        (gs, ge), (bs, be) = _word_core(good, *good_words[differ[0]]), _word_core(bad, *bad_words[differ[0]])
+        word_start, word_end = good_words[differ[0]]
+        bad_start, bad_end = bad_words[differ[0]]
+        # Punctuation around the word ("is." / "are.") stays outside the mask; if it differs, so does more than a word.
+        if good[word_start:gs] != bad[bad_start:bs] or good[ge:word_end] != bad[be:bad_end]:
+            return None
+        evidence = self._evidence(row, where, good, None)
+        if evidence:
+            evidence = _shift_spans(evidence, gs, ge, len(self.mask_token) - (ge - gs), where)
+        return self._lm(base, where, good[:gs] + self.mask_token + good[ge:], None, good[gs:ge], bad[bs:be], evidence)
+
+    def _linzen_subject(self, row: dict, where: str, text: str, words) -> tuple[int, int, int]:
+        """The subject noun's character span: the evidence an agreement explanation should point at."""
+        index = _word_index(row.get(self.cols["subject_index"]), where, self.cols["subject_index"], 1, len(words))
+        start, end = _word_core(text, *words[index])
+        subject = row.get(self.cols["subject"])
+        if not isinstance(subject, str) or text[start:end].lower() != subject.strip().lower():
+            raise AttrscopeError(f"{where}: word {index + 1} ({self.cols['subject_index']!r}) is "
+                                 f"{text[start:end]!r}, not the subject {_show(subject)}: check the row")
+        return (0, start, end)
+
+    def skipped_note(self, rows: list[int], n_read: int, spec: str) -> str:
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        why = ("do not differ in exactly one word (with the same punctuation around it)" if self.task == "masked-token"
+               else "have no one-word prefix (one_prefix_method false)")
+        return f"skipped {len(rows)} of {n_read} BLiMP pairs in '{spec}' that {why}: rows {shown}"
+
+
+def _is_blank(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _word(row: dict, column: str | None, where: str, what: str) -> str | None:
+    """A target or foil word: None when there is no such column or the cell is empty; kept as written otherwise."""
+    if column is None:
+        return None
+    value = row.get(column)
+    if _is_blank(value):
+        return None
+    if not isinstance(value, str):
+        raise AttrscopeError(f"{where} has {_show(value)} in the {what} column {column!r}, not a word: write the "
+                             f"{what} word as text")
+    return value
+
+
+def _word_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the whitespace-separated words (the words that text.split() gives)."""
+    return [m.span() for m in re.finditer(r"\S+", text)]
+
+
+def _word_core(text: str, start: int, end: int) -> tuple[int, int]:
+    """The word between start and end without the punctuation attached to either side ("is." -> "is")."""
+    def punct(ch):
+        return unicodedata.category(ch).startswith("P")
+
+    a, b = start, end
+    while a < b and punct(text[a]):
+        a += 1
+    while b > a and punct(text[b - 1]):
+        b -= 1
+    return (a, b) if a < b else (start, end)  # a word of punctuation only is masked whole
+
+
+def _word_index(value, where: str, column: str, base: int, n_words: int) -> int:
+    """A word index cell counting from ``base``, as a 0-based index into the text's words."""
+    index = None
+    if isinstance(value, bool):
+        pass  # True is not word 1
+    elif isinstance(value, numbers.Real) and float(value).is_integer():  # 3.0: pandas writes indices as floats
+        index = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        index = int(value)
+    if index is None:
+        raise AttrscopeError(f"{where} has {_show(value)} in the word index column {column!r}, not a whole number: "
+                             f"write the index of a word counting from {base}")
+    if not base <= index < n_words + base:
+        raise AttrscopeError(f"word index {index} in {where} (column {column!r}) is out of range: the text has "
+                             f"{n_words} words, {base}..{n_words - 1 + base} counting from {base}")
+    return index - base
+
+
+def _shift_spans(spans, start: int, end: int, delta: int, where: str):
+    """Evidence spans of the source text moved to the masked text (the word start:end became the mask token)."""
+    moved = []
+    for seg, a, b in spans:
+        if seg == 1 or b <= start:
+            moved.append((seg, a, b))
+        elif a >= end:
+            moved.append((seg, a + delta, b + delta))
+        else:
+            raise AttrscopeError(f"{where}: the evidence span [{a}, {b}) overlaps the masked word: evidence must "
+                                 "point at other words")
+    return tuple(moved)
+
+
+def _value(value, where: str) -> float | None:
+    """A regression gold value: a finite number; empty or NaN means unlabelled."""
+    number = None
+    if _is_blank(value):
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            pass
+    if number is not None and math.isnan(number):
+        return None
+    if number is None or math.isinf(number):
+        raise AttrscopeError(f"label {_show(value)} in {where} is not a number: regression needs a numeric label "
+                             "(e.g. 3.8), or pass --label-column with the numeric column")
+    return number
+
+
+def _answer(value, where: str, context: str) -> tuple[str | None, tuple[tuple[int, int, int], ...]]:
+    """SQuAD answers ({"text": [...], "answer_start": [...]}, a list of {"text", "answer_start"}, or either as a
+    JSON string) -> the first answer's text and its character span in the context (segment 1); no answer: None, ()."""
+    shape = ('write answers like {"text": ["Denver Broncos"], "answer_start": [177]} (answer_start: 0-based '
+             'character offset in the context)')
+    if _is_blank(value):
+        return None, ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise AttrscopeError(f"{where}: the answers cell {_show(value)} is not JSON: {shape}") from None
+    try:
+        if isinstance(value, dict):
+            texts, starts = list(value["text"]), list(value["answer_start"])
+        else:
+            items = list(value)
+            texts, starts = [a["text"] for a in items], [a["answer_start"] for a in items]
+        if len(texts) != len(starts):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise AttrscopeError(f"{where}: the answers cell {_show(value)} is not SQuAD answers: {shape}") from None
+    if not texts:
+        return None, ()  # unanswerable (SQuAD 2.0)
+    text, start = texts[0], starts[0]
+    if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, numbers.Integral):
+        raise AttrscopeError(f"{where}: the first answer {_show(text)} at {_show(start)} is not an answer text and "
+                             f"a whole number: {shape}")
+    start = int(start)
+    found = context[start:start + len(text)] if start >= 0 else ""
+    if found != text:
+        raise AttrscopeError(f"{where}: the answer {_show(text)} is not at character {start} of the context (found "
+                             f"{_show(found)}): fix answer_start, the 0-based character offset in the context")
+    return text, ((1, start, start + len(text)),)
 
 
 def _evidence(value, where: str, text: str, pair: str | None) -> tuple[tuple[int, int, int], ...]:
