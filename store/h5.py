@@ -85,7 +85,20 @@ def write_head_masks(f: h5py.File, masks: list[HeadMaskData]) -> None:
         write_attr(g, "settings", json.dumps(hm.attrs, sort_keys=True, default=str))
 
 
-def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs, evidence=False) -> None:
+def checked_task(task: dict | None) -> dict:
+    """The task as the root attribute ``task`` keeps it: {"name": one of schema.TASKS, "options": {...}}."""
+    if task is None:
+        return dict(schema.DEFAULT_TASK)
+    name, options = task.get("name"), task.get("options") or {}
+    if name not in schema.TASKS:
+        raise StoreError(f"unknown task '{name}': one of {', '.join(schema.TASKS)}")
+    if not isinstance(options, dict):
+        raise StoreError(f"the options of task '{name}' are not a mapping: {options!r}")
+    return {"name": name, "options": dict(options)}
+
+
+def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs, evidence=False,
+                  task: dict | None = None) -> None:
     write_attr(f, "encoding-type", schema.ENCODING_TYPE)
     write_attr(f, "encoding-version", schema.ENCODING_VERSION)
     write_attr(f, "created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -94,6 +107,7 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     write_attr(f, "num_labels", len(labels))
     write_attr(f, "labels", json.dumps({str(int(k)): v for k, v in labels.items()}))
     write_attr(f, "methods", json.dumps([m.__dict__ for m in methods], sort_keys=True))
+    write_attr(f, "task", json.dumps(checked_task(task), sort_keys=True, default=str))
     write_attr(f, "complete", False)
     for key, value in attrs.items():
         write_attr(f, key, value)
@@ -119,7 +133,7 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
                        compression="gzip", compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
     flat(f, schema.METRIC_NUMBERS, np.float32, schema.CHUNK_FLAT)
     flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
-    for d in (schema.example_datasets(True) + schema.token_datasets(evidence)
+    for d in (schema.example_datasets(True, True) + schema.token_datasets(evidence)
               + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]):
         flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
 

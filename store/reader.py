@@ -154,10 +154,17 @@ class Store:
             raise damaged(self.path, "the method list", "a layout lacks its fields")
         self._method_layouts = {m["name"]: m for m in layouts if self._layout_known(m["name"])}
         self.methods: list[str] = list(self._method_layouts)
+        task = self._json_attr(a, "task", "the task", schema.DEFAULT_TASK)
+        if (not isinstance(task, dict) or not isinstance(task.get("name"), str)
+                or not isinstance(task.get("options", {}), dict)):
+            raise damaged(self.path, "the task", f"{task!r} is not {{\"name\": ..., \"options\": {{...}}}}")
+        self.task: dict = {"name": task["name"], "options": dict(task.get("options") or {})}
         f = self._f
         self._separate_ids = schema.IDS in f
         self._evidence = schema.TOKEN_EVIDENCE in f
-        self._flats = (schema.example_datasets(self._separate_ids) + schema.token_datasets(self._evidence)
+        self._task_words = schema.TASK_WORDS in f
+        self._flats = (schema.example_datasets(self._separate_ids, self._task_words)
+                       + schema.token_datasets(self._evidence)
                        + [d for m in self._method_layouts.values() for d in schema.method_datasets(m, self.num_labels)])
 
     def _layout_known(self, method: str) -> bool:
@@ -177,7 +184,7 @@ class Store:
         """Model and library provenance (root attributes)."""
         out = {}
         for key, value in self._attrs().items():
-            if key not in ("labels", "methods", "summary"):
+            if key not in ("labels", "methods", "summary", "task"):
                 out[key] = value
         return out
 
@@ -203,6 +210,11 @@ class Store:
     def summary(self) -> dict | None:
         a = self._attrs()
         return self._json_attr(a, "summary", "the run summary") if a.get("summary") else None
+
+    @property
+    def task_name(self) -> str:
+        """What the model is explained for: one of store.schema.TASKS ("classification" for stores before 1.4)."""
+        return self.task["name"]
 
     @property
     def has_evidence(self) -> bool:
@@ -248,7 +260,7 @@ class Store:
         """Every flat dataset reaches at least as far as the last committed row says (O(1), at open and refresh)."""
         if n == 0:
             return
-        last = self._read(schema.INDEX, slice(n - 1, n))[0]
+        last = self._index(slice(n - 1, n), 1)[0]
         t_end = int(last["tok_off"]) + int(last["n_tokens"])
         if int(last["n_tokens"]) < 1 or int(last["tok_off"]) < 0:
             raise damaged(self.path, "/examples/index", f"its last row has {int(last['n_tokens'])} tokens at "
@@ -267,6 +279,14 @@ class Store:
                                                           f"need {d.length(extent)}")
         self._extent = extent
 
+    def _index(self, sel: slice, expect: int) -> np.ndarray:
+        """Index rows in the current dtype (a row written before format 1.4 reads with the task fields' defaults)."""
+        rows = self._read(schema.INDEX, sel, expect)
+        try:
+            return schema.current_rows(rows, self.num_labels)
+        except (KeyError, ValueError, TypeError) as err:
+            raise damaged(self.path, "/examples/index", f"rows of an unknown layout ({err})") from None
+
     def _block(self, b: int) -> np.ndarray:
         """Index rows of block ``b``, read once and checked against each other and against the row before."""
         rows = self._blocks.get(b)
@@ -275,7 +295,7 @@ class Store:
             return rows
         lo, hi = b * _BLOCK, min((b + 1) * _BLOCK, self._n)
         start = max(lo - 1, 0)
-        got = self._read(schema.INDEX, slice(start, hi), hi - start)
+        got = self._index(slice(start, hi), hi - start)
         self._check_rows(got, start)
         rows = got[lo - start:]
         self._blocks[b] = rows
@@ -292,17 +312,42 @@ class Store:
         if start == 0:
             ok &= bool(tok[0] == 0 and sq[0] == 0)
         C = self.num_labels
-        ok &= bool(((r["label"] >= -1) & (r["label"] < C)).all() and ((r["pred"] >= 0) & (r["pred"] < C)).all())
-        ok &= bool(((r["target"] >= 0) & (r["target"] < C)).all() and (r["flags"] <= 1).all())
-        ok &= bool((r["n_orig_tokens"] >= n).all() and np.isfinite(r["probs"]).all())
+        ok &= bool(((r["label"] >= -1) & (r["target"] >= 0) & (r["target"] < C) & (r["flags"] <= 1)).all())
+        ok &= bool((r["n_orig_tokens"] >= n).all())
+        ok &= self._task_rows_ok(r, n)
         for key in ("id", "text", "pair"):
             ln = r[f"{key}_len"]
             ok &= bool((r[f"{key}_off"] >= 0).all() and (ln >= (-1 if key == "pair" else 0)).all())
             blob = "ids_bytes" if key == "id" and self._separate_ids else "string_bytes"
             ok &= bool((r[f"{key}_off"] + np.maximum(ln, 0) <= getattr(self._extent, blob)).all())
         ok &= bool((tok + n <= self._extent.tokens).all())
+        ok &= bool(((r["task_off"] >= 0) & (r["task_len"] >= 0)).all())
+        ok &= bool((r["task_off"] + r["task_len"] <= self._extent.task_bytes).all())
         if not ok:
             raise damaged(self.path, "/examples/index", f"rows {start}-{start + len(r) - 1} contradict each other")
+
+    def _task_rows_ok(self, r: np.ndarray, n: np.ndarray) -> bool:
+        """The fields that depend on the task agree with it: a classifier's label and prediction are classes and its
+        probabilities finite; a qa span lies in the example; a language model's probability of a missing foil is
+        NaN. (A task this reader does not know, from a newer format, is only checked for positions in range.)"""
+        C, task = self.num_labels, self.task_name
+        pos_ok = lambda key: bool(((r[key] >= -1) & (r[key] < n)).all())  # noqa: E731 - -1: not used
+        ok = bool((r["target_token"] >= -1).all() and (r["foil_token"] >= -1).all())
+        ok &= pos_ok("span_end") and pos_ok("pred_end")
+        probs = r["probs"].reshape(len(r), -1)
+        if task == "classification":
+            ok &= bool((r["label"] < C).all() and ((r["pred"] >= 0) & (r["pred"] < C)).all())
+            ok &= bool(np.isfinite(probs).all())
+        elif task == "qa":
+            ok &= bool(((r["pred"] >= 0) & (r["pred"] < n) & (r["pred_end"] >= 0)).all())
+            ok &= bool(((r["span_end"] >= r["explain_pos"])).all() and np.isfinite(probs).all())
+        elif task in schema.LM_TASKS:
+            ok &= bool((r["target_token"] >= 0).all() and np.isfinite(probs[:, 0]).all())
+            if probs.shape[1] > 1:  # p(foil): a probability wherever there is a foil (NaN without one)
+                ok &= bool((np.isfinite(probs[:, 1]) | (r["foil_token"] < 0)).all())
+        elif task == "regression":
+            ok &= bool(np.isfinite(probs).all())
+        return ok
 
     def index_rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Committed index rows [lo, hi) (structured array, fields in ``store.schema.index_dtype``)."""
@@ -752,6 +797,78 @@ class Example:
     @property
     def correct(self) -> bool | None:
         return None if self.label is None else self.label == self.pred
+
+    # the task (format 1.4; older stores read as classification examples) ----------
+    @property
+    def target_token(self) -> int:
+        """Language model tasks: token id of the explained target word (-1 otherwise)."""
+        return int(self._row["target_token"])
+
+    @property
+    def foil_token(self) -> int:
+        """Language model tasks: token id of the foil word (-1: no foil)."""
+        return int(self._row["foil_token"])
+
+    @property
+    def span_end(self) -> int:
+        """qa: end position of the explained answer span, whose start is explain_pos (-1 otherwise)."""
+        return int(self._row["span_end"])
+
+    @property
+    def pred_end(self) -> int:
+        """qa: end position of the model's predicted span, whose start is pred (-1 otherwise)."""
+        return int(self._row["pred_end"])
+
+    @property
+    def output(self) -> float:
+        """The explained output of the unperturbed model (NaN in stores before format 1.4)."""
+        return float(self._row["output"])
+
+    @property
+    def gold_value(self) -> float | None:
+        """Regression: the gold value (None: unlabelled, or another task)."""
+        v = float(self._row["gold_value"])
+        return None if np.isnan(v) else v
+
+    @cached_property
+    def task_words(self) -> dict:
+        """The example's task words as stored: {"target": .., "foil": ..} (language model tasks), {"answer": ..} (qa),
+        {} for none."""
+        off, ln = int(self._row["task_off"]), int(self._row["task_len"])
+        if ln == 0:
+            return {}
+        raw = self._s._read(schema.TASK_WORDS, slice(off, off + ln), ln)
+        try:
+            words = json.loads(bytes(raw).decode("utf-8"))
+        except ValueError as err:
+            raise damaged(self._s.path, "/examples/task", err) from None
+        if not isinstance(words, dict):
+            raise damaged(self._s.path, "/examples/task", f"example {self.index}'s words are not a mapping")
+        return words
+
+    @property
+    def task_info(self) -> dict:
+        """What the example explains, for every task: task (its name), target_token, foil_token, target_word,
+        foil_word, prefers_target (output > 0 where there is a foil, else None), output, gold_value (None if none),
+        span (the explained qa span (start, end), else None), pred_span (the predicted qa span, else None) and
+        answer (qa's answer text, else None)."""
+        task = self._s.task_name
+        words = self.task_words
+        output = self.output
+        qa = task == "qa"
+        return {
+            "task": task,
+            "target_token": self.target_token,
+            "foil_token": self.foil_token,
+            "target_word": words.get("target"),
+            "foil_word": words.get("foil"),
+            "prefers_target": bool(output > 0) if self.foil_token >= 0 and np.isfinite(output) else None,
+            "output": output,
+            "gold_value": self.gold_value,
+            "span": (self.explain_pos, self.span_end) if qa else None,
+            "pred_span": (self.pred, self.pred_end) if qa else None,
+            "answer": words.get("answer"),
+        }
 
     # tokens --------------------------------------------------------------------
     def _tokens_of(self, name: str) -> np.ndarray:

@@ -3,6 +3,7 @@ masks and metrics (compute fills these from its own objects; store/ never sees a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +72,14 @@ class ExampleData:
     n_orig_tokens: int
     truncated: bool
     evidence: np.ndarray | None = None  # [n] bool: evidence / answer tokens (stores made with --evidence-column)
+    # The task (format 1.4; the defaults are a classification example's): README "Store schema"
+    target_token: int = -1  # language model tasks: token id of the explained target word
+    foil_token: int = -1  # language model tasks: token id of the foil word (-1: no foil)
+    span_end: int = -1  # qa: end position of the explained answer span (explain_pos is its start)
+    pred_end: int = -1  # qa: the model's predicted end position (pred is its start)
+    output: float = math.nan  # the explained output of the unperturbed model
+    gold_value: float = math.nan  # regression: the gold value (NaN: unlabelled)
+    task_info: dict | None = None  # the task words, JSON-able: {"target": .., "foil": ..}, {"answer": ..}
     results: dict = field(default_factory=dict)  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
     #                                "example_values": {key: float}}
 

@@ -2,15 +2,20 @@
 how long every flat dataset is after a given committed example. The writer, its resume copy and the reader all
 derive their datasets from here. README "Store schema" documents it for users.
 
-Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale):
+Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
+the task: root attr task, the index's task fields and /examples/task):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
-                           labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete)
+                           labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete),
+                           task (JSON {"name", "options"}, 1.4; absent: classification)
     /provenance            uint8   full run configuration as UTF-8 JSON (attributes are limited to 64 KiB)
     /examples/index        compound rows, one per committed example (index_dtype); appending them is the commit
     /examples/ids          uint8   example ids, UTF-8, addressed by (id_off, id_len) of the index row (1.3; before
                                    1.3 the ids lived in /examples/strings beside the texts)
     /examples/strings      uint8   texts and pair texts, UTF-8, addressed by (text_off, text_len), (pair_off, pair_len)
+    /examples/task         uint8   per-example task words as UTF-8 JSON ({"target": .., "foil": ..} for the language
+                                   model tasks, {"answer": ..} for qa; {} is stored as nothing), addressed by
+                                   (task_off, task_len) of the index row (1.4)
     /tokens/ids            int32   [T]     token ids of all committed examples, concatenated
     /tokens/spans          int32   [T, 2]  character span of each token in its segment's text, (-1, -1) for specials
     /tokens/segment        int8    [T]     0 = text, 1 = pair, -1 = special token
@@ -53,7 +58,8 @@ from dataclasses import dataclass
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.3.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale
+ENCODING_VERSION = "1.4.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
+# 1.4: the task (root attr, index fields target_token .. task_len, /examples/task)
 METHOD_ENCODING_TYPE = "attrscope-method"
 # What one method group holds (scores, layer_scores, matrices, class_scores, example_values, scale), versioned per
 # group: a change to one method's layout bumps it there, and a reader that does not know the new version leaves that
@@ -63,6 +69,11 @@ HEAD_MASK_ENCODING_TYPE = "attrscope-head-mask"
 METRIC_ENCODING_TYPE = "attrscope-metric"
 
 FLAG_TRUNCATED = 1
+
+# What the model is explained for (root attr ``task``; a store without it is a classification store).
+TASKS = ("classification", "regression", "masked-token", "next-token", "qa")
+LM_TASKS = ("masked-token", "next-token")  # a word at one position: target token, optional foil
+DEFAULT_TASK = {"name": "classification", "options": {}}
 
 # Chunk sizes (elements) of the flat datasets: large enough for gzip to work well, small enough that reading one
 # example decompresses little.
@@ -82,6 +93,7 @@ PROVENANCE = "provenance"
 INDEX = "examples/index"
 IDS = "examples/ids"
 STRINGS = "examples/strings"
+TASK_WORDS = "examples/task"
 TOKEN_IDS = "tokens/ids"
 TOKEN_SPANS = "tokens/spans"
 TOKEN_SEGMENT = "tokens/segment"
@@ -126,9 +138,38 @@ def index_dtype(num_labels: int) -> np.dtype:
             ("explain_pos", "<i4"),  # token position whose row the methods explain ([CLS] for classifiers)
             ("n_orig_tokens", "<i4"),  # tokens before truncation at --max-length
             ("flags", "u1"),
-            ("probs", "<f4", (num_labels,)),
+            # 1.4: the task (readers give older rows the defaults of TASK_FIELD_DEFAULTS)
+            ("target_token", "<i4"),  # language model tasks: token id of the explained target word; -1 otherwise
+            ("foil_token", "<i4"),  # language model tasks: token id of the foil word; -1: no foil
+            ("span_end", "<i4"),  # qa: end position of the explained answer span (explain_pos is its start); -1
+            ("pred_end", "<i4"),  # qa: the model's predicted end position (pred: its start); -1 otherwise
+            ("output", "<f4"),  # the explained output of the unperturbed model (NaN: not recorded, before 1.4)
+            ("gold_value", "<f4"),  # regression: the gold value (NaN: none)
+            ("task_off", "<i8"),  # into /examples/task
+            ("task_len", "<i4"),  # 0: no task words
+            ("probs", "<f4", (num_labels,)),  # classification: softmax over the labels; other tasks: see README
         ]
     )
+
+
+# The index fields added in 1.4 and the value a row written before them reads as.
+TASK_FIELD_DEFAULTS = {"target_token": -1, "foil_token": -1, "span_end": -1, "pred_end": -1, "output": np.nan,
+                       "gold_value": np.nan, "task_off": 0, "task_len": 0}
+
+
+def current_rows(rows: np.ndarray, num_labels: int) -> np.ndarray:
+    """Index rows as ``index_dtype(num_labels)``: rows of an older format get the defaults of the fields they lack
+    (fields of a newer format that this reader does not know are dropped)."""
+    dtype = index_dtype(num_labels)
+    if rows.dtype == dtype:
+        return rows
+    out = np.zeros(len(rows), dtype=dtype)
+    for name in dtype.names:
+        if name in rows.dtype.names:
+            out[name] = rows[name]
+        else:
+            out[name] = TASK_FIELD_DEFAULTS[name]
+    return out
 
 
 NAME_BYTES = 64  # method and metric names in a metric record
@@ -164,6 +205,7 @@ class Extent:
     ids_bytes: int = 0
     string_bytes: int = 0
     token_string_bytes: int = 0
+    task_bytes: int = 0  # /examples/task (1.4)
 
 
 @dataclass(frozen=True)
@@ -191,10 +233,12 @@ def token_datasets(evidence: bool) -> list[Flat]:
     return out
 
 
-def example_datasets(separate_ids: bool) -> list[Flat]:
+def example_datasets(separate_ids: bool, task_words: bool) -> list[Flat]:
     out = [Flat(STRINGS, "uint8", "string_bytes")]
     if separate_ids:
         out.append(Flat(IDS, "uint8", "ids_bytes"))
+    if task_words:
+        out.append(Flat(TASK_WORDS, "uint8", "task_bytes"))
     return out
 
 
@@ -217,8 +261,9 @@ def method_datasets(layout: dict, num_labels: int) -> list[Flat]:
 
 
 def extent_of_last_row(row: np.void | None, n_examples: int, separate_ids: bool, token_string_end: int) -> Extent:
-    """The Extent after committed row ``row`` (the last one; None for an empty store). ``token_string_end``: end of
-    that example's last token string (str_off + str_len of the last token), read by the caller."""
+    """The Extent after committed row ``row`` (the last one, in the current dtype: current_rows; None for an empty
+    store). ``token_string_end``: end of that example's last token string (str_off + str_len of the last token),
+    read by the caller."""
     if row is None:
         return Extent()
     n = int(row["n_tokens"])
@@ -227,7 +272,8 @@ def extent_of_last_row(row: np.void | None, n_examples: int, separate_ids: bool,
     return Extent(examples=n_examples, tokens=int(row["tok_off"]) + n, squares=int(row["sq_off"]) + n * n,
                   ids_bytes=id_end if separate_ids else 0,
                   string_bytes=text_end if separate_ids else max(text_end, id_end),
-                  token_string_bytes=token_string_end)
+                  token_string_bytes=token_string_end,
+                  task_bytes=int(row["task_off"]) + max(int(row["task_len"]), 0))
 
 
 # ------------------------------------------------------------------------------------------------- view statistics

@@ -21,7 +21,7 @@ import numpy as np
 from . import schema
 from .attrs import read_attrs, write_attr
 from .errors import StoreError
-from .h5 import append, create_layout, fixed, new_file, write_head_masks
+from .h5 import append, checked_task, create_layout, fixed, new_file, write_head_masks
 from .integrity import one_line
 from .records import ExampleData, HeadMaskData, MethodLayout, layout_from_dict
 from .scale import ScaleAccumulator
@@ -65,9 +65,12 @@ class StoreWriter:
         attrs: dict | None = None,
         head_masks: list[HeadMaskData] | None = None,
         evidence: bool = False,
+        task: dict | None = None,
     ) -> "StoreWriter":
         """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode. Head masks are written
-        here, before SWMR mode, which allows no new groups afterwards."""
+        here, before SWMR mode, which allows no new groups afterwards. ``task``: {"name": one of schema.TASKS,
+        "options": {...}} (None: classification)."""
+        task = checked_task(task)
         if os.path.exists(path):
             raise StoreError(f"store '{path}' already exists")
         try:
@@ -76,7 +79,7 @@ class StoreWriter:
             raise StoreError(f"cannot create store '{path}': {one_line(err)}: choose another -o") from None
         try:
             create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
-                           provenance=provenance, attrs=attrs or {}, evidence=evidence)
+                           provenance=provenance, attrs=attrs or {}, evidence=evidence, task=task)
             write_head_masks(f, head_masks or [])
             f.flush()
             f.swmr_mode = True
@@ -93,10 +96,11 @@ class StoreWriter:
             return
         f = self._f
         rows = np.zeros(len(examples), dtype=schema.index_dtype(self.num_labels))
-        ids, strings, tok_strings = [], [], []
+        ids, strings, tok_strings, task_words = [], [], [], []
         e = self._extent
         id_end, str_end, tok_end, tokstr_end, sq_end = (e.ids_bytes, e.string_bytes, e.tokens, e.token_string_bytes,
                                                          e.squares)
+        task_end = e.task_bytes
         tok_cols = {schema.TOKEN_IDS: [], schema.TOKEN_SPANS: [], schema.TOKEN_SEGMENT: [], schema.TOKEN_STR_OFF: [],
                     schema.TOKEN_STR_LEN: []}  # dataset path -> the batch's parts
         for k, ex in enumerate(examples):
@@ -135,12 +139,20 @@ class StoreWriter:
             r["n_orig_tokens"] = ex.n_orig_tokens
             r["flags"] = schema.FLAG_TRUNCATED if ex.truncated else 0
             r["probs"] = np.asarray(ex.probs, dtype=np.float32)
+            r["target_token"], r["foil_token"] = ex.target_token, ex.foil_token
+            r["span_end"], r["pred_end"] = ex.span_end, ex.pred_end
+            r["output"], r["gold_value"] = ex.output, ex.gold_value
+            b = task_json(ex.task_info)
+            r["task_off"], r["task_len"] = task_end, len(b)
+            task_words.append(b)
+            task_end += len(b)
             tok_end += n
             sq_end += n * n
 
         append(f[schema.IDS], np.frombuffer(b"".join(ids), dtype=np.uint8))
         append(f[schema.STRINGS], np.frombuffer(b"".join(strings), dtype=np.uint8))
         append(f[schema.TOKEN_STRINGS], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
+        append(f[schema.TASK_WORDS], np.frombuffer(b"".join(task_words), dtype=np.uint8))
         for path, parts in tok_cols.items():
             append(f[path], np.concatenate(parts))
         for name, layout in self.methods.items():
@@ -152,7 +164,7 @@ class StoreWriter:
         f[schema.INDEX].flush()
         self.n_committed += len(examples)
         self._extent = schema.Extent(examples=self.n_committed, tokens=tok_end, squares=sq_end, ids_bytes=id_end,
-                                     string_bytes=str_end, token_string_bytes=tokstr_end)
+                                     string_bytes=str_end, token_string_bytes=tokstr_end, task_bytes=task_end)
 
     def _append_method(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> None:
         g = self._f[schema.METHODS][name]
@@ -225,6 +237,13 @@ class StoreWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def task_json(words: dict | None) -> bytes:
+    """An example's task words as stored in /examples/task: compact UTF-8 JSON, nothing for none."""
+    if not words:
+        return b""
+    return json.dumps(words, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _checked(arr, shape, method, what, ex_id) -> np.ndarray:

@@ -10,13 +10,16 @@ def assert_same_store(merged, full, n_examples: int, metrics: list[str], n_metri
     """Every example's fields, scores, views, matrices and values bitwise equal (the runs used the same batches);
     the store-wide scales equal; the metrics equal to 1e-5 (they batch perturbed sequences of several examples)."""
     assert merged.complete and len(merged) == len(full) == n_examples
-    assert merged.methods == full.methods and merged.labels == full.labels
+    assert merged.methods == full.methods and merged.labels == full.labels and merged.task == full.task
     assert merged.ids() == full.ids() == [f"ex{i}" for i in range(n_examples)]
     for i in range(n_examples):
         a, b = merged[i], full[i]
         assert (a.row, a.id, a.text, a.pair, a.label, a.pred, a.target, a.explain_pos) == \
                (b.row, b.id, b.text, b.pair, b.label, b.pred, b.target, b.explain_pos), i
         assert a.tokens == b.tokens and (a.n_orig_tokens, a.truncated) == (b.n_orig_tokens, b.truncated)
+        assert (a.target_token, a.foil_token, a.span_end, a.pred_end, a.gold_value, a.task_words) == \
+               (b.target_token, b.foil_token, b.span_end, b.pred_end, b.gold_value, b.task_words), i
+        np.testing.assert_array_equal(a.output, b.output, err_msg=f"example {i}")  # NaN equals NaN here
         for x, y in ((a.token_ids, b.token_ids), (a.spans, b.spans), (a.segment, b.segment), (a.probs, b.probs)):
             np.testing.assert_array_equal(x, y, err_msg=f"example {i}")
         for m in full.methods:

@@ -31,14 +31,15 @@ def read_everything(path: str):
     out = {}
     with open_store(path) as s:
         out["header"] = (s.n_layers, s.n_heads, s.num_labels, s.labels, s.methods, s.complete, s.summary,
-                         s.config, sorted((k, str(v)) for k, v in s.model_info.items()), len(s), s.has_evidence)
+                         s.config, sorted((k, str(v)) for k, v in s.model_info.items()), len(s), s.has_evidence,
+                         s.task)
         out["index"] = s.index.tobytes()
         out["ids"] = s.ids()
         examples = []
         for ex in s:
             e = [ex.id, ex.text, ex.pair, ex.tokens, ex.token_ids.tolist(), ex.spans.tolist(), ex.segment.tolist(),
                  ex.label, ex.pred, ex.probs.tolist(), ex.target, ex.explain_pos, ex.truncated, ex.n_orig_tokens,
-                 None if ex.evidence is None else ex.evidence.tolist()]
+                 None if ex.evidence is None else ex.evidence.tolist(), repr(sorted(ex.task_info.items()))]
             for m in s.methods:
                 e.append((m, ex.scores(m).tobytes()))
                 for arr in (ex.layer_scores(m), ex.matrices(m), ex.class_scores(m)):

@@ -339,8 +339,8 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
     assert sizes == [3]
     a, b = stored_arrays(fixed), stored_arrays(out)
     assert a.keys() == b.keys()
-    for name in a:
-        assert np.array_equal(a[name], b[name]), name
+    for name in a:  # as bytes: the index's NaN fields (gold_value of a classifier) equal themselves
+        assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
 
 
 # --- --batch-size auto on the CPU with --batch-memory-mb -----------------------------------------------------------

@@ -25,6 +25,7 @@ from store import Store, open_store
 from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES, Mode, detect_mode
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .render.metric_table import short_name
+from .render.task import list_cells
 from .render.tokens import printable
 from .screens.browse import BrowseScreen
 from .screens.compare import CompareScreen
@@ -182,8 +183,10 @@ class AttrApp(App[int]):
             state = f"{what}, incomplete"  # a killed run (attr-compute --resume finishes it)
         else:
             state = f"writing… {what}"
-        # the state first: a long model path is what the header cuts off on a narrow terminal
-        self.sub_title = " · ".join([state, printable(meta.model)] if meta.model else [state])
+        # the state first: a long model path is what the header cuts off on a narrow terminal; the task (when the
+        # model is not a classifier) before the model
+        task = [meta.task] if meta.task != "classification" else []
+        self.sub_title = " · ".join([state, *task, printable(meta.model)] if meta.model else [state, *task])
 
     # ---------------------------------------------------------------- workers (HDF5 reads happen only here)
     @work(thread=True, group="meta", name="read store header")
@@ -240,8 +243,10 @@ class AttrApp(App[int]):
         except Exception as err:
             self.post_message(ReadFailed(f"examples {lo + 1}-{lo + ROW_BLOCK}", str(err)))
             return
+        task = self.meta.task if self.meta is not None else "classification"
+        cells = list_cells(task, rows) if task != "classification" else None
         self.post_message(RowsLoaded(block, RowBlock(np.array(rows["label"]), np.array(rows["pred"]),
-                                                     np.array(rows["n_tokens"]), ids, metric, values)))
+                                                     np.array(rows["n_tokens"]), ids, metric, values, cells)))
 
     def _read_examples(self, indices: list[int], report_first: bool = True) -> None:
         worker = get_current_worker()
@@ -278,7 +283,7 @@ class AttrApp(App[int]):
             return
         self.meta = message.meta
         self.title = f"attr-tui · {printable(self.meta.name)}"
-        self.example_list.set_size(self.meta.n, self.meta.labels)
+        self.example_list.set_size(self.meta.n, self.meta.labels, self.meta.task)
         self._set_subtitle()
         self.refresh_bindings()
         if not self.meta.complete and self._poll_timer is None:
@@ -298,7 +303,7 @@ class AttrApp(App[int]):
         self.meta = message.meta
         if old is None or message.meta.n != old.n:
             self._last_growth = time.monotonic()
-            self.example_list.set_size(message.meta.n, message.meta.labels)
+            self.example_list.set_size(message.meta.n, message.meta.labels, message.meta.task)
             self._render_current()  # the detail header's "i/N" follows the growing store
         self._set_subtitle()
         if message.meta.complete and self._poll_timer is not None:

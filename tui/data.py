@@ -49,6 +49,7 @@ class StoreMeta:
     complete: bool
     n: int
     head_masks: tuple[str, ...] = ()  # names only: the heads screen reads the masks when it opens
+    task: str = "classification"  # what the model is explained for (store.schema.TASKS)
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,20 @@ class LoadedExample:
     layer_scores: dict[str, np.ndarray | None] = field(default_factory=dict)
     values: dict[str, dict[str, float]] = field(default_factory=dict)  # per-example scalars (IG's ig_delta)
     metric_values: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, metric) -> this example's
+    # Tasks other than classification: the store's Example.task_info (target and foil words, output, gold value,
+    # qa spans), and for qa the gold answer span (first and last evidence token); None for a classifier.
+    task: dict | None = None
+    gold_span: tuple[int, int] | None = None
 
     @property
     def correct(self) -> bool | None:
         return None if self.label is None else self.label == self.pred
+
+    @property
+    def explained_end(self) -> int:
+        """The last token of an explained qa answer span (explain_pos is its first); -1 for other tasks."""
+        span = self.task.get("span") if self.task else None
+        return int(span[1]) if span else -1
 
     def view(self, method: str, layer: int | None) -> np.ndarray:
         """Scores of one view: the method's final scores (``layer`` None) or its layer view ``layer`` (0-based)."""
@@ -283,7 +294,7 @@ def read_meta(store: Store) -> StoreMeta:
     model = str(model_info.get("model_id") or model_info.get("model") or "")
     head_masks = tuple(str(n) for n in (getattr(store, "head_masks", None) or ()))
     return StoreMeta(os.path.basename(store.path), tuple(methods), dict(store.labels), int(store.n_layers), model,
-                     store.complete, len(store), head_masks)
+                     store.complete, len(store), head_masks, str(getattr(store, "task_name", "classification")))
 
 
 def read_example(store: Store, i: int, methods: tuple[str, ...],
@@ -300,10 +311,17 @@ def read_example(store: Store, i: int, methods: tuple[str, ...],
         ls = ex.layer_scores(m)
         layers[m] = None if ls is None else np.asarray(ls, dtype=np.float32)
         values[m] = ex.example_values(m)
+    task, gold_span = None, None
+    if getattr(store, "task_name", "classification") != "classification":
+        task = dict(ex.task_info)
+        evidence = ex.evidence if task["task"] == "qa" else None
+        if evidence is not None and evidence.any():
+            where = np.flatnonzero(evidence)
+            gold_span = (int(where[0]), int(where[-1]))
     return LoadedExample(index=i, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
                          explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values,
-                         metric_values=metric_values)
+                         metric_values=metric_values, task=task, gold_span=gold_span)
 
 
 def read_matrices(store: Store, i: int, method: str) -> np.ndarray | None:

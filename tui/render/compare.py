@@ -49,13 +49,14 @@ def difference(a: Scale, b: Scale) -> Scale:
 
 
 def aligned_blocks(tokens: list[str], rows: list[Row], width: int, mode: Mode, *, glyphs: bool, k: int,
-                   explained: int = -1, cmap: str = DEFAULT_COLORMAP) -> list[Text]:
-    """Lines of aligned token rows: for each block of columns that fits ``width``, one line per method."""
+                   explained: int = -1, cmap: str = DEFAULT_COLORMAP, explained_end: int = -1) -> list[Text]:
+    """Lines of aligned token rows: for each block of columns that fits ``width``, one line per method
+    (``explained``, ``explained_end``: token_cells' marks of the explained position and a qa span's end)."""
     if not rows:
         return []
     label_w = min(max(cell_len(r.name) for r in rows), 14) + 1
     cells = [token_cells(tokens, r.scale, mode, glyphs=glyphs, top=top_k(r.raw, r.scale.signed, k),
-                         explained=explained, cmap=cmap) for r in rows]
+                         explained=explained, cmap=cmap, explained_end=explained_end) for r in rows]
     col_w = [max(cell_len(c[i].text) + c[i].joined for c in cells) for i in range(len(tokens))]
     room = max(width - label_w, 4)
     blocks, start, used = [], 0, 0

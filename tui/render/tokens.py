@@ -53,13 +53,14 @@ class TokenCell:
 
 
 EXPLAINED_MARK = "▸"  # before the token whose prediction is explained (a shape: it survives NO_COLOR)
+SPAN_END_MARK = "◂"  # after the last token of an explained qa answer span (EXPLAINED_MARK is before its first)
 
 
 def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, top: set[int],
-                explained: int = -1, cmap: str = DEFAULT_COLORMAP) -> list[TokenCell]:
+                explained: int = -1, cmap: str = DEFAULT_COLORMAP, explained_end: int = -1) -> list[TokenCell]:
     """One cell per token, styled by its normalised score. With ``glyphs`` every token is prefixed by its sign
     mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size. The explained
-    token carries :data:`EXPLAINED_MARK`."""
+    token carries :data:`EXPLAINED_MARK`; ``explained_end`` (a qa span's end) :data:`SPAN_END_MARK` after it."""
     cells = []
     for i, tok in enumerate(tokens):
         v = float(scale.values[i]) if i < len(scale.values) else 0.0
@@ -69,6 +70,8 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
             shown = (sign_mark(v) if scale.signed else "") + glyph(v) + shown
         if i == explained:
             shown = EXPLAINED_MARK + shown
+        if i == explained_end:
+            shown += SPAN_END_MARK
         cells.append(TokenCell(shown, token_style(v, mode, top=i in top, cmap=cmap), joined))
     return cells
 

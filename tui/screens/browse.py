@@ -116,7 +116,7 @@ class BrowseScreen(Screen[None]):
             scope = "global: reading…"
         self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap)
         cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
-                            cmap=app.colormap)
+                            explained_end=ex.explained_end, cmap=app.colormap)
         self.query_one(TokenView).show_tokens(TokenLayout(cells))
 
     def redraw(self) -> None:

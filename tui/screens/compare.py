@@ -161,7 +161,7 @@ class CompareScreen(ModalScreen[None]):
         self.query_one("#compare-table").update(Group(head, table))
         self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k, cmap=app.colormap))
         lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
-                               explained=ex.explain_pos, cmap=app.colormap)
+                               explained=ex.explain_pos, explained_end=ex.explained_end, cmap=app.colormap)
         self.query_one("#compare-tokens").update(Text("\n").join(lines))
         self.sub_title = "compare · " + ", ".join(methods)
 

@@ -1,4 +1,5 @@
-"""The example's two header lines (id, position, length, truncation; label, prediction, correct) and its text.
+"""The example's two header lines (id, position, length, truncation; label, prediction, correct) and its text; for a
+task other than classification the lines of render/task.py in place of label and prediction.
 
 Like every widget here they only format what the screen hands them; they never read the store.
 """
@@ -10,6 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ..data import LoadedExample
+from ..render.task import task_lines
 from ..render.tokens import printable, printable_text
 
 _DIM = Style(dim=True)
@@ -23,7 +25,8 @@ def _label_name(labels: dict[int, str], k: int | None) -> str:
 
 
 class InfoPanel(Static):
-    """Two lines: id, position, length, truncation; gold label, prediction with its probability, correct mark."""
+    """Two lines: id, position, length, truncation; gold label, prediction with its probability, correct mark (other
+    tasks: up to two lines of what the example explains, render/task.py)."""
 
     DEFAULT_CSS = "InfoPanel { height: 2; }"
 
@@ -35,6 +38,13 @@ class InfoPanel(Static):
             t.append("  truncated", _BOLD if monochrome else Style(bold=True, color="yellow"))
             t.append(f" (of {ex.n_orig_tokens})", _DIM)
         t.append("\n")
+        if ex.task is not None:  # another task than classification: what the example explains, in place of labels
+            lines = task_lines(ex.task, ex.probs, ex.tokens, ex.gold_span, monochrome)
+            t.append(Text("\n").join(lines))
+            self.styles.height = 1 + len(lines)
+            self.update(t)
+            return
+        self.styles.height = 2
         t.append("label ", _DIM)
         t.append(_label_name(labels, ex.label))
         t.append("  pred ", _DIM)

@@ -24,6 +24,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ..render.task import LIST_HEADS, OTHER_TASK_HEADS
 from ..render.tokens import printable
 
 _EXAMPLES = Binding.Group("example")
@@ -42,6 +43,9 @@ class RowBlock:
     ids: list[str] | None
     metric_key: tuple[str, str] | None = None  # the (method, metric) whose per-example values ``metric`` holds
     metric: np.ndarray | None = None
+    # a task other than classification: the two value columns (render/task.py LIST_HEADS) and the marks (True,
+    # False, None) shown in place of label, prediction and correctness
+    task_cells: tuple[list[str], list[str], list] | None = None
 _MARKS = {True: ("✓", Style(color="green")), False: ("✗", Style(color="red", bold=True)), None: ("·", Style(dim=True))}
 # Without colour a red mark turns dark grey: the glyph shapes alone tell right from wrong.
 _MONO_MARKS = {True: ("✓", Style()), False: ("✗", Style(bold=True)), None: ("·", Style())}
@@ -113,6 +117,7 @@ class ExampleList(ScrollView, can_focus=True):
         self._asked: set[int] = set()
         self._labels: dict[int, str] = {}
         self._label_w = 5
+        self._heads = ("label", "pred")  # the two value columns (render/task.py LIST_HEADS for other tasks)
         self._id_w = 4  # widest id seen so far (cells)
         self.metric_key: tuple[str, str] | None = None  # the metric column's (method, metric); None: no column
         self._metric_head = ""
@@ -159,8 +164,9 @@ class ExampleList(ScrollView, can_focus=True):
     def current_row(self) -> int | None:
         return self.row_at(self.cursor) if self.row_count else None
 
-    def set_size(self, n: int, labels: dict[int, str]) -> None:
-        """The store has ``n`` committed rows (a growing store calls this again); keeps the cursor."""
+    def set_size(self, n: int, labels: dict[int, str], task: str = "classification") -> None:
+        """The store has ``n`` committed rows (a growing store calls this again); keeps the cursor. ``task``: other
+        tasks than classification show the columns of render/task.py LIST_HEADS."""
         first = self._n == 0
         grew_last = self._n and (self._n - 1) // BLOCK
         self._n = n
@@ -168,8 +174,13 @@ class ExampleList(ScrollView, can_focus=True):
         if grew_last in self._blocks:  # the last block was partial: read it again
             del self._blocks[grew_last]
             self._asked.discard(grew_last)
-        names = [self._label_name(k) for k in labels] or ["label"]
-        self._label_w = max(4, min(8, max(cell_len(nm) for nm in names)))
+        if task == "classification":
+            names = [self._label_name(k) for k in labels] or ["label"]
+            self._label_w = max(4, min(8, max(cell_len(nm) for nm in names)))
+            self._heads = ("label", "pred")
+        else:  # numbers and spans ("+12.34", "10-12")
+            self._heads = LIST_HEADS.get(task, OTHER_TASK_HEADS)
+            self._label_w = 6
         self.virtual_size = Size(self.size.width, self.row_count + 1)
         self.refresh()
         if first and n:
@@ -260,10 +271,15 @@ class ExampleList(ScrollView, can_focus=True):
             return _fit(f"#{row + 1} …", width - 2), ("·", Style(dim=True))
         blk, k = found
         ex_id = printable(blk.ids[k]) if blk.ids is not None else f"#{row + 1}"
-        label, pred = int(blk.label[k]), int(blk.pred[k])
-        mark = (_MONO_MARKS if self.monochrome else _MARKS)[None if label < 0 else label == pred]
-        cols = [_fit(ex_id, id_w), _fit(self._label_name(label), lw), _fit(self._label_name(pred), lw),
-                f"{int(blk.n_tokens[k]):>4}"]
+        if blk.task_cells is not None:
+            first, second, marks = blk.task_cells
+            mark = (_MONO_MARKS if self.monochrome else _MARKS)[marks[k]]
+            cols = [_fit(ex_id, id_w), _fit(first[k].rjust(lw), lw), _fit(second[k].rjust(lw), lw)]
+        else:
+            label, pred = int(blk.label[k]), int(blk.pred[k])
+            mark = (_MONO_MARKS if self.monochrome else _MARKS)[None if label < 0 else label == pred]
+            cols = [_fit(ex_id, id_w), _fit(self._label_name(label), lw), _fit(self._label_name(pred), lw)]
+        cols.append(f"{int(blk.n_tokens[k]):>4}")
         if self.metric_key:
             v = blk.metric[k] if blk.metric_key == self.metric_key and blk.metric is not None else None
             cols.append(metric_cell(v))
@@ -271,7 +287,8 @@ class ExampleList(ScrollView, can_focus=True):
 
     def header_text(self, width: int) -> str:
         id_w, lw = self._columns(width)
-        cols = [set_cell_size("id", id_w), set_cell_size("label", lw), set_cell_size("pred", lw), " len"]
+        right = self._heads != ("label", "pred")  # numbers: their heads right-aligned above them
+        cols = [set_cell_size("id", id_w)] + [_fit(h.rjust(lw) if right else h, lw) for h in self._heads] + [" len"]
         if self.metric_key:
             head = self._metric_head
             cols.append(head.rjust(METRIC_W) if cell_len(head) <= METRIC_W else _fit(head, METRIC_W))
