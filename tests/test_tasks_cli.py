@@ -101,9 +101,13 @@ def test_each_task_runs_end_to_end_into_a_store(task_stores, task):
                 answer = row["answers"]["text"][0]
                 assert " ".join(ex.tokens[gold[0]:gold[-1] + 1]) == answer
         assert set(s.methods) >= {"alti", "rollout", "attcat", "grad_l2"}
-        if task != "regression":  # the sequence-head methods are skipped under --methods all
-            assert not {"lrp", "decompx", "alti_logit"} & set(s.methods)
-    assert "skipping" in res.stderr
+        if task != "regression":  # the methods of a sequence head are skipped under --methods all
+            assert not {"decompx", "alti_logit"} & set(s.methods)
+            assert "skipping" in res.stderr and "decompx" in res.stderr
+        if task in ("regression", "masked-token", "qa"):  # the LRP rules start at these heads
+            assert {"lrp", "transatt", "mask_lrp"} <= set(s.methods)
+        else:
+            assert not {"lrp", "transatt", "mask_lrp"} & set(s.methods)
 
 
 @pytest.mark.parametrize("task", list(ROWS))
@@ -111,16 +115,16 @@ def test_each_tasks_metrics_are_written(task_stores, task):
     store = task_stores[task][0]
     with open_store(store) as s:
         for metric in METRICS[task].split(","):
-            values = s.metric("alti", metric).values
+            values = s.metric_values("alti", metric)
             assert len(values) == len(ROWS[task])
             assert np.isfinite(values).any(), metric
 
 
-@pytest.mark.parametrize("task", ["masked-token", "next-token", "qa"])
-def test_methods_undefined_for_the_task_are_one_line(task_stores, task, tmp_path):
+@pytest.mark.parametrize("task,method", [("masked-token", "decompx"), ("next-token", "lrp"), ("qa", "logat")])
+def test_methods_undefined_for_the_task_are_one_line(task_stores, task, method, tmp_path):
     _, model, data, _ = task_stores[task]
-    line = one_line(invoke(data, "--model", model, "-o", tmp_path / "x.h5", "--methods", "alti,lrp"))
-    assert f"method 'lrp' is not defined for --task {task}" in line and "alti" in line
+    line = one_line(invoke(data, "--model", model, "-o", tmp_path / "x.h5", "--methods", f"alti,{method}"))
+    assert f"method '{method}' is not defined for --task {task}" in line and "alti" in line
     assert not (tmp_path / "x.h5").exists()
 
 
@@ -132,7 +136,7 @@ def test_word_target_errors_are_one_line_before_a_store(task_stores, tmp_path):
     assert "'moviegoers' is" in line and "tokens" in line
     assert not (tmp_path / "x.h5").exists()
     line = one_line(invoke(bad, "--model", model, "-o", tmp_path / "x.h5", "--task", "qa"), code=1)
-    assert "--task qa needs a *ForQuestionAnswering model, not BertForMaskedLM" in line
+    assert "has no trained qa head: qa_outputs" in line and "ForQuestionAnswering checkpoint" in line
     line = one_line(invoke(bad, "--model", model, "-o", tmp_path / "x.h5", "--target", "all"), code=2)
     assert "--target all has no meaning for --task masked-token" in line
 
@@ -156,8 +160,13 @@ async def test_the_tui_opens_each_task_store_and_shows_the_task(task_stores, tas
         await settle(pilot)
         text = screen_text(app)
     assert task in text
-    if task in ("masked-token", "next-token"):
-        assert "was" in text and "is" in text  # target and foil words of the first example
+    first = ROWS[task][0]
+    if task in ("masked-token", "next-token"):  # the first example's target and foil words
+        assert f"target {first['target']}" in text and f"foil {first['foil']}" in text, text
+    if task == "qa":
+        assert "span" in text, text
+    if task == "regression":
+        assert "gold 4.5" in text or "gold 4.50" in text, text
 
 
 @needs_shared

@@ -74,14 +74,20 @@ def check_options(cfg: RunConfig) -> None:
         if opt.check is not None and (err := opt.check(opt.flag, getattr(cfg, opt.name))) is not None:
             raise err
     if cfg.metrics:
-        from ..evaluate import evidence_metrics, parse_metric_specs
-
-        needing = evidence_metrics(parse_metric_specs(cfg.metrics))
-        if needing and cfg.evidence_column is None:
-            raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
-                             "evidence character spans, or drop the metric")
+        if cfg.task not in ("qa", "auto"):  # qa stores the gold answer's tokens; auto: checked once the head is known
+            check_evidence(cfg, cfg.task)
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
+
+
+def check_evidence(cfg: RunConfig, task: str) -> None:
+    """A metric that reads evidence tokens needs --evidence-column, except under qa (the gold answers are)."""
+    from ..evaluate import evidence_metrics, parse_metric_specs
+
+    needing = evidence_metrics(parse_metric_specs(cfg.metrics)) if cfg.metrics else []
+    if needing and cfg.evidence_column is None and task != "qa":
+        raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
+                         "evidence character spans, or drop the metric")
 
 
 def check_output(output: str, cfg: RunConfig) -> None:
