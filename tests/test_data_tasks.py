@@ -508,6 +508,16 @@ def test_next_token_prefixes(tmp_path):
     assert (ds.task, ds.kind, ds.skipped) == ("next-token", "csv", 0)
 
 
+def test_evidence_column_for_regression_and_next_token(tmp_path):
+    spec = write_jsonl(tmp_path / "e.jsonl", [{"sentence1": "a cat", "sentence2": "a dog", "label": 2.5,
+                                               "ev": [[2, 5], [1, 0, 1]]}])
+    assert load_dataset(spec, task="regression", evidence_column="ev").records == [
+        Record(0, "0", "a cat", "a dog", -1, ((0, 2, 5), (1, 0, 1)), value=2.5)]
+    spec = write_jsonl(tmp_path / "n.jsonl", [{"text": "The keys", "target": "are", "ev": [[4, 8]]}])
+    assert load_dataset(spec, task="next-token", evidence_column="ev").records == [
+        lm(0, "0", "The keys", "are", evidence=((0, 4, 8),))]
+
+
 def test_next_token_empty_prefix(tmp_path):
     spec = write_jsonl(tmp_path / "n.jsonl", [{"text": "ok"}, {"text": "  "}])
     assert load_error(spec, task="next-token") == (
