@@ -463,7 +463,8 @@ def _resolve_task_columns(task, columns, spec, *, text_column, pair_column, labe
         if given:
             raise UsageError(f"'{spec}' holds BLiMP minimal pairs ({', '.join(blimp_columns)}), which give the text, "
                              f"target and foil: drop {', '.join(given)}")
-        uid, pair_id = _find_column(columns, "UID"), _find_column(columns, "pairID")
+        # pairID in the BLiMP jsonl files, pair_id in the Hugging Face copy (nyu-mll/blimp).
+        uid, pair_id = _find_column(columns, "UID"), find.auto(("pairID", "pair_id"))
         named = [find.auto((c,)) for c in blimp_columns]
         # Ids: UID_pairID (pairID counts within a paradigm, UID names it) unless --id-column says otherwise.
         cols = {"text": named[0], "pair": None, "label": None, "id": id_ if id_column is not None else None,

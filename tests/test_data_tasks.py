@@ -391,6 +391,30 @@ def test_blimp_ids_without_uid_and_with_id_column(tmp_path):
     assert load_dataset(spec, task="masked-token", mask_token=M).records == [lm(0, "0", "a [MASK]", "b", "c")]
 
 
+def test_blimp_from_the_hub(monkeypatch):
+    # The Hugging Face copy (nyu-mll/blimp) has pair_id (int) and no one-prefix fields.
+    rows = [{"sentence_good": "Cats sleep.", "sentence_bad": "Cats sleeps.", "field": "morphology",
+             "linguistics_term": "s-v", "UID": "agr", "simple_LM_method": True, "one_prefix_method": True,
+             "two_prefix_method": False, "lexically_identical": True, "pair_id": 4}]
+    module = types.ModuleType("datasets")
+
+    class Fake:
+        column_names = list(rows[0])
+
+        def __len__(self):
+            return len(rows)
+
+        def __iter__(self):
+            return iter(rows)
+
+    module.load_dataset = lambda name, config=None, *, split=None: Fake()
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    ds = load_dataset("nyu-mll/blimp/regular_plural_subject_verb_agreement_1:train", task="masked-token",
+                      mask_token=M)
+    assert ds.records == [lm(0, "agr_4", "Cats [MASK].", "sleep", "sleeps")]
+    assert ds.columns["blimp_pair_id"] == "pair_id" and ds.kind == "hub"
+
+
 def test_blimp_skipped_note_lists_five_rows(tmp_path):
     spec = write_jsonl(tmp_path / "b.jsonl", [blimp("a b", "b a", str(i)) for i in range(7)]
                        + [blimp("a b", "a c", "7")])
@@ -482,6 +506,16 @@ def test_next_token_prefixes(tmp_path):
     assert ds.columns == {"text": "prefix", "pair": None, "label": None, "id": "id", "target": "target",
                           "foil": "foil", "format": "plain"}
     assert (ds.task, ds.kind, ds.skipped) == ("next-token", "csv", 0)
+
+
+def test_evidence_column_for_regression_and_next_token(tmp_path):
+    spec = write_jsonl(tmp_path / "e.jsonl", [{"sentence1": "a cat", "sentence2": "a dog", "label": 2.5,
+                                               "ev": [[2, 5], [1, 0, 1]]}])
+    assert load_dataset(spec, task="regression", evidence_column="ev").records == [
+        Record(0, "0", "a cat", "a dog", -1, ((0, 2, 5), (1, 0, 1)), value=2.5)]
+    spec = write_jsonl(tmp_path / "n.jsonl", [{"text": "The keys", "target": "are", "ev": [[4, 8]]}])
+    assert load_dataset(spec, task="next-token", evidence_column="ev").records == [
+        lm(0, "0", "The keys", "are", evidence=((0, 4, 8),))]
 
 
 def test_next_token_empty_prefix(tmp_path):
