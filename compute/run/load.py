@@ -38,6 +38,8 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
         plan.dataset, text_column=cfg.text_column, pair_column=cfg.pair_column, label_column=cfg.label_column,
         id_column=cfg.id_column, evidence_column=cfg.evidence_column, split=cfg.split, limit=cfg.limit,
         label2id={v: k for k, v in id2label.items()}, num_labels=len(id2label), **task_columns(cfg, lm))
+    for note in data.notes:  # e.g. BLiMP pairs that differ in more than one word, skipped
+        progress.message(note)
     if lm.task.name == "classification" and plan.target_mode == "label" and any(r.label < 0 for r in data.records):
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
@@ -60,8 +62,6 @@ def task_options(cfg, task: str) -> dict:
 
 def task_columns(cfg, lm: LoadedModel) -> dict:
     """load_dataset's task arguments: the task, its mask token, the column flags."""
-    if lm.task.name == "classification":
-        return {}
     return dict(task=lm.task.name, mask_token=getattr(lm.tokenizer, "mask_token", None),
                 target_column=cfg.target_column, foil_column=cfg.foil_column,
                 word_index_column=cfg.word_index_column, answers_column=cfg.answers_column)
