@@ -5,6 +5,7 @@ the methods' task restrictions, detection of the task from a head."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -334,3 +335,21 @@ def test_lrp_relevance_starts_at_the_task_head_and_is_conserved(arch, task):
         if task == "masked-token":
             contrast = propagate(gp, parts[0].target, pcap.explain_pos, foil=parts[0].foil).input
             assert torch.allclose(contrast.sum((1, 2)), torch.zeros(2, dtype=contrast.dtype), atol=0.2)
+
+
+@pytest.mark.parametrize("arch,task", [("bert", "masked-token"), ("gpt2", "next-token"), ("bert", "qa")])
+def test_alti_explains_the_explained_row_and_ig_is_complete_for_the_contrast(arch, task):
+    """ALTI's final map is a distribution over the tokens at each explained position (qa: two of them, summing to
+    2); integrated gradients of the contrast (or the qa sum) is complete: sum IG = F(x) - F(baseline) up to the
+    quadrature error (the stored ig_delta)."""
+    lm = loaded(arch, task)
+    batch = random_batch(arch, LENGTHS)
+    rows = lm_rows(task) if task != "qa" else TaskRows.plain([-1] * 3)
+    if task == "qa":
+        rows.context = [(3, 5), (2, 2), (4, 7)]
+    out = run(lm, ["alti", "ig_mean"], batch, rows, ig_mean={"steps": 64, "baseline": "zero"})
+    parts = 2 if task == "qa" else 1
+    sums = out.results["alti"]["scores"].sum(-1)
+    np.testing.assert_allclose(sums, parts, rtol=1e-5)
+    delta = out.values["ig_mean"]["ig_delta"]
+    assert np.abs(delta).max() < 1e-3 * max(1.0, float(np.abs(out.outcome.output).max())), delta

@@ -11,7 +11,7 @@ from ..data import load_dataset
 from ..errors import AttrscopeError
 from ..methods import Method
 from ..options import DEFAULT_BATCH_SIZE
-from .load import Loaded
+from .load import Loaded, task_columns
 from .plan import RunPlan
 from .progress import Progress
 
@@ -55,7 +55,7 @@ def head_masks(plan: RunPlan, loaded: Loaded, progress: Progress) -> list[HeadMa
         other = load_dataset(cfg.head_stats_data, text_column=cfg.text_column, pair_column=cfg.pair_column,
                              label_column=cfg.label_column, id_column=cfg.id_column, split=cfg.split,
                              limit=cfg.head_stats_limit, label2id={v: k for k, v in id2label.items()},
-                             num_labels=len(id2label))
+                             num_labels=len(id2label), **task_columns(cfg, lm))
         records, source = other.records, other.source
     if cfg.head_stats_limit is not None:
         records = records[:cfg.head_stats_limit]
