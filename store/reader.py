@@ -314,7 +314,9 @@ class Store:
         C = self.num_labels
         ok &= bool(((r["label"] >= -1) & (r["target"] >= 0) & (r["target"] < C) & (r["flags"] <= 1)).all())
         ok &= bool((r["n_orig_tokens"] >= n).all())
-        ok &= self._task_rows_ok(r, n)
+        problem = schema.task_row_problem(r, self.task_name, C)
+        if problem is not None:
+            raise damaged(self.path, "/examples/index", f"row {start + problem[0]}: {problem[1]}")
         for key in ("id", "text", "pair"):
             ln = r[f"{key}_len"]
             ok &= bool((r[f"{key}_off"] >= 0).all() and (ln >= (-1 if key == "pair" else 0)).all())
@@ -325,29 +327,6 @@ class Store:
         ok &= bool((r["task_off"] + r["task_len"] <= self._extent.task_bytes).all())
         if not ok:
             raise damaged(self.path, "/examples/index", f"rows {start}-{start + len(r) - 1} contradict each other")
-
-    def _task_rows_ok(self, r: np.ndarray, n: np.ndarray) -> bool:
-        """The fields that depend on the task agree with it: a classifier's label and prediction are classes and its
-        probabilities finite; a qa span lies in the example; a language model's probability of a missing foil is
-        NaN. (A task this reader does not know, from a newer format, is only checked for positions in range.)"""
-        C, task = self.num_labels, self.task_name
-        pos_ok = lambda key: bool(((r[key] >= -1) & (r[key] < n)).all())  # noqa: E731 - -1: not used
-        ok = bool((r["target_token"] >= -1).all() and (r["foil_token"] >= -1).all())
-        ok &= pos_ok("span_end") and pos_ok("pred_end")
-        probs = r["probs"].reshape(len(r), -1)
-        if task == "classification":
-            ok &= bool((r["label"] < C).all() and ((r["pred"] >= 0) & (r["pred"] < C)).all())
-            ok &= bool(np.isfinite(probs).all())
-        elif task == "qa":
-            ok &= bool(((r["pred"] >= 0) & (r["pred"] < n) & (r["pred_end"] >= 0)).all())
-            ok &= bool(((r["span_end"] >= r["explain_pos"])).all() and np.isfinite(probs).all())
-        elif task in schema.LM_TASKS:
-            ok &= bool((r["target_token"] >= 0).all() and np.isfinite(probs[:, 0]).all())
-            if probs.shape[1] > 1:  # p(foil): a probability wherever there is a foil (NaN without one)
-                ok &= bool((np.isfinite(probs[:, 1]) | (r["foil_token"] < 0)).all())
-        elif task == "regression":
-            ok &= bool(np.isfinite(probs).all())
-        return ok
 
     def index_rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Committed index rows [lo, hi) (structured array, fields in ``store.schema.index_dtype``)."""

@@ -194,6 +194,39 @@ MATRIX_MODES = ("none", "cls", "all")
 STORE_DTYPES = ("float16", "float32")
 
 
+def task_row_problem(rows: np.ndarray, task: str, num_labels: int) -> tuple[int, str] | None:
+    """The first index row (its position in ``rows``) whose task fields contradict ``task``, and how; None when all
+    agree. A classifier's prediction is a class and its probabilities are finite; a qa example's explained span and
+    predicted positions lie inside it; a language model example has a target token and a probability for its foil
+    (NaN only without one); a regression's value is finite. A task of a newer format is only checked for positions
+    in range. The writer refuses such rows, the reader reports them as damage."""
+    n = rows["n_tokens"].astype(np.int64)
+    probs = rows["probs"].reshape(len(rows), -1)
+    checks = [("a token id below -1", (rows["target_token"] >= -1) & (rows["foil_token"] >= -1)),
+              ("span_end or pred_end outside the tokens",
+               (rows["span_end"] >= -1) & (rows["span_end"] < n) & (rows["pred_end"] >= -1) & (rows["pred_end"] < n))]
+    if task == "classification":
+        checks += [(f"label or pred not one of the {num_labels} classes",
+                    (rows["label"] < num_labels) & (rows["pred"] >= 0) & (rows["pred"] < num_labels)),
+                   ("probabilities not finite", np.isfinite(probs).all(axis=1))]
+    elif task == "qa":
+        checks += [("the predicted span outside the tokens",
+                    (rows["pred"] >= 0) & (rows["pred"] < n) & (rows["pred_end"] >= 0)),
+                   ("the explained span ends before its start", rows["span_end"] >= rows["explain_pos"]),
+                   ("probabilities not finite", np.isfinite(probs).all(axis=1))]
+    elif task in LM_TASKS:
+        checks += [("no target token", rows["target_token"] >= 0),
+                   ("p(target) not finite", np.isfinite(probs[:, 0]))]
+        if probs.shape[1] > 1:  # p(foil): a probability wherever there is a foil (NaN without one)
+            checks.append(("a foil without a finite p(foil)", np.isfinite(probs[:, 1]) | (rows["foil_token"] < 0)))
+    elif task == "regression":
+        checks.append(("the value not finite", np.isfinite(probs).all(axis=1)))
+    for what, ok in checks:
+        if not ok.all():
+            return int(np.flatnonzero(~ok)[0]), what
+    return None
+
+
 # --------------------------------------------------------------------------------------------------------- geometry
 @dataclass(frozen=True)
 class Extent:

@@ -36,6 +36,7 @@ class StoreWriter:
         self.num_labels = int(read_attrs(f)["num_labels"])
         self.methods: dict[str, MethodLayout] = {m["name"]: layout_from_dict(m) for m in json.loads(read_attrs(f)["methods"])}
         self._evidence = schema.TOKEN_EVIDENCE in f
+        self.task: dict = json.loads(read_attrs(f).get("task") or json.dumps(schema.DEFAULT_TASK))
         idx = f[schema.INDEX]
         self.n_committed = int(idx.shape[0])
         last = idx[self.n_committed - 1] if self.n_committed else None
@@ -149,6 +150,9 @@ class StoreWriter:
             tok_end += n
             sq_end += n * n
 
+        problem = schema.task_row_problem(rows, self.task["name"], self.num_labels)
+        if problem is not None:  # readers would take the store for damaged
+            raise ValueError(f"example {examples[problem[0]].id}: {problem[1]} (task {self.task['name']})")
         append(f[schema.IDS], np.frombuffer(b"".join(ids), dtype=np.uint8))
         append(f[schema.STRINGS], np.frombuffer(b"".join(strings), dtype=np.uint8))
         append(f[schema.TOKEN_STRINGS], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))

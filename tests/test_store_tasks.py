@@ -262,3 +262,22 @@ def test_index_rows_that_contradict_the_task_are_refused(tmp_path, task, fields)
         write_task_store(untouched, task)
         with open_store(untouched) as s:
             s[1]  # the same store without the edit reads
+
+
+@pytest.mark.parametrize("task, fields, why", [
+    ("qa", {"span_end": 40}, "span_end or pred_end outside the tokens"),
+    ("qa", {"pred": -1}, "the predicted span outside the tokens"),
+    ("next-token", {"target_token": -1}, "no target token"),
+    ("masked-token", {"probs": np.array([0.5, np.nan])}, "a foil without a finite p\\(foil\\)"),
+    ("regression", {"probs": np.array([np.inf])}, "the value not finite"),
+    ("classification", {"pred": 2}, "label or pred not one of the 2 classes"),
+])
+def test_writer_refuses_examples_that_contradict_the_task(tmp_path, task, fields, why):
+    """What a reader would take for damage is refused when it is written, naming the example."""
+    exs = task_examples(task)
+    for key, value in fields.items():
+        setattr(exs[0], key, value)
+    with pytest.raises(ValueError, match=f"example ex0: {why} \\(task {task}\\)"):
+        write_task_store(tmp_path / "x.h5", task, exs)
+    with open_store(tmp_path / "x.h5") as s:
+        assert len(s) == 0  # nothing was committed
