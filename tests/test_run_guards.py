@@ -112,7 +112,15 @@ def test_checkpoint_without_task_head_is_refused(tmp_path, kind):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": " ".join(WORDS[i:i + 4]), "label": i % 2}) + "\n" for i in range(5)))
     out = tmp_path / "out.h5"
-    args = ["run", data, "--model", model, "-o", out, "--device", "cpu", "--methods", "rollout,norm", "-q"]
+    plain = ["run", data, "--model", model, "-o", out, "--device", "cpu", "--methods", "rollout,norm", "-q"]
+    # without --task the head decides: a masked LM is a masked-token model (whose data need a mask), a bare encoder
+    # has no head to tell
+    line = one_line(invoke(*plain))
+    if kind == "mlm":
+        assert "has no mask token '[MASK]'" in line
+    else:
+        assert "cannot tell the model's task from its head (BertModel): pass --task" in line
+    args = plain + ["--task", "classification"]
     line = one_line(invoke(*args))
     missing = HEADLESS_MISSING[kind]
     assert "no trained classification head" in line and "--allow-random-head" in line and str(model) in line

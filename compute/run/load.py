@@ -9,7 +9,7 @@ from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
 from ..shards import ShardPlan, plan_shard, token_lengths
 from .batches import tokenize
-from .plan import RunPlan, check_evidence
+from .plan import RunPlan
 from .progress import Progress
 
 
@@ -28,7 +28,6 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
                     allow_random_head=cfg.allow_random_head, task=cfg.task)
     lm.task.options = task_options(cfg, lm.task.name)
     lm.task.check_target_mode(plan.target_mode)
-    check_evidence(cfg, lm.task.name)
     info = lm.info
     if info.get("random_head"):
         progress.message(f"--allow-random-head: {len(info['random_head'])} weights of the task head are random "

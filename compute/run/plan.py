@@ -74,10 +74,36 @@ def check_options(cfg: RunConfig) -> None:
         if opt.check is not None and (err := opt.check(opt.flag, getattr(cfg, opt.name))) is not None:
             raise err
     if cfg.metrics:
-        if cfg.task not in ("qa", "auto"):  # qa stores the gold answer's tokens; auto: checked once the head is known
-            check_evidence(cfg, cfg.task)
+        check_evidence(cfg, known_task(cfg))  # before the model loads (a model that does not exist is not reached)
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
+
+
+def known_task(cfg: RunConfig) -> str:
+    """The run's task as far as it is known without loading the model: --task, the demo's, or what a local
+    checkpoint's config.json names (read as JSON); "auto" when only the loaded model can tell."""
+    import json
+    from types import SimpleNamespace
+
+    from ..tasks import detect_task
+
+    if cfg.task != "auto":
+        return cfg.task
+    if cfg.model is None:
+        return "classification"  # the bundled demo classifier
+    config = os.path.join(os.path.expanduser(cfg.model), "config.json")
+    try:
+        with open(config) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return "auto"
+    labels = raw.get("id2label") or {0: 0, 1: 1}  # transformers' default: two labels
+    head = SimpleNamespace(architectures=raw.get("architectures"), num_labels=len(labels),
+                           problem_type=raw.get("problem_type"))
+    try:
+        return detect_task(head)
+    except AttrscopeError:
+        return "auto"
 
 
 def check_evidence(cfg: RunConfig, task: str) -> None:
@@ -87,7 +113,7 @@ def check_evidence(cfg: RunConfig, task: str) -> None:
     needing = evidence_metrics(parse_metric_specs(cfg.metrics)) if cfg.metrics else []
     if needing and cfg.evidence_column is None and task != "qa":
         raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
-                         "evidence character spans, or drop the metric")
+                         "evidence character spans, or drop the metric (a qa run reads its gold answers: --task qa)")
 
 
 def check_output(output: str, cfg: RunConfig) -> None:
