@@ -237,6 +237,7 @@ def test_auto_batch_size_probes_cuda_with_the_longest_example(monkeypatch):
 
     import compute.run.dispatch as dispatch
     from compute.run.batches import Tokenized
+    from compute.tasks import TaskRows
 
     lengths = [5, 40, 12, 40, 7] * 100  # 500 examples, the longest 40 tokens
     tok = Tokenized([[1] * n for n in lengths], None, None, [[0] * n for n in lengths], lengths)
@@ -252,13 +253,14 @@ def test_auto_batch_size_probes_cuda_with_the_longest_example(monkeypatch):
 
     monkeypatch.setattr(dispatch, "encode", lambda tok, rows, pad_id, device: list(rows))
     monkeypatch.setattr(dispatch, "run_batch", fake_run_batch)
-    size, how = dispatch.auto_batch_size(lm, {}, tok, [0] * len(lengths), "predicted", 2, True)
+    rows = TaskRows.plain([0] * len(lengths))
+    size, how = dispatch.auto_batch_size(lm, {}, tok, rows, "predicted", 2, True)
     assert size == 37 and "40 tokens" in how
     assert all(set(rows) == {1} for rows in seen)  # every probe is copies of the (first) longest example
 
     monkeypatch.setattr(dispatch, "run_batch", lambda *a: (_ for _ in ()).throw(RuntimeError("bad kernel")))
     with pytest.raises(RuntimeError, match="bad kernel"):  # only out-of-memory errors mean "does not fit"
-        dispatch.auto_batch_size(lm, {}, tok, [0] * len(lengths), "predicted", 2, True)
+        dispatch.auto_batch_size(lm, {}, tok, rows, "predicted", 2, True)
 
 
 def test_batch_size_auto_on_cpu_is_the_fixed_default_and_recorded(tiny_model_dirs, tmp_path):
