@@ -199,16 +199,16 @@ def test_float32_model_runs_the_rules_on_a_float64_twin(name):
 
 
 @pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
-def test_auto_precision_is_mixed_for_lrp_and_the_model_dtype_for_the_others(name):
-    """--lrp-dtype auto (the default): lrp's input relevance is ill-conditioned and runs in float64, the
-    attention-relevance methods run in the model's dtype; the stored params name the precision that ran, and the
-    result is that one's."""
+def test_auto_precision_is_float64_for_lrp_and_partial_lrp_and_the_model_dtype_for_the_rollouts(name):
+    """--lrp-dtype auto (the default): lrp's input relevance and partial_lrp's lower layers are ill-conditioned and
+    run in float64, transatt and mask_lrp in the model's dtype; the stored params name the precision that ran, and
+    the result is that one's."""
     _, ad32, batch, _ = setup("bert", dtype=torch.float32)
     params = {"head_mask": random_mask(3, 4)} if name == "mask_lrp" else {}
     with torch.no_grad():
         cap = ad32.capture(batch, frozenset())
     m = get_method(name, **params)
-    want = "float64" if name == "lrp" else "model"
+    want = "float64" if name in ("lrp", "partial_lrp") else "model"
     assert m.params["dtype"] == want
     got = m.compute(cap, ad32, cap.pred)
     cap.memo.clear()

@@ -24,7 +24,7 @@ class LRP(RelevanceMethod):
                resume=True,
                help="Precision of the LRP family (lrp, partial_lrp, transatt, mask_lrp): float64 (forward and rules "
                     "on a float64 copy of the model), mixed (float64 forward, float32 rules), model (the model's "
-                    "dtype, the reference), auto (float64 for lrp, model for the others; see README)."),
+                    "dtype, the reference), auto (float64 for lrp and partial_lrp, model for transatt and mask_lrp; see README)."),
     )
     auto_dtype = "float64"  # its input relevance is ill-conditioned: float32 rounding anywhere moves it (README)
 

@@ -234,8 +234,8 @@ class RelevanceMethod(Method):
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
     passes = frozenset({"forward", "lrp"})
     pre_ln_ok = False
-    # "auto": the attention-relevance methods (rolled out or per layer) agree with float64 to a Spearman of 0.9998 in
-    # the model's dtype on the shared model; lrp's input relevance does not (README, LRP precision): float64
+    # "auto": the rolled-out methods (transatt, mask_lrp) agree with float64 to a Spearman of 0.9998 in the model's
+    # dtype on the shared model; lrp's input relevance and partial_lrp's lower layers do not (README): float64
     auto_dtype = "model"
 
     def __init__(self, **params):
