@@ -179,18 +179,41 @@ def test_mask_sep_masks_the_separator_as_a_key():
 @pytest.mark.parametrize("name", ("lrp", "transatt"))
 def test_float32_model_runs_the_rules_on_a_float64_twin(name):
     """The LRP rules divide by sums that pass near zero (residual adds, Q.K^T scores), where float32 rounding of the
-    forward is amplified without bound, so by default a float32 model's LRP runs on a float64 copy: the result
-    equals the float64 model's to rounding, and dtype="model" keeps the reference's float32 computation."""
+    forward is amplified without bound, so dtype="float64" runs a float32 model's LRP on a float64 copy: the result
+    equals the float64 model's to rounding. "mixed" runs the same float64 forward with the rules in float32, and
+    "model" keeps the reference's float32 computation."""
     _, ad32, batch, _ = setup("bert", dtype=torch.float32)
     _, ad64, _, _ = setup("bert", dtype=torch.float64)
     with torch.no_grad():
         cap32, cap64 = ad32.capture(batch, frozenset()), ad64.capture(batch, frozenset())
-    got = get_method(name).compute(cap32, ad32, cap64.pred)
-    want = get_method(name).compute(cap64, ad64, cap64.pred)
+    got = get_method(name, dtype="float64").compute(cap32, ad32, cap64.pred)
+    want = get_method(name, dtype="float64").compute(cap64, ad64, cap64.pred)
     assert got.scores.dtype == torch.float64
     torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=1e-9, atol=1e-12)
+    mixed = get_method(name, dtype="mixed").compute(cap32, ad32, cap64.pred)
+    assert mixed.scores.dtype == torch.float32
+    torch.testing.assert_close(mixed.layer_scores, want.layer_scores.float(), rtol=1e-4,
+                               atol=1e-4 * float(want.layer_scores.abs().max()))
     plain = get_method(name, dtype="model").compute(cap32, ad32, cap64.pred)
     assert plain.scores.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
+def test_auto_precision_is_float64_for_lrp_and_partial_lrp_and_the_model_dtype_for_the_rollouts(name):
+    """--lrp-dtype auto (the default): lrp's input relevance and partial_lrp's lower layers are ill-conditioned and
+    run in float64, transatt and mask_lrp in the model's dtype; the stored params name the precision that ran, and
+    the result is that one's."""
+    _, ad32, batch, _ = setup("bert", dtype=torch.float32)
+    params = {"head_mask": random_mask(3, 4)} if name == "mask_lrp" else {}
+    with torch.no_grad():
+        cap = ad32.capture(batch, frozenset())
+    m = get_method(name, **params)
+    want = "float64" if name in ("lrp", "partial_lrp") else "model"
+    assert m.params["dtype"] == want
+    got = m.compute(cap, ad32, cap.pred)
+    cap.memo.clear()
+    ran = get_method(name, dtype=want, **params).compute(cap, ad32, cap.pred)
+    torch.testing.assert_close(got.layer_scores, ran.layer_scores, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
