@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--random-base", type=int, metavar="N", help="random BERT-base-sized model, sequences of length N")
     ap.add_argument("--peak-memory", action="store_true", help="also measure each method's peak memory")
     ap.add_argument("--ig-steps", type=int, default=16, help="quadrature steps of ig_l2/ig_mean (default 16)")
-    ap.add_argument("--lrp-dtype", choices=["float64", "model"], default="float64",
+    ap.add_argument("--lrp-dtype", choices=["auto", "float64", "mixed", "model"], default="auto",
                     help="precision of the LRP rules (as attr-compute's --lrp-dtype)")
     args = ap.parse_args()
 

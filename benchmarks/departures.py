@@ -87,8 +87,9 @@ DEPARTURES = [
               "--preset attcat", "attcat", {}, {"mask_specials": True}),
     Departure("AttCAT", "(paper, not code) layer outputs h^1..h^L; the code's inputs h^0..h^L-1 are our default",
               "layer inputs (the code)", "--attcat-layers outputs", "attcat", {}, {"layers": "outputs"}),
-    Departure("Chefer LRP / TransAtt", "rules in the model's dtype (float32)", "float64 copy of the model",
-              "--lrp-dtype model", "transatt", {}, {"dtype": "model"}),
+    Departure("Chefer LRP", "rules in the model's dtype (float32; TransAtt, Partial LRP and Mask-LRP run so by "
+              "default)", "float64 copy of the model (lrp's default)", "--lrp-dtype model", "lrp", {},
+              {"dtype": "model"}),
     Departure("Chefer LRP / TransAtt", "(Mask-LRP's code) [SEP] masked as a key in the explanation pass",
               "nothing masked", "--preset masklrp", "transatt", {}, {"mask_sep": True}),
     Departure("Mask-LRP", "rollout of the attention relevance before the 1/2 of the A.V rule (cam1_preserve): every "

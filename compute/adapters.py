@@ -165,10 +165,16 @@ class Adapter:
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def lm_head(self) -> tuple[Callable, torch.Tensor, torch.Tensor | None]:
-        """A language-model head as (transform, W [V, d'], b [V] or None): logits = transform(h) W^T + b (a masked
-        LM's dense + activation + LayerNorm; the identity for decoders, whose last hidden state is already normed)."""
+    def lm_head_parts(self) -> tuple[nn.Linear | None, Callable | None, nn.Module | None, nn.Linear]:
+        """A language-model head's modules (dense, activation, norm, decoder): logits = decoder(norm(act(dense(h))))
+        for a masked LM; (None, None, None, decoder) for decoders, whose last hidden state is already normed."""
         raise AttrscopeError(f"no language-model head is known for the {self.family} family")
+
+    def lm_head(self) -> tuple[Callable, torch.Tensor, torch.Tensor | None]:
+        """The language-model head as (transform, W [V, d'], b [V] or None): logits = transform(h) W^T + b."""
+        dense, act, norm, decoder = self.lm_head_parts()
+        transform = (lambda h: h) if dense is None else (lambda h: norm(act(dense(h))))
+        return transform, decoder.weight, decoder.bias
 
     def head_logit(self, h: torch.Tensor, target: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:
         """The model's head applied to every token of ``h`` [B, n, d] as if it were the explained one: the target's
@@ -401,17 +407,16 @@ class BertAdapter(Adapter):
         # RoBERTa's head applies tanh, ELECTRA's its own activation (GELU)
         return m.classifier.dense, getattr(m.classifier, "activation", torch.tanh), m.classifier.out_proj
 
-    def lm_head(self):
+    def lm_head_parts(self):
         m, kind = self.model, self.config.model_type
         if kind == "bert":
-            p = m.cls.predictions
-            return p.transform, p.decoder.weight, p.decoder.bias
+            t = m.cls.predictions.transform
+            return t.dense, t.transform_act_fn, t.LayerNorm, m.cls.predictions.decoder
         if kind == "electra":
             g = m.generator_predictions
-            return (lambda h: g.LayerNorm(g.activation(g.dense(h)))), m.generator_lm_head.weight, m.generator_lm_head.bias
+            return g.dense, g.activation, g.LayerNorm, m.generator_lm_head
         head = m.lm_head  # RoBERTa, XLM-R, CamemBERT: dense -> GELU -> LayerNorm -> decoder
-        return ((lambda h: head.layer_norm(torch.nn.functional.gelu(head.dense(h)))), head.decoder.weight,
-                head.decoder.bias)
+        return head.dense, torch.nn.functional.gelu, head.layer_norm, head.decoder
 
     def sequence_lrp_head(self):
         m = self.model
@@ -473,10 +478,9 @@ class DistilBertAdapter(Adapter):
     def head_parts(self):
         return self.model.pre_classifier, torch.relu, self.model.classifier
 
-    def lm_head(self):
+    def lm_head_parts(self):
         m = self.model
-        return ((lambda h: m.vocab_layer_norm(m.activation(m.vocab_transform(h)))), m.vocab_projector.weight,
-                m.vocab_projector.bias)
+        return m.vocab_transform, m.activation, m.vocab_layer_norm, m.vocab_projector
 
     def sequence_lrp_head(self):
         return [self.model.pre_classifier, self.model.classifier]  # -> ReLU -> dropout -> classifier
@@ -549,8 +553,8 @@ class GPT2Adapter(Adapter):
     def _head(self, h):
         return self.model.score(h)  # per-position logits before HF pools the last real token
 
-    def lm_head(self):
-        return (lambda h: h), self.model.lm_head.weight, self.model.lm_head.bias  # on ln_f's output
+    def lm_head_parts(self):
+        return None, None, None, self.model.lm_head  # on ln_f's output
 
     def explain_positions(self, input_ids, mask):
         return last_real_token(mask)
@@ -608,8 +612,8 @@ class LlamaAdapter(Adapter):
     def _head(self, h):
         return self.model.score(h)
 
-    def lm_head(self):
-        return (lambda h: h), self.model.lm_head.weight, self.model.lm_head.bias  # on the final norm's output
+    def lm_head_parts(self):
+        return None, None, None, self.model.lm_head  # on the final norm's output
 
     def explain_positions(self, input_ids, mask):
         return last_real_token(mask)

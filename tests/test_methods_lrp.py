@@ -6,6 +6,8 @@ GAE's identity with zero gradients, relevance conservation, and batch invariance
 from __future__ import annotations
 
 import numpy as np
+import copy
+
 import pytest
 import torch
 from conftest import ARCHS, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
@@ -179,18 +181,43 @@ def test_mask_sep_masks_the_separator_as_a_key():
 @pytest.mark.parametrize("name", ("lrp", "transatt"))
 def test_float32_model_runs_the_rules_on_a_float64_twin(name):
     """The LRP rules divide by sums that pass near zero (residual adds, Q.K^T scores), where float32 rounding of the
-    forward is amplified without bound, so by default a float32 model's LRP runs on a float64 copy: the result
-    equals the float64 model's to rounding, and dtype="model" keeps the reference's float32 computation."""
+    forward is amplified without bound, so dtype="float64" runs a float32 model's LRP on a float64 copy: the result
+    equals the float64 model's to rounding. "mixed" runs the same float64 forward with the rules in float32, and
+    "model" keeps the reference's float32 computation."""
     _, ad32, batch, _ = setup("bert", dtype=torch.float32)
     _, ad64, _, _ = setup("bert", dtype=torch.float64)
     with torch.no_grad():
         cap32, cap64 = ad32.capture(batch, frozenset()), ad64.capture(batch, frozenset())
-    got = get_method(name).compute(cap32, ad32, cap64.pred)
-    want = get_method(name).compute(cap64, ad64, cap64.pred)
+    got = get_method(name, dtype="float64").compute(cap32, ad32, cap64.pred)
+    want = get_method(name, dtype="float64").compute(cap64, ad64, cap64.pred)
     assert got.scores.dtype == torch.float64
     torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=1e-9, atol=1e-12)
+    mixed = get_method(name, dtype="mixed").compute(cap32, ad32, cap64.pred)
+    assert mixed.scores.dtype == torch.float32
+    torch.testing.assert_close(mixed.layer_scores, want.layer_scores.float(), rtol=1e-4,
+                               atol=1e-4 * float(want.layer_scores.abs().max()))
     plain = get_method(name, dtype="model").compute(cap32, ad32, cap64.pred)
     assert plain.scores.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
+def test_auto_precision_is_float64_for_lrp_and_partial_lrp_and_the_model_dtype_for_the_rollouts(name):
+    """--lrp-dtype auto (the default): lrp's input relevance and partial_lrp's lower layers are ill-conditioned and
+    run in float64, transatt and mask_lrp in float32 (a float32 model itself: the same numbers as "model", from the
+    pass the gradient methods share); the stored params name the precision that ran, and the result is that one's."""
+    _, ad32, batch, _ = setup("bert", dtype=torch.float32)
+    params = {"head_mask": random_mask(3, 4)} if name == "mask_lrp" else {}
+    with torch.no_grad():
+        cap = ad32.capture(batch, frozenset())
+    m = get_method(name, **params)
+    want = "float64" if name in ("lrp", "partial_lrp") else "float32"
+    assert m.params["dtype"] == want
+    got = m.compute(cap, ad32, cap.pred)
+    cap.memo.clear()
+    for same in (want, "model") if want == "float32" else (want,):
+        ran = get_method(name, dtype=same, **params).compute(cap, ad32, cap.pred)
+        cap.memo.clear()
+        torch.testing.assert_close(got.layer_scores, ran.layer_scores, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -212,3 +239,22 @@ def test_rollout_unhalved_doubles_every_map(arch):
         assert not torch.allclose(b.scores, a.scores)
     t = get_method("transatt").compute(cap, ad, cap.pred)
     assert torch.equal(t.matrices, a.matrices) and not torch.allclose(t.scores, b.scores)
+
+
+def test_auto_precision_never_runs_the_rules_on_a_half_precision_forward():
+    """transatt under auto on a bfloat16 model runs on a float32 copy of it: the result equals "model" on a float32
+    model with the rounded weights, and differs from the half-precision forward of --lrp-dtype model."""
+    _, ad32, batch, _ = setup("bert", dtype=torch.float32)
+    half = ad32.model.to(torch.bfloat16)
+    from compute.adapters import adapter_for
+
+    ad16 = adapter_for(half)
+    rounded = adapter_for(copy.deepcopy(half).to(torch.float32))
+    with torch.no_grad():
+        cap16, capr = ad16.capture(batch, frozenset()), rounded.capture(batch, frozenset())
+    target = capr.pred
+    got = get_method("transatt").compute(cap16, ad16, target)
+    want = get_method("transatt", dtype="model").compute(capr, rounded, target)
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-6, atol=1e-7)
+    halfway = get_method("transatt", dtype="model").compute(ad16.capture(batch, frozenset()), ad16, target)
+    assert (halfway.scores.float() - want.scores).abs().max() > 1e-2 * want.scores.abs().max()

@@ -14,7 +14,9 @@ with frozen LayerNorm scales and zero-origin slopes act(h)/h for the feed-forwar
 DecompX), g^l being that linear path's vector-Jacobian product with the head's row u.
 
 The target enters only through ``output_direction`` (u for the class explained): masked- and next-token targets
-with foils swap in the unembedding rows' difference there.
+(compute.tasks) put the unembedding row of the target word there, less the foil's (the paper's contrastive form),
+carried through a masked LM's head transform as through the classifier's (frozen LayerNorm scale, zero-origin
+activation slopes).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from ._internals.token_vectors import zero_origin_slope
 from .alti import Alti
 
 
+WORD_TASKS = frozenset({"masked-token", "next-token"})  # the explained logit is a row of a vocabulary head
+
+
 def at(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """t[b, pos[b]] for every example b: [B, n, ...] -> [B, ...]."""
     return t[torch.arange(t.shape[0], device=t.device), pos]
@@ -38,7 +43,7 @@ def at(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 class AltiLogit(Method):
     name = "alti_logit"
-    tasks = SEQUENCE_HEAD_TASKS
+    tasks = SEQUENCE_HEAD_TASKS | {"masked-token", "next-token"}  # a logit read at the explained token
     description = "ALTI-Logit: each layer's attention contributions to the target logit, tracked to the inputs by ALTI"
     reference = "Ferrando, Gallego, Tsiamas, Costa-jussa (2023), ACL; docs/methods.md"
     signed = True
@@ -52,7 +57,7 @@ class AltiLogit(Method):
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
-        head = adapter.head_parts()
+        head = adapter.lm_head_parts() if adapter.task in WORD_TASKS else adapter.head_parts()
         known = adapter.mlp(adapter.layers()[0]) is not None if adapter.pre_ln else \
             adapter.ffn_parts(adapter.layers()[0]) is not None
         if head is None or not known:
@@ -62,9 +67,25 @@ class AltiLogit(Method):
     # --- the target: the direction of the explained output at the final state ----------------------------------
     def output_direction(self, cap, adapter, target: torch.Tensor) -> torch.Tensor:
         """u [B, d]: logit_target = <u, final state of the explained token> + a constant, with the head's
-        activation frozen at its zero-origin slope (exact for a linear head)."""
-        dense, act, classifier = adapter.head_parts()
+        activation frozen at its zero-origin slope (exact for a linear head). A word target's row of the
+        vocabulary matrix, less the foil's (the contrast), through a masked LM's head transform (dense, activation
+        at its zero-origin slope, LayerNorm at its frozen scale)."""
         dtype = cap.hidden_states[-1].dtype
+        if adapter.task in WORD_TASKS:
+            dense, act, norm, decoder = adapter.lm_head_parts()
+            W = decoder.weight.to(dtype)
+            rows = W[target]
+            if cap.foil is not None:
+                rows = rows - (cap.foil >= 0).to(dtype)[:, None] * W[cap.foil.clamp_min(0)]
+            if dense is None:
+                return rows
+            h = at(self._final_state(cap, adapter), cap.explain_pos)
+            pre = nn.functional.linear(h, dense.weight.to(dtype), dense.bias.to(dtype))
+            a = act(pre)
+            sigma = (center(a).square().mean(-1) + norm.eps).sqrt()
+            rows = center(norm.weight.to(dtype) * rows) / sigma[:, None]  # through the LayerNorm, scale frozen
+            return (zero_origin_slope(pre, a) * rows) @ dense.weight.to(dtype)
+        dense, act, classifier = adapter.head_parts()
         rows = classifier.weight.to(dtype)[target]  # [B, C-row]
         if dense is None:
             return rows

@@ -20,10 +20,15 @@ class LRP(RelevanceMethod):
     has_layer_views = True
 
     run_options = (
-        Option("lrp_dtype", "float64", choices=("float64", "model"), show_default=True, param="dtype", resume=True,
-               help="Precision of the LRP rules (lrp, partial_lrp, transatt, mask_lrp): float64 on a copy of the "
-                    "model, or the model's own dtype (the reference; unstable, see README)."),
+        Option("lrp_dtype", "auto", choices=("auto", "float64", "mixed", "model"), show_default=True, param="dtype",
+               resume=True,
+               help="Precision of the LRP family (lrp, partial_lrp, transatt, mask_lrp): float64 (forward and rules "
+                    "on a float64 copy of the model), mixed (float64 forward, float32 rules), model (the model's "
+                    "dtype, the reference), auto (float64 for lrp and partial_lrp; for transatt and mask_lrp the "
+                    "model's dtype, or float32 for a half-precision model; see README)."),
     )
+    auto_dtype = "float64"  # its input relevance is ill-conditioned: float32 rounding anywhere moves it (README)
+
     def from_relevance(self, rel, gp, target, cap):
         views = torch.stack(rel.inputs, dim=1) * cap.mask[:, None]  # [B, L, n]: input of layer 1 .. L
         views = zero_self(views, cap.explain_pos)

@@ -20,6 +20,7 @@ class PartialLRP(RelevanceMethod):
     has_matrices = True
 
     run_options = LRP.run_options
+    auto_dtype = "float64"  # its lower layers' maps carry relevance through the rules' poles, as lrp's (README)
     def from_relevance(self, rel, gp, target, cap):
         maps = torch.stack([valid_block(positive_head_mean(R), cap.mask) for R in rel.attention], dim=1)  # [B, L, n, n]
         views = zero_self(row_at(maps, cap.explain_pos), cap.explain_pos)

@@ -103,6 +103,19 @@ class LayerParts:
         return torch.einsum("bnhk,dhk->bnhd", self.v, W.reshape(W.shape[0], H, dh))
 
 
+    def project_sources(self, W: torch.Tensor) -> torch.Tensor:
+        """``project`` laid out source-major, [n, B, H, d] (what ``SourceBlocks`` multiplies): one [B n, dh] x [dh, d]
+        product per head written into its slot, instead of a head-major product, its permuted copy and a transposed
+        copy (those copies were a fifth of ALTI's time at SST-2 lengths)."""
+        B, n, H, dh = self.v.shape
+        v = self.v.transpose(0, 1)  # [n, B, H, dh]
+        Wh = W.reshape(W.shape[0], H, dh)
+        U = self.v.new_empty(n, B, H, W.shape[0])
+        for h in range(H):
+            U[:, :, h] = torch.matmul(v[:, :, h], Wh[:, h].T)
+        return U
+
+
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 
 
@@ -284,19 +297,28 @@ class SourceBlocks:
     than blocking over queries at n = 512). A and U are laid out source-major once per layer, so that every block's
     operands are contiguous slices (per-block gathers and the matmul's own copies were a third of ALTI's time)."""
 
-    def __init__(self, A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None):
+    def __init__(self, A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None, source_major: bool = False):
+        """U: [B, n, H, d] (``LayerParts.project``), or [n, B, H, d] with ``source_major`` (``project_sources``)."""
         self.A = A.permute(3, 0, 2, 1).contiguous()  # [j, B, i, H]
-        self.U = U.transpose(0, 1).contiguous()  # [j, B, H, d]
+        self.U = U.contiguous() if source_major else U.transpose(0, 1).contiguous()  # [j, B, H, d]
         self.diag = diag
 
-    def block(self, cols: slice, out: torch.Tensor | None = None) -> torch.Tensor:
+    def block(self, cols: slice, out: torch.Tensor | None = None, minus: torch.Tensor | None = None) -> torch.Tensor:
         """[k, B, n, d] for the sources in ``cols`` (source-major). ``out``: a buffer of at least [k * B, n, d]
-        reused across blocks (a fresh block per call cost up to 2x in page faults at n = 512)."""
+        reused across blocks (a fresh block per call cost up to 2x in page faults at n = 512). ``minus`` [B, n, d]:
+        subtracted from every source's block inside the product (the matmul accumulates onto it), which saves
+        a pass over the block."""
         n, B, _, H = self.A.shape
         d = self.U.shape[-1]
         k = cols.stop - cols.start
-        Z = torch.bmm(self.A[cols].view(k * B, n, H), self.U[cols].view(k * B, H, d),
-                      out=None if out is None else out[:k * B]).view(k, B, n, d)
+        A, U = self.A[cols].view(k * B, n, H), self.U[cols].view(k * B, H, d)
+        if minus is None:
+            Z = torch.bmm(A, U, out=None if out is None else out[:k * B]).view(k, B, n, d)
+        else:
+            Z = (minus.new_empty(k * B, n, d) if out is None else out[:k * B]).view(k, B, n, d)
+            torch.neg(minus, out=Z[0])
+            Z[1:] = Z[0]
+            Z = Z.view(k * B, n, d).baddbmm_(A, U).view(k, B, n, d)
         if self.diag is not None:
             kk = torch.arange(k, device=Z.device)
             Z[kk, :, cols.start + kk, :] += self.diag[:, cols, :].transpose(0, 1)

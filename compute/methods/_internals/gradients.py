@@ -14,7 +14,7 @@ summed, and since examples never interact, each example's gradient is its own.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -35,7 +35,9 @@ class Explained:
     double_embedding: bool = False  # REF quirk: X through inputs_embeds (embeddings added twice)
     mask_specials: bool = False  # AttCAT REF: special tokens masked as keys in the explanation pass
     mask_sep: bool = False  # Mask-LRP REF: [SEP] masked as a key in the explanation pass (METHODS.md 6.5)
-    dtype: str = "model"  # "model" | "float64": run the pass on a float64 copy of the model (the LRP rules)
+    # "model" | "float64": run the pass on a float64 copy of the model (the LRP rules) | "float32": the model as it
+    # is when float32 or wider, else a float32 copy (a half-precision model's LRP rules, --lrp-dtype auto)
+    dtype: str = "model"
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -151,6 +153,8 @@ class GradientPass:
     def __init__(self, cap: Captured, adapter: Adapter, spec: Explained, record_lrp: bool = True):
         if spec.dtype == "float64":
             adapter = adapter.twin(torch.float64)
+        elif spec.dtype == "float32":
+            adapter = adapter.twin(torch.float32)  # only reached for a half-precision model (gradient_pass)
         self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a float64 twin for LRP)
         inputs = model_inputs(cap, spec)
         E = embedding_output(adapter, inputs)
@@ -194,6 +198,8 @@ def gradient_pass(cap: Captured, adapter: Adapter, spec: Explained, lrp: bool = 
     """The batch's gradient pass for ``spec``, shared by every gradient method of the batch (cap.memo). It records
     the LRP tensors when a method of the batch declares the "lrp" pass (cap.passes; undeclared: recorded) or the
     caller asks (``lrp``: a pass memoised without them, for a batch that declared no LRP method, is run again)."""
+    if spec.dtype == "float32" and next(adapter.model.parameters()).element_size() >= 4:
+        spec = replace(spec, dtype="model")  # the model itself: the pass is shared with the gradient methods
     key = ("gradient_pass", spec)
     gp = cap.memo.get(key)
     if gp is None or (lrp and not gp.records_lrp):

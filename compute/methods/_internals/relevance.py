@@ -42,20 +42,45 @@ EPS = 1e-9
 
 
 def safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The reference's safe_divide: a / (b + 1e-9), and 0 where b == 0."""
+    """The reference's safe_divide: a / (b + 1e-9), and 0 where b == 0 (a denominator that rounds to 0, b = -1e-9,
+    becomes 1e-9). Scalar fills and in-place steps: this runs on every [B, n, d] tensor of every layer."""
     den = b + EPS
-    den = torch.where(den == 0, torch.full_like(den, EPS), den)
-    return torch.where(b != 0, a / den, torch.zeros_like(den))
+    den.masked_fill_(den == 0, EPS)
+    return torch.where(b != 0, torch.div(a, den, out=den), 0.0)
 
 
-def linear_relprop(R: torch.Tensor, X: torch.Tensor, W: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-    """alpha1-beta0 rule through y = X W^T (+ b, ignored). R [..., out], X [..., in], W [out, in], Y = X W^T."""
-    Xa, Wa = X.abs(), W.abs()
-    Z = (Y + Xa @ Wa.T) / 2
+def rule_weights(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(W, |W|^T, [W, |W|]) of a Linear weight W [out, in]: what ``linear_relprop`` multiplies by."""
+    Wa = W.abs()
+    return W, Wa.T, torch.cat([W, Wa], dim=1)
+
+
+def adapter_rule_weights(adapter: Adapter, key: str, mods: list, cast=wide) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                     torch.Tensor]:
+    """``rule_weights`` of the Linear modules ``mods`` stacked by output rows (Q, K and V share one rule), kept on the
+    adapter while the modules' weights are the same tensors, unmodified: rebuilt per batch they cost a pass over
+    3 x the weights per Linear, as much as the rule's elementwise work on a batch of short sentences."""
+    cache = adapter.__dict__.setdefault("_lrp_rule_weights", {})
+    weights = tuple(m.weight for m in mods)
+    stamp = tuple(w._version for w in weights)
+    key = (key, cast(weights[0][:0]).dtype)
+    hit = cache.get(key)
+    if hit is None or hit[1] != stamp or any(a is not b for a, b in zip(hit[0], weights)):
+        W = torch.cat([cast(w) for w in weights]) if len(weights) > 1 else cast(weights[0])
+        hit = cache[key] = (weights, stamp, rule_weights(W.detach()))
+    return hit[2]
+
+
+def linear_relprop(R: torch.Tensor, X: torch.Tensor, W, Y: torch.Tensor) -> torch.Tensor:
+    """alpha1-beta0 rule through y = X W^T (+ b, ignored). R [..., out], X [..., in], W [out, in] (or its
+    ``rule_weights``), Y = X W^T."""
+    Xa = X.abs()
+    _, WaT, W_both = rule_weights(W) if isinstance(W, torch.Tensor) else W
+    Z = torch.matmul(Xa, WaT).add_(Y).div_(2)
     S = safe_div(R, Z)
-    SW = S @ torch.cat([W, Wa], dim=1)  # [..., 2 in]: S W and S |W| in one product
+    SW = S @ W_both  # [..., 2 in]: S W and S |W| in one product
     d_in = X.shape[-1]
-    return (X * SW[..., :d_in] + Xa * SW[..., d_in:]) / 2
+    return (X * SW[..., :d_in]).addcmul_(Xa, SW[..., d_in:]).div_(2)
 
 
 def add_relprop(R: torch.Tensor, a_in: torch.Tensor, b_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,8 +95,12 @@ def add_relprop(R: torch.Tensor, a_in: torch.Tensor, b_in: torch.Tensor) -> tupl
 
 
 def clone_relprop(X: torch.Tensor, *Rs: torch.Tensor) -> torch.Tensor:
-    """Fan-out of X to several branches: the reference's X * sum_k R_k / X (the sum, except where X is ~0)."""
-    return X * sum(safe_div(R, X) for R in Rs)
+    """Fan-out of X to several branches: the reference's X * sum_k R_k / X (the sum, except where X is ~0); each
+    safe_div(R_k, X), with the denominator and its zero mask built once."""
+    den = X + EPS
+    den.masked_fill_(den == 0, EPS)
+    nonzero = X != 0
+    return X * sum(torch.where(nonzero, R / den, 0.0) for R in Rs)
 
 
 def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
@@ -121,30 +150,34 @@ QA_CHANNELS = {"start_logits": 0, "end_logits": 1}
 
 def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_mask: torch.Tensor | None = None, *,
               rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
-              channel: int | None = None) -> Relevance:
+              channel: int | None = None, rules_dtype: torch.dtype | None = None) -> Relevance:
     """Relevance from the one-hot target logit (less the foil's; or a QA head's ``channel`` at the explained
-    position) down to the encoder input, for the batch recorded in ``gp`` (on the model gp ran: the float64 twin by
-    default)."""
+    position) down to the encoder input, for the batch recorded in ``gp`` (on the model gp ran: the float64 twin for
+    --lrp-dtype float64 and mixed). ``rules_dtype``: the rules' precision (None: the pass's own, at least float32);
+    mixed runs them in float32 on the float64 pass's activations."""
     adapter, rec = gp.adapter, gp.lrp
+    cast = wide if rules_dtype is None else (lambda t: t.to(rules_dtype))
     H = adapter.n_heads
     layers = adapter.layers()
 
     # head: its Linears (alpha-beta) top-down, activations and LayerNorms passing relevance unchanged, on the
     # explained row (a sequence head reads it alone; a language-model or QA head runs on every token: its row
     # at the explained position is the one that produced the explained output)
-    last = wide(gp.hidden_states[-1].detach())
+    last = cast(gp.hidden_states[-1].detach())
     b = torch.arange(last.shape[0], device=last.device)
     R = None
-    for mod, (x, y) in zip(reversed(adapter.lrp_head()), reversed(rec.head)):
-        x = wide(x.detach())
+    head = adapter.lrp_head()
+    for k in range(len(head) - 1, -1, -1):
+        mod, (x, y) = head[k], rec.head[k]
+        x = cast(x.detach())
         if x.dim() == 3:
             x = x[b, pos]
-            y = torch.nn.functional.linear(x, wide(mod.weight), None if mod.bias is None else wide(mod.bias))
+            y = torch.nn.functional.linear(x, cast(mod.weight), None if mod.bias is None else cast(mod.bias))
         else:
-            y = wide(y.detach())
+            y = cast(y.detach())
         if R is None:
             R = start_relevance(target, foil, channel, y.shape[-1], y.dtype)
-        R = linear_relprop(R, x, wide(mod.weight), _unbiased(mod, y))
+        R = linear_relprop(R, x, adapter_rule_weights(adapter, f"head.{k + 1}", [mod], cast), _unbiased(mod, y, cast))
     R_out = torch.zeros_like(last)
     R_out[b, pos] = last[b, pos] * safe_div(R, last[b, pos])
 
@@ -152,8 +185,12 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
     for li in range(len(layers) - 1, -1, -1):
         interrupts.check()  # a stop asked for: between layers
         lin = adapter.lrp_linears(layers[li])
-        io = {k: (wide(i.detach()), wide(o.detach())) for k, (i, o) in rec.layers[li].items()}
-        A = wide(gp.attentions[li].detach())
+
+        def weights(*roles, li=li, lin=lin):
+            return adapter_rule_weights(adapter, f"{li}.{''.join(roles)}", [lin[r] for r in roles], cast)
+
+        io = {k: (cast(i.detach()), cast(o.detach())) for k, (i, o) in rec.layers[li].items()}
+        A = cast(gp.attentions[li].detach())
         x, yq = io["q"]
         yk, yv = io["k"][1], io["v"][1]
         ctx, yo = io["o"]
@@ -162,13 +199,13 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
 
         # output sublayer: LN2 (identity) <- add(FFN out, y) ; FFN: f2 <- activation (identity) <- f1
         R_f, R_y_res = add_relprop(R_out, y2f, y)
-        R_h = linear_relprop(R_f, h, wide(lin["f2"].weight), _unbiased(lin["f2"], y2f))
-        R_y_ffn = linear_relprop(R_h, y, wide(lin["f1"].weight), _unbiased(lin["f1"], y1f))
+        R_h = linear_relprop(R_f, h, weights("f2"), _unbiased(lin["f2"], y2f, cast))
+        R_y_ffn = linear_relprop(R_h, y, weights("f1"), _unbiased(lin["f1"], y1f, cast))
         R_y = clone_relprop(y, R_y_ffn, R_y_res)
 
         # attention sublayer: LN1 (identity) <- add(attention out, x) ; o <- A.V <- (softmax identity) Q.K^T
         R_o, R_x_res = add_relprop(R_y, yo, x)
-        R_ctx = _heads(linear_relprop(R_o, ctx, wide(lin["o"].weight), _unbiased(lin["o"], yo)), H)
+        R_ctx = _heads(linear_relprop(R_o, ctx, weights("o"), _unbiased(lin["o"], yo, cast)), H)
         V, Q, K = _heads(yv, H), _heads(yq, H), _heads(yk, H)
         S = safe_div(R_ctx, _heads(ctx, H))
         R_A = A * (S @ V.transpose(-1, -2)) / 2
@@ -188,17 +225,17 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
         R_K = K * (S1.transpose(-1, -2) @ Q) / 2
 
         # Q, K, V share the layer input: one fused rule over [W_q; W_k; W_v] sums the three relevances (the clone)
-        W_qkv = torch.cat([wide(lin[r].weight) for r in ("q", "k", "v")])
-        Y_qkv = torch.cat([_unbiased(lin["q"], yq), _unbiased(lin["k"], yk), _unbiased(lin["v"], yv)], dim=-1)
+        W_qkv = weights("q", "k", "v")
+        Y_qkv = torch.cat([_unbiased(lin[r], y_r, cast) for r, y_r in (("q", yq), ("k", yk), ("v", yv))], dim=-1)
         R_x_att = linear_relprop(torch.cat([_merge(R_Q), _merge(R_K), _merge(R_V)], dim=-1), x, W_qkv, Y_qkv)
         R_out = clone_relprop(x, R_x_att, R_x_res)
         inputs[li] = R_out.sum(-1)
     return Relevance(input=R_out, inputs=inputs, attention=attention)
 
 
-def _unbiased(mod, y: torch.Tensor) -> torch.Tensor:
+def _unbiased(mod, y: torch.Tensor, cast=wide) -> torch.Tensor:
     """A Linear's recorded output less its bias: Y = X W^T, what the alpha1-beta0 rule's Z is built from."""
-    return y - wide(mod.bias) if mod.bias is not None else y
+    return y - cast(mod.bias) if mod.bias is not None else y
 
 
 def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
@@ -215,8 +252,12 @@ def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Te
 # ----------------------------------------------------------------------------------------------------------------
 class RelevanceMethod(Method):
     """Base of the methods read off one relevance propagation (lrp, partial_lrp, transatt, mask_lrp). Parameters:
-    the Explained ones (mask_sep: Mask-LRP's [SEP]-masked explanation pass). Class-specific: relevance starts at
-    the target's one-hot logit."""
+    the Explained ones (mask_sep: Mask-LRP's [SEP]-masked explanation pass) and dtype, the precision (--lrp-dtype):
+    "float64" (forward, backward and rules on the model's float64 twin), "mixed" (forward and backward on the twin,
+    rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
+    result needs), "model" (everything in the model's dtype, the reference), "float32" (the model's dtype where it
+    is float32 or wider, else a float32 copy of the model: the rules never run a half-precision forward), "auto"
+    (``auto_dtype``: the stored params say which one ran). Class-specific: relevance starts at the target's one-hot logit."""
 
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
@@ -225,10 +266,23 @@ class RelevanceMethod(Method):
     # (the decoders' next-token task has no rule set: pre-LN, METHODS.md section 9)
     tasks = frozenset({"classification", "regression", "masked-token", "qa"})
     pre_ln_ok = False
+    # "auto": the rolled-out methods (transatt, mask_lrp) agree with float64 to a Spearman of 0.9998 in the model's
+    # dtype on the shared model; lrp's input relevance and partial_lrp's lower layers do not (README): float64
+    auto_dtype = "float32"  # the model's dtype where it is float32 or wider; a half-precision model's float32 copy
 
     def __init__(self, **params):
-        super().__init__(**{"dtype": "float64", **params})
-        self.spec = spec_from(self.params)
+        params = {"dtype": "auto", **params}
+        if params["dtype"] == "auto":
+            params["dtype"] = self.auto_dtype
+        super().__init__(**params)
+        pass_dtype = {"model": "model", "float32": "float32"}.get(self.params["dtype"], "float64")  # mixed: float64
+        self.spec = spec_from({**self.params, "dtype": pass_dtype})
+
+    def rules_dtype(self, adapter: Adapter) -> torch.dtype | None:
+        """The rules' precision: float32 (at least the model's) under "mixed", else the pass's own (None)."""
+        if self.params["dtype"] != "mixed":
+            return None
+        return wide(torch.empty(0, dtype=next(adapter.model.parameters()).dtype)).dtype
 
     def check_architecture(self, adapter):
         check_lrp(adapter, self.name)
@@ -244,7 +298,8 @@ class RelevanceMethod(Method):
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
-        rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), **self.options())
+        rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), rules_dtype=self.rules_dtype(adapter),
+                        **self.options())
         gp = gradient_pass(cap, adapter, self.spec, lrp=True)
         with torch.no_grad():
             return self.from_relevance(rel, gp, target, cap)
