@@ -184,6 +184,30 @@ def load_dataset(
     )
 
 
+def gives_evidence(spec: str, task: str) -> bool:
+    """Whether a local file carries evidence tokens without --evidence-column, read off its header alone (a cheap
+    look before the model loads): Linzen's agreement file (the subject) under the word tasks, SQuAD answers under
+    qa. Anything unreadable here is False: the reader proper reports it later."""
+    if task not in ("masked-token", "next-token", "qa", "auto"):
+        return False
+    path = Path(spec)
+    try:
+        if path.suffix in (".tsv", ".csv"):
+            with open(path, encoding="utf-8-sig") as f:
+                header = f.readline()
+            columns = [c.strip().strip('"') for c in header.rstrip("\r\n").split("\t" if path.suffix == ".tsv" else ",")]
+        elif path.suffix == ".jsonl":
+            with open(path, encoding="utf-8-sig") as f:
+                first = next((line for line in f if line.strip()), "{}")
+            columns = list(json.loads(first))
+        else:
+            return False
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    has = all(_find_column(columns, c) is not None for c in LINZEN_COLUMNS) and task != "qa"
+    return has or (task in ("qa", "auto") and _find_column(columns, "answers") is not None)
+
+
 def _check_task_flags(task: str, mask_token, **flags) -> None:
     """Column flags another task reads are usage errors, not silently ignored."""
     applies = {

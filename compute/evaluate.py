@@ -157,7 +157,8 @@ def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids)
     return out
 
 
-def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed: bool) -> dict:
+def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed: bool,
+              task: str = "classification") -> dict:
     """A preset's settings, then the command line's overrides the metric accepts, then what it takes from the run."""
     metric = REGISTRY[name]
     settings = dict(metric.presets.get(preset, {})) if preset else {}
@@ -165,7 +166,7 @@ def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed:
     ctx = MetricContext(pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0),
                         mask_id=None if getattr(tokenizer, "mask_token_id", None) is None
                         else int(tokenizer.mask_token_id),
-                        saliency=cfg.saliency, k=cfg.k, signed=bool(signed))
+                        saliency=cfg.saliency, k=cfg.k, signed=bool(signed), task=task)
     for k, v in metric.context_settings(ctx).items():
         settings.setdefault(k, v)
     return settings
@@ -292,7 +293,7 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
         for stored, name, preset in specs:
             # a name without @preset takes the run's preset where the metric has one (aopc under --preset attcat)
             preset = preset or (cfg.preset if cfg.preset in REGISTRY[name].presets else None)
-            metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed))
+            metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed, s.task["name"]))
             t0 = time.perf_counter()
             parts = []
             for a in range(lo, hi, cfg.chunk):

@@ -188,3 +188,27 @@ def test_the_bundled_task_examples_exist():
     names = {p.name for p in EXAMPLES.iterdir()}
     assert {"regression.jsonl", "masked_token.jsonl", "next_token.jsonl", "qa_squad.jsonl",
             "blimp_sample.jsonl"} <= names
+
+
+def test_a_linzen_file_gives_its_subjects_as_evidence_without_a_flag(task_stores, tmp_path):
+    """Linzen's agreement layout (verb and subject indices from 1) carries the evidence: the subject. A run with the
+    evidence metrics needs no --evidence-column, stores the subject's tokens as evidence, and the metrics leave the
+    mask itself out of the ranking (METHODS.md 8.7)."""
+    _, model, _, _ = task_stores["masked-token"]
+    data = tmp_path / "agr.tsv"
+    data.write_text("orig_sentence\tverb_index\tverb\tsubj_index\tsubj\n"
+                    "the movie was great\t3\twas\t2\tmovie\n"
+                    "the acting was very slow\t3\twas\t2\tacting\n"
+                    "i loved the story\t2\tloved\t1\ti\n")
+    store = tmp_path / "agr.h5"
+    ok(invoke(data, "--model", model, "-o", store, "--methods", "alti,logat",
+              "--metrics", "average_precision,dot_product"))
+    with open_store(store) as s:
+        assert s.task["name"] == "masked-token"
+        for i, subject in enumerate(["movie", "acting", "i"]):
+            ex = s[i]
+            assert ex.tokens[ex.explain_pos] == "[MASK]"
+            assert [ex.tokens[j] for j in np.nonzero(ex.evidence)[0]] == [subject]
+        for m in ("alti", "logat"):
+            assert s.metric_info(m, "average_precision")["settings"]["exclude"] == "explained"
+            assert np.isfinite(s.metric_values(m, "average_precision")).all()

@@ -51,7 +51,9 @@ class EvidenceAveragePrecision(Metric):
 
     @classmethod
     def context_settings(cls, ctx):
-        return {"signed": ctx.signed}
+        # a masked word's own position (the mask) is not a candidate for its evidence: METHODS.md 8.7 removes it
+        explained = {"exclude": "explained"} if ctx.task == "masked-token" else {}
+        return {"signed": ctx.signed, **explained}
 
     def __init__(self, exclude="none", random: str = "exact", **settings):
         super().__init__(exclude=parse_exclude(exclude), random=check_choice("random", random, ("exact", "prevalence")),

@@ -74,6 +74,7 @@ class MetricContext:
     saliency: str  # --saliency
     k: int  # --precision-k
     signed: bool  # whether the evaluated method's scores are signed
+    task: str = "classification"  # the store's task (compute.tasks)
 
 
 class Metric:

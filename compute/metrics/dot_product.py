@@ -78,7 +78,9 @@ class EvidenceDotProduct(Metric):
 
     @classmethod
     def context_settings(cls, ctx):
-        return {"signed": ctx.signed}
+        # a masked word's own position (the mask) is not a candidate for its evidence: METHODS.md 8.7 removes it
+        explained = {"exclude": "explained"} if ctx.task == "masked-token" else {}
+        return {"signed": ctx.signed, **explained}
 
     def __init__(self, normalise: str = "auto", exclude="none", signed: bool | None = None, **settings):
         super().__init__(normalise=check_choice("normalise", normalise, ("auto", "softmax", "sum")),

@@ -74,7 +74,8 @@ def check_options(cfg: RunConfig) -> None:
         if opt.check is not None and (err := opt.check(opt.flag, getattr(cfg, opt.name))) is not None:
             raise err
     if cfg.metrics:
-        check_evidence(cfg, known_task(cfg))  # before the model loads (a model that does not exist is not reached)
+        # before the model loads (a model that does not exist is not reached)
+        check_evidence(cfg, known_task(cfg), cfg.dataset or "")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
 
@@ -106,12 +107,14 @@ def known_task(cfg: RunConfig) -> str:
         return "auto"
 
 
-def check_evidence(cfg: RunConfig, task: str) -> None:
-    """A metric that reads evidence tokens needs --evidence-column, except under qa (the gold answers are)."""
+def check_evidence(cfg: RunConfig, task: str, dataset: str) -> None:
+    """A metric that reads evidence tokens needs --evidence-column, except under qa (the gold answers are) and for a
+    file whose layout carries them (Linzen's agreement file: the subject)."""
+    from ..data import gives_evidence
     from ..evaluate import evidence_metrics, parse_metric_specs
 
     needing = evidence_metrics(parse_metric_specs(cfg.metrics)) if cfg.metrics else []
-    if needing and cfg.evidence_column is None and task != "qa":
+    if needing and cfg.evidence_column is None and task != "qa" and not gives_evidence(dataset, task):
         raise UsageError(f"metric '{needing[0]}' needs evidence tokens: pass --evidence-column C with the "
                          "evidence character spans, or drop the metric (a qa run reads its gold answers: --task qa)")
 

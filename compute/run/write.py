@@ -162,13 +162,16 @@ def _create_writer(plan: RunPlan, loaded: Loaded, layouts, provenance, head_mask
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
     return StoreWriter.create(plan.output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
                               labels=lm.task.labels(lm.info["id2label"]), methods=layouts, provenance=provenance,
-                              attrs=attrs, head_masks=list(head_masks), evidence=has_evidence(plan, lm),
+                              attrs=attrs, head_masks=list(head_masks), evidence=has_evidence(plan, loaded),
                               task={"name": lm.task.name, "options": dict(lm.task.options)})
 
 
-def has_evidence(plan: RunPlan, lm) -> bool:
-    """Evidence flags are stored for --evidence-column, and for qa always (the gold answer's tokens)."""
-    return plan.cfg.evidence_column is not None or lm.task.name == "qa"
+def has_evidence(plan: RunPlan, loaded: Loaded) -> bool:
+    """Evidence flags are stored for --evidence-column, for qa always (the gold answer's tokens), and where the
+    data's layout gives them (Linzen's agreement file: the subject), judged over the whole run (every shard alike)."""
+    records = loaded.run_records if loaded.run_records is not None else loaded.data.records
+    return (plan.cfg.evidence_column is not None or loaded.lm.task.name == "qa"
+            or any(r.evidence is not None for r in records))
 
 
 def check_resume(before: dict, now: dict, output: str) -> None:
