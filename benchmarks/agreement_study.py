@@ -26,6 +26,8 @@ results.json and results.md (the tables). Figures:
 
     python benchmarks/agreement_study.py --out /tmp/agreement            # the report's run (a few minutes)
     python benchmarks/agreement_study.py --out /tmp/a --steps 30 --per-condition 4   # a smoke run
+    python benchmarks/agreement_study.py --prepare-linzen agr_50_mostcommon_10K.tsv --out agr_foil.tsv
+        # the real file with a foil and an evidence column, for the bert-base command of docs/agreement-report.md
 """
 
 from __future__ import annotations
@@ -139,6 +141,49 @@ def write_test_tsv(path: Path, items: list[dict]) -> None:
 def read_test_tsv(path: Path) -> list[dict]:
     with path.open(newline="") as f:
         return list(csv.DictReader(f, delimiter="\t"))
+
+
+# Irregular present / past forms of the Linzen file's verbs; the other verbs are inflected by rule.
+IRREGULAR = {"is": "are", "are": "is", "was": "were", "were": "was", "has": "have", "have": "has", "does": "do",
+             "do": "does", "goes": "go", "go": "goes"}
+
+
+def other_number(verb: str, pos: str) -> str:
+    """The verb's other-number present form by the English spelling rules (VBZ "walks" -> "walk", VBP "walk" ->
+    "walks"); a heuristic, so check the rows of rare verbs."""
+    v = verb.lower()
+    if v in IRREGULAR:
+        return IRREGULAR[v]
+    if pos == "VBZ":
+        if v.endswith("ies") and len(v) > 4:
+            return v[:-3] + "y"
+        if v.endswith(("sses", "shes", "ches", "xes", "zes", "oes")):
+            return v[:-2]
+        return v[:-1] if v.endswith("s") else v
+    if v.endswith("y") and len(v) > 1 and v[-2] not in "aeiou":
+        return v[:-1] + "ies"
+    if v.endswith(("s", "sh", "ch", "x", "z", "o")):
+        return v + "es"
+    return v + "s"
+
+
+def prepare_linzen(source: Path, out: Path) -> int:
+    """Copy the Linzen et al. agreement file with two columns added: `foil` (the verb's other number, from its
+    verb_pos) and `evidence` (the subject's character span in orig_sentence, as JSON). Returns the row count."""
+    with source.open(newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if not rows:
+        raise SystemExit(f"{source}: no rows")
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) + ["foil", "evidence"], delimiter="\t", lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            words = r["orig_sentence"].split()
+            subj = int(r["subj_index"]) - 1
+            start = word_char(words, subj)
+            w.writerow({**r, "foil": other_number(r["verb"], r["verb_pos"]),
+                        "evidence": json.dumps([[start, start + len(words[subj])]])})
+    return len(rows)
 
 
 def build_model(vocab_size: int, args):
@@ -363,7 +408,10 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="output folder (model/, test.tsv, agreement.h5, results)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output folder (model/, test.tsv, agreement.h5, results); with --prepare-linzen the tsv file")
+    p.add_argument("--prepare-linzen", type=Path, metavar="AGR.tsv",
+                   help="only add the foil and evidence columns to the Linzen et al. file (for a bert-base run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=2000, help="training steps")
     p.add_argument("--batch", type=int, default=64)
@@ -377,6 +425,9 @@ def main(argv=None) -> int:
     p.add_argument("--per-condition", type=int, default=100, help="test sentences per condition (5 conditions)")
     p.add_argument("--threads", type=int, default=1, help="torch threads, here and in attr-compute")
     args = p.parse_args(argv)
+    if args.prepare_linzen:
+        print(f"{prepare_linzen(args.prepare_linzen, args.out)} rows -> {args.out}")
+        return 0
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)

@@ -122,3 +122,36 @@ def test_a_tiny_run_writes_every_output(study, tmp_path):
         assert res["methods"]["alti"]["store_average_precision"] == pytest.approx(np.nanmean(stored))
     table = (out / "results.md").read_text()
     assert "| with attractor |" in table and "| `alti` |" in table and "view 2" in table
+
+
+def test_the_linzen_file_prepared_for_bert_base_runs_with_the_reports_command(study, tmp_path):
+    """--prepare-linzen on the bundled 12 rows in the Linzen layout: the foils by rule, the subject as evidence, and
+    the report's attr-compute command on it (a random word-level masked LM over the file's words stands in for
+    bert-base-uncased)."""
+    import argparse
+
+    src = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "agreement_linzen.tsv"
+    prepared = tmp_path / "agr_foil.tsv"
+    assert study.main(["--prepare-linzen", str(src), "--out", str(prepared)]) == 0
+    rows = study.read_test_tsv(prepared)
+    assert [(r["verb"], r["foil"]) for r in rows] == [
+        ("hang", "hangs"), ("lives", "live"), ("bark", "barks"), ("shows", "show"), ("work", "works"),
+        ("sings", "sing"), ("face", "faces"), ("stay", "stays"), ("likes", "like"), ("sing", "sings"),
+        ("sits", "sit"), ("make", "makes")]
+    assert [study.other_number(v, p) for v, p in [("flies", "VBZ"), ("fly", "VBP"), ("watches", "VBZ"),
+                                                  ("watch", "VBP"), ("are", "VBP"), ("plays", "VBZ")]] == [
+        "fly", "flies", "watch", "watches", "is", "play"]
+    words = sorted({w for r in rows for w in r["orig_sentence"].split()} | {r["foil"] for r in rows})
+    vocab = study.SPECIALS + words
+    args = argparse.Namespace(hidden=32, layers=2, heads=2, init_range=0.02)
+    model_dir = tmp_path / "mlm"
+    study.save_model(study.build_model(len(vocab), args), vocab, model_dir)
+    store = tmp_path / "agr.h5"
+    study.run_attr_compute(study.attr_compute_args(prepared, model_dir, store))
+    with open_store(store) as s:
+        assert len(s) == 12 and set(s.methods) == set(study.METHODS.split(","))
+        for ex, r in zip(s, rows):
+            assert ex.task_info["target_word"] == r["verb"] and ex.task_info["foil_word"] == r["foil"]
+            assert [ex.tokens[i] for i in np.nonzero(ex.evidence)[0]] == [r["subj"]]
+            assert ex.tokens[ex.explain_pos] == "[MASK]"
+            assert np.isfinite(s.metric_values("alti", "average_precision")).all()
