@@ -26,8 +26,9 @@ results.json and results.md (the tables). Figures:
 
     python benchmarks/agreement_study.py --out /tmp/agreement            # the report's run (a few minutes)
     python benchmarks/agreement_study.py --out /tmp/a --steps 30 --per-condition 4   # a smoke run
-    python benchmarks/agreement_study.py --prepare-linzen agr_50_mostcommon_10K.tsv --out agr_foil.tsv
-        # the real file with a foil and an evidence column, for the bert-base command of docs/agreement-report.md
+    python benchmarks/agreement_study.py --prepare-linzen agr_50_mostcommon_10K.tsv --tokenizer bert-base-uncased \
+        --out agr_foil.tsv     # the real file with id, foil and evidence columns (docs/agreement-report.md)
+    python benchmarks/agreement_study.py --analyse agr_bert.h5 --data agr_foil.tsv --out agr_bert_results
 """
 
 from __future__ import annotations
@@ -167,23 +168,36 @@ def other_number(verb: str, pos: str) -> str:
     return v + "s"
 
 
-def prepare_linzen(source: Path, out: Path) -> int:
-    """Copy the Linzen et al. agreement file with two columns added: `foil` (the verb's other number, from its
-    verb_pos) and `evidence` (the subject's character span in orig_sentence, as JSON). Returns the row count."""
+def prepare_linzen(source: Path, out: Path, tokenizer: str | None = None) -> tuple[int, int]:
+    """Copy the Linzen et al. agreement file with three columns added: `id` (r + the 0-based row), `foil` (the verb's
+    other number, from its verb_pos) and `evidence` (the subject's character span in orig_sentence, as JSON). With
+    ``tokenizer``, rows whose verb or foil is not a single token of it are dropped (attr-compute refuses them).
+    Returns the rows kept and dropped."""
     with source.open(newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     if not rows:
         raise SystemExit(f"{source}: no rows")
+    one_token = lambda word: True  # noqa: E731
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        one_token = lambda word: [t != tok.unk_token for t in tok.tokenize(word)] == [True]  # noqa: E731
+    kept = 0
     with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) + ["foil", "evidence"], delimiter="\t", lineterminator="\n")
+        w = csv.DictWriter(f, fieldnames=["id"] + list(rows[0]) + ["foil", "evidence"], delimiter="\t",
+                           lineterminator="\n")
         w.writeheader()
-        for r in rows:
+        for i, r in enumerate(rows):
+            foil = other_number(r["verb"], r["verb_pos"])
+            if not (one_token(r["verb"]) and one_token(foil)):
+                continue
             words = r["orig_sentence"].split()
             subj = int(r["subj_index"]) - 1
             start = word_char(words, subj)
-            w.writerow({**r, "foil": other_number(r["verb"], r["verb_pos"]),
-                        "evidence": json.dumps([[start, start + len(words[subj])]])})
-    return len(rows)
+            w.writerow({"id": f"r{i}", **r, "foil": foil, "evidence": json.dumps([[start, start + len(words[subj])]])})
+            kept += 1
+    return kept, len(rows) - kept
 
 
 def build_model(vocab_size: int, args):
@@ -313,7 +327,7 @@ def analyse(store_path: Path, rows: list[dict]) -> dict:
     with open_store(store_path) as s:
         methods = list(s.methods)
         correct, attracted = [], []
-        per_condition: dict[str, list[bool]] = {c: [] for c in CONDITIONS}
+        per_condition: dict[str, list[bool]] = {}
         ap = {m: [] for m in methods}
         subj_first = {m: [] for m in methods}
         layer_ap = {m: [] for m in ANALYSED_LAYERS if m in methods}
@@ -328,15 +342,20 @@ def analyse(store_path: Path, rows: list[dict]) -> dict:
             words = row["orig_sentence"].split()
             subj = token_at_char(ex, word_char(words, int(row["subj_index"]) - 1))
             evidence = np.asarray(ex.evidence, dtype=bool)
-            if np.nonzero(evidence)[0].tolist() != [subj]:
-                raise ValueError(f"example {ex.id}: the store's evidence is not the subject token {subj}")
-            a = int(row["attractor_index"])
+            if np.nonzero(evidence)[0][:1].tolist() != [subj]:  # a word piece or more, from the subject's first
+                raise ValueError(f"example {ex.id}: the store's evidence is not the subject at token {subj}")
+            a = int(row.get("attractor_index") or 0)  # only this study's file gives the attractor's position
             attractor = token_at_char(ex, word_char(words, a - 1)) if a > 0 else -1
             pos = ex.explain_pos
             ok = bool(info["prefers_target"])
             correct.append(ok)
-            attracted.append(attractor >= 0)
-            per_condition[row["condition"]].append(ok)
+            if "condition" in row:
+                condition, has_attractor = row["condition"], attractor >= 0
+            else:  # the Linzen et al. file: its count of intervening nouns of the other number
+                n = int(row["n_diff_intervening"])
+                condition, has_attractor = f"{n} attractor{'s' if n != 1 else ''}", n > 0
+            attracted.append(has_attractor)
+            per_condition.setdefault(condition, []).append(ok)
             random_ap.append(expected_random_ap(1, ex.n_tokens - 1))
             for m in methods:
                 sc = ex.scores(m)
@@ -358,9 +377,9 @@ def analyse(store_path: Path, rows: list[dict]) -> dict:
         out["n"] = len(correct)
         out["n_attractor"] = int(attracted_a.sum())
         out["accuracy"] = {"all": float(correct_a.mean()),
-                           "with_attractor": float(correct_a[attracted_a].mean()),
-                           "without_attractor": float(correct_a[~attracted_a].mean()),
-                           **{c: float(np.mean(v)) for c, v in per_condition.items() if v}}
+                           "with_attractor": mean(correct_a[attracted_a].astype(float)),
+                           "without_attractor": mean(correct_a[~attracted_a].astype(float))}
+        out["conditions"] = {c: {"n": len(v), "accuracy": float(np.mean(v))} for c, v in sorted(per_condition.items())}
         out["random_ap"] = mean(random_ap)
         for m in methods:
             out["methods"][m] = {"ap_mask_excluded": mean(ap[m]),
@@ -371,19 +390,23 @@ def analyse(store_path: Path, rows: list[dict]) -> dict:
             out["normxlogit_vs_logat"] = {"norm_cv": mean(norm_spread), "same_ranking": mean(same_ranking)}
         for m in layer_ap:
             out["layers"][m] = {"ap_mask_excluded": np.nanmean(np.array(layer_ap[m]), axis=0).tolist(),
-                                "subject_above_attractor": np.mean(np.array(layer_subj_first[m]), axis=0).tolist()}
+                                "subject_above_attractor": (np.mean(np.array(layer_subj_first[m]), axis=0).tolist()
+                                                            if layer_subj_first[m] else [])}
     return out
 
 
 def markdown(res: dict) -> str:
     acc = res["accuracy"]
-    lines = [f"Test items: {res['n']} ({res['n_attractor']} with an attractor). Model training: "
-             f"{res['train']['steps']} steps of {res['train']['batch']} sentences, {res['train']['seconds']} s, "
-             f"MLM loss {res['train']['first_loss']:.3f} -> {res['train']['final_loss']:.3f}.", "",
+    lines = [f"Test items: {res['n']} ({res['n_attractor']} with an attractor)."]
+    if "train" in res:
+        t = res["train"]
+        lines[0] += (f" Model training: {t['steps']} steps of {t['batch']} sentences, {t['seconds']} s, MLM loss "
+                     f"{t['first_loss']:.3f} -> {t['final_loss']:.3f}.")
+    lines += ["",
              "| items | accuracy (target preferred over foil) |", "|---|---|",
              f"| all | {acc['all']:.3f} |", f"| without attractor | {acc['without_attractor']:.3f} |",
              f"| with attractor | {acc['with_attractor']:.3f} |"]
-    lines += [f"| {c} | {acc[c]:.3f} |" for c in CONDITIONS if c in acc]
+    lines += [f"| {c} ({v['n']}) | {v['accuracy']:.3f} |" for c, v in res["conditions"].items()]
     lines += ["", f"Random-ranking AP of the subject (mask excluded): {res['random_ap']:.3f}.", "",
               "| method | subject AP, mask excluded | store average_precision (mask kept) | store dot_product "
               "| subject > attractor |", "|---|---|---|---|---|"]
@@ -400,6 +423,8 @@ def markdown(res: dict) -> str:
         head = " | ".join(f"view {i + 1}" for i in range(n_views))
         for key, title in (("ap_mask_excluded", "subject AP per layer view (mask excluded)"),
                            ("subject_above_attractor", "subject > attractor per layer view (attractor items)")):
+            if not any(v[key] for v in res["layers"].values()):
+                continue
             lines += ["", f"| {title} | {head} |", "|---|" + "---|" * n_views]
             for m, v in res["layers"].items():
                 lines.append(f"| `{m}` | " + " | ".join(f"{x:.3f}" for x in v[key]) + " |")
@@ -411,7 +436,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True,
                    help="output folder (model/, test.tsv, agreement.h5, results); with --prepare-linzen the tsv file")
     p.add_argument("--prepare-linzen", type=Path, metavar="AGR.tsv",
-                   help="only add the foil and evidence columns to the Linzen et al. file (for a bert-base run)")
+                   help="only add the id, foil and evidence columns to the Linzen et al. file (for a bert-base run)")
+    p.add_argument("--tokenizer", metavar="NAME_OR_DIR",
+                   help="with --prepare-linzen: drop the rows whose verb or foil is not one token of this tokenizer")
+    p.add_argument("--analyse", type=Path, metavar="STORE.h5",
+                   help="only compute the figures of an existing store (with --data) into --out")
+    p.add_argument("--data", type=Path, metavar="TSV", help="with --analyse: the file the store was computed from")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=2000, help="training steps")
     p.add_argument("--batch", type=int, default=64)
@@ -426,7 +456,17 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads, here and in attr-compute")
     args = p.parse_args(argv)
     if args.prepare_linzen:
-        print(f"{prepare_linzen(args.prepare_linzen, args.out)} rows -> {args.out}")
+        kept, dropped = prepare_linzen(args.prepare_linzen, args.out, args.tokenizer)
+        print(f"{kept} rows -> {args.out}" + (f" ({dropped} dropped: verb or foil not one token)" if dropped else ""))
+        return 0
+    if args.analyse:
+        if args.data is None:
+            p.error("--analyse needs --data (the tsv the store was computed from)")
+        args.out.mkdir(parents=True, exist_ok=True)
+        res = analyse(args.analyse, read_test_tsv(args.data))
+        (args.out / "results.json").write_text(json.dumps(res, indent=1))
+        (args.out / "results.md").write_text(markdown(res))
+        print(markdown(res))
         return 0
 
     torch.set_num_threads(args.threads)

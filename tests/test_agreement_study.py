@@ -125,33 +125,48 @@ def test_a_tiny_run_writes_every_output(study, tmp_path):
 
 
 def test_the_linzen_file_prepared_for_bert_base_runs_with_the_reports_command(study, tmp_path):
-    """--prepare-linzen on the bundled 12 rows in the Linzen layout: the foils by rule, the subject as evidence, and
-    the report's attr-compute command on it (a random word-level masked LM over the file's words stands in for
-    bert-base-uncased)."""
+    """--prepare-linzen on the bundled rows in the Linzen layout: the foils by rule, the subject as evidence, rows
+    whose foil is not one token dropped; the report's attr-compute command on it (a random word-level masked LM over
+    the file's words stands in for bert-base-uncased); --analyse reads the store back."""
     import argparse
 
     src = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "agreement_linzen.tsv"
-    prepared = tmp_path / "agr_foil.tsv"
-    assert study.main(["--prepare-linzen", str(src), "--out", str(prepared)]) == 0
-    rows = study.read_test_tsv(prepared)
-    assert [(r["verb"], r["foil"]) for r in rows] == [
-        ("hang", "hangs"), ("lives", "live"), ("bark", "barks"), ("shows", "show"), ("work", "works"),
-        ("sings", "sing"), ("face", "faces"), ("stay", "stays"), ("likes", "like"), ("sing", "sings"),
-        ("sits", "sit"), ("make", "makes")]
+    source_rows = study.read_test_tsv(src)
     assert [study.other_number(v, p) for v, p in [("flies", "VBZ"), ("fly", "VBP"), ("watches", "VBZ"),
                                                   ("watch", "VBP"), ("are", "VBP"), ("plays", "VBZ")]] == [
         "fly", "flies", "watch", "watches", "is", "play"]
-    words = sorted({w for r in rows for w in r["orig_sentence"].split()} | {r["foil"] for r in rows})
+    foils = ["hangs", "live", "barks", "show", "works", "sing", "faces", "stays", "like", "sings", "sit", "makes"]
+    words = sorted({w for r in source_rows for w in r["orig_sentence"].split()} | set(foils[1:]))  # not "hangs"
     vocab = study.SPECIALS + words
     args = argparse.Namespace(hidden=32, layers=2, heads=2, init_range=0.02)
     model_dir = tmp_path / "mlm"
     study.save_model(study.build_model(len(vocab), args), vocab, model_dir)
+
+    prepared = tmp_path / "agr_foil.tsv"
+    assert study.main(["--prepare-linzen", str(src), "--tokenizer", str(model_dir), "--out", str(prepared)]) == 0
+    rows = study.read_test_tsv(prepared)
+    assert [r["id"] for r in rows] == [f"r{i}" for i in range(1, 12)]  # row 0's foil "hangs" is not a token
+    assert [r["foil"] for r in rows] == foils[1:]
+    for r, src_row in zip(rows, source_rows[1:]):
+        assert {k: r[k] for k in src_row} == src_row  # the file's own columns are kept as they were
+
     store = tmp_path / "agr.h5"
     study.run_attr_compute(study.attr_compute_args(prepared, model_dir, store))
     with open_store(store) as s:
-        assert len(s) == 12 and set(s.methods) == set(study.METHODS.split(","))
+        assert len(s) == 11 and set(s.methods) == set(study.METHODS.split(","))
+        prefers = []
         for ex, r in zip(s, rows):
+            assert ex.id == r["id"] and ex.tokens[ex.explain_pos] == "[MASK]"
             assert ex.task_info["target_word"] == r["verb"] and ex.task_info["foil_word"] == r["foil"]
             assert [ex.tokens[i] for i in np.nonzero(ex.evidence)[0]] == [r["subj"]]
-            assert ex.tokens[ex.explain_pos] == "[MASK]"
-            assert np.isfinite(s.metric_values("alti", "average_precision")).all()
+            prefers.append(ex.task_info["prefers_target"])
+    out = tmp_path / "figures"
+    assert study.main(["--analyse", str(store), "--data", str(prepared), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    attracted = np.array([int(r["n_diff_intervening"]) > 0 for r in rows])
+    assert res["n"] == 11 and res["n_attractor"] == attracted.sum()
+    assert res["accuracy"]["all"] == pytest.approx(np.mean(prefers))
+    assert res["accuracy"]["with_attractor"] == pytest.approx(np.mean(np.array(prefers)[attracted]))
+    assert sum(c["n"] for c in res["conditions"].values()) == 11
+    assert all(v["subject_above_attractor"] == [] for v in res["layers"].values())  # no attractor positions here
+    assert "subject > attractor per layer" not in (out / "results.md").read_text()
