@@ -2,7 +2,7 @@
 
 No pretrained masked LM is available offline, so this study makes its own: a synthetic English agreement corpus from
 a small grammar, a tiny BertForMaskedLM trained on it on the CPU, and a held-out test file in the layout of the
-Linzen et al. (2016) agreement file (plus a `foil` column). Then the same attr-compute command a user runs on
+Linzen et al. (2016) agreement file (plus foil and evidence columns). Then the same attr-compute command a user runs on
 bert-base-uncased with the real file, and the figures read back from the store.
 
 The grammar: "the [ADJ] SUBJ [MODIFIER] VERB REST ." with only "the" as determiner, so the subject noun is the one
@@ -177,12 +177,14 @@ def prepare_linzen(source: Path, out: Path, tokenizer: str | None = None) -> tup
         rows = list(csv.DictReader(f, delimiter="\t"))
     if not rows:
         raise SystemExit(f"{source}: no rows")
-    one_token = lambda word: True  # noqa: E731
+    tok = None
     if tokenizer is not None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
-        one_token = lambda word: [t != tok.unk_token for t in tok.tokenize(word)] == [True]  # noqa: E731
+
+    def one_token(word: str) -> bool:  # a single known token ([UNK] is one token too, but not the word)
+        return tok is None or [t != tok.unk_token for t in tok.tokenize(word)] == [True]
     kept = 0
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["id"] + list(rows[0]) + ["foil", "evidence"], delimiter="\t",

@@ -4,7 +4,6 @@ that agree with the store read back independently."""
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import random
