@@ -123,11 +123,14 @@ _LIST = (
     Paper(
         "decompx",
         # DecompX's reference (mohsenfayyaz/DecompX, experiments/notebooks): every method explains the predicted
-        # class (the classifier column of the logits' argmax; compute_saliency.ipynb's prediction_based gradients of
-        # that logit); Gradient x Input is gxi_l2's default (embedding output, L2). Its IG ("IG_ALL_ZERO_NORM")
-        # starts from zeros; its sum of gradients at alpha = 0.1..1 (the inner ones through inputs_embeds) is not
-        # one of ig_l2's quadratures, so ig_l2 keeps its own.
-        run={"target": "predicted", "methods": {"gxi_l2": {"output": "logit"}, "ig_l2": {"baseline": "zero"}}},
+        # class (the classifier column of the logits' argmax; the gradient notebooks' prediction_based gradients of
+        # that logit); Gradient x Input is gxi_l2's default (embedding output, L2). Its IG ("IG_ALL_ZERO_NORM") sums
+        # the gradients at alpha = 0.1..1 from a zero baseline: the right Riemann sum of 10 steps up to its factor
+        # 10 (its inner points go through inputs_embeds, embedded twice; not reproduced). ALTI came from ALTI's own
+        # code (ALTI/run_alti.ipynb runs transformer-contributions), so it has --preset alti's quirks.
+        run={"target": "predicted", "methods": {
+            "gxi_l2": {"output": "logit"}, "ig_l2": {"baseline": "zero", "rule": "riemann", "steps": 10},
+            "alti": {"eps_quirk": True, "pairwise_eps": 1e-6}}},
         tables=(
             {"paper": "DecompX (Modarressi et al. 2023), Table 1, BERT-base SST-2 (AOPC, [MASK], most important)",
              "metric": "aopc", "preset": "decompx",
@@ -135,7 +138,7 @@ _LIST = (
                         "decompx_nohead": .288},
              "claim": "decompx",
              "note": "decompx_nohead from Table A.1 ('w/o Classification Head'); GlobEnc + FFN has no method here; "
-                     "the paper's IG sums 10 gradients from a zero baseline"},
+                     "the paper's IG embeds 9 of its 10 points twice (inputs_embeds)"},
             {"paper": "DecompX (Modarressi et al. 2023), Table 1, BERT-base SST-2 (Accuracy, [MASK], most important)",
              "metric": "accuracy", "preset": "decompx",
              "values": {"globenc": .6714, "alti": .5765, "gxi_l2": .6669, "ig_l2": .6448, "decompx": .4080,

@@ -153,12 +153,15 @@ def test_report_sets_decompx_beside_its_papers_tables(tiny_model_dirs, tmp_path)
     write_data(tmp_path / "d.jsonl", n=6)
     out = tmp_path / "dx.h5"
     ok(invoke("run", tmp_path / "d.jsonl", "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu",
-              "--methods", "decompx,decompx_nohead,gxi_l2,normxlogit", "--preset", "decompx", "-q",
+              "--methods", "decompx,decompx_nohead,gxi_l2,ig_l2,alti,normxlogit", "--preset", "decompx", "-q",
               "--metrics", "aopc@decompx,accuracy@decompx,aopc@normxlogit"))
     text = ok(invoke("report", out)).stdout
     with open_store(out) as s:
         summ = {m: s.metric_summaries(m) for m in ("decompx", "decompx_nohead", "gxi_l2")}
         assert summ["decompx"]["aopc@decompx"]["settings"]["levels"] == "ranked_tenths"
+        ig, alti = s.method_info("ig_l2")["params"], s.method_info("alti")["params"]
+        assert (ig["baseline"], ig["rule"], ig["steps"], ig["target"]) == ("zero", "riemann", 10, "predicted")
+        assert alti["eps_quirk"] is True and alti["pairwise_eps"] == 1e-6
     paper = {"aopc": {"decompx": .627, "decompx_nohead": .288, "gxi_l2": .310},
              "accuracy": {"decompx": .408, "decompx_nohead": .6993, "gxi_l2": .6669}}
     for metric, heading in (("aopc", "Table 1, BERT-base SST-2 (AOPC, [MASK], most important)"),
