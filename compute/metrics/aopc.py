@@ -24,7 +24,7 @@ PRESETS = {
     # NormXLogit Table 1 (encoders): [MASK] replacement, 10..90%, only [CLS] kept, predicted class, original mask.
     "normxlogit": {"levels": "tenths", "perturbation": "mask", "protect": "cls", "cls": "predicted", "side": "top",
                    "absolute": False, "attend": "original", "skip_last": False},
-    # DecompX Tables 1 / A.2 (its analysis_v3.ipynb): [MASK] replacement, floor(r * m) of the m ranked tokens for
+    # DecompX Tables 1, A.1 (A.2: side bottom; its analysis_v3.ipynb): [MASK] for floor(r * m) of the m ranked tokens,
     # r = 0.1..0.9 ([CLS] and every [SEP] never ranked nor masked), signed drop of the unperturbed input's predicted
     # class, attention mask kept. The REF's ties (numpy argsort, top taken from its end) may order differently.
     "decompx": {"levels": "ranked_tenths", "perturbation": "mask", "protect": "cls_sep", "cls": "predicted",
