@@ -68,8 +68,9 @@ def metric_options(fn):
                      help="jaccard_25, seed_spearman: the store to compare with (e.g. another seed)."),
         click.option("--perturbation", type=click.Choice(["delete", "pad", "mask"]), default=None,
                      help="aopc/lodds/accuracy: delete tokens or replace them by [PAD] / [MASK] [default: the preset's]."),
-        click.option("--levels", type=click.Choice(["ninths", "tenths"]), default=None,
-                     help="aopc/lodds/accuracy: k = round(i/9 n) (AttCAT, Mask-LRP) or int(i/10 n) (NormXLogit)."),
+        click.option("--levels", type=click.Choice(["ninths", "tenths", "ranked_tenths"]), default=None,
+                     help="aopc/lodds/accuracy: k = round(i/9 n) (AttCAT, Mask-LRP), int(i/10 n) (NormXLogit) or "
+                          "floor(i/10 m), m the tokens other than [CLS]/[SEP] (DecompX)."),
         click.option("--metric-class", type=click.Choice(["label", "predicted"]), default=None,
                      help="aopc/lodds/accuracy: the class whose probability is tracked."),
         click.option("--side", type=click.Choice(["top", "bottom"]), default=None,

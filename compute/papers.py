@@ -114,10 +114,37 @@ _LIST = (
         tables=(
             {"paper": "NormXLogit (Abbasi et al.), Table 1, BERT SST-2 (AOPC, [MASK])",
              "metric": "aopc", "preset": "normxlogit",
-             "values": {"grad_l2": .331, "gxi_mean": .339, "ig_mean": .367, "norm": .311, "logat": .364,
-                        "normxlogit": .423},
-             "claim": "normxlogit",
-             "note": "Grad. Norm = grad_l2, GI = gxi_mean, IG = ig_mean (L1 aggregations in the paper's code)"},
+             "values": {"grad_l2": .331, "gxi_mean": .339, "ig_mean": .367, "decompx": .574, "norm": .311,
+                        "logat": .364, "normxlogit": .423},
+             "claim": "decompx",
+             "note": "Grad. Norm = grad_l2, GI = gxi_mean, IG = ig_mean (L1 aggregations in the paper's code); the "
+                     "table lists DecompX (BERT only) above NormXLogit, whose claim is over the gradient methods"},
+        )),
+    Paper(
+        "decompx",
+        # DecompX's reference (mohsenfayyaz/DecompX, experiments/notebooks): every method explains the predicted
+        # class (the classifier column of the logits' argmax; the gradient notebooks' prediction_based gradients of
+        # that logit); Gradient x Input is gxi_l2's default (embedding output, L2). Its IG ("IG_ALL_ZERO_NORM") sums
+        # the gradients at alpha = 0.1..1 from a zero baseline: the right Riemann sum of 10 steps up to its factor
+        # 10 (its inner points go through inputs_embeds, embedded twice; not reproduced). ALTI came from ALTI's own
+        # code (ALTI/run_alti.ipynb runs transformer-contributions), so it has --preset alti's quirks.
+        run={"target": "predicted", "methods": {
+            "gxi_l2": {"output": "logit"}, "ig_l2": {"baseline": "zero", "rule": "riemann", "steps": 10},
+            "alti": {"eps_quirk": True, "pairwise_eps": 1e-6}}},
+        tables=(
+            {"paper": "DecompX (Modarressi et al. 2023), Table 1, BERT-base SST-2 (AOPC, [MASK], most important)",
+             "metric": "aopc", "preset": "decompx",
+             "values": {"globenc": .307, "alti": .416, "gxi_l2": .310, "ig_l2": .340, "decompx": .627,
+                        "decompx_nohead": .288},
+             "claim": "decompx",
+             "note": "decompx_nohead from Table A.1 ('w/o Classification Head'); GlobEnc + FFN has no method here; "
+                     "the paper's IG embeds 9 of its 10 points twice (inputs_embeds)"},
+            {"paper": "DecompX (Modarressi et al. 2023), Table 1, BERT-base SST-2 (Accuracy, [MASK], most important)",
+             "metric": "accuracy", "preset": "decompx",
+             "values": {"globenc": .6714, "alti": .5765, "gxi_l2": .6669, "ig_l2": .6448, "decompx": .4080,
+                        "decompx_nohead": .6993},
+             "claim": "decompx",
+             "note": "the paper prints percentages; decompx_nohead from Table A.1; GlobEnc + FFN has no method here"},
         )),
 )
 

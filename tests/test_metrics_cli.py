@@ -147,3 +147,36 @@ def test_jaccard_between_two_stores(metric_store, tmp_path):
         m = s.metrics("rollout")
         np.testing.assert_allclose(m["jaccard_25"], 1.0)  # the same model: identical rankings
         np.testing.assert_allclose(m["seed_spearman"], 1.0)
+
+
+def test_report_sets_decompx_beside_its_papers_tables(tiny_model_dirs, tmp_path):
+    write_data(tmp_path / "d.jsonl", n=6)
+    out = tmp_path / "dx.h5"
+    ok(invoke("run", tmp_path / "d.jsonl", "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu",
+              "--methods", "decompx,decompx_nohead,gxi_l2,ig_l2,alti,normxlogit", "--preset", "decompx", "-q",
+              "--metrics", "aopc@decompx,accuracy@decompx,aopc@normxlogit"))
+    text = ok(invoke("report", out)).stdout
+    with open_store(out) as s:
+        summ = {m: s.metric_summaries(m) for m in ("decompx", "decompx_nohead", "gxi_l2")}
+        assert summ["decompx"]["aopc@decompx"]["settings"]["levels"] == "ranked_tenths"
+        ig, alti = s.method_info("ig_l2")["params"], s.method_info("alti")["params"]
+        assert (ig["baseline"], ig["rule"], ig["steps"], ig["target"]) == ("zero", "riemann", 10, "predicted")
+        assert alti["eps_quirk"] is True and alti["pairwise_eps"] == 1e-6
+    paper = {"aopc": {"decompx": .627, "decompx_nohead": .288, "gxi_l2": .310},
+             "accuracy": {"decompx": .408, "decompx_nohead": .6993, "gxi_l2": .6669}}
+    for metric, heading in (("aopc", "Table 1, BERT-base SST-2 (AOPC, [MASK], most important)"),
+                            ("accuracy", "Table 1, BERT-base SST-2 (Accuracy, [MASK], most important)")):
+        section = text[text.index(f"### DecompX (Modarressi et al. 2023), {heading}"):]
+        section = section[:section.index("Kendall tau")]
+        assert f"metric `{metric}@decompx`" in section
+        for method, value in paper[metric].items():
+            ours = summ[method][f"{metric}@decompx"]["summary"]["mean"]
+            assert f"| `{method}` | {ours:.3f} | {value:.3f} |" in section, (metric, method)
+    # NormXLogit's Table 1 lists DecompX too (aopc@normxlogit); gxi_l2 is not one of its rows (its GI is gxi_mean)
+    section = text[text.index("### NormXLogit (Abbasi et al.), Table 1"):]
+    section = section[:section.index("Kendall tau")]
+    assert f"| `decompx` | {summ['decompx']['aopc@normxlogit']['summary']['mean']:.3f} | 0.574 |" in section
+    assert "| `normxlogit` |" in section and "0.423" in section
+    assert "`gxi_l2`" not in section
+    assert "DecompX (Modarressi et al. 2023), Table 1, BERT-base SST-2 (AOPC, [MASK], most important) " \
+           "(aopc@decompx): the paper ranks `decompx` first" in text

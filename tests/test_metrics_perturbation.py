@@ -395,3 +395,53 @@ def test_settings_are_recorded_with_defaults_and_presets():
         Sufficiency(variant="deyoung")
     with pytest.raises(AttrscopeError, match="pad_id"):
         AOPC(perturbation="pad").evaluate(dataset(weights(), 2), Bag(weights()))
+
+
+# ------------------------------------------------------------------------------------------------------------- DecompX
+def decompx_reference(ex, predict, ratios=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)):
+    """DecompX REF (experiments/notebooks/v3/analysis_v3.ipynb, top_k_masking, compute_aopc, compute_accuracy) for
+    one example, written literally: [CLS]/[SEP] removed from an ascending argsort, the last floor(m * r) masked by
+    [MASK]; p of the unmasked input's argmax class; accuracy against the gold label."""
+    ids = np.asarray(ex.token_ids)
+    base = predict([ids])[0]
+    c = int(base.argmax())
+    rank = np.asarray(ex.scores).argsort()
+    rank = rank[~np.isin(rank, np.flatnonzero((ids == CLS) | (ids == SEP)))]
+    drops, correct = [], []
+    for r in ratios:
+        count = int(np.floor(len(rank) * r))
+        masks = rank[-count:] if count else []
+        seq = np.array([MASK if j in masks else ids[j] for j in range(len(ids))])
+        p = predict([seq])[0]
+        drops.append(base[c] - p[c])
+        correct.append(float(p.argmax() == ex.label))
+    return np.mean(drops), np.mean(correct)
+
+
+def test_decompx_levels_count_the_ranked_tokens_as_its_reference_does():
+    ms = np.arange(0, 300)
+    ref = [[int(np.floor(m * r)) for r in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)] for m in ms]
+    assert pt.ranked_tenths_levels(ms).tolist() == ref
+    # [CLS] + 7 tokens + [SEP]: floor(7 r), not int(9 i / 10) of the whole length
+    ex = example(np.arange(31, 38), np.arange(7.0), special_scores=(50.0, 50.0))
+    bag = Bag(weights())
+    res = AOPC(preset="decompx", mask_id=MASK).evaluate([ex], bag)
+    assert res.levels[0].tolist() == [0, 1, 2, 2, 3, 4, 4, 5, 6]
+    assert all(s[0] == CLS and s[-1] == SEP for s in bag.seqs)  # top-scored specials never masked
+    assert sorted(int((s == MASK).sum()) for s in bag.seqs) == [0, 1, 2, 3, 4, 5, 6]  # equal levels run once
+
+
+def test_decompx_aopc_and_accuracy_match_a_literal_reference():
+    w = weights()
+    exs = dataset(w, n_examples=20, seed=3, score=lambda wt: wt + np.random.default_rng(7).normal(0, 1, len(wt)))
+    for i, ex in enumerate(exs):
+        ex.label = i % 2  # some gold labels disagree with the prediction
+    bag = Bag(w)
+    aopc_res = AOPC(preset="decompx", mask_id=MASK).evaluate(exs, bag)
+    acc_res = PerturbedAccuracy(preset="decompx", mask_id=MASK).evaluate(exs, bag)
+    assert aopc_res.values.shape == acc_res.values.shape == (20,)
+    for ex, a, acc in zip(exs, aopc_res.values, acc_res.values):
+        ref_a, ref_acc = decompx_reference(ex, Bag(w))
+        np.testing.assert_allclose(a, ref_a, rtol=1e-12, atol=1e-15)
+        assert acc == ref_acc
+    assert PerturbedAccuracy(preset="decompx").settings["levels"] == "ranked_tenths"

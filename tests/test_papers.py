@@ -52,7 +52,20 @@ def test_metric_presets_are_papers_and_the_report_tables_match_them():
             # a table's metric variant is its own paper's preset of that metric, or the metric's default
             assert t["preset"] in (None, name) and (t["preset"] is None or t["preset"] in REGISTRY[t["metric"]].presets)
             assert t["claim"] in t["values"] and set(t["values"]) <= set(METHODS), t["paper"]
-    assert papers.REPORT_TABLES == [t for p in papers.PAPERS.values() for t in p.tables] and tables == 9
+            # the claim is the table's best value in the metric's direction (the report says "the paper ranks it
+            # first")
+            pick = max if REGISTRY[t["metric"]].higher_is_better else min
+            assert pick(t["values"], key=t["values"].get) == t["claim"], t["paper"]
+    assert papers.REPORT_TABLES == [t for p in papers.PAPERS.values() for t in p.tables] and tables == 11
+
+
+def test_the_cli_perturbation_choices_are_the_metrics():
+    from compute.metrics.perturbation import LEVEL_CHOICES
+
+    for option, setting in (("levels", "levels"), ("perturbation", "perturbation"), ("side", "side"),
+                            ("metric_class", "cls")):
+        assert _choices("eval", option) == list(LEVEL_CHOICES[setting]), option
+        assert _choices("run", option) == list(LEVEL_CHOICES[setting]), option
 
 
 def test_report_finds_a_papers_variant_by_its_settings():

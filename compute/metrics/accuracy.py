@@ -1,6 +1,6 @@
-"""Perturbed accuracy (NormXLogit "Accuracy", METHODS.md 8.2 / 12.5 Table 3): the fraction of the 9 perturbation
-levels at which the model still predicts the gold label. A faithful ranking removes what the model needs first, so
-the accuracy falls: lower = more faithful."""
+"""Perturbed accuracy (NormXLogit's and DecompX's "Accuracy", METHODS.md 8.2 / 12.5 Table 3): the fraction of the 9
+perturbation levels at which the model still predicts the gold label. A faithful ranking removes what the model needs
+first, so the accuracy falls: lower = more faithful."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ DEFAULTS = {k: v for k, v in {**LEVEL_DEFAULTS, **PRESETS["normxlogit"]}.items()
 class PerturbedAccuracy(Metric):
     name = "accuracy"
     description = "fraction of the 9 top-k perturbation levels at which the argmax still equals the gold label"
-    reference = "NormXLogit (Abbasi et al.) Table 3; METHODS.md 8.2"
+    reference = "NormXLogit (Abbasi et al.) Table 3, DecompX (Modarressi et al. 2023) Table 1; METHODS.md 8.2"
     higher_is_better = False
     needs_model = True
     order = 50

@@ -123,7 +123,18 @@ def tenths_levels(n_total: np.ndarray) -> np.ndarray:
     return ((n[:, None] * np.arange(1, 10)) / 10).astype(np.int64)
 
 
-LEVELS = {"ninths": ninths_levels, "tenths": tenths_levels}
+DECOMPX_RATIOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # DecompX REF analysis_v3.ipynb MASKING_RATIOS
+
+
+def ranked_tenths_levels(m: np.ndarray) -> np.ndarray:
+    """[E] -> [E, 9]: floor(m * r), r = 0.1..0.9, m = the ranked (perturbable) tokens (DecompX REF: [CLS] and [SEP]
+    never ranked, so the base is the sentence's other tokens); the same float64 products as the REF's Python."""
+    m = np.asarray(m, dtype=np.int64)
+    return np.floor(m[:, None].astype(np.float64) * np.array(DECOMPX_RATIOS)).astype(np.int64)
+
+
+LEVELS = {"ninths": ninths_levels, "tenths": tenths_levels, "ranked_tenths": ranked_tenths_levels}
+RANKED_BASE = {"ranked_tenths"}  # level schemes counted on the ranked tokens m, not on the whole length n
 
 
 def running(p: np.ndarray, kind: str) -> np.ndarray:
@@ -252,7 +263,7 @@ def alti_deletion(examples: list[EvalExample], predictor: Predictor, sufficiency
 
 # ---------------------------------------------------------------------------------------- AOPC / LOdds / accuracy
 LEVEL_CHOICES = {
-    "levels": ("ninths", "tenths"),
+    "levels": tuple(LEVELS),
     "perturbation": ("delete", "pad", "mask"),
     "protect": ("cls_sep", "cls"),
     "cls": ("label", "predicted"),
@@ -317,7 +328,7 @@ def level_curves(examples: list[EvalExample], predictor: Predictor, s: dict, cls
     P = pad_examples(examples)
     _, rank_of, m = ranked_order(P.scores, P.valid, protected_mask(P, s["protect"]),
                                  descending=s["side"] == "top", skip_last=s["skip_last"])
-    k = np.minimum(LEVELS[s["levels"]](P.n), m[:, None])  # [E, 9]
+    k = np.minimum(LEVELS[s["levels"]](m if s["levels"] in RANKED_BASE else P.n), m[:, None])  # [E, 9]
     # Nothing to explain without a perturbable ordinary token ([CLS][SEP] alone, even where [SEP] may be masked).
     ok = ((rank_of >= 0) & ~P.special).any(1) & (cls >= 0)
     counts = np.concatenate([np.zeros((len(examples), 1), dtype=np.int64), k], axis=1)  # [E, 10], level 0 = p0
