@@ -44,6 +44,10 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
 
 def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, state: dict) -> dict:
     cfg, lm = plan.cfg, loaded.lm
+    if lm.task.name != "classification":  # the task's data errors (a missing mask, a word of two tokens) come now,
+        run_records = loaded.data.records  # before anything runs
+        lm.task.check_rows(lm.task.prepare(lm, run_records, tokenize(lm, run_records, loaded.max_length)),
+                           run_records, plan.target_mode)
     methods = make_methods(plan, lm, progress)
     methods, head_masks = attach_head_masks(plan, loaded, methods, progress)
     batch_size, how = _batch_size(plan, loaded, methods, progress)

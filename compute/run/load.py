@@ -8,7 +8,6 @@ from ..data import Dataset, load_dataset
 from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
 from ..shards import ShardPlan, plan_shard, token_lengths
-from .batches import tokenize
 from .plan import RunPlan
 from .progress import Progress
 
@@ -43,9 +42,6 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
     limit = max_length(cfg.max_length, lm)
-    if lm.task.name != "classification":  # the task's data errors (a missing mask, a word of two tokens) come now,
-        records = data.records            # before a store is opened
-        lm.task.check_rows(lm.task.prepare(lm, records, tokenize(lm, records, limit)), records, plan.target_mode)
     shard, run_records = None, None
     if cfg.shard is not None:  # cut after --limit, from the lengths the run will compute with
         run_records = data.records
