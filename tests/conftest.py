@@ -52,6 +52,12 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(tiny_config(arch, num_labels, layers),
                                                             attn_implementation="eager")
+    return _spread(model).to(dtype).eval()
+
+
+def _spread(model):
+    """Weights scaled up a little (from the seeded generator) so attention is not uniform and the norms' gains and
+    biases are not trivial."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name.lower() or ".ln_" in name:  # LayerNorm / RMSNorm gains and biases
@@ -60,7 +66,7 @@ def tiny_model(arch: str = "bert", seed: int = 0, dtype=torch.float64, num_label
                 p.mul_(3.0)
             else:
                 p.add_(0.05 * torch.randn_like(p))
-    return model.to(dtype).eval()
+    return model
 
 
 TASK_AUTO_CLASSES = {"classification": "AutoModelForSequenceClassification",
@@ -77,15 +83,7 @@ def tiny_task_model(arch: str, task: str, seed: int = 0, dtype=torch.float64, la
     config = tiny_config(arch, 1 if task == "regression" else num_labels, layers)
     cls = getattr(transformers, TASK_AUTO_CLASSES[task])
     model = cls.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name.lower() or ".ln_" in name:
-                p.add_(0.2 * torch.randn_like(p))
-            elif p.dim() == 2:
-                p.mul_(3.0)
-            else:
-                p.add_(0.05 * torch.randn_like(p))
-    return model.to(dtype).eval()
+    return _spread(model).to(dtype).eval()
 
 
 # Hugging Face's Llama computes RMSNorm and RoPE in float32 even in a float64 model, so an example inside a padded batch

@@ -17,13 +17,7 @@ TASKS_DIR = Path(__file__).resolve().parents[1] / "examples" / "tasks"
 M = "[MASK]"
 
 
-def write(path: Path, text: str) -> str:
-    path.write_text(text, encoding="utf-8", newline="")
-    return str(path)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    return write(path, "".join(json.dumps(r) + "\n" for r in rows))
+from test_data import write, write_jsonl  # noqa: E402  (the data tests' file writers)
 
 
 def load_error(spec, **kwargs) -> str:

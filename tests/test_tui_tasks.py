@@ -9,6 +9,7 @@ import pytest
 from rich.text import Text
 from task_stores import write_task_store
 from test_tui import async_test, screen_text, set_color_env, settle
+from test_tui_snapshots import _run
 
 from tui.render.task import list_cells, span_text, task_lines
 from tui.render.tokens import EXPLAINED_MARK, SPAN_END_MARK
@@ -174,16 +175,6 @@ def test_list_cells_of_each_task():
 
 
 # ---------------------------------------------------------------- snapshots (pytest --snapshot-update to renew)
-def _run(*keys: str):
-    async def run_before(pilot) -> None:
-        await settle(pilot)
-        for key in keys:
-            await pilot.press(key)
-            await settle(pilot)
-
-    return run_before
-
-
 def test_snapshot_masked_token(snap_compare, stores, monkeypatch):
     from tui.app import create_app
 
