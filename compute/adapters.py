@@ -177,29 +177,21 @@ class Adapter:
         return transform, decoder.weight, decoder.bias
 
     def head_logit(self, h: torch.Tensor, target: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:
-        """The model's head applied to every token of ``h`` [B, n, d] as if it were the explained one: the target's
-        output less the foil's (foil >= 0) [B, n] (LogAt). A language-model head computes only those two rows of
-        its vocabulary matrix, never [B, n, V]."""
-        if self.task in ("masked-token", "next-token"):
-            dtype = next(self.model.parameters()).dtype
-            transform, W, b = self.lm_head()
-            z = transform(h.to(dtype)).to(h.dtype)  # [B, n, d']
-            w = W[target].to(h.dtype)  # [B, d']
-            bias = b[target].to(h.dtype) if b is not None else torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
-            if foil is not None:
-                has = (foil >= 0).to(h.dtype)
-                f = foil.clamp_min(0)
-                w = w - has[:, None] * W[f].to(h.dtype)
-                if b is not None:
-                    bias = bias - has * b[f].to(h.dtype)
-            return torch.einsum("bnd,bd->bn", z, w) + bias[:, None]
-        logits = self.head_per_token(h)  # [B, n, C]
-        from .tasks.readout import explained
-
-        B, n, C = logits.shape
-        flat = logits.reshape(B * n, C)
-        rep = lambda t: None if t is None else t.repeat_interleave(n)  # noqa: E731
-        return explained(flat, rep(target), rep(foil)).view(B, n)
+        """The language-model head applied to every token of ``h`` [B, n, d] as if it were the explained one: the
+        target word's logit less the foil's (foil >= 0) [B, n] (LogAt of word targets). Only those two rows of the
+        vocabulary matrix are computed, never [B, n, V]."""
+        dtype = next(self.model.parameters()).dtype
+        transform, W, b = self.lm_head()
+        z = transform(h.to(dtype)).to(h.dtype)  # [B, n, d']
+        w = W[target].to(h.dtype)  # [B, d']
+        bias = b[target].to(h.dtype) if b is not None else torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+        if foil is not None:
+            has = (foil >= 0).to(h.dtype)
+            f = foil.clamp_min(0)
+            w = w - has[:, None] * W[f].to(h.dtype)
+            if b is not None:
+                bias = bias - has * b[f].to(h.dtype)
+        return torch.einsum("bnd,bd->bn", z, w) + bias[:, None]
 
     def twin(self, dtype: torch.dtype) -> "Adapter":
         """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because
