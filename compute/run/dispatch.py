@@ -67,23 +67,6 @@ class BatchOutput:
     values: dict[str, dict[str, np.ndarray]]
     outcome: Outcome
 
-    # the outcome's fields by their old names (the writer, the tests)
-    @property
-    def probs(self) -> np.ndarray:
-        return self.outcome.probs
-
-    @property
-    def pred(self) -> np.ndarray:
-        return self.outcome.pred
-
-    @property
-    def target(self) -> np.ndarray:
-        return self.outcome.target
-
-    @property
-    def explain_pos(self) -> np.ndarray:
-        return self.outcome.explain_pos
-
 
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,

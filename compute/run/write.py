@@ -210,7 +210,7 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
     for b, i in enumerate(batch):
         r = records[i]
         n = len(tok.input_ids[i])
-        pos = int(out.explain_pos[b])
+        pos = int(o.explain_pos[b])
         per = {}
         for name, res in out.results.items():
             d = {"scores": res["scores"][b, :n]}
@@ -234,7 +234,7 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
         examples.append(ExampleData(
             row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
             tokens=convert_ids_to_tokens(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
-            pred=int(out.pred[b]), probs=out.probs[b], target=int(out.target[b]), explain_pos=pos,
+            pred=int(o.pred[b]), probs=o.probs[b], target=int(o.target[b]), explain_pos=pos,
             n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per, evidence=evidence,
             target_token=int(o.target_token[b]), foil_token=int(o.foil_token[b]), span_end=int(o.span_end[b]),
             pred_end=int(o.pred_end[b]), output=float(o.output[b]),
