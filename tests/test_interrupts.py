@@ -91,7 +91,7 @@ def test_every_encoder_layer_checks_in_forward_only():
     assert all(not layer._forward_pre_hooks for layer in layers[:1])
 
 
-@pytest.mark.parametrize("method,where", [("ig_l2", "integrated_gradients"), ("alti", "proximities"),
+@pytest.mark.parametrize("method,where", [("ig_l2", "integrated_gradients"), ("alti", "dense_l1_proximities"),
                                           ("transatt", "propagate"), ("norm_res", "compute")])
 def test_safe_points_inside_methods(method, where):
     """A stop asked for while a method runs ends it at its own safe point (the deepest frame that raised is in the

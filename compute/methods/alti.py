@@ -8,18 +8,20 @@ Options: ``ln2`` (ALTI+LN2, the reference's "ours2": vectors taken through LN2, 
 ``eps_quirk`` (the reference's sigma without LayerNorm epsilon, y rebuilt from the contributions; --preset alti),
 ``pairwise_eps`` (the reference's distance is F.pairwise_distance, which adds 1e-6 to every component of T - y;
 --preset alti; L1 only),
-``memory_mb`` (source tokens are processed in blocks whose [k, n, d] tensors fit this budget).
+``memory_mb`` (the blocks of the L1 proximities fit this budget),
+``l1_path`` ("auto": the dense vectors or their exact pruning, whichever is cheaper for the batch; "dense",
+"pruned": one of them; ``_internals/l1_proximity.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import interrupts
 from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.aggregate import valid_block
-from ._internals.decomposition import LayerParts, SourceBlocks, layer_parts, operand_weights, tokens_per_block
+from ._internals.decomposition import LayerParts, layer_parts, operand_weights
+from ._internals.l1_proximity import PATHS, l1_proximities
 from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
@@ -35,8 +37,11 @@ class Alti(LayerwiseProduct):
                check=at_least(1), help="Memory budget of ALTI's source-token blocks."),
     )
 
-    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, **params):
-        super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, **params)
+    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, l1_path: str = "auto",
+                 **params):
+        if l1_path not in PATHS:
+            raise ValueError(f"l1_path must be one of {PATHS}, not {l1_path!r}")
+        super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, l1_path=l1_path, **params)
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
@@ -68,29 +73,18 @@ class Alti(LayerwiseProduct):
     def proximities(self, p: LayerParts, kind: str, y: torch.Tensor) -> torch.Tensor:
         """||y_i||_1 - ||y_i - T_ij||_1 for every i, j [B, n, n], T_ij = (sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i.
 
-        The L1 norm has no Gram-matrix shortcut, so the vectors are built a block of source tokens at a time
-        ([B, k, n, d] within ``memory_mb``; heads contracted in the product). Work with Z = scale_i T_ij (no division
-        over the big block) against ys = scale_i y_i; the positive scale is divided out of c at the end."""
+        Worked with Z = scale_i T_ij against ys = scale_i y_i (no division over n^2 d numbers); the positive scale is
+        divided out at the end. The L1 norm has no Gram-matrix shortcut: ``l1_proximity`` builds the vectors or
+        prunes them exactly, whichever is cheaper."""
         W, diag, scale = operand_weights(p, kind)
         ys = y if scale is None else y * scale[..., None]
-        ys_abs = ys.abs()
-        B, n, d = y.shape
-        cols = tokens_per_block(B, n, d, y.element_size(), self.params["memory_mb"] << 20)
-        c = torch.empty(B, n, n, dtype=y.dtype, device=y.device)
-        sources = SourceBlocks(p.A, p.project_sources(W), diag, source_major=True)
-        buffer = y.new_empty(cols * B, n, d)  # one for every block
-        eps = float(self.params.get("pairwise_eps", 0.0))  # |T - y + eps| per component, times scale_i as Z is
-        shift = None if not eps else (eps if scale is None else eps * scale[None, :, :, None])
-        for j0 in range(0, n, cols):
-            interrupts.check()  # a stop asked for: between source blocks
-            J = slice(j0, min(n, j0 + cols))
-            Z = sources.block(J, out=buffer, minus=ys)  # Z - ys [j, B, i, d] for the source block J
-            # sum_k (|ys_k| - |ys_k - Z_k|), summed dimension by dimension: each term is bounded by |Z_k| (exactly 0
-            # where Z = 0, e.g. a causal mask), so float32 does not lose small contributions in the difference of two
-            # large sums (that form saves a pass but drifted 2.5x further from float64 on SST-2 and left 1e-7 where
-            # a token takes nothing). In place, no temporaries.
-            if shift is not None:
-                Z.add_(shift)
-            Z.abs_()
-            c[:, :, J] = torch.sub(ys_abs, Z, out=Z).sum(-1).permute(1, 2, 0)
+        eps = float(self.params.get("pairwise_eps", 0.0))
+        if not eps:
+            c = l1_proximities(p, W, diag, ys, self.params["memory_mb"] << 20, self.params["l1_path"])
+        else:
+            # the reference's |T - y + eps| per component (times scale_i, as Z is) is |a - T| with a = ys - eps:
+            # sum |ys| - |a - T| = (||ys||_1 - ||a||_1) + sum |a| - |a - T|
+            a = ys - (eps if scale is None else eps * scale[..., None])
+            c = l1_proximities(p, W, diag, a, self.params["memory_mb"] << 20, self.params["l1_path"])
+            c += (ys.abs().sum(-1) - a.abs().sum(-1))[..., None]
         return c if scale is None else c / scale[..., None]

@@ -1,0 +1,184 @@
+"""ALTI's L1 proximities sum_k |a_ik| - |a_ik - T_ijk| for every query i and source j (METHODS.md 2.2; docs/methods.md
+2.2b), with T_ij = sum_h A_ij^h U_j^h + [i=j] diag_i (``decomposition.operand_weights``, unscaled).
+
+Two exact ways to the same numbers:
+
+* ``dense``: every vector T_ij is built, a block of source tokens at a time: an n^2 H d contraction with inner
+  dimension H and elementwise passes over n^2 d numbers. Its products alone cost about a forward's layer at n = 512.
+* ``pruned``: per component, |a| - |a - t| = s t - 2 max(0, s t - |a|) with s = sign(a) (exact; s = +1 at a = 0).
+  Summed over k, the first term is an inner product <s_i, T_ij> that needs no vectors (one [n, d] x [d, d] product
+  and per-head [n, dh] x [dh, n] ones), and the second is non-zero only for the components where s_ik T_ijk > |a_ik|.
+  Off the diagonal, |T_ijk| <= ||A_ij||_2 max_k ||U_jk||_2 =: b_ij (Cauchy-Schwarz over the heads), so only the
+  r_ij components of row i with |a_ik| < b_ij can contribute. With the components of each row sorted by |a|, the
+  first ``steps`` of them are evaluated for every pair (a gather of whole rows of U and a dot over heads: n^2 H per
+  step) and the rest, for the few pairs with r_ij beyond that, one entry at a time. Past its r_ij, a component adds
+  exactly 0 (|a_ik| >= b_ij >= |T_ijk|), so no mask is needed. The diagonal (the residual) is computed whole.
+
+``choose_steps`` prices both from the histogram of r (the bound is cheap) and picks the faster. How much pruning
+removes depends on how much single sources move a token: diffuse attention over many tokens (random BERT-base at
+n = 512: r ~ 2 of 768 components) prunes almost everything, sharp attention on short sentences (trained models on
+SST-2: r ~ 15-20% of d) nothing; there the dense form runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import interrupts
+from .decomposition import LayerParts, SourceBlocks, tokens_per_block
+
+# Relative costs in units of one pruned step over all pairs (a row gather of U and a dot over heads per pair), from
+# timings on the 2-core CPU (random BERT-base and the trained MiniLM, n = 128 and 512): the dense form costs about
+# d / 34 units per pair; one component of one pair evaluated alone TAIL_COST / pairs; the fixed work (the inner
+# product, the projection and the diagonal: three n d^2 products, and a few passes over n^2 H numbers) about
+# 3 + d^2 / (384 n) units.
+DENSE_PER_DIM = 1 / 34
+TAIL_COST = 6.0
+# The probe estimates r's histogram from this many query rows of every example before the whole bound is sorted.
+PROBE_ROWS = 32
+# Below this length pruning does not pay for its fixed work (random BERT-base, one thread: n = 128 equal to the dense
+# form, n = 256 1.7x faster, n = 512 2.5x; trained models on SST-2 sentences have r ~ 15-20% of d), and even the
+# probe (the projection it needs) would be wasted: the dense form runs without asking.
+PROBE_MIN_TOKENS = 256
+PATHS = ("auto", "dense", "pruned")
+
+
+def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor, memory_bytes: int,
+                   path: str = "auto", steps: int | None = None) -> torch.Tensor:
+    """sum_k |a_ik| - |a_ik - T_ijk| [B, n, n]. ``path``: "auto" (the cheaper form, by ``choose_steps``), "dense" or
+    "pruned"; ``steps`` fixes the pruned form's number of dense steps (tests)."""
+    if path not in PATHS:
+        raise ValueError(path)
+    n = a.shape[1]
+    if path == "dense" or (path == "auto" and n < PROBE_MIN_TOKENS):
+        return dense_l1_proximities(p, W, diag, a, memory_bytes)
+    c = pruned_l1_proximities(p, W, diag, a, memory_bytes, force=path == "pruned", steps=steps)
+    return dense_l1_proximities(p, W, diag, a, memory_bytes) if c is None else c
+
+
+def dense_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
+                         memory_bytes: int) -> torch.Tensor:
+    """The vectors built a block of source tokens at a time ([B, k, n, d] within ``memory_bytes``; heads contracted in
+    the product)."""
+    a_abs = a.abs()
+    B, n, d = a.shape
+    cols = tokens_per_block(B, n, d, a.element_size(), memory_bytes)
+    c = torch.empty(B, n, n, dtype=a.dtype, device=a.device)
+    sources = SourceBlocks(p.A, p.project_sources(W), diag, source_major=True)
+    buffer = a.new_empty(cols * B, n, d)  # one for every block
+    for j0 in range(0, n, cols):
+        interrupts.check()  # a stop asked for: between source blocks
+        J = slice(j0, min(n, j0 + cols))
+        Z = sources.block(J, out=buffer, minus=a)  # T - a [j, B, i, d] for the source block J
+        # sum_k (|a_k| - |a_k - T_k|), summed dimension by dimension: each term is bounded by |T_k| (exactly 0 where
+        # T = 0, e.g. a causal mask), so float32 does not lose small contributions in the difference of two large
+        # sums (that form saves a pass but drifted 2.5x further from float64 on SST-2 and left 1e-7 where a token
+        # takes nothing). In place, no temporaries.
+        Z.abs_()
+        c[:, :, J] = torch.sub(a_abs, Z, out=Z).sum(-1).permute(1, 2, 0)
+    return c
+
+
+def fixed_steps(n: int, d: int) -> float:
+    """The pruned form's cost beside its steps, in steps (``DENSE_PER_DIM``'s comment)."""
+    return 3.0 + d * d / (384.0 * n)
+
+
+def choose_steps(hist: torch.Tensor, n: int, d: int, force: bool = False) -> int | None:
+    """The number of dense steps that makes the pruned form cheapest, from ``hist`` [K + 1] (pairs by r, any scale),
+    or None where the dense form is cheaper (unless ``force``)."""
+    hist = hist.double() / hist.sum()  # fractions of the pairs
+    at_least = hist.flip(0).cumsum(0).flip(0)  # at_least[t] = share of pairs with r >= t
+    # with t steps, sum over pairs of max(0, r - t) = sum_{u > t} at_least[u] entries are left one by one
+    left = torch.cat([at_least.flip(0).cumsum(0).flip(0)[1:], hist.new_zeros(1)])  # left[t] = sum_{u > t}
+    costs = torch.arange(hist.numel(), dtype=hist.dtype) + TAIL_COST * left
+    steps = int(costs.argmin())
+    if not force and fixed_steps(n, d) + float(costs[steps]) >= DENSE_PER_DIM * d:
+        return None
+    return steps
+
+
+def pair_bounds(A: torch.Tensor, u_max: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """b_ij = ||A_ij||_2 u_max_j >= max_k |T_ijk| off the diagonal (Cauchy-Schwarz over heads: T_ijk = <A_ij, U_jk>),
+    0 on it (computed whole) [B, i, j]; ``rows``: only those queries i. A [B, H, n, n], u_max [B, n]."""
+    if rows is None:
+        rows = torch.arange(A.shape[2], device=A.device)
+    b = A[:, :, rows].square().sum(1).sqrt_().mul_(u_max[:, None, :])
+    b[:, torch.arange(rows.numel(), device=A.device), rows] = 0
+    return b
+
+
+def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
+                          memory_bytes: int, force: bool = False, steps: int | None = None) -> torch.Tensor | None:
+    """The sign split (module docstring); None where ``choose_steps`` finds the dense form cheaper (unless ``force``)."""
+    A = p.A  # [B, H, i, j]
+    B, H, n, _ = A.shape
+    d = a.shape[-1]
+    dh = d // H
+    # U[b, h, k, j] = (W^h v_j^h)_k: per head one [d, dh] x [dh, n] product; rows (b, h, k) are what the steps gather
+    U = torch.matmul(W.view(d, H, dh).transpose(0, 1), p.v.permute(0, 2, 3, 1))
+    u_max = U.square().sum(1).amax(1).sqrt_()  # [B, j]: max_k ||U_jk||_2 over heads
+    a_abs = a.abs()
+    if steps is None and not force:  # a sample of query rows first: most batches that prune nothing stop here
+        I = torch.linspace(0, n - 1, min(n, PROBE_ROWS), device=A.device).long()
+        r = torch.searchsorted(a_abs[:, I].sort(-1).values, pair_bounds(A, u_max, I))
+        if choose_steps(torch.bincount(r.view(-1), minlength=d + 1), n, d) is None:
+            return None
+    bound = pair_bounds(A, u_max)
+    K = max(1, int((a_abs < bound.amax(-1, keepdim=True)).sum(-1).max()))
+    srt, order = torch.topk(a_abs, K, dim=-1, largest=False, sorted=True)  # [B, n, K]: the smallest |a_ik|, ascending
+    r = torch.searchsorted(srt, bound)  # [B, i, j]: components of row i that pair (i, j) can exceed
+    if steps is None:
+        steps = choose_steps(torch.bincount(r.view(-1), minlength=K + 1), n, d, force)
+        if steps is None:
+            return None
+    steps = min(steps, K)
+    s = torch.where(a >= 0, 1.0, -1.0).to(a.dtype)
+    sign = torch.gather(s, -1, order)  # [B, n, K]: the signs of the sorted components
+
+    # <s_i, T_ij> off the diagonal: <(W^h)^T s_i, v_j^h> per head, weighted by A and summed over heads
+    St = (s @ W).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
+    c = torch.matmul(St, p.v.permute(0, 2, 3, 1)).mul_(A).sum(1)  # [B, i, j]
+    excess = torch.zeros_like(c)  # sum_k max(0, s_ik T_ijk - |a_ik|)
+
+    # steps: component t of every row i, for every pair, queries in blocks whose gathered rows fit the budget
+    rows = U.view(B * H * d, n)
+    row0 = (torch.arange(B, device=A.device)[:, None] * H + torch.arange(H, device=A.device)) * d  # [B, H]
+    block = max(1, min(n, memory_bytes // max(1, B * H * n * a.element_size())))
+    for t in range(steps):
+        interrupts.check()  # a stop asked for: between steps
+        for i0 in range(0, n, block):
+            I = slice(i0, min(n, i0 + block))
+            G = rows.index_select(0, (row0[:, :, None] + order[:, None, I, t]).view(-1)).view(B, H, -1, n)
+            T = torch.linalg.vecdot(G, A[:, :, I], dim=1)  # [B, i, j]: T_{i j k_t(i)}
+            excess[:, I] += T.mul_(sign[:, I, t, None]).sub_(srt[:, I, t, None]).clamp_min_(0)
+
+    # the rest: pairs whose r goes past the steps, one component at a time
+    flat_r, flat_excess, flat_U, flat_A = r.view(-1), excess.view(-1), U.view(-1), A.reshape(-1)
+    heads = torch.arange(H, device=A.device)
+    chunk = max(1, memory_bytes // (H * 8 * 4))  # a chunk's [N, H] indices and values
+    for t in range(steps, K):
+        interrupts.check()
+        q = (flat_r > t).nonzero().squeeze(1)  # (b n + i) n + j
+        if q.numel() == 0:
+            break  # r > t implies r > t - 1: no pair goes further
+        for q in q.split(chunk):  # noqa: B020 - the pairs of step t, a chunk at a time
+            bi = q // n
+            j = q - bi * n
+            b = bi // n
+            at = bi * K + t  # row (b, i), component t of the sorted ones
+            k = order.view(-1).index_select(0, at)
+            bh = b[:, None] * H + heads  # [N, H]
+            Tq = torch.linalg.vecdot(flat_U.take((bh * d + k[:, None]) * n + j[:, None]),
+                                     flat_A.take(bh * (n * n) + (q - b * (n * n))[:, None]))
+            Tq.mul_(sign.view(-1).index_select(0, at)).sub_(srt.view(-1).index_select(0, at))
+            flat_excess.index_add_(0, q, Tq.clamp_min_(0))
+
+    # the diagonal, whole: T_ii = W (a_ii * v_i) + diag_i
+    a_ii = torch.diagonal(A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
+    own = torch.flatten(a_ii[..., None] * p.v, 2) @ W.T
+    if diag is not None:
+        own = own + diag
+    c.diagonal(dim1=1, dim2=2).copy_(torch.linalg.vecdot(s, own))
+    excess.diagonal(dim1=1, dim2=2).copy_((s * own - a_abs).clamp_min_(0).sum(-1))
+    return c.sub_(excess, alpha=2)
