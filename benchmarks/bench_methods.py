@@ -10,6 +10,8 @@ Report seconds and ratios (method / bare forward). Each timing is the median of 
     python benchmarks/bench_methods.py --device cuda --batch-size 64
     python benchmarks/bench_methods.py --random-base 512 --batch-size 1 --methods alti,globenc --peak-memory
     python benchmarks/bench_methods.py --methods lrp,partial_lrp,transatt,mask_lrp,gae --repeat 1
+    python benchmarks/bench_methods.py --random-base 512 --batch-size 1 --methods alti --alti-paths auto,dense
+    python benchmarks/bench_methods.py --join 30 --limit 60 --batch-size 1 --methods alti --alti-paths auto,dense
 
 Gradient, integrated-gradient and LRP methods run their own forward and backward; they are compared with a bare
 forward + backward of the model (integrated gradients with m of them).
@@ -57,8 +59,13 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--random-base", type=int, metavar="N", help="random BERT-base-sized model, sequences of length N")
+    ap.add_argument("--join", type=int, default=1, metavar="K",
+                    help="join every K consecutive texts of the data into one (cut at 512 tokens): long real inputs")
     ap.add_argument("--peak-memory", action="store_true", help="also measure each method's peak memory")
     ap.add_argument("--ig-steps", type=int, default=16, help="quadrature steps of ig_l2/ig_mean (default 16)")
+    ap.add_argument("--alti-paths", default="auto", metavar="PATHS",
+                    help="forms of ALTI's L1 proximities to time, comma-separated from auto,dense,pruned (default auto); "
+                         "each but auto is its own row, alti[dense] and alti[pruned]")
     ap.add_argument("--lrp-dtype", choices=["auto", "float64", "mixed", "model"], default="auto",
                     help="precision of the LRP rules (as attr-compute's --lrp-dtype)")
     args = ap.parse_args()
@@ -77,6 +84,12 @@ def main() -> None:
         return {}
 
     methods = {n: get_method(n, **params(n)) for n in names}
+    if "alti" in methods:  # ALTI's forms side by side (its l1_path), in the same sweeps
+        paths = [x.strip() for x in args.alti_paths.split(",") if x.strip()]
+        if "auto" not in paths:
+            del methods["alti"]
+        methods.update({f"alti[{x}]": get_method("alti", l1_path=x) for x in paths if x != "auto"})
+        names = list(methods)
     if args.methods.strip() == "all":  # methods without a rule set for this architecture are left out
         methods = {n: m for n, m in methods.items() if _defined(m, adapter)}
         names = list(methods)
@@ -172,14 +185,17 @@ def setup(args, dev):
     lm = load_model(args.model, device=dev)
     data = load_dataset(args.data, limit=args.limit,
                         label2id={v: k for k, v in lm.info["id2label"].items()}, num_labels=lm.info["num_labels"])
-    enc = lm.tokenizer([r.text for r in data.records], truncation=True, max_length=512)
-    order = sorted(range(len(data.records)), key=lambda i: -len(enc["input_ids"][i]))
+    texts = [r.text for r in data.records]
+    if args.join > 1:  # long real inputs: consecutive texts joined, cut at 512 tokens
+        texts = [" ".join(texts[i:i + args.join]) for i in range(0, len(texts), args.join)]
+    enc = lm.tokenizer(texts, truncation=True, max_length=512)
+    order = sorted(range(len(texts)), key=lambda i: -len(enc["input_ids"][i]))
     batches = []
     for b0 in range(0, len(order), args.batch_size):
         idx = order[b0:b0 + args.batch_size]
         padded = lm.tokenizer.pad({"input_ids": [enc["input_ids"][i] for i in idx]}, return_tensors="pt")
         batches.append({k: v.to(dev) for k, v in padded.items()})
-    return lm.model, lm.adapter, batches, len(data.records)
+    return lm.model, lm.adapter, batches, len(texts)
 
 
 def _peak_child(args, name, queue):
@@ -187,6 +203,8 @@ def _peak_child(args, name, queue):
     dev = resolve_device(args.device)
     model, adapter, batches, _ = setup(args, dev)
     extra = {"head_mask": [[1] * adapter.n_heads] * adapter.n_layers} if name == "mask_lrp" else {}
+    if name and name.startswith("alti["):  # alti[dense], alti[pruned]: one form of ALTI's proximities
+        name, extra = "alti", {"l1_path": name[5:-1]}
     m = get_method(name, **extra) if name else None
     needs = m.needs if m else frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
     if dev.type == "cuda":

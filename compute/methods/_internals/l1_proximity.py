@@ -50,21 +50,27 @@ def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a:
     if path not in PATHS:
         raise ValueError(path)
     n = a.shape[1]
-    if path == "dense" or (path == "auto" and n < PROBE_MIN_TOKENS):
+    if path == "pruned":
+        return pruned_l1_proximities(p, W, diag, a, memory_bytes, force=True, steps=steps)
+    if path == "dense" or n < PROBE_MIN_TOKENS:
         return dense_l1_proximities(p, W, diag, a, memory_bytes)
-    c = pruned_l1_proximities(p, W, diag, a, memory_bytes, force=path == "pruned", steps=steps)
-    return dense_l1_proximities(p, W, diag, a, memory_bytes) if c is None else c
+    # the dense form's projection [n, B, H, d] gives the bound's u_max, so a probe that finds pruning too dear
+    # costs one pass over it and the sampled rows
+    U = p.project_sources(W)
+    u_max = torch.linalg.vecdot(U, U, dim=2).amax(-1).sqrt_().T  # [B, j]
+    c = pruned_l1_proximities(p, W, diag, a, memory_bytes, u_max=u_max)
+    return dense_l1_proximities(p, W, diag, a, memory_bytes, U) if c is None else c
 
 
 def dense_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
-                         memory_bytes: int) -> torch.Tensor:
+                         memory_bytes: int, U: torch.Tensor | None = None) -> torch.Tensor:
     """The vectors built a block of source tokens at a time ([B, k, n, d] within ``memory_bytes``; heads contracted in
-    the product)."""
+    the product). ``U``: ``p.project_sources(W)`` when the caller has it."""
     a_abs = a.abs()
     B, n, d = a.shape
     cols = tokens_per_block(B, n, d, a.element_size(), memory_bytes)
     c = torch.empty(B, n, n, dtype=a.dtype, device=a.device)
-    sources = SourceBlocks(p.A, p.project_sources(W), diag, source_major=True)
+    sources = SourceBlocks(p.A, p.project_sources(W) if U is None else U, diag, source_major=True)
     buffer = a.new_empty(cols * B, n, d)  # one for every block
     for j0 in range(0, n, cols):
         interrupts.check()  # a stop asked for: between source blocks
@@ -103,27 +109,32 @@ def pair_bounds(A: torch.Tensor, u_max: torch.Tensor, rows: torch.Tensor | None 
     0 on it (computed whole) [B, i, j]; ``rows``: only those queries i. A [B, H, n, n], u_max [B, n]."""
     if rows is None:
         rows = torch.arange(A.shape[2], device=A.device)
-    b = A[:, :, rows].square().sum(1).sqrt_().mul_(u_max[:, None, :])
+    Ar = A[:, :, rows]
+    b = torch.linalg.vecdot(Ar, Ar, dim=1).sqrt_().mul_(u_max[:, None, :])
     b[:, torch.arange(rows.numel(), device=A.device), rows] = 0
     return b
 
 
 def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
-                          memory_bytes: int, force: bool = False, steps: int | None = None) -> torch.Tensor | None:
-    """The sign split (module docstring); None where ``choose_steps`` finds the dense form cheaper (unless ``force``)."""
+                          memory_bytes: int, force: bool = False, steps: int | None = None,
+                          u_max: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The sign split (module docstring); None where ``choose_steps`` finds the dense form cheaper (unless ``force``).
+    ``u_max`` [B, n]: max_k ||U_jk||_2 when the caller has it."""
     A = p.A  # [B, H, i, j]
     B, H, n, _ = A.shape
     d = a.shape[-1]
     dh = d // H
-    # U[b, h, k, j] = (W^h v_j^h)_k: per head one [d, dh] x [dh, n] product; rows (b, h, k) are what the steps gather
-    U = torch.matmul(W.view(d, H, dh).transpose(0, 1), p.v.permute(0, 2, 3, 1))
-    u_max = U.square().sum(1).amax(1).sqrt_()  # [B, j]: max_k ||U_jk||_2 over heads
     a_abs = a.abs()
-    if steps is None and not force:  # a sample of query rows first: most batches that prune nothing stop here
+    if steps is None and not force and u_max is not None:
+        # a sample of query rows first: most batches that prune nothing stop here
         I = torch.linspace(0, n - 1, min(n, PROBE_ROWS), device=A.device).long()
         r = torch.searchsorted(a_abs[:, I].sort(-1).values, pair_bounds(A, u_max, I))
         if choose_steps(torch.bincount(r.view(-1), minlength=d + 1), n, d) is None:
             return None
+    # U[b, h, k, j] = (W^h v_j^h)_k: per head one [d, dh] x [dh, n] product; rows (b, h, k) are what the steps gather
+    U = torch.matmul(W.view(d, H, dh).transpose(0, 1), p.v.permute(0, 2, 3, 1))
+    if u_max is None:
+        u_max = U.square().sum(1).amax(1).sqrt_()  # [B, j]: max_k ||U_jk||_2 over heads
     bound = pair_bounds(A, u_max)
     K = max(1, int((a_abs < bound.amax(-1, keepdim=True)).sum(-1).max()))
     srt, order = torch.topk(a_abs, K, dim=-1, largest=False, sorted=True)  # [B, n, K]: the smallest |a_ik|, ascending
