@@ -34,7 +34,8 @@ class Alti(LayerwiseProduct):
         Option("alti_ln2", False, type=bool, param="ln2", passed="set", resume=True,
                help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2)."),
         Option("memory_mb", 8, type=int, show_default=True, metavar="MB", param="memory_mb", resume=True,
-               check=at_least(1), help="Memory budget of ALTI's source-token blocks."),
+               check=at_least(1),
+               help="Memory budget of ALTI's blocks (the dense form's source tokens, the pruned form's chunks)."),
     )
 
     def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, l1_path: str = "auto",

@@ -1,5 +1,5 @@
 """ALTI's L1 proximities sum_k |a_ik| - |a_ik - T_ijk| for every query i and source j (METHODS.md 2.2; docs/methods.md
-2.2b), with T_ij = sum_h A_ij^h U_j^h + [i=j] diag_i (``decomposition.operand_weights``, unscaled).
+section 4), with T_ij = sum_h A_ij^h U_j^h + [i=j] diag_i (``decomposition.operand_weights``, unscaled).
 
 Two exact ways to the same numbers:
 
