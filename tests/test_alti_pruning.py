@@ -150,6 +150,12 @@ def test_auto_keeps_short_batches_dense(monkeypatch):
         get_method("alti").compute(cap, ad, cap.pred)
 
 
+def test_probing_only_on_long_cpu_batches():
+    assert L1.worth_probing(L1.PROBE_MIN_TOKENS, "cpu") and L1.worth_probing(512, "cpu")
+    assert not L1.worth_probing(L1.PROBE_MIN_TOKENS - 1, "cpu")
+    assert not L1.worth_probing(512, "cuda") and not L1.worth_probing(512, "mps")
+
+
 @needs_shared
 @pytest.mark.shared
 @torch.no_grad()

@@ -52,10 +52,17 @@ def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a:
     n = a.shape[1]
     if path == "pruned":
         return pruned_l1_proximities(p, W, diag, a, memory_bytes, force=True, steps=steps)
-    if path == "dense" or n < PROBE_MIN_TOKENS:
+    if path == "dense" or not worth_probing(n, a.device.type):
         return dense_l1_proximities(p, W, diag, a, memory_bytes)
     c = pruned_l1_proximities(p, W, diag, a, memory_bytes)  # None after a probe that finds pruning too dear
     return dense_l1_proximities(p, W, diag, a, memory_bytes) if c is None else c
+
+
+def worth_probing(n: int, device_type: str) -> bool:
+    """Whether "auto" asks the pruned form at all: from PROBE_MIN_TOKENS tokens on, and on the CPU only (its costs
+    were measured there; on a GPU the dense product's kernels are what has been measured, and the pruned form's
+    gathers and host synchronisations are not)."""
+    return device_type == "cpu" and n >= PROBE_MIN_TOKENS
 
 
 def dense_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
