@@ -150,6 +150,24 @@ def test_auto_keeps_short_batches_dense(monkeypatch):
         get_method("alti").compute(cap, ad, cap.pred)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("dense_cost", [1e-6, 1e6])
+def test_auto_probe_either_way_equals_dense(captured, monkeypatch, dense_cost):
+    """"auto" with the probe forced on (every length): whichever form its sampled rows and the whole histogram choose
+    (the dense form priced at nothing, or at a fortune), the numbers are the dense ones."""
+    arch, ad, cap = captured
+    monkeypatch.setattr(L1, "PROBE_MIN_TOKENS", 1)
+    monkeypatch.setattr(L1, "DENSE_PER_DIM", dense_cost)
+    chosen = []
+    pruned = L1.pruned_l1_proximities
+    monkeypatch.setattr(L1, "pruned_l1_proximities", lambda *a, **k: chosen.append(pruned(*a, **k)) or chosen[-1])
+    dense = get_method("alti", l1_path="dense").compute(cap, ad, cap.pred)
+    auto = get_method("alti").compute(cap, ad, cap.pred)
+    torch.testing.assert_close(auto.matrices, dense.matrices, rtol=1e-12, atol=1e-12)
+    assert len(chosen) == ad.n_layers
+    assert all((c is None) == (dense_cost < 1) for c in chosen)  # priced at nothing: the probe says dense
+
+
 def test_probing_only_on_long_cpu_batches():
     assert L1.worth_probing(L1.PROBE_MIN_TOKENS, "cpu") and L1.worth_probing(512, "cpu")
     assert not L1.worth_probing(L1.PROBE_MIN_TOKENS - 1, "cpu")
