@@ -178,10 +178,10 @@ def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | N
     chunk = max(1, memory_bytes // (H * 8 * 4))  # a chunk's [N, H] indices and values
     for t in range(steps, K):
         interrupts.check()
-        q = (flat_r > t).nonzero().squeeze(1)  # (b n + i) n + j
-        if q.numel() == 0:
+        pairs = (flat_r > t).nonzero().squeeze(1)  # (b n + i) n + j
+        if pairs.numel() == 0:
             break  # r > t implies r > t - 1: no pair goes further
-        for q in q.split(chunk):  # noqa: B020 - the pairs of step t, a chunk at a time
+        for q in pairs.split(chunk):
             bi = q // n
             j = q - bi * n
             b = bi // n
