@@ -9,8 +9,9 @@ times the bare forward + backward (bench_methods' bare_forward_backward: the sto
 gradient of the predicted logit to them), attrscope's capture forward and each method's compute on it (as
 bench_methods times them; mask_lrp with every other head kept); at batch size 1 also the authors'
 Generator.generate_LRP(start_layer=0) (their BERT notebook's call: forward, backward, relprop, gradient x relevance
-per head, rollout) on the same sentence, which runs one example at a time. Each figure is the median of --repeat
-sweeps after one warm-up sweep; ratios are over the bare forward + backward at the same batch size.
+per head, rollout) on the same sentence, which runs one example at a time, and the forward + backward it starts
+with, alone (the rest is its relprop and rollout). Each figure is the median of --repeat sweeps after one warm-up
+sweep; ratios are over the bare forward + backward at the same batch size.
 
 The authors' BERT_explainability package is imported from a temporary copy whose imports are replaced for
 transformers 5 (it targets 3.x/4.x): BertPreTrainedModel is given back 4.x's init_weights (5.x's post_init),
@@ -143,6 +144,14 @@ def reference_maps(ref):
     return torch.stack(maps).detach()
 
 
+def reference_forward_backward(ref, batch) -> None:
+    """The part of generate_LRP before its relprop: their model's forward (hooks saving every layer's input and the
+    attention gradients) and the predicted logit's backward, which also fills every parameter's .grad."""
+    logits = ref(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[0]
+    ref.zero_grad()
+    logits[0, logits[0].argmax()].backward(retain_graph=True)
+
+
 def check(lm, classes, model_dir, ref, gen, texts, n_check):
     tok, model, ad = lm.tokenizer, lm.model, lm.adapter
     worst, same = 0.0, 0
@@ -236,6 +245,9 @@ def main() -> None:
                     t0 = time.perf_counter()
                     gen.generate_LRP(batch["input_ids"], batch["attention_mask"], start_layer=0)
                     add((bs, "authors' TransAtt"), t0)
+                    t0 = time.perf_counter()
+                    reference_forward_backward(ref, batch)
+                    add((bs, "authors' fwd + bwd alone"), t0)
         return t
 
     sweep()  # warm-up
