@@ -210,29 +210,37 @@ def decomposed_sq_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None
 
 
 def decomposed_inner(p: LayerParts, kind: str, y: torch.Tensor, diagonal: bool = True) -> torch.Tensor:
-    """<y_i, decomposed vector_{i<-j}> for every i, j [B, n, n] and vectors y_i [B, n, d], without the vectors:
-    <y_i, W^h v_j^h> = <(W^T y_i)^h, v_j^h>, so one [n, d] x [d, d] product and per head an [n, dh] x [dh, n] one
-    (O(n d^2 + n^2 d) instead of the O(n^2 H d) of building the vectors). ``diagonal`` as in decomposed_sq_norms."""
+    """<y_i, decomposed vector_{i<-j}> for every i, j [B, n, n] and vectors y_i [B, n, d], without the vectors
+    (``attention_inner``). ``diagonal`` as in decomposed_sq_norms."""
     W, diag, scale = operand_weights(p, kind)
-    diag = diag if diagonal else None
-    B, n, H, dh = p.v.shape
-    Yt = (y @ W).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]: (W^h)^T y_i
-    S = torch.matmul(Yt, p.v.permute(0, 2, 3, 1))  # [B, H, i, j] = <y_i, U_j^h>
-    inner = S.mul_(p.A).sum(1)  # sum over heads: [B, i, j]
-    if diag is not None:
+    inner = attention_inner(p, W, y)
+    if diagonal and diag is not None:
         inner.diagonal(dim1=1, dim2=2).add_(torch.linalg.vecdot(y, diag))
     return inner if scale is None else inner / scale[..., None]
 
 
+def attention_inner(p: LayerParts, W: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """<y_i, sum_h A_ij^h W^h v_j^h> [B, n, n] (no residual, unscaled): <y_i, W^h v_j^h> = <(W^h)^T y_i, v_j^h>, so one
+    [n, d] x [d, d] product and per head an [n, dh] x [dh, n] one (O(n d^2 + n^2 d) instead of the O(n^2 H d) of
+    building the vectors)."""
+    B, n, H, dh = p.v.shape
+    Yt = (y @ W).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]: (W^h)^T y_i
+    S = torch.matmul(Yt, p.v.permute(0, 2, 3, 1))  # [B, H, i, j] = <y_i, U_j^h>
+    return S.mul_(p.A).sum(1)  # sum over heads: [B, i, j]
+
+
 def diagonal_vectors(p: LayerParts, kind: str) -> torch.Tensor:
-    """The decomposed vectors of every token to itself, x_{i<-i} [B, n, d]: (sum_h A_ii^h W^h v_i^h + diag_i) / scale_i
-    = (W (a_ii * v_i) + diag_i) / scale_i, one [n, d] x [d, d] product."""
+    """The decomposed vectors of every token to itself, x_{i<-i} [B, n, d] (``own_vectors`` / scale_i)."""
     W, diag, scale = operand_weights(p, kind)
+    own = own_vectors(p, W, diag)
+    return own if scale is None else own / scale[..., None]
+
+
+def own_vectors(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None) -> torch.Tensor:
+    """sum_h A_ii^h W^h v_i^h + diag_i [B, n, d] (unscaled) = W (a_ii * v_i) + diag_i: one [n, d] x [d, d] product."""
     a_ii = torch.diagonal(p.A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
     own = torch.flatten(a_ii[..., None] * p.v, 2) @ W.T
-    if diag is not None:
-        own = own + diag
-    return own if scale is None else own / scale[..., None]
+    return own if diag is None else own + diag
 
 
 def gram_factors(W: torch.Tensor, H: int) -> list[torch.Tensor]:

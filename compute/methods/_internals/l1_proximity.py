@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ... import interrupts
-from .decomposition import LayerParts, SourceBlocks, tokens_per_block
+from .decomposition import LayerParts, SourceBlocks, attention_inner, own_vectors, tokens_per_block
 
 # Relative costs in units of one pruned step over all pairs (a row gather of U and a dot over heads per pair), from
 # timings on the 2-core CPU (random BERT-base and the trained MiniLM, n = 128 and 512): the dense form costs about
@@ -152,9 +152,7 @@ def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | N
     s = torch.where(a >= 0, 1.0, -1.0).to(a.dtype)
     sign = torch.gather(s, -1, order)  # [B, n, K]: the signs of the sorted components
 
-    # <s_i, T_ij> off the diagonal: <(W^h)^T s_i, v_j^h> per head, weighted by A and summed over heads
-    St = (s @ W).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
-    c = torch.matmul(St, p.v.permute(0, 2, 3, 1)).mul_(A).sum(1)  # [B, i, j]
+    c = attention_inner(p, W, s)  # <s_i, T_ij> off the diagonal, without the vectors
     excess = torch.zeros_like(c)  # sum_k max(0, s_ik T_ijk - |a_ik|)
 
     # steps: component t of every row i, for every pair: T_{i j k_t(i)} = sum_h A_ij^h U[h, k_t(i), j], a head at a
@@ -193,12 +191,8 @@ def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | N
             Tq.mul_(sign.view(-1).index_select(0, at)).sub_(srt.view(-1).index_select(0, at))
             flat_excess.index_add_(0, q, Tq.clamp_min_(0))
 
-    # the diagonal, whole: T_ii = W (a_ii * v_i) + diag_i (one [n, d] x [d, d] product: 2x faster than summing
-    # the heads of U, which are laid out for gathers)
-    a_ii = torch.diagonal(A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
-    own = torch.flatten(a_ii[..., None] * p.v, 2) @ W.T
-    if diag is not None:
-        own = own + diag
+    # the diagonal, whole (one [n, d] x [d, d] product: 2x faster than summing the heads of U, laid out for gathers)
+    own = own_vectors(p, W, diag)
     c.diagonal(dim1=1, dim2=2).copy_(torch.linalg.vecdot(s, own))
     excess.diagonal(dim1=1, dim2=2).copy_((s * own - a_abs).clamp_min_(0).sum(-1))
     return c.sub_(excess, alpha=2)
