@@ -79,13 +79,11 @@ class Alti(LayerwiseProduct):
         prunes them exactly, whichever is cheaper."""
         W, diag, scale = operand_weights(p, kind)
         ys = y if scale is None else y * scale[..., None]
+        # the reference's |T - y + eps| per component (times scale_i, as Z is) is |a - T| with a = ys - eps:
+        # sum |ys| - |a - T| = (||ys||_1 - ||a||_1) + sum |a| - |a - T|
         eps = float(self.params.get("pairwise_eps", 0.0))
-        if not eps:
-            c = l1_proximities(p, W, diag, ys, self.params["memory_mb"] << 20, self.params["l1_path"])
-        else:
-            # the reference's |T - y + eps| per component (times scale_i, as Z is) is |a - T| with a = ys - eps:
-            # sum |ys| - |a - T| = (||ys||_1 - ||a||_1) + sum |a| - |a - T|
-            a = ys - (eps if scale is None else eps * scale[..., None])
-            c = l1_proximities(p, W, diag, a, self.params["memory_mb"] << 20, self.params["l1_path"])
+        a = ys - (eps if scale is None else eps * scale[..., None]) if eps else ys
+        c = l1_proximities(p, W, diag, a, self.params["memory_mb"] << 20, self.params["l1_path"])
+        if eps:
             c += (ys.abs().sum(-1) - a.abs().sum(-1))[..., None]
         return c if scale is None else c / scale[..., None]
