@@ -50,6 +50,7 @@ class AltiLogit(Method):
     class_specific = True
     needs = NEEDS
     has_layer_views = True
+    op_budget = 1.0  # a backward sweep of directions and a rollout per layer beside ALTI's matrices
     run_options = (Alti.run_options[1],)  # --memory-mb: ALTI's source-token blocks
 
     def __init__(self, memory_mb: int = 8, **params):

@@ -51,6 +51,16 @@ class Method:
     # The tasks (compute.tasks) it is defined for; None: every task (methods that read only the explained row, or
     # the gradient of the explained output, whatever head produced it).
     tasks: ClassVar[frozenset[str] | None] = None
+    # ATen ops per batch allowed (each a kernel launch on a GPU), as a multiple of the bare model pass the method
+    # needs (``op_base``): work vectorised across layers and heads, never a loop of small launches per layer and head
+    # (benchmarks/op_count.py, tests/test_op_budget.py).
+    op_budget: ClassVar[float] = 0.5
+
+    @classmethod
+    def op_base(cls) -> str:
+        """The bare pass the ops are counted against: "forward", or "backward" (forward + backward) for the
+        methods that run their own gradient or relevance pass."""
+        return "backward" if cls.passes & {"backward", "lrp"} else "forward"
 
     def __init__(self, **params):
         self.params = params

@@ -314,6 +314,7 @@ class GradientMethod(Method):
     class_specific = True
     needs = frozenset()  # the method runs its own forward + backward
     passes = frozenset({"forward", "backward"})
+    op_budget = 1.2  # of a bare forward + backward
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -339,6 +340,7 @@ class IntegratedGradientsMethod(Method):
     needs = frozenset()
     passes = frozenset({"forward", "backward"})
     example_values = ("ig_delta",)
+    op_budget = 1.2  # of one bare forward + backward: every (example, step) row in one pass where memory allows
 
     def __init__(self, **params):
         params = {"steps": 50, "rule": "gausslegendre", "baseline": "mask", "memory_mb": 1024, **params}

@@ -262,6 +262,7 @@ class RelevanceMethod(Method):
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
     passes = frozenset({"forward", "lrp"})
+    op_budget = 2.0  # of a bare forward + backward: the pass and one top-down sweep of the rules
     # the rules start at the head's explained output: a sequence head, a masked LM's vocabulary head, a QA head
     # (the decoders' next-token task has no rule set: pre-LN, METHODS.md section 9)
     tasks = frozenset({"classification", "regression", "masked-token", "qa"})

@@ -1,0 +1,138 @@
+"""ATen operations per batch (each one a kernel launch on a GPU, views aside), counted with a TorchDispatchMode on
+the CPU: every method against the bare model pass it needs, and the budget it is held to (``Method.op_budget``).
+
+Used by tests/test_op_budget.py (the budgets as a test) and benchmarks/op_count.py (the table).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+@dataclass
+class OpCount:
+    total: int = 0
+    views: int = 0  # ops that return a view of an input (no kernel runs)
+    by_op: Counter = field(default_factory=Counter)
+
+
+class CountOps(TorchDispatchMode):
+    """Counts every ATen op dispatched while active (forward and backward alike)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = OpCount()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        c = self.count
+        c.total += 1
+        name = str(func.overloadpacket)
+        c.by_op[name] += 1
+        returns = func._schema.returns
+        if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
+            c.views += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(fn) -> OpCount:
+    with CountOps() as mode:
+        fn()
+    return mode.count
+
+
+def random_bert(layers: int, hidden: int = 768, heads: int = 12, seed: int = 0):
+    """A seeded random BERT classifier of BERT-base's width (the issue's shape), float32, eval mode, and its adapter."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from compute.adapters import adapter_for
+
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden,
+                        num_hidden_layers=layers, attn_implementation="eager")
+    model = BertForSequenceClassification(config).eval()
+    adapter = adapter_for(model)
+    adapter.mask_token_id, adapter.sep_token_id = 103, 102
+    return model, adapter
+
+
+def random_batch(batch: int, tokens: int, seed: int = 1) -> dict:
+    """Random ids with [CLS] ... [SEP], the second example shorter (a padded batch)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 30000, (batch, tokens), generator=g)
+    mask = torch.ones_like(ids)
+    for b in range(batch):
+        k = tokens - 3 * b
+        ids[b, 0], ids[b, k - 1] = 101, 102
+        ids[b, k:], mask[b, k:] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def bare_counts(model, batch: dict) -> dict[str, OpCount]:
+    """The bare forward (no hooks, no grad) and the bare forward + backward from the input embeddings."""
+    inputs = {k: v for k, v in batch.items() if k != "input_ids"}
+
+    def forward():
+        with torch.no_grad():
+            model(**batch)
+
+    def forward_backward():
+        E = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
+        logits = model(inputs_embeds=E, **inputs).logits
+        torch.autograd.grad(logits.gather(1, logits.argmax(-1, keepdim=True)).sum(), E)
+
+    forward(), forward_backward()  # warm-up: lazily made state is not the batch's
+    return {"forward": count(forward), "backward": count(forward_backward)}
+
+
+@dataclass
+class Row:
+    method: str
+    count: OpCount
+    base: str  # "forward" | "backward" (fwd + bwd)
+    ratio: float
+    budget: float
+
+
+def method_params(name: str, adapter) -> dict:
+    if name == "mask_lrp":  # every other head kept (the cost does not depend on the mask)
+        return {"head_mask": [[(l + h) % 2 for h in range(adapter.n_heads)] for l in range(adapter.n_layers)]}
+    if name.startswith("ig_"):
+        return {"steps": 16}
+    return {}
+
+
+def method_count(name: str, model, adapter, batch: dict) -> OpCount:
+    """Ops of one method on a captured batch (the capture forward itself not counted: its hooks add no ops)."""
+    from compute.methods import get_method
+
+    method = get_method(name, **method_params(name, adapter))
+    cap = adapter.capture(batch, method.needs)
+    target = cap.pred
+
+    def run():
+        cap.memo.clear()
+        with torch.no_grad():
+            method.compute(cap, adapter, target)
+
+    run()  # warm-up: weight caches (kept across batches) are not the batch's
+    return count(run)
+
+
+def count_table(layers: int, hidden: int = 768, heads: int = 12, batch: int = 2, tokens: int = 24,
+                methods: str = "all") -> tuple[list[Row], dict[str, OpCount]]:
+    from compute.methods import REGISTRY, parse_methods
+
+    model, adapter = random_bert(layers, hidden, heads)
+    inputs = random_batch(batch, tokens)
+    bare = bare_counts(model, inputs)
+    rows = []
+    for name in parse_methods(methods):
+        cls = REGISTRY[name]
+        base = cls.op_base()
+        c = method_count(name, model, adapter, inputs)
+        rows.append(Row(name, c, base, c.total / bare[base].total, cls.op_budget))
+    return rows, bare
