@@ -55,6 +55,19 @@ class Captured:
     readout: Readout = Readout()
     foil: torch.Tensor | None = None
     output: object = None  # the model's forward output (the task reads its parts and prediction off it)
+    # The layer lists above stacked into one tensor each ([L, B, ...]; hidden_states [L + 1, B, n, d]) by ``stack``:
+    # what the methods vectorised across layers read.
+    stacks: dict = field(default_factory=dict)
+
+    def stack(self, name: str) -> torch.Tensor:
+        """The captured list ``name`` as one tensor with the layer first, made once (one copy); the list's entries
+        become views of it, so the layers are not held twice."""
+        st = self.stacks.get(name)
+        if st is None:
+            layers = getattr(self, name)
+            st = self.stacks[name] = torch.cat(layers).view(len(layers), *layers[0].shape)
+            setattr(self, name, list(st.unbind(0)))
+        return st
 
     def cached(self, key: str, fn):
         if key not in self.memo:
@@ -88,10 +101,20 @@ def _keep_attention(lst):
     return hook
 
 
-def _upcast(cap: Captured) -> None:
-    cap.logits = cap.logits.float()
-    for name in ("hidden_states", "attentions", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out"):
-        setattr(cap, name, [t.float() for t in getattr(cap, name)])
+STACKED = ("hidden_states", "attentions", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out")  # Captured's layer lists
+
+
+def _stack_and_upcast(cap: Captured) -> None:
+    """Every captured layer list stacked (``Captured.stack``), widened to float32 when the model runs in half
+    precision (the methods compute in float32 at least): one operation per list, not one per layer."""
+    if cap.logits is not None and cap.logits.element_size() < 4:
+        cap.logits = cap.logits.float()
+    for name in STACKED:
+        if getattr(cap, name):
+            st = cap.stack(name)
+            if st.element_size() < 4:  # every task's internals (a language model's capture has no logits)
+                cap.stacks[name] = st = st.float()
+                setattr(cap, name, list(st.unbind(0)))
 
 
 def _first(out):
@@ -342,8 +365,6 @@ class Adapter:
             out = self.model(**cap.inputs)
         cap.output = out
         cap.logits = out.logits if self.task in ("classification", "regression") else None
-        if not grad and cap.logits is not None and cap.logits.dtype in (torch.float16, torch.bfloat16):
-            _upcast(cap)  # methods compute in float32 even when the model runs in half precision
         L = self.n_layers
         if "hidden_states" in needs and len(cap.hidden_states) != L + 1:
             raise RuntimeError(f"captured {len(cap.hidden_states)} hidden states for {L} layers")
@@ -351,6 +372,8 @@ class Adapter:
             if len(cap.attentions) != L or any(a is None for a in cap.attentions):
                 raise AttrscopeError(
                     "the model returned no attention probabilities: load it with attn_implementation='eager'")
+        if not grad:  # a graph's tensors stay as they are (a copy would not be differentiated)
+            _stack_and_upcast(cap)
         return cap
 
 

@@ -160,13 +160,13 @@ def test_decompx_feed_forward_blocks_do_not_change_the_result():
     import compute.methods._internals.token_vectors as tv
 
     _, ad, batch, _, m, whole = _run("bert")
-    real = tv.tokens_per_block
+    real = tv.CPU_BLOCK_BYTES
     try:
-        tv.tokens_per_block = lambda *a, **k: 1  # one source token per feed-forward block
+        tv.CPU_BLOCK_BYTES = 1  # one source token per feed-forward block
         cap2 = ad.capture(batch, m.needs)  # a fresh batch memo
         blocked = get_method("decompx").compute(cap2, ad, cap2.pred)
     finally:
-        tv.tokens_per_block = real
+        tv.CPU_BLOCK_BYTES = real
     torch.testing.assert_close(blocked.scores, whole.scores, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(blocked.layer_scores, whole.layer_scores, rtol=1e-12, atol=1e-14)
 

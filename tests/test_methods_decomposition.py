@@ -12,8 +12,10 @@ import reference as R
 from compute.adapters import adapter_for
 from compute.methods import get_method
 from compute.methods._internals.aggregate import prod_rows_normalised
+from compute.methods._internals import layerwise
 from compute.methods._internals.decomposition import (NEEDS, attention_vectors, decomposed_inner, decomposed_norms,
-                                           decomposed_sq_norms, diagonal_vectors, layer_parts, operands)
+                                                      decomposed_sq_norms, diagonal_vectors, layer_parts, layer_stack,
+                                                      operands)
 from compute.methods.w_res import mixing_ratio
 
 LENGTHS = [8, 3, 6, 1]  # padded batch, including a single-token example
@@ -74,8 +76,6 @@ def test_gram_trick_equals_materialised_norms(captured):
         for kind in ("n", "res", "resln", "enc"):
             full = torch.linalg.vector_norm(attention_vectors(p, slice(0, n), *operands(p, kind)), dim=-1)
             torch.testing.assert_close(decomposed_norms(p, kind), full, rtol=1e-9, atol=1e-10)
-            # token chunks and source blocks of one token each (the block boundaries cannot matter)
-            torch.testing.assert_close(decomposed_norms(p, kind, chunk_bytes=1), full, rtol=1e-9, atol=1e-10)
 
 
 @torch.no_grad()
@@ -104,8 +104,44 @@ def test_inner_products_and_squared_norms_without_vectors_equal_the_materialised
 
 
 @torch.no_grad()
-def test_gram_factors_cached_across_batches_follow_weight_changes(captured):
-    """W^T W is kept per layer across batches: changing the weights in place (or replacing them) must not reuse it."""
+def test_a_stack_of_layers_equals_its_layers_one_by_one(captured):
+    """Every function on a stack of all layers ([L, B, ...], weights broadcast over the batch) gives each layer's own
+    numbers, and so does a stack of some layers for some examples."""
+    _, _, ad, _, cap = captured
+    gen = torch.Generator().manual_seed(4)
+    whole, part = layer_stack(cap, ad), layer_stack(cap, ad, slice(1, 3), slice(1, 3))
+    y = torch.randn(whole.x.shape, generator=gen, dtype=whole.x.dtype)
+    for kind in ("n", "res", "resln", "enc"):
+        got = [decomposed_norms(whole, kind), decomposed_inner(whole, kind, y), diagonal_vectors(whole, kind),
+               decomposed_norms(part, kind)]
+        for l in range(ad.n_layers):
+            p = layer_parts(cap, ad, l)
+            torch.testing.assert_close(got[0][l], decomposed_norms(p, kind), rtol=1e-12, atol=1e-13)
+            torch.testing.assert_close(got[1][l], decomposed_inner(p, kind, y[l]), rtol=1e-12, atol=1e-13)
+            torch.testing.assert_close(got[2][l], diagonal_vectors(p, kind), rtol=1e-12, atol=1e-13)
+            if l in (1, 2):
+                torch.testing.assert_close(got[3][l - 1], decomposed_norms(p, kind)[1:3], rtol=1e-12, atol=1e-13)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", DECOMP)
+def test_groups_of_layers_and_examples_do_not_change_the_result(captured, name, monkeypatch):
+    """With the working memory of a stack forced to one (layer, example), every method computes group by group and
+    gives the numbers of the single stack of all layers."""
+    _, _, ad, _, cap = captured
+    whole = get_method(name).compute(cap, ad, cap.pred)
+    monkeypatch.setattr(layerwise, "CPU_STACK_BYTES", 1)
+    cap.memo.clear()
+    split = get_method(name).compute(cap, ad, cap.pred)
+    cap.memo.clear()
+    for what in ("scores", "layer_scores", "matrices"):
+        torch.testing.assert_close(getattr(split, what), getattr(whole, what), rtol=1e-12, atol=1e-13)
+
+
+@torch.no_grad()
+def test_stacked_weights_cached_across_batches_follow_weight_changes(captured):
+    """The stacked weights (and gamma P W_O) are kept across batches: changing a weight in place (or replacing it) must
+    not reuse them."""
     _, _, ad, _, cap = captured
     layer = ad.layers()[0]
     out, ln1 = ad.out_proj(layer), ad.ln1(layer)

@@ -19,10 +19,14 @@ import torch
 
 from ..errors import AttrscopeError
 from ..options import Option, at_least
-from ._internals.aggregate import valid_block
-from ._internals.decomposition import LayerParts, layer_parts, operand_weights
+from ._internals.aggregate import valid_pairs
+from ._internals.budget import work_bytes
+from ._internals.decomposition import LayerParts, operand_weights
 from ._internals.l1_proximity import PATHS, l1_proximities
 from ._internals.layerwise import LayerwiseProduct, row_normalise
+
+
+CPU_BLOCK_BYTES = 8 << 20  # the dense form's blocks of source tokens stay in cache (measured on the 2-core CPU)
 
 
 class Alti(LayerwiseProduct):
@@ -33,16 +37,17 @@ class Alti(LayerwiseProduct):
     run_options = (
         Option("alti_ln2", False, type=bool, param="ln2", passed="set", resume=True,
                help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2)."),
-        Option("memory_mb", 8, type=int, show_default=True, metavar="MB", param="memory_mb", resume=True,
-               check=at_least(1),
-               help="Memory budget of ALTI's blocks (the dense form's source tokens, the pruned form's chunks)."),
+        Option("memory_mb", type=int, metavar="MB", param="memory_mb", resume=True, check=at_least(1),
+               help="Memory budget of ALTI's blocks (the dense form's source tokens, the pruned form's chunks) "
+                    "[default: 8 on the CPU, 1/64 of the GPU's memory on a GPU]."),
     )
 
-    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, l1_path: str = "auto",
+    def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int | None = None, l1_path: str = "auto",
                  **params):
         if l1_path not in PATHS:
             raise ValueError(f"l1_path must be one of {PATHS}, not {l1_path!r}")
         super().__init__(ln2=ln2, eps_quirk=eps_quirk, memory_mb=memory_mb, l1_path=l1_path, **params)
+        self.eps_quirk = eps_quirk
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
@@ -51,7 +56,7 @@ class Alti(LayerwiseProduct):
                                  "(LN2 is not on its residual path): drop --alti-ln2")
 
     def contributions(self, p: LayerParts, pre_ln: bool) -> tuple[str, torch.Tensor]:
-        """(kind of decomposed vector for ``operands``, the vectors y_i they are compared with [B, n, d])."""
+        """(kind of decomposed vector for ``operands``, the vectors y_i they are compared with [*, n, d])."""
         if pre_ln:
             # Pre-LN (METHODS.md 1.1, 9): T_i(x_j) = sum_h A u_j + [i=j] x_i with values from LN1(x_j), no LN on T,
             # compared with the residual stream r_i = sum_j T_i(x_j) + b_O (LN2's input).
@@ -64,15 +69,14 @@ class Alti(LayerwiseProduct):
             return "resln", p.ln1_linear(p.s) / p.sigma1[..., None] + p.beta1
         return "resln", p.y  # the real LN1 output (equal to the rebuilt one with the exact epsilon)
 
-    def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
-        """C^l [B, n, n]: rows sum to 1 on real tokens; pad rows and columns are 0."""
-        p = layer_parts(cap, adapter, l, eps_quirk=self.params["eps_quirk"])
+    def stack_matrices(self, p: LayerParts, adapter) -> torch.Tensor:
+        """C^l [*, n, n]: rows sum to 1 on real tokens; pad rows and columns are 0."""
         kind, y = self.contributions(p, adapter.pre_ln)
         c = self.proximities(p, kind, y)
-        return row_normalise(valid_block(c.clamp_min(0), cap.mask))
+        return row_normalise(valid_pairs(c.clamp_min_(0), p.mask))
 
     def proximities(self, p: LayerParts, kind: str, y: torch.Tensor) -> torch.Tensor:
-        """||y_i||_1 - ||y_i - T_ij||_1 for every i, j [B, n, n], T_ij = (sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i.
+        """||y_i||_1 - ||y_i - T_ij||_1 for every i, j [*, n, n], T_ij = (sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i.
 
         Worked with Z = scale_i T_ij against ys = scale_i y_i (no division over n^2 d numbers); the positive scale is
         divided out at the end. The L1 norm has no Gram-matrix shortcut: ``l1_proximity`` builds the vectors or
@@ -83,7 +87,8 @@ class Alti(LayerwiseProduct):
         # sum |ys| - |a - T| = (||ys||_1 - ||a||_1) + sum |a| - |a - T|
         eps = float(self.params.get("pairwise_eps", 0.0))
         a = ys - (eps if scale is None else eps * scale[..., None]) if eps else ys
-        c = l1_proximities(p, W, diag, a, self.params["memory_mb"] << 20, self.params["l1_path"])
+        budget = work_bytes(a.device, CPU_BLOCK_BYTES, self.params["memory_mb"])
+        c = l1_proximities(p, W, diag, a, budget, self.params["l1_path"])
         if eps:
             c += (ys.abs().sum(-1) - a.abs().sum(-1))[..., None]
         return c if scale is None else c / scale[..., None]

@@ -18,7 +18,7 @@ class AltiL2(Alti):
     reference = "Ferrando et al. (2022), Table 4-5; METHODS.md 2.2"
 
     def proximities(self, p: LayerParts, kind: str, y: torch.Tensor) -> torch.Tensor:
-        """||y_i||_2 - ||y_i - T_ij||_2 for every i, j [B, n, n], in the stable form
+        """||y_i||_2 - ||y_i - T_ij||_2 for every i, j [*, n, n], in the stable form
         (||y||^2 - ||y - T||^2) / (||y|| + ||y - T||) = (2 <y, T> - ||T||^2) / (...): no difference of nearly equal
         norms. The diagonal, whose T_ii carries the residual and can come close to y_i (where the distance from
         expanded squares would lose digits), is computed from the vectors themselves."""
@@ -28,8 +28,8 @@ class AltiL2(Alti):
         y_norm = torch.linalg.vector_norm(y, dim=-1)[..., None]
         num = 2 * inner - sq  # ||y||^2 - ||y - T||^2
         dist = (y_norm.square() - num).clamp_min_(0).sqrt_()
-        own = diagonal_vectors(p, kind)  # T_ii [B, n, d]
+        own = diagonal_vectors(p, kind)  # T_ii [*, n, d]
         D = y - own
-        num.diagonal(dim1=1, dim2=2).copy_(torch.linalg.vecdot(own, D + y))
-        dist.diagonal(dim1=1, dim2=2).copy_(torch.linalg.vector_norm(D, dim=-1))
+        num.diagonal(dim1=-2, dim2=-1).copy_(torch.linalg.vecdot(own, D + y))
+        dist.diagonal(dim1=-2, dim2=-1).copy_(torch.linalg.vector_norm(D, dim=-1))
         return num / (y_norm + dist).clamp_min_(torch.finfo(dist.dtype).tiny)

@@ -24,11 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import interrupts
 from ..errors import AttrscopeError
-from ._internals.aggregate import valid_block
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
-from ._internals.decomposition import NEEDS, center, decomposed_inner, layer_parts
+from ._internals.decomposition import NEEDS, center, layer_stack, stacked_ffn
 from ._internals.token_vectors import zero_origin_slope
 from .alti import Alti
 
@@ -53,7 +51,7 @@ class AltiLogit(Method):
     op_budget = 1.0  # a backward sweep of directions and a rollout per layer beside ALTI's matrices
     run_options = (Alti.run_options[1],)  # --memory-mb: ALTI's source-token blocks
 
-    def __init__(self, memory_mb: int = 8, **params):
+    def __init__(self, memory_mb: int | None = None, **params):
         super().__init__(memory_mb=memory_mb, **params)
 
     def check_architecture(self, adapter) -> None:
@@ -122,49 +120,48 @@ class AltiLogit(Method):
                 rms = (r.square().mean(-1) + norm.variance_epsilon).sqrt()
                 g = gamma * u / rms[:, None]
             return g[:, None].expand(-1, L, -1)
-        G = []
+        # Post-LN: the explained token's path from layer l's pre-LN1 state to the logit, taken backwards. What does
+        # not depend on g (the frozen sigmas, the feed-forward slopes) is computed for every layer at once; only the
+        # products with g step through the layers.
+        p = layer_stack(cap, adapter)
+        ffn = stacked_ffn(adapter, u.dtype, u.device)
+        b = torch.arange(e.shape[0], device=e.device)
+        y_e = p.y[:, b, e]  # [L, B, d] the explained token's LN1 outputs
+        pre = torch.baddbmm(ffn.b1[:, None], y_e, ffn.W1.transpose(1, 2))  # [L, B, d_ff]
+        theta = zero_origin_slope(pre, ffn.act(pre))
+        inv_sigma1, inv_sigma2 = p.sigma1[:, b, e, None].reciprocal(), p.sigma2[:, b, e, None].reciprocal()
+        g1, g2 = p.weights.gamma1[:, None], p.weights.gamma2[:, None]  # [L, 1, d]
+        G = u.new_empty(L, *u.shape)
         g = u
         for l in range(L - 1, -1, -1):
-            p = layer_parts(cap, adapter, l)
-            lin1, act, lin2 = adapter.ffn_parts(adapter.layers()[l])
-            W1, b1, W2 = (t.to(g.dtype) for t in (lin1.weight, lin1.bias, lin2.weight))
-            pre = nn.functional.linear(at(p.y, e), W1, b1)
-            theta = zero_origin_slope(pre, act(pre))
-            g_t = center(p.gamma2 * g) / at(p.sigma2, e)[:, None]  # through LN2 (frozen sigma)
-            g_y = g_t + (theta * (g_t @ W2)) @ W1  # residual + feed-forward
-            g = center(p.gamma1 * g_y) / at(p.sigma1, e)[:, None]  # through LN1: the pre-LN1 state's vector
-            G.append(g)
-        return torch.stack(G[::-1], dim=1)
+            g_t = center(g2[l] * g).mul_(inv_sigma2[l])  # through LN2 (frozen sigma)
+            g_y = torch.matmul(theta[l] * (g_t @ ffn.W2[l]), ffn.W1[l]).add_(g_t)  # residual + feed-forward
+            g = G[l] = center(g1[l] * g_y).mul_(inv_sigma1[l])  # through LN1: the pre-LN1 state's vector
+        return G.transpose(0, 1)
 
     # --- the method -----------------------------------------------------------------------------------------------
-    def alti_matrices(self, cap, adapter) -> list[torch.Tensor]:
-        """ALTI's C^l [B, n, n] of every layer, shared by the classes of one batch."""
+    def alti_matrices(self, cap, adapter) -> torch.Tensor:
+        """ALTI's C^l of every layer [L, B, n, n], shared by the classes of one batch."""
         alti = Alti(memory_mb=self.params["memory_mb"])
-        return cap.cached(("alti_logit", "alti", self.params["memory_mb"]),
-                          lambda: [valid_block(alti.layer_matrix(cap, adapter, l), cap.mask)
-                                   for l in range(adapter.n_layers)])
+        return cap.cached(("alti_logit", "alti", self.params["memory_mb"]), lambda: alti.layer_matrices(cap, adapter))
 
     def layer_contributions(self, cap, adapter, target) -> torch.Tensor:
-        """Delta^l_j [B, L, n]: source token j's attention contribution in layer l to the target logit."""
-        G = self.directions(cap, adapter, target)
-        B, n = cap.mask.shape
-        out = []
-        for l in range(adapter.n_layers):
-            interrupts.check()  # a stop asked for: between layers
-            p = layer_parts(cap, adapter, l)
-            inner = decomposed_inner(p, "n", G[:, l, None].expand(B, n, -1))  # <g, z_{i<-j}> for every row i
-            out.append(at(inner, cap.explain_pos) * cap.mask)
-        return torch.stack(out, dim=1)
+        """Delta^l_j [B, L, n]: source token j's attention contribution in layer l to the target logit, for every
+        layer at once: <g^l, z^l_{e<-j}> = sum_h A_ej^h <(W_O^h)^T g^l, v_j^h> (the explained row only)."""
+        G = self.directions(cap, adapter, target).transpose(0, 1)  # [L, B, d]
+        p = layer_stack(cap, adapter)
+        L, B, n, H, dh = p.v.shape
+        e = cap.explain_pos
+        Yt = torch.matmul(G[:, :, None], p.W_O[:, 0, None]).view(L, B, H, 1, dh)  # (W_O^h)^T g per head
+        S = torch.matmul(Yt, p.v.movedim(2, -1))[..., 0, :]  # [L, B, H, j]
+        A_e = p.A[:, torch.arange(B, device=e.device), :, e]  # [B, L, H, j]: the explained row of every head
+        return (S.transpose(0, 1) * A_e).sum(2).mul_(cap.mask[:, None])  # [B, L, j]
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
-        delta = self.layer_contributions(cap, adapter, target)
+        views = self.layer_contributions(cap, adapter, target)  # Delta^l, then C^{l-1} ... C^1 applied below
         C = self.alti_matrices(cap, adapter)
-        views = []
-        for l in range(adapter.n_layers):
-            v = delta[:, l]
-            for k in range(l - 1, -1, -1):  # C^{l-1} ... C^1: which inputs the sources of layer l hold
-                v = torch.bmm(v[:, None], C[k])[:, 0]
-            views.append(v)
-        views = torch.stack(views, dim=1)
+        # C^k applied to every view above it (l > k), top down: one batched product per layer
+        for k in range(adapter.n_layers - 2, -1, -1):
+            views[:, k + 1:] = torch.bmm(views[:, k + 1:], C[k])
         return MethodResult(scores=views.sum(1), layer_scores=views)

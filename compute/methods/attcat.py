@@ -6,10 +6,8 @@ pass, so their alpha, and their score, is 0. Layer view l = CAT^l * alpha^l."""
 
 from __future__ import annotations
 
-import torch
-
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, cat_terms, valid_mean_rows, wide
+from ._internals.gradients import GradientMethod, cat_terms, stacked, valid_mean_rows
 from .cat import Cat
 
 
@@ -25,6 +23,7 @@ class AttCat(GradientMethod):
         layers = self.params.get("layers", "inputs")
         terms = cat_terms(gp, grads, layers)  # [B, L, n]
         # the attention of layer l acts on h^{l-1} (its input): the same layer index in both variants
-        alpha = valid_mean_rows(torch.stack([wide(a).mean(1) for a in gp.attentions], dim=1), cap.mask)  # [B, L, n]
+        A = stacked([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
+        alpha = valid_mean_rows(A.mean(2).transpose(0, 1), cap.mask)  # [B, L, n]
         views = terms * alpha * cap.mask[:, None]
         return MethodResult(scores=views.sum(1), layer_scores=views)

@@ -13,7 +13,7 @@ import torch
 from ..options import Option
 from ._internals.aggregate import valid_block
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, valid_mean_rows, wide
+from ._internals.gradients import GradientMethod, stacked, valid_mean_rows, wide
 
 
 class AttGrads(GradientMethod):
@@ -28,9 +28,10 @@ class AttGrads(GradientMethod):
     def from_grads(self, gp, grads, cap):
         b = torch.arange(cap.mask.shape[0], device=cap.mask.device)
         if self.params.get("variant", "ref") == "gradsam":
-            terms = [valid_mean_rows((wide(A) * wide(G).clamp_min(0)).mean(1), cap.mask)
-                     for A, G in zip(gp.attentions, grads["attentions"])]
-            return MethodResult(scores=torch.stack(terms, 1).mean(1) * cap.mask)
+            A = stacked([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
+            terms = valid_mean_rows(stacked(grads["attentions"]).clamp_min_(0).mul_(A).mean(2).transpose(0, 1),
+                                    cap.mask)  # [B, L, n]
+            return MethodResult(scores=terms.mean(1) * cap.mask)
         A, G = wide(gp.attentions[-1]), wide(grads["attentions"][-1])
         block = valid_block(torch.ones_like(A[:, 0]), cap.mask)  # [B, n, n] 1 on real (i, j)
         w = (G * block[:, None]).sum((-2, -1)) / block.sum((-2, -1))[:, None]  # [B, H]

@@ -18,10 +18,11 @@ from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.decomposition import NEEDS
 from ._internals.token_vectors import propagate
 
-MEMORY_OPTION = Option("decompx_memory_mb", 64, type=int, show_default=True, metavar="MB", param="memory_mb",
-                       resume=True, check=at_least(1),
+MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True,
+                       check=at_least(1),
                        help="decompx, decompx_nohead: memory budget of one block of source tokens in the feed-forward "
-                            "block (the [n, n, d] decomposition itself is kept whole).")
+                            "block (the [n, n, d] decomposition itself is kept whole) [default: 64 on the CPU, 1/64 of "
+                            "the GPU's memory on a GPU].")
 
 
 class DecompXBase(Method):
@@ -32,7 +33,7 @@ class DecompXBase(Method):
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
     run_options = (MEMORY_OPTION,)
 
-    def __init__(self, memory_mb: int = 64, **params):
+    def __init__(self, memory_mb: int | None = None, **params):
         super().__init__(memory_mb=memory_mb, **params)
 
     def check_architecture(self, adapter) -> None:

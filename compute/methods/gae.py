@@ -6,11 +6,9 @@ architecture that exposes attention probabilities (decoders explain their last r
 
 from __future__ import annotations
 
-import torch
-
-from ._internals.aggregate import rows_of_products, valid_block
+from ._internals.aggregate import rows_of_products, valid_pairs
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, wide
+from ._internals.gradients import GradientMethod, stacked
 
 
 class GAE(GradientMethod):
@@ -21,8 +19,9 @@ class GAE(GradientMethod):
     has_matrices = True
 
     def from_grads(self, gp, grads, cap):
-        maps = [valid_block((wide(G) * wide(A)).clamp_min(0).mean(1), cap.mask)
-                for A, G in zip(gp.attentions, grads["attentions"])]
-        eye = torch.eye(maps[0].shape[-1], dtype=maps[0].dtype, device=maps[0].device)
-        views = rows_of_products([eye + M for M in maps], cap.explain_pos)  # e^T (I + A^l) ... (I + A^1)
-        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=torch.stack(maps, dim=1))
+        A = stacked([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
+        maps = valid_pairs(stacked(grads["attentions"]).mul_(A).clamp_min_(0).mean(2), cap.mask)  # [L, B, n, n]
+        steps = maps.clone()
+        steps.diagonal(dim1=-2, dim2=-1).add_(1)
+        views = rows_of_products(steps, cap.explain_pos)  # e^T (I + A^l) ... (I + A^1)
+        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=maps.transpose(0, 1))

@@ -4,7 +4,7 @@ enters only through sigma2). Aggregated unnormalised (PROD; views scaled to sum 
 
 from __future__ import annotations
 
-from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.decomposition import decomposed_norms
 from ._internals.layerwise import LayerwiseProduct
 
 
@@ -14,6 +14,5 @@ class GlobEnc(LayerwiseProduct):
     pre_ln_ok = False  # needs LayerNorm on the residual path (METHODS.md section 9)
     reference = "Modarressi, Fayyaz, Yaghoobzadeh, Pilehvar (2022), NAACL; METHODS.md 3.1-3.2"
 
-    def layer_matrix(self, cap, adapter, l):
-        p = layer_parts(cap, adapter, l)
+    def stack_matrices(self, p, adapter):
         return decomposed_norms(p, "enc")

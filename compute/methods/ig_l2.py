@@ -20,9 +20,9 @@ class IGL2(IntegratedGradientsMethod):
                help="Integrated gradients: quadrature rule [default: gausslegendre]."),
         Option("ig_baseline", choices=("mask", "zero"), param="baseline", passed="given", resume=True,
                help="Integrated gradients: [MASK]-sequence or zero baseline [default: mask, or the preset's]."),
-        Option("ig_memory_mb", 1024, type=int, show_default=True, metavar="MB", param="memory_mb", resume=True,
-               check=at_least(1),
-               help="Integrated gradients: memory for the (example, step) rows of one forward/backward."),
+        Option("ig_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True, check=at_least(1),
+               help="Integrated gradients: memory for the (example, step) rows of one forward/backward "
+                    "[default: 1024 on the CPU, 1/8 of the GPU's memory on a GPU]."),
     )
 
     def aggregate(self, attr):

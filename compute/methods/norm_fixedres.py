@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ._internals.aggregate import valid_block
-from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.aggregate import valid_pairs
+from ._internals.decomposition import decomposed_norms
 from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
@@ -15,7 +15,6 @@ class NormFixedRes(LayerwiseProduct):
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
     row_stochastic = True
 
-    def layer_matrix(self, cap, adapter, l):
-        p = layer_parts(cap, adapter, l)
-        N = row_normalise(valid_block(decomposed_norms(p, "n"), cap.mask))
+    def stack_matrices(self, p, adapter):
+        N = row_normalise(valid_pairs(decomposed_norms(p, "n"), p.mask))
         return 0.5 * N + 0.5 * torch.eye(N.shape[-1], dtype=N.dtype, device=N.device)

@@ -3,7 +3,7 @@ Aggregated unnormalised (PROD, views scaled to sum 1)."""
 
 from __future__ import annotations
 
-from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.decomposition import decomposed_norms
 from ._internals.layerwise import LayerwiseProduct
 
 
@@ -12,6 +12,5 @@ class NormRes(LayerwiseProduct):
     description = "N_RES: norm of attention vectors plus the residual on the diagonal, multiplied over layers"
     reference = "Kobayashi et al. (2021); Modarressi et al. (2022) Table 1; METHODS.md 3.1"
 
-    def layer_matrix(self, cap, adapter, l):
-        p = layer_parts(cap, adapter, l)
+    def stack_matrices(self, p, adapter):
         return decomposed_norms(p, "res")

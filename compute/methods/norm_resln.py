@@ -5,7 +5,7 @@ Rollout" baseline (``row_normalise=True``, set by --preset alti; METHODS.md 2.4 
 
 from __future__ import annotations
 
-from ._internals.decomposition import decomposed_norms, layer_parts
+from ._internals.decomposition import decomposed_norms
 from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
@@ -19,7 +19,6 @@ class NormResLN(LayerwiseProduct):
         super().__init__(row_normalise=row_normalise, **params)
         self.row_stochastic = row_normalise
 
-    def layer_matrix(self, cap, adapter, l):
-        p = layer_parts(cap, adapter, l)
+    def stack_matrices(self, p, adapter):
         N = decomposed_norms(p, "resln")
         return row_normalise(N) if self.params["row_normalise"] else N

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from ._internals.aggregate import row_at, valid_block
+from ._internals.aggregate import rows_at, valid_pairs
 from ._internals.base import Method, MethodResult
 
 
@@ -18,6 +16,6 @@ class RawAttention(Method):
 
     def compute(self, cap, adapter, target):
         # A_bar^l = mean_h A^{l,h}; pad queries/keys zeroed so stored matrices hold only the valid block.
-        mats = torch.stack([valid_block(A.mean(dim=1), cap.mask) for A in cap.attentions], dim=1)  # [B, L, n, n]
-        layer_scores = row_at(mats, cap.explain_pos)  # [B, L, n]
-        return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=mats)
+        mats = valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask)  # [L, B, n, n]
+        layer_scores = rows_at(mats, cap.explain_pos)  # [B, L, n]
+        return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=mats.transpose(0, 1))

@@ -3,9 +3,7 @@ the left. Layer view l = row of the explained token in M^l ... M^1. Nothing zero
 
 from __future__ import annotations
 
-import torch
-
-from ._internals.aggregate import add_identity_row_normalise, rows_of_products, valid_block
+from ._internals.aggregate import add_identity_row_normalise, rows_of_products, valid_pairs
 from ._internals.base import Method, MethodResult
 
 
@@ -18,8 +16,9 @@ class Rollout(Method):
     has_matrices = True
 
     def compute(self, cap, adapter, target):
-        # Per-layer M^l = (A_bar^l + I) / rowsum, on the valid block (pad rows become identity rows, never reached).
-        mats = [add_identity_row_normalise(valid_block(A.mean(dim=1), cap.mask)) for A in cap.attentions]
+        # Every layer's M^l = (A_bar^l + I) / rowsum at once, on the valid block (pad rows become identity rows,
+        # never reached): [L, B, n, n].
+        mats = add_identity_row_normalise(valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask))
         layer_scores = rows_of_products(mats, cap.explain_pos)  # [B, L, n]
-        stored = valid_block(torch.stack(mats, dim=1), cap.mask)
+        stored = valid_pairs(mats, cap.mask).transpose(0, 1)
         return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=stored)

@@ -18,9 +18,13 @@ import torch.nn.functional as F
 from .. import interrupts
 from ..errors import AttrscopeError
 from ..options import Option, at_least
-from ._internals.aggregate import valid_block
-from ._internals.decomposition import LayerParts, SourceBlocks, layer_parts, tokens_per_block
+from ._internals.aggregate import valid_pairs
+from ._internals.budget import work_bytes
+from ._internals.decomposition import FeedForward, LayerParts, SourceBlocks, flat, stacked_ffn, tokens_per_block
 from ._internals.layerwise import LayerwiseProduct, row_normalise
+
+
+CPU_BLOCK_BYTES = 64 << 20  # a block of zeroed tokens on the CPU
 
 
 def unit_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -40,12 +44,12 @@ class ValueZeroing(LayerwiseProduct):
     row_stochastic = True
     op_budget = 1.0  # the layer's feed-forward block and norms run again per zeroed token (batched)
     run_options = (
-        Option("value_zeroing_memory_mb", 64, type=int, show_default=True, metavar="MB", param="memory_mb",
-               resume=True, check=at_least(1),
-               help="value_zeroing: memory budget of one block of zeroed tokens (its feed-forward activations)."),
+        Option("value_zeroing_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True, check=at_least(1),
+               help="value_zeroing: memory budget of one block of zeroed tokens (its feed-forward activations) "
+                    "[default: 64 on the CPU, 1/64 of the GPU's memory on a GPU]."),
     )
 
-    def __init__(self, memory_mb: int = 64, **params):
+    def __init__(self, memory_mb: int | None = None, **params):
         super().__init__(memory_mb=memory_mb, **params)
 
     def check_architecture(self, adapter) -> None:
@@ -54,29 +58,39 @@ class ValueZeroing(LayerwiseProduct):
             raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block of "
                                  f"'{adapter.config.model_type}' models")
 
-    def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
-        """C^l [B, n, n]: row i = receiving token, column j = zeroed token; rows sum to 1, pad rows/columns 0."""
-        p = layer_parts(cap, adapter, l)
-        distances = self.zeroed_distances(p, adapter.ffn_parts(adapter.layers()[l]))
-        return row_normalise(valid_block(distances, cap.mask))
+    def stack_matrices(self, p: LayerParts, adapter) -> torch.Tensor:
+        """C^l [*, n, n]: row i = receiving token, column j = zeroed token; rows sum to 1, pad rows/columns 0."""
+        distances = self.zeroed_distances(p, stacked_ffn(adapter, p.s.dtype, p.s.device))
+        return row_normalise(valid_pairs(distances, p.mask))
 
-    def zeroed_distances(self, p: LayerParts, ffn) -> torch.Tensor:
-        """[B, i, j]: cosine distance between the real layer output y2_i and the output with v_j zeroed."""
-        lin1, act, lin2 = ffn
-        dtype = p.s.dtype
-        W1, b1, W2, b2 = (t.to(dtype) for t in (lin1.weight, lin1.bias, lin2.weight, lin2.bias))
-        B, n, d = p.s.shape
-        d_ff = W1.shape[0]
-        # a block of k zeroed tokens holds [k, B, n, d_ff] activations and a few [k, B, n, d] states
-        k = tokens_per_block(B, n, d_ff + 4 * d, p.s.element_size(), self.params["memory_mb"] << 20)
-        sources = SourceBlocks(p.A, p.project(p.W_O), None)  # z_{i<-j} = sum_h A_ij^h W_O^h v_j^h
-        out = p.s.new_empty(B, n, n)
+    def zeroed_distances(self, p: LayerParts, ffn: FeedForward) -> torch.Tensor:
+        """[*, i, j]: cosine distance between the real layer output y2_i and the output with v_j zeroed, for every
+        layer of ``p`` at once: a block of zeroed tokens of every layer goes through LN1, the feed-forward block
+        (one batched product per weight over the layers) and LN2 together."""
+        one = not p.stacked
+        A, s, y2 = (t[None] if one else t for t in (p.A, p.s, p.y2))  # [K, B, ...]
+        K, B, n, d = s.shape
+        layers = slice(p.layers, p.layers + 1) if one else p.layers
+        W1t, W2t = ffn.W1[layers].transpose(1, 2), ffn.W2[layers].transpose(1, 2)  # [K, d, d_ff], [K, d_ff, d]
+        b1, b2 = ffn.b1[layers, None], ffn.b2[layers, None]  # [K, 1, .]
+        g1, be1, g2, be2 = (w[layers, None, None, None] for w in (p.weights.gamma1, p.weights.beta1,
+                                                                  p.weights.gamma2, p.weights.beta2))
+        d_ff = W1t.shape[-1]
+        # a block of k zeroed tokens holds [K, k, B, n, d_ff] activations and a few [K, k, B, n, d] states
+        budget = work_bytes(s.device, CPU_BLOCK_BYTES, self.params["memory_mb"])
+        k = tokens_per_block(K * B, n, d_ff + 4 * d, s.element_size(), budget)
+        sources = SourceBlocks(flat(A, 3), flat(p.project(p.W_O), 3))  # z_{i<-j} = sum_h A_ij^h W_O^h v_j^h
+        out = s.new_empty(K, B, n, n)
         for j0 in range(0, n, k):
             interrupts.check()  # a stop asked for: between blocks of zeroed tokens
             J = slice(j0, min(n, j0 + k))
-            s = p.s - sources.block(J)  # [k, B, n, d]: pre-LN1 states without token j's values
-            y = F.layer_norm(s, (d,), p.gamma1, p.beta1, p.eps1)
-            t = y + F.linear(act(F.linear(y, W1, b1)), W2, b2)
-            y2 = F.layer_norm(t, (d,), p.gamma2, p.beta2, p.eps2)
-            out[:, :, J] = unit_distance(y2, p.y2).permute(1, 2, 0)
-        return out
+            kj = J.stop - J.start
+            z = sources.block(J).view(kj, K, B, n, d).transpose(0, 1)  # [K, k, B, n, d]
+            # the pre-LN1 states without token j's values, laid out layer first for the products
+            x = torch.sub(s[:, None], z, out=s.new_empty(K, kj, B, n, d))
+            y = F.layer_norm(x, (d,), eps=p.eps1).mul_(g1).add_(be1)
+            h = torch.baddbmm(b1, y.view(K, -1, d), W1t)  # [K, k B n, d_ff]
+            t = torch.baddbmm(b2, ffn.act(h), W2t).view_as(y).add_(y)
+            y2z = F.layer_norm(t, (d,), eps=p.eps2).mul_(g2).add_(be2)
+            out[..., J] = unit_distance(y2z, y2[:, None]).permute(0, 2, 3, 1)  # [K, B, i, j]
+        return out[0] if one else out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ._internals.aggregate import valid_pairs
 from ._internals.layerwise import LayerwiseProduct
 
 
@@ -15,6 +16,15 @@ class WFixedRes(LayerwiseProduct):
     needs = frozenset({"attentions"})
     row_stochastic = True
 
+    def layer_matrices(self, cap, adapter):
+        return fixed_residual(cap.stack("attentions").mean(dim=2), cap.mask)  # every layer at once: [L, B, n, n]
+
     def layer_matrix(self, cap, adapter, l):
-        A_bar = cap.attentions[l].mean(dim=1)
-        return 0.5 * A_bar + 0.5 * torch.eye(A_bar.shape[-1], dtype=A_bar.dtype, device=A_bar.device)
+        return fixed_residual(cap.attentions[l].mean(dim=1), cap.mask)
+
+
+def fixed_residual(A_bar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """0.5 A_bar + 0.5 I on the valid block ([..., B, n, n])."""
+    M = A_bar.mul(0.5)
+    M.diagonal(dim1=-2, dim2=-1).add_(0.5)
+    return valid_pairs(M, mask)

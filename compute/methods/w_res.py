@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ._internals.aggregate import valid_block
-from ._internals.decomposition import diagonal_vectors, layer_parts
+from ._internals.aggregate import valid_pairs
+from ._internals.decomposition import diagonal_vectors
 from ._internals.layerwise import LayerwiseProduct, row_normalise
 
 
@@ -29,9 +29,11 @@ class WRes(LayerwiseProduct):
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
     row_stochastic = True
 
-    def layer_matrix(self, cap, adapter, l):
-        p = layer_parts(cap, adapter, l)
-        A_bar = valid_block(p.A.mean(dim=1), cap.mask)
-        off = row_normalise(A_bar - torch.diag_embed(torch.diagonal(A_bar, dim1=1, dim2=2)))
+    def stack_matrices(self, p, adapter):
+        A_bar = valid_pairs(p.A.mean(dim=-3), p.mask)
+        off = A_bar.clone()
+        off.diagonal(dim1=-2, dim2=-1).zero_()
+        off = row_normalise(off)
         r = mixing_ratio(p)
-        return r[..., None] * off + torch.diag_embed(1 - r)
+        off.mul_(r[..., None]).diagonal(dim1=-2, dim2=-1).copy_(1 - r)
+        return off

@@ -1,4 +1,7 @@
-"""Aggregation over layers (METHODS.md 1.2). Later layers multiply on the LEFT: R^l = M^l R^{l-1}."""
+"""Aggregation over layers (METHODS.md 1.2). Later layers multiply on the LEFT: R^l = M^l R^{l-1}.
+
+Per-layer matrices come stacked layer first, [L, B, n, n] (one tensor: every per-layer step below is one batched
+operation over all layers); only the products themselves step through the layers."""
 
 from __future__ import annotations
 
@@ -13,24 +16,29 @@ def valid_block(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return M * m[..., :, None] * m[..., None, :]
 
 
+def valid_pairs(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``valid_block`` of [..., B, n, n]: one layer's [B, n, n], or layers stacked first [L, B, n, n]."""
+    m = mask.to(M.dtype)
+    return M * (m[:, :, None] * m[:, None, :])
+
+
 def add_identity_row_normalise(M: torch.Tensor) -> torch.Tensor:
     """ROLL's per-layer step: (M + I) / rowsum(M + I). Pad rows of a valid-block matrix become identity rows."""
-    eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
-    M = M + eye
+    M = M + torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
     return M / M.sum(dim=-1, keepdim=True)
 
 
-def rows_of_products(mats: list[torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
+def rows_of_products(mats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Row ``pos`` of every prefix product: out[:, l] = e_pos^T M^{l+1} M^l ... M^1, for l = 0..L-1.
 
-    mats: L tensors [B, n, n] (layer 1 first); pos: [B]. Returns [B, L, n].
-    Only vector-matrix products (O(L^2 n^2)), never the full n x n products.
+    mats: [L, B, n, n] (or a list of L [B, n, n]; layer 1 first); pos: [B]. Returns [B, L, n].
+    Only vector-matrix products (O(L^2 n^2)), never the full n x n products: one batched product per layer.
     """
     L = len(mats)
     B, n, _ = mats[0].shape
     V = torch.zeros(B, L, n, dtype=mats[0].dtype, device=mats[0].device)
     V[torch.arange(B, device=V.device), :, pos] = 1.0
-    # Apply M^k from the top down to every prefix that contains it (rows l >= k-1).
+    # Apply M^k from the top down to every prefix that contains it (rows l >= k).
     for k in range(L - 1, -1, -1):
         V[:, k:] = torch.bmm(V[:, k:], mats[k])
     return V
@@ -44,14 +52,21 @@ def row_at(M: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return M[b, :, pos]
 
 
-def prod_rows_normalised(mats: list[torch.Tensor], pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def rows_at(M: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Row ``pos[b]`` of every layer's matrix of a layer-stacked [L, B, n, n]: [B, L, n]."""
+    return M[:, torch.arange(M.shape[1], device=M.device), pos].transpose(0, 1)
+
+
+def prod_rows_normalised(mats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """PROD (METHODS.md 1.2, no identity added): row ``pos`` of M^l ... M^1 for every l, each view scaled to sum 1.
+    mats [L, B, n, n] (or a list of L [B, n, n]).
 
     Unnormalised norm matrices multiply into numbers that overflow float32 on long inputs and deep models, so each
     layer's matrix is first divided by its mean row sum (one positive scalar per example and layer). A scalar leaves
     the normalised views unchanged. Returns [B, L, n]."""
-    n_valid = mask.sum(-1).to(mats[0].dtype).clamp_min(1)[:, None, None]
-    tiny = torch.finfo(mats[0].dtype).tiny
-    scaled = [M / (M.sum(dim=(-2, -1), keepdim=True) / n_valid).clamp_min(tiny) for M in mats]
+    mats = torch.stack(list(mats)) if isinstance(mats, (list, tuple)) else mats
+    n_valid = mask.sum(-1).to(mats.dtype).clamp_min(1)[:, None, None]
+    tiny = torch.finfo(mats.dtype).tiny
+    scaled = mats / (mats.sum(dim=(-2, -1), keepdim=True) / n_valid).clamp_min(tiny)
     V = rows_of_products(scaled, pos)
     return V / V.sum(dim=-1, keepdim=True).clamp_min(tiny)

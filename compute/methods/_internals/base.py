@@ -25,6 +25,30 @@ PASSES = frozenset({"forward", "backward", "lrp"})
 SEQUENCE_HEAD_TASKS = frozenset({"classification", "regression"})
 
 
+class Same:
+    """A memo key that stands for one tensor object (its identity): a batch's results per target are shared by the
+    methods that are given the same target tensor, without copying its values to the host (a GPU sync). The key
+    holds the tensor, so its identity cannot be reused while the memo keeps the key."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def __hash__(self) -> int:
+        return id(self.tensor)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Same) and other.tensor is self.tensor
+
+
+def class_target(cap, c: int) -> torch.Tensor:
+    """[B] the class ``c`` for every example of the batch: one tensor per class and batch (cap.memo), so that the
+    methods of --target all share their per-class results (``Same``)."""
+    return cap.cached(("class_target", c), lambda: torch.full((cap.input_ids.shape[0],), c, dtype=torch.long,
+                                                              device=cap.input_ids.device))
+
+
 @dataclass
 class MethodResult:
     scores: torch.Tensor  # [B, n]      final attribution of every token
@@ -91,9 +115,4 @@ class Method:
 
     def compute_classes(self, cap: Captured, adapter: Adapter, num_classes: int) -> torch.Tensor:
         """Scores for every class [B, C, n] (``--target all``). Methods with a cheaper joint form override this."""
-        B = cap.input_ids.shape[0]
-        rows = []
-        for c in range(num_classes):
-            target = torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device)
-            rows.append(self.compute(cap, adapter, target).scores)
-        return torch.stack(rows, dim=1)
+        return torch.stack([self.compute(cap, adapter, class_target(cap, c)).scores for c in range(num_classes)], dim=1)

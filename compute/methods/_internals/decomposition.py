@@ -8,18 +8,28 @@ For layer l, query i and source token j (heads h, centering P = I - 11^T/d):
     T_i(x_j)   = gamma1 * P z+_{i<-j} / sigma1_i                   LN1-linearised (sigma1_i of the REAL pre-LN1 state)
     x~_{i<-j}  = gamma2 * P T_i(x_j) / sigma2_i                    through LN2 (GlobEnc; sigma2_i of the real state)
 
-Because P and the gains are linear, they are applied once to u and x (``LayerParts``), never to n x n x d tensors.
-Norms of these vectors use Gram matrices over heads (``decomposed_norms``): no heads x n x n x d tensor is ever built.
+Because P and the gains are linear, they are folded into W_O once per layer (``operand_weights``), never applied to
+n x n x d tensors. Norms of these vectors use Gram matrices over heads (``decomposed_sq_norms``): no heads x n x n x d
+tensor is ever built.
+
+Every function here works on a :class:`LayerParts` of one layer ([B, ...] tensors, weights [d, d] and [d]) or of a
+stack of K layers at once ([K, B, ...] tensors, weights [K, 1, d, d] and [K, 1, 1, d] that broadcast over the batch):
+the methods run all layers in a few batched operations (``layer_groups``; a GPU launches one kernel per operation),
+the tests and ALTI's pruned form one layer at a time (``layer_parts``).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from ...adapters import Adapter, Captured
+
+NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 
 
 def center(v: torch.Tensor) -> torch.Tensor:
@@ -32,53 +42,192 @@ def ln_sigma(s: torch.Tensor, eps: float) -> torch.Tensor:
     return (torch.linalg.vector_norm(center(s), dim=-1).square() / s.shape[-1] + eps).sqrt()
 
 
-@dataclass
-class LayerParts:
-    """Per-layer tensors of the decomposition, batched and padded ([B, ...])."""
+def center_rows(W: torch.Tensor) -> torch.Tensor:
+    """P W: centre every column of W [..., d, d'] over the output dimension (so P (W v) = (P W) v)."""
+    return W - W.mean(dim=-2, keepdim=True)
 
-    A: torch.Tensor  # [B, H, n, n] attention probabilities
-    x: torch.Tensor  # [B, n, d]    layer input (residual)
-    v: torch.Tensor  # [B, n, H, d_h] value vectors W_V x + b_V
-    W_O: torch.Tensor  # [d, d] output projection (out = concat_h v^h @ W_O^T + b_O)
-    b_O: torch.Tensor  # [d]
-    s: torch.Tensor  # [B, n, d]    real pre-LN1 state
-    y: torch.Tensor  # [B, n, d]    real LN1 output
-    t: torch.Tensor  # [B, n, d]    real pre-LN2 state
-    y2: torch.Tensor  # [B, n, d]   real LN2 output (the layer output)
-    gamma1: torch.Tensor
+
+# --- every layer's weights, stacked -------------------------------------------------------------------------------
+@dataclass
+class LayerWeights:
+    """The decomposition's weights of every layer stacked [L, ...] in one dtype and device, and the per-kind products
+    made from them (``kind_weight``): made once and kept on the adapter while the model's parameters are the same
+    tensors, unmodified (``stacked_weights``)."""
+
+    W_O: torch.Tensor  # [L, d, d] output projection (out = concat_h v^h @ W_O^T + b_O)
+    b_O: torch.Tensor  # [L, d]
+    gamma1: torch.Tensor  # [L, d]
     beta1: torch.Tensor
     gamma2: torch.Tensor
     beta2: torch.Tensor
-    eps1: float  # LayerNorm epsilons (0 under the reference's quirk)
+    eps1: float  # LayerNorm epsilons (the same in every layer)
     eps2: float
-    cache: dict | None = None  # per-layer tensors that depend only on the weights, kept across batches
-    weights_key: tuple = ()  # the layer, dtype, device and the versions of its weights
-    weights: tuple = ()  # the weight tensors themselves (identity checked on a hit)
+    derived: dict = field(default_factory=dict)
+    serial: int = field(default_factory=itertools.count().__next__)  # tells results of other weights apart
+
+    def kind_weight(self, kind: str) -> torch.Tensor:
+        """[L, d, d]: W_O ("n", "res"), gamma1 P W_O ("resln"), gamma2 P gamma1 P W_O ("enc")."""
+        if kind in ("n", "res"):
+            return self.W_O
+        if kind not in self.derived:
+            if kind == "resln":
+                self.derived[kind] = self.gamma1[:, :, None] * center_rows(self.W_O)
+            elif kind == "enc":
+                self.derived[kind] = self.gamma2[:, :, None] * center_rows(self.kind_weight("resln"))
+            else:
+                raise ValueError(kind)
+        return self.derived[kind]
+
+
+def parameters_stamp(model: torch.nn.Module) -> tuple:
+    """The identity and version of every parameter: it changes when a weight is replaced or modified in place."""
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
+def kept(adapter: Adapter, key: tuple, build):
+    """build(), kept on the adapter under ``key`` while the model's parameters are the same tensors, unmodified."""
+    stamp = parameters_stamp(adapter.model)
+    cache = adapter.__dict__.setdefault("_stacked_weights", {})
+    hit = cache.get(key)
+    if hit is None or hit[0] != stamp:
+        hit = cache[key] = (stamp, build())
+    return hit[1]
+
+
+def stack_params(tensors, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.stack([t.detach() for t in tensors]).to(device=device, dtype=dtype)
+
+
+def stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> LayerWeights:
+    """Every layer's W_O, b_O and LayerNorm gains and biases [L, ...] in ``dtype`` (kept across batches)."""
+    return kept(adapter, ("decomposition", dtype, device), lambda: _stacked_weights(adapter, dtype, device))
+
+
+def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> LayerWeights:
+    layers = adapter.layers()
+    outs = [adapter.out_proj(layer) for layer in layers]
+    ln1s, ln2s = [adapter.ln1(layer) for layer in layers], [adapter.ln2(layer) for layer in layers]
+    d = outs[0].weight.shape[0]
+
+    def stack(tensors):
+        return stack_params(tensors, dtype, device)
+
+    def biases(modules):  # Llama's o_proj and RMSNorm have none
+        if all(getattr(m, "bias", None) is None for m in modules):
+            return torch.zeros(len(modules), d, dtype=dtype, device=device)
+        return stack([m.bias if getattr(m, "bias", None) is not None else outs[0].weight.new_zeros(d)
+                      for m in modules])
+
+    def eps(modules):  # sigma is LayerNorm's (centred); RMSNorm models are pre-LN, where no method reads it
+        values = {float(getattr(m, "eps", getattr(m, "variance_epsilon", 0.0))) for m in modules}
+        if len(values) != 1:
+            raise ValueError(f"the layers' norms have different epsilons {sorted(values)}")
+        return values.pop()
+
+    return LayerWeights(W_O=stack([o.weight for o in outs]), b_O=biases(outs),
+                        gamma1=stack([m.weight for m in ln1s]), beta1=biases(ln1s),
+                        gamma2=stack([m.weight for m in ln2s]), beta2=biases(ln2s), eps1=eps(ln1s), eps2=eps(ln2s))
+
+
+@dataclass
+class FeedForward:
+    """Every post-LN layer's feed-forward block, FFN(y) = W2 act(W1 y + b1) + b2, stacked [L, ...]."""
+
+    W1: torch.Tensor  # [L, d_ff, d]
+    b1: torch.Tensor  # [L, d_ff]
+    W2: torch.Tensor  # [L, d, d_ff]
+    b2: torch.Tensor  # [L, d]
+    act: object  # the activation (the same in every layer)
+
+
+def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> FeedForward:
+    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which."""
+    def build():
+        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()]
+        if len({type(act) for _, act, _ in parts}) != 1:
+            raise ValueError("the layers' feed-forward activations differ")
+        return FeedForward(*(stack_params([part[i].weight if w else part[i].bias for part in parts], dtype, device)
+                             for i, w in ((0, True), (0, False), (2, True), (2, False))), act=parts[0][1])
+
+    return kept(adapter, ("ffn", dtype, device), build)
+
+
+# --- the parts of one layer, or of a stack of layers ---------------------------------------------------------------
+@dataclass
+class LayerParts:
+    """The decomposition's tensors of one layer ([B, ...]) or of K layers ([K, B, ...]), batched and padded."""
+
+    A: torch.Tensor  # [*, H, n, n] attention probabilities
+    x: torch.Tensor  # [*, n, d]    layer input (residual)
+    v: torch.Tensor  # [*, n, H, d_h] value vectors W_V x + b_V
+    s: torch.Tensor  # [*, n, d]    real pre-LN1 state
+    y: torch.Tensor  # [*, n, d]    real LN1 output
+    t: torch.Tensor  # [*, n, d]    real pre-LN2 state
+    y2: torch.Tensor  # [*, n, d]   real LN2 output (the layer output)
+    mask: torch.Tensor  # [B, n] bool, True on the real tokens of these examples
+    weights: LayerWeights
+    layers: int | slice  # which layers of ``weights``: one (int) or a stack (slice)
+    rows: slice = field(default_factory=lambda: slice(None))  # which examples of the batch
+    eps_quirk: bool = False  # the reference's sigma without LayerNorm epsilon (eps = 0)
     memo: dict | None = None  # the batch's memo (Captured.memo): results shared by the methods of one batch
     by_kind: dict = field(default_factory=dict, repr=False)  # operand_weights per kind, for this instance
 
+    @property
+    def stacked(self) -> bool:
+        return isinstance(self.layers, slice)
+
+    def matrix(self, W: torch.Tensor) -> torch.Tensor:
+        """A stacked [L, d, d] weight for these layers: [d, d], or [K, 1, d, d] (broadcast over the batch)."""
+        return W[self.layers, None] if self.stacked else W[self.layers]
+
+    def vector(self, b: torch.Tensor) -> torch.Tensor:
+        """A stacked [L, d] weight for these layers: [d], or [K, 1, 1, d]."""
+        return b[self.layers, None, None] if self.stacked else b[self.layers]
+
+    @functools.cached_property
+    def W_O(self) -> torch.Tensor:
+        return self.matrix(self.weights.W_O)
+
+    @functools.cached_property
+    def b_O(self) -> torch.Tensor:
+        return self.vector(self.weights.b_O)
+
+    @functools.cached_property
+    def gamma1(self) -> torch.Tensor:
+        return self.vector(self.weights.gamma1)
+
+    @functools.cached_property
+    def beta1(self) -> torch.Tensor:
+        return self.vector(self.weights.beta1)
+
+    @functools.cached_property
+    def gamma2(self) -> torch.Tensor:
+        return self.vector(self.weights.gamma2)
+
+    @functools.cached_property
+    def beta2(self) -> torch.Tensor:
+        return self.vector(self.weights.beta2)
+
+    @property
+    def eps1(self) -> float:
+        return 0.0 if self.eps_quirk else self.weights.eps1
+
+    @property
+    def eps2(self) -> float:
+        return 0.0 if self.eps_quirk else self.weights.eps2
+
     def shared(self, key, fn):
-        """fn(), shared by the methods of this batch (through the batch's memo) while the layer's weights stay."""
+        """fn(), shared by the methods of this batch (through the batch's memo)."""
         if self.memo is None:
             return fn()
-        key = (*key, self.weights_key, tuple(map(id, self.weights)), self.eps1, self.eps2)
+        key = (*key, _key(self.layers), _key(self.rows), self.eps_quirk, self.weights.serial)
         if key not in self.memo:
             self.memo[key] = fn()
         return self.memo[key]
 
-    def cached(self, key, fn):
-        """fn(), remembered across batches while this layer's weights are the same tensors, unmodified."""
-        if self.cache is None:
-            return fn()
-        key = (*self.weights_key, *key)
-        hit = self.cache.get(key)
-        if hit is None or any(a is not b for a, b in zip(hit[0], self.weights)):
-            hit = self.cache[key] = (self.weights, fn())
-        return hit[1]
-
     @functools.cached_property
     def sigma1(self) -> torch.Tensor:
-        """[B, n] LN1's sigma of the real pre-LN1 state (computed when a method needs it)."""
+        """[*, n] LN1's sigma of the real pre-LN1 state (computed when a method needs it)."""
         return ln_sigma(self.s, self.eps1)
 
     @functools.cached_property
@@ -94,62 +243,91 @@ class LayerParts:
 
     @property
     def b_tilde(self) -> torch.Tensor:
-        """b~_i = gamma1 * P b_O / sigma1_i + beta1 [B, n, d]: output bias and LN1 beta, assigned to no token."""
-        return self.ln1_linear(self.b_O)[None, None] / self.sigma1[..., None] + self.beta1
+        """b~_i = gamma1 * P b_O / sigma1_i + beta1 [*, n, d]: output bias and LN1 beta, assigned to no token."""
+        return self.ln1_linear(self.b_O) / self.sigma1[..., None] + self.beta1
+
+    def layer(self, k: int) -> "LayerParts":
+        """Layer k of a stack as one layer's parts (views)."""
+        assert self.stacked
+        return LayerParts(A=self.A[k], x=self.x[k], v=self.v[k], s=self.s[k], y=self.y[k], t=self.t[k],
+                          y2=self.y2[k], mask=self.mask, weights=self.weights, layers=self.layers.start + k, rows=self.rows,
+                          eps_quirk=self.eps_quirk, memo=self.memo)
 
     def project(self, W: torch.Tensor) -> torch.Tensor:
-        """u_j^h = W^h v_j^h for an output projection W [d, d] split by heads: [B, n, H, d]."""
-        B, n, H, dh = self.v.shape
-        return torch.einsum("bnhk,dhk->bnhd", self.v, W.reshape(W.shape[0], H, dh))
+        """U_j^h = W^h v_j^h for an output projection W [*, d, d] split by heads: [*, n, H, d]. One batched product
+        over (layer, example, head): [n, dh] x [dh, d]."""
+        *lead, n, H, dh = self.v.shape
+        Wh = W.unflatten(-1, (H, dh)).movedim(-2, -3)  # [*, H, d, dh]
+        return torch.matmul(self.v.transpose(-3, -2), Wh.transpose(-1, -2)).transpose(-3, -2)
 
 
-    def project_sources(self, W: torch.Tensor) -> torch.Tensor:
-        """``project`` laid out source-major, [n, B, H, d] (what ``SourceBlocks`` multiplies): one [B n, dh] x [dh, d]
-        product per head written into its slot, instead of a head-major product, its permuted copy and a transposed
-        copy (those copies were a fifth of ALTI's time at SST-2 lengths)."""
-        B, n, H, dh = self.v.shape
-        v = self.v.transpose(0, 1)  # [n, B, H, dh]
-        Wh = W.reshape(W.shape[0], H, dh)
-        U = self.v.new_empty(n, B, H, W.shape[0])
-        for h in range(H):
-            U[:, :, h] = torch.matmul(v[:, :, h], Wh[:, h].T)
-        return U
-
-
-NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
+def _key(index):
+    return (index.start, index.stop) if isinstance(index, slice) else index
 
 
 def layer_parts(cap: Captured, adapter: Adapter, l: int, eps_quirk: bool = False) -> LayerParts:
-    """Gather layer ``l`` (0-based) of a captured batch. On pre-LN models (METHODS.md 1.1, pre-LN variant) the values
-    come from LN1(x_j), s = x is LN1's input, and t = r (the residual stream after attention) is LN2's input."""
-    layer = adapter.layers()[l]
-    ln1, ln2, out = adapter.ln1(layer), adapter.ln2(layer), adapter.out_proj(layer)
-    A = cap.attentions[l]
-    B, H, n, _ = A.shape
-    dtype = A.dtype
-    W_O = out.weight.to(dtype)
-    s, t = cap.ln1_in[l], cap.ln2_in[l]
-
-    def bias(module, size):  # Llama's o_proj and RMSNorm have none
-        b = getattr(module, "bias", None)
-        return torch.zeros(size, dtype=dtype, device=A.device) if b is None else b.to(dtype)
-
-    d = W_O.shape[0]
-    # sigma is LayerNorm's (centred); RMSNorm models are pre-LN, where no method reads it
-    eps1, eps2 = (getattr(m, "eps", getattr(m, "variance_epsilon", 0.0)) for m in (ln1, ln2))
-    # weights change (in place or replaced) only in tests: their versions and identities guard the cache
-    params = tuple(m.weight for m in (ln1, ln2, out))
-    return LayerParts(
-        cache=adapter.__dict__.setdefault("_weight_cache", {}), weights=params, memo=cap.memo,
-        weights_key=(l, dtype, A.device, *(w._version for w in params)),
-        A=A, x=cap.hidden_states[l], v=cap.values[l].view(B, n, H, -1), W_O=W_O,
-        b_O=bias(out, d), s=s, y=cap.ln1_out[l], t=t, y2=cap.ln2_out[l],
-        gamma1=ln1.weight.to(dtype), beta1=bias(ln1, d), gamma2=ln2.weight.to(dtype), beta2=bias(ln2, d),
-        eps1=0.0 if eps_quirk else eps1, eps2=0.0 if eps_quirk else eps2)
+    """Layer ``l`` (0-based) of a captured batch, [B, ...] (views of the stacked capture). On pre-LN models
+    (METHODS.md 1.1, pre-LN variant) the values come from LN1(x_j), s = x is LN1's input, and t = r (the residual
+    stream after attention) is LN2's input."""
+    return _parts(cap, adapter, l, slice(None), eps_quirk)
 
 
+def layer_stack(cap: Captured, adapter: Adapter, layers: slice = slice(None), rows: slice = slice(None),
+                eps_quirk: bool = False) -> LayerParts:
+    """The layers ``layers`` of the examples ``rows`` as one stack, [K, B, ...]."""
+    start, stop, _ = layers.indices(adapter.n_layers)
+    return _parts(cap, adapter, slice(start, stop), rows, eps_quirk)
+
+
+def _parts(cap: Captured, adapter: Adapter, layers: int | slice, rows: slice, eps_quirk: bool) -> LayerParts:
+    def take(name):
+        t = cap.stack(name)[layers]
+        # the examples are the dimension after the layer's (views; none for the whole batch)
+        return t if rows == slice(None) else t[rows] if isinstance(layers, int) else t[:, rows]
+
+    A = take("attentions")
+    *_, H, n, _ = A.shape
+    v = take("values")
+    return LayerParts(A=A, x=take("hidden_states"), v=v.unflatten(-1, (H, v.shape[-1] // H)),
+                      s=take("ln1_in"), y=take("ln1_out"), t=take("ln2_in"), y2=take("ln2_out"),
+                      mask=cap.mask if rows == slice(None) else cap.mask[rows],
+                      weights=stacked_weights(adapter, A.dtype, A.device), layers=layers, rows=rows,
+                      eps_quirk=eps_quirk, memo=cap.memo)
+
+
+def layer_groups(cap: Captured, adapter: Adapter, bytes_per_row: int, budget: int,
+                 eps_quirk: bool = False) -> Iterator[LayerParts]:
+    """Stacks of layers (and, where one layer of the batch is over ``budget``, of examples) whose working memory,
+    ``bytes_per_row`` per (layer, example), fits the budget: in the usual case one stack of every layer."""
+    L, B = adapter.n_layers, cap.mask.shape[0]
+    rows = max(1, budget // max(bytes_per_row, 1))  # (layer, example) rows per group
+    if rows >= B:
+        k = min(L, rows // B)
+        for l0 in range(0, L, k):
+            yield layer_stack(cap, adapter, slice(l0, l0 + k), eps_quirk=eps_quirk)
+    else:
+        for l0 in range(L):
+            for b0 in range(0, B, rows):
+                yield layer_stack(cap, adapter, slice(l0, l0 + 1), slice(b0, b0 + rows), eps_quirk=eps_quirk)
+
+
+def over_layers(cap: Captured, adapter: Adapter, fn, bytes_per_row: int, budget: int, eps_quirk: bool = False):
+    """fn(stack) -> [K, B', ...] for every group of ``layer_groups``, put together as [L, B, ...] (no copy when
+    there is one group)."""
+    out = None
+    for p in layer_groups(cap, adapter, bytes_per_row, budget, eps_quirk):
+        part = fn(p)
+        if out is None and p.layers == slice(0, adapter.n_layers) and p.rows == slice(None):
+            return part
+        if out is None:
+            out = part.new_empty(adapter.n_layers, cap.mask.shape[0], *part.shape[2:])
+        out[p.layers, p.rows] = part
+    return out
+
+
+# --- the decomposed vectors, without building them ------------------------------------------------------------------
 def operand_weights(p: LayerParts, kind: str):
-    """(W [d, d], diag [B, n, d] | None, scale [B, n] | None) such that the decomposed vector is
+    """(W [*, d, d], diag [*, n, d] | None, scale [*, n] | None) such that the decomposed vector is
     (sum_h A_ij^h W^h v_j^h + [i=j] diag_i) / scale_i:
 
         "n"      z_{i<-j}                           (N)
@@ -157,203 +335,153 @@ def operand_weights(p: LayerParts, kind: str):
         "resln"  T_i(x_j) = gamma1 P z+ / sigma1_i  (N_RESLN, ALTI)
         "enc"    x~_{i<-j} = gamma2 P T / sigma2_i  (N_ENC, GlobEnc)
 
-    LayerNorm's linear parts are folded into W_O (gamma P W_O, a d x d product per layer) rather than applied to
-    the [B, n, H, d] vectors. Computed once per kind for a LayerParts (its users ask for the same kind repeatedly)."""
+    LayerNorm's linear parts are folded into W_O (gamma P W_O, a d x d product per layer, kept across batches)
+    rather than applied to the [*, n, H, d] vectors. Computed once per kind for a LayerParts."""
     if kind not in p.by_kind:
         p.by_kind[kind] = _operand_weights(p, kind)
     return p.by_kind[kind]
 
 
 def _operand_weights(p: LayerParts, kind: str):
+    W = p.matrix(p.weights.kind_weight(kind))
     if kind == "n":
-        return p.W_O, None, None
+        return W, None, None
     if kind == "res":
-        return p.W_O, p.x, None
-    W1 = p.cached(("W", "resln"), lambda: p.gamma1[:, None] * center_rows(p.W_O))
+        return W, p.x, None
     if kind == "resln":
-        return W1, p.ln1_linear(p.x), p.sigma1
+        return W, p.ln1_linear(p.x), p.sigma1
     if kind == "enc":
-        W2 = p.cached(("W", "enc"), lambda: p.gamma2[:, None] * center_rows(W1))
-        return W2, p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
+        return W, p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
     raise ValueError(kind)
 
 
 def operands(p: LayerParts, kind: str):
-    """(U [B, n, H, d], diag, scale): the projected vectors U_j^h = W^h v_j^h of :func:`operand_weights`."""
+    """(U [*, n, H, d], diag, scale): the projected vectors U_j^h = W^h v_j^h of :func:`operand_weights`."""
     W, diag, scale = operand_weights(p, kind)
     return p.project(W), diag, scale
 
 
-def decomposed_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None) -> torch.Tensor:
-    """||decomposed vector_{i<-j}||_2 for every i, j [B, n, n] (METHODS.md 10): Gram matrices over heads
-    (``head_gram``) contracted with the attention weights (``gram_quadratic``). ``chunk_bytes`` overrides both
-    steps' block sizes (tests). Shared by the methods of one batch (N by N and N_FIXEDRES, ...) through the memo."""
+def decomposed_norms(p: LayerParts, kind: str) -> torch.Tensor:
+    """||decomposed vector_{i<-j}||_2 for every i, j [*, n, n] (METHODS.md 10), shared by the methods of one batch
+    (N by N and N_FIXEDRES, ...) through the memo."""
     def norms():
         _, _, scale = operand_weights(p, kind)
-        q = decomposed_sq_norms(p, kind, chunk_bytes, scaled=False).sqrt()
+        q = decomposed_sq_norms(p, kind, scaled=False).sqrt_()
         return q if scale is None else q / scale[..., None]
 
-    return norms() if chunk_bytes is not None else p.shared(("decomposed_norms", kind), norms)
+    return p.shared(("decomposed_norms", kind), norms)
 
 
-def decomposed_sq_norms(p: LayerParts, kind: str, chunk_bytes: int | None = None, scaled: bool = True,
-                        diagonal: bool = True) -> torch.Tensor:
-    """||decomposed vector_{i<-j}||_2^2 [B, n, n] (divided by scale_i^2 unless ``scaled`` is False), clamped at 0.
+def decomposed_sq_norms(p: LayerParts, kind: str, scaled: bool = True, diagonal: bool = True) -> torch.Tensor:
+    """||decomposed vector_{i<-j}||_2^2 [*, n, n] (divided by scale_i^2 unless ``scaled`` is False), clamped at 0.
     Without ``diagonal`` the residual term is left out, so entries i = j are wrong (callers that overwrite them)."""
     W, diag, scale = operand_weights(p, kind)
-    diag = diag if diagonal else None
-    factors = p.cached(("gram", kind), lambda: gram_factors(W, p.v.shape[2]))
-    sizes = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-    G, cross = head_gram(p.v, factors, W, diag, **sizes)
-    q = gram_quadratic(p.A, G, diag, cross, **sizes).clamp_min_(0)
+    G, cross = head_gram(p, W, diag if diagonal else None)
+    q = gram_quadratic(p.A, G, diag if diagonal else None, cross).clamp_min_(0)
     return q / scale[..., None].square() if scaled and scale is not None else q
 
 
+def head_gram(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None = None):
+    """G_j[h, h'] = <U_j^h, U_j^h'> [*, n, H, H] and cross_i[h] = <U_i^h, diag_i> [*, n, H] (or None), U_j^h = W^h v_j^h:
+    the projected vectors' Gram matrices, one product over every layer, example and token."""
+    U = p.project(W)  # [*, n, H, d]
+    G = torch.matmul(U, U.transpose(-1, -2))
+    cross = None if diag is None else torch.matmul(U, diag[..., None])[..., 0]
+    return G, cross
+
+
+def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None = None,
+                   cross: torch.Tensor | None = None) -> torch.Tensor:
+    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2^2 for all i, j: [*, n, n], from the head Gram matrices
+    G [*, n, H, H] and cross [*, n, H] of ``head_gram`` (METHODS.md 10).
+
+    ||sum_h a_h u^h||^2 = a^T G a: O(n H^2 d + n^2 H^2) time. Per source token j the quadratic forms of all queries
+    are one [H, H] x [H, n] product, batched over every source, example and layer."""
+    Aj = A.movedim(-1, -3).contiguous()  # [*, j, H, i]
+    q = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)  # [*, i, j]
+    if diag is not None:
+        a_ii = torch.diagonal(A, dim1=-2, dim2=-1).transpose(-1, -2)  # [*, n, H]
+        extra = torch.linalg.vecdot(a_ii, cross).mul_(2).add_(torch.linalg.vecdot(diag, diag))  # [*, n]
+        q.diagonal(dim1=-2, dim2=-1).add_(extra)
+    return q
+
+
 def decomposed_inner(p: LayerParts, kind: str, y: torch.Tensor, diagonal: bool = True) -> torch.Tensor:
-    """<y_i, decomposed vector_{i<-j}> for every i, j [B, n, n] and vectors y_i [B, n, d], without the vectors
+    """<y_i, decomposed vector_{i<-j}> for every i, j [*, n, n] and vectors y_i [*, n, d], without the vectors
     (``attention_inner``). ``diagonal`` as in decomposed_sq_norms."""
     W, diag, scale = operand_weights(p, kind)
     inner = attention_inner(p, W, y)
     if diagonal and diag is not None:
-        inner.diagonal(dim1=1, dim2=2).add_(torch.linalg.vecdot(y, diag))
+        inner.diagonal(dim1=-2, dim2=-1).add_(torch.linalg.vecdot(y, diag))
     return inner if scale is None else inner / scale[..., None]
 
 
 def attention_inner(p: LayerParts, W: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """<y_i, sum_h A_ij^h W^h v_j^h> [B, n, n] (no residual, unscaled): <y_i, W^h v_j^h> = <(W^h)^T y_i, v_j^h>, so one
+    """<y_i, sum_h A_ij^h W^h v_j^h> [*, n, n] (no residual, unscaled): <y_i, W^h v_j^h> = <(W^h)^T y_i, v_j^h>, so one
     [n, d] x [d, d] product and per head an [n, dh] x [dh, n] one (O(n d^2 + n^2 d) instead of the O(n^2 H d) of
     building the vectors)."""
-    B, n, H, dh = p.v.shape
-    Yt = (y @ W).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]: (W^h)^T y_i
-    S = torch.matmul(Yt, p.v.permute(0, 2, 3, 1))  # [B, H, i, j] = <y_i, U_j^h>
-    return S.mul_(p.A).sum(1)  # sum over heads: [B, i, j]
+    *_, n, H, dh = p.v.shape
+    Yt = torch.matmul(y, W).unflatten(-1, (H, dh)).transpose(-3, -2)  # [*, H, n, dh]: (W^h)^T y_i
+    S = torch.matmul(Yt, p.v.movedim(-3, -1))  # [*, H, i, j] = <y_i, U_j^h>
+    return S.mul_(p.A).sum(-3)  # sum over heads: [*, i, j]
 
 
 def diagonal_vectors(p: LayerParts, kind: str) -> torch.Tensor:
-    """The decomposed vectors of every token to itself, x_{i<-i} [B, n, d] (``own_vectors`` / scale_i)."""
+    """The decomposed vectors of every token to itself, x_{i<-i} [*, n, d] (``own_vectors`` / scale_i)."""
     W, diag, scale = operand_weights(p, kind)
     own = own_vectors(p, W, diag)
     return own if scale is None else own / scale[..., None]
 
 
 def own_vectors(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None) -> torch.Tensor:
-    """sum_h A_ii^h W^h v_i^h + diag_i [B, n, d] (unscaled) = W (a_ii * v_i) + diag_i: one [n, d] x [d, d] product."""
-    a_ii = torch.diagonal(p.A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
-    own = torch.flatten(a_ii[..., None] * p.v, 2) @ W.T
+    """sum_h A_ii^h W^h v_i^h + diag_i [*, n, d] (unscaled) = W (a_ii * v_i) + diag_i: one [n, d] x [d, d] product."""
+    a_ii = torch.diagonal(p.A, dim1=-2, dim2=-1).transpose(-1, -2)  # [*, n, H]
+    own = torch.matmul((a_ii[..., None] * p.v).flatten(-2), W.transpose(-1, -2))
     return own if diag is None else own + diag
 
 
-def gram_factors(W: torch.Tensor, H: int) -> list[torch.Tensor]:
-    """The upper block triangle of P = W^T W by block rows: factors[g] = P[g-th head's rows, heads 0..g] [dh, (g+1)dh].
-
-    <W^h a, W^g b> = a^T P^{hg} b, so with P (one d x d product per layer and kind, cached across batches) the
-    head Gram matrices need no projected vectors: per token and head g one [dh] x [dh, (g+1) dh] product and a
-    dot product per block, half of what projecting v would cost and with a large M dimension for the matmul."""
-    d = W.shape[1]
-    dh = d // H
-    P = W.T @ W
-    return [P[g * dh:(g + 1) * dh, :(g + 1) * dh].contiguous() for g in range(H)]
-
-
-def head_gram(v: torch.Tensor, factors: list[torch.Tensor], W: torch.Tensor, diag: torch.Tensor | None = None,
-              chunk_bytes: int = 4 << 20):
-    """G_j[h, h'] = <U_j^h, U_j^h'> [B, n, H, H] and cross_i[h] = <U_i^h, diag_i> [B, n, H] (or None), U_j^h = W^h v_j^h,
-    from the ``gram_factors`` of W: G[h, g] = sum_k v^h_k (P^{g,<=g} v^g)_{h,k} for h <= g, mirrored.
-
-    cross is v^h . (W^T diag)^h (one [N, d] x [d, d] product). Tokens go in chunks whose [c, d] products stay within
-    ``chunk_bytes``."""
-    B, n, H, dh = v.shape
-    N = B * n
-    vf = v.reshape(N, H, dh)
-    G = v.new_zeros(N, H, H)
-    step = max(1, chunk_bytes // (H * dh * v.element_size()))
-    for s in range(0, N, step):
-        vs = vf[s:s + step]
-        c = vs.shape[0]
-        for g in range(H):
-            R = torch.mm(vs[:, g], factors[g]).view(c, g + 1, dh)  # P^{h,g} v^g for every h <= g
-            G[s:s + step, :g + 1, g] = torch.linalg.vecdot(R, vs[:, :g + 1])
-    # mirror the upper triangle (the diagonal is counted once)
-    G = G + G.transpose(1, 2) - torch.diag_embed(torch.diagonal(G, dim1=1, dim2=2))
-    cross = None
-    if diag is not None:
-        cross = torch.linalg.vecdot((diag.reshape(N, -1) @ W).view(N, H, dh), vf).view(B, n, H)
-    return G.view(B, n, H, H), cross
-
-
-def center_rows(W: torch.Tensor) -> torch.Tensor:
-    """P W: centre every column of W over the output dimension (so P (W v) = (P W) v)."""
-    return W - W.mean(dim=0, keepdim=True)
-
-
+# --- the vectors themselves, a block of source tokens at a time (ALTI's L1 distances, Value Zeroing) ---------------
 def attention_vectors(p: LayerParts, rows: slice, U: torch.Tensor, diag: torch.Tensor | None,
                       scale: torch.Tensor | None) -> torch.Tensor:
-    """(sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i for the query rows ``rows``: [B, rows, n, d] (tests and
-    identities; ALTI uses the blocks of ``SourceBlocks``)."""
+    """(sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i for the query rows ``rows`` of one layer: [B, rows, n, d] (tests and
+    identities; the methods use the blocks of ``SourceBlocks``)."""
     n = p.A.shape[-1]
-    Z = SourceBlocks(p.A, U, diag).block(slice(0, n)).permute(1, 2, 0, 3)[:, rows]
+    Z = SourceBlocks(p.A, U).block(slice(0, n)).permute(1, 2, 0, 3)  # [B, i, j, d]
+    if diag is not None:
+        Z.diagonal(dim1=1, dim2=2).add_(diag.transpose(1, 2))
+    Z = Z[:, rows]
     if scale is not None:
         Z = Z / scale[:, rows, None, None]
     return Z
 
 
 class SourceBlocks:
-    """sum_h A_ij^h U_j^h + [i=j] diag_i (unscaled) for a block of source tokens j and every query i.
+    """sum_h A_ij^h U_j^h for a block of source tokens j and every query i (unscaled, the residual left out), for a
+    batch of N independent problems (examples, or layers x examples flattened).
 
-    For each (j, b) this is one [n, H] @ [H, d] product, so a block is a single batched matmul with heads contracted
-    at once (no heads x n x n x d tensor); blocking over sources keeps M = n large for the BLAS kernel (2.7x faster
-    than blocking over queries at n = 512). A and U are laid out source-major once per layer, so that every block's
-    operands are contiguous slices (per-block gathers and the matmul's own copies were a third of ALTI's time)."""
+    For each (j, problem) this is one [n, H] @ [H, d] product, so a block is a single batched matmul with heads
+    contracted at once (no heads x n x n x d tensor); blocking over sources keeps M = n large for the BLAS kernel
+    (2.7x faster than blocking over queries at n = 512). A and U are laid out source-major once, so that every
+    block's operands are contiguous slices."""
 
-    def __init__(self, A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None, source_major: bool = False):
-        """U: [B, n, H, d] (``LayerParts.project``), or [n, B, H, d] with ``source_major`` (``project_sources``)."""
-        self.A = A.permute(3, 0, 2, 1).contiguous()  # [j, B, i, H]
-        self.U = U.contiguous() if source_major else U.transpose(0, 1).contiguous()  # [j, B, H, d]
-        self.diag = diag
+    def __init__(self, A: torch.Tensor, U: torch.Tensor):
+        """A [N, H, n, n], U [N, n, H, d]."""
+        self.A = A.permute(3, 0, 2, 1).contiguous()  # [j, N, i, H]
+        self.U = U.transpose(0, 1).contiguous()  # [j, N, H, d]
 
-    def block(self, cols: slice, out: torch.Tensor | None = None, minus: torch.Tensor | None = None) -> torch.Tensor:
-        """[k, B, n, d] for the sources in ``cols`` (source-major). ``out``: a buffer of at least [k * B, n, d]
-        reused across blocks (a fresh block per call cost up to 2x in page faults at n = 512). ``minus`` [B, n, d]:
-        subtracted from every source's block inside the product (the matmul accumulates onto it), which saves
-        a pass over the block."""
-        n, B, _, H = self.A.shape
+    def block(self, cols: slice, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[k, N, n, d] for the sources in ``cols`` (source-major). ``out``: a buffer of at least [k * N, n, d]
+        reused across blocks (a fresh block per call cost up to 2x in page faults at n = 512)."""
+        n, N, _, H = self.A.shape
         d = self.U.shape[-1]
         k = cols.stop - cols.start
-        A, U = self.A[cols].view(k * B, n, H), self.U[cols].view(k * B, H, d)
-        if minus is None:
-            Z = torch.bmm(A, U, out=None if out is None else out[:k * B]).view(k, B, n, d)
-        else:
-            Z = (minus.new_empty(k * B, n, d) if out is None else out[:k * B]).view(k, B, n, d)
-            torch.neg(minus, out=Z[0])
-            Z[1:] = Z[0]
-            Z = Z.view(k * B, n, d).baddbmm_(A, U).view(k, B, n, d)
-        if self.diag is not None:
-            kk = torch.arange(k, device=Z.device)
-            Z[kk, :, cols.start + kk, :] += self.diag[:, cols, :].transpose(0, 1)
-        return Z
+        A, U = self.A[cols].view(k * N, n, H), self.U[cols].view(k * N, H, d)
+        return torch.bmm(A, U, out=None if out is None else out[:k * N]).view(k, N, n, d)
 
 
-def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None = None,
-                   cross: torch.Tensor | None = None, chunk_bytes: int = 512 << 10) -> torch.Tensor:
-    """|| sum_h A_ij^h U_j^h + [i=j] diag_i ||_2^2 for all i, j: [B, n, n], from the head Gram matrices
-    G [B, n, H, H] and cross [B, n, H] of ``head_gram`` (METHODS.md 10).
-
-    ||sum_h a_h u^h||^2 = a^T G a: O(n H^2 d + n^2 H^2) time, O(n^2 H) memory. Per source token j the quadratic
-    forms of all queries are one [H, H] x [H, n] product; source tokens go in blocks whose copy of A fits
-    ``chunk_bytes`` (in cache: 3x faster at n = 512 than one pass over all of them)."""
-    B, H, n, _ = A.shape
-    q = A.new_empty(B, n, n)  # [b, j, i] (source-major while it is built)
-    k = max(1, chunk_bytes // (B * n * H * A.element_size()))
-    for j0 in range(0, n, k):
-        J = slice(j0, j0 + k)
-        Aj = A[:, :, :, J].permute(0, 3, 1, 2).contiguous()  # [B, k, H, i]
-        torch.sum(torch.matmul(G[:, J], Aj).mul_(Aj), dim=2, out=q[:, J])
-    q = q.transpose(1, 2)
-    if diag is not None:
-        a_ii = torch.diagonal(A, dim1=2, dim2=3).transpose(1, 2)  # [B, n, H]
-        extra = 2 * torch.linalg.vecdot(a_ii, cross) + torch.linalg.vecdot(diag, diag)  # [B, n]
-        q.diagonal(dim1=1, dim2=2).add_(extra)
-    return q
+def flat(t: torch.Tensor, trailing: int) -> torch.Tensor:
+    """``t`` with every leading dimension but the last ``trailing`` flattened into one (problems of a batch)."""
+    return t.reshape(-1, *t.shape[t.dim() - trailing:])
 
 
 def tokens_per_block(B: int, n: int, d: int, itemsize: int, budget_bytes: int, copies: int = 1) -> int:

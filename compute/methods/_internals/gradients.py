@@ -22,7 +22,8 @@ import torch
 from ... import interrupts
 from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
-from .base import Method, MethodResult
+from .base import Method, MethodResult, Same, class_target
+from .budget import work_bytes
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import explained
 
@@ -182,7 +183,7 @@ class GradientPass:
 
     def grads(self, target: torch.Tensor) -> dict:
         """{"X": dF/dX [B, n, d], "hidden": [dF/dh^l], "attentions": [dF/dA^l]} for the target class of each example."""
-        key = tuple(target.tolist())
+        key = Same(target)
         if key not in self._grads:
             hs, att = self.hidden_states, self.attentions
             wrt = [self.X, *hs, *att]
@@ -236,22 +237,27 @@ def ig_baseline(cap: Captured, adapter: Adapter, spec: Explained, E: torch.Tenso
     return torch.where(cap.mask[..., None], B0, E)
 
 
-def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_mb: int) -> int:
-    """Interpolation rows (example x step) per forward/backward within ``memory_mb``: a rough count of what one row
+# Integrated gradients' rows of one forward/backward on the CPU (on a GPU an eighth of its memory: budget.work_bytes)
+IG_CPU_BYTES = 1 << 30
+
+
+def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int) -> int:
+    """Interpolation rows (example x step) per forward/backward within ``memory_bytes``: a rough count of what one row
     keeps for the backward, L x (about 16 d-vectors and 3 attention maps per token)."""
     cfg = adapter.config
     d = int(cfg.hidden_size)  # DistilBERT and GPT-2 configs map it to dim / n_embd
     per_row = adapter.n_layers * n * (16 * d + 3 * adapter.n_heads * n) * itemsize
-    return max(1, int(memory_mb * 2**20 // max(per_row, 1)))
+    return max(1, int(memory_bytes // max(per_row, 1)))
 
 
 def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, *, steps: int,
-                         rule: str, baseline: str, memory_mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+                         rule: str, baseline: str, memory_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """IG_jk = (X_jk - X'_jk) * sum_k w_k dF/dX_jk at X' + alpha_k (X - X'): [B, n, d], and the completeness delta
     sum_jk IG_jk - (F(X) - F(X')) per example [B] (Captum's convergence delta).
 
-    All (example, step) rows are stacked and run in chunks of ``rows_per_pass`` (one forward and one backward per
-    chunk); a row only ever sees its own example."""
+    All (example, step) rows are stacked, with one row more per example at each end of the path (X and X', whose
+    outputs F give the delta; no gradient is taken of them), and run in chunks of ``rows_per_pass`` (one forward and
+    one backward per chunk: usually one of each); a row only ever sees its own example."""
     inputs = model_inputs(cap, spec)
     E = embedding_output(adapter, inputs)
     X0 = ig_baseline(cap, adapter, spec, E, baseline)
@@ -259,31 +265,33 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     B, n, d = E.shape
     # The path points, the weighted sum of the steps' gradients and the attribution in float32 at least: a
     # half-precision model only runs the forward and backward at each point (bfloat16 would round the quadrature
-    # nodes to 3 digits, and the sum of 50 steps would lose the small ones).
+    # nodes to 3 digits, and the sum of 50 steps would lose the small ones). torch.lerp gives the ends exactly.
     E_w, X0_w = wide(E), wide(X0)
-    alpha = torch.as_tensor(alphas, dtype=E_w.dtype, device=E.device)
-    weight = torch.as_tensor(weights, dtype=E_w.dtype, device=E.device)
+    alpha = torch.as_tensor(np.concatenate([alphas, [1.0, 0.0]]), dtype=E_w.dtype, device=E.device)
+    weight = torch.as_tensor(np.concatenate([weights, [0.0, 0.0]]), dtype=E_w.dtype, device=E.device)
+    m = steps + 2  # rows per example: the steps, then X, then X'
     total = torch.zeros_like(E_w)
-    R = B * steps
-    ex_of = torch.arange(R, device=E.device) // steps  # row r = (example r // m, step r % m)
-    step_of = torch.arange(R, device=E.device) % steps
-    chunk = rows_per_pass(adapter, n, E.element_size(), memory_mb)
+    ends = torch.empty(B * 2 + 1, dtype=E_w.dtype, device=E.device)  # F(X), F(X') per example; a slot for the rest
+    R = B * m
+    ex_of = torch.arange(R, device=E.device) // m  # row r = (example r // m, point r % m)
+    point_of = torch.arange(R, device=E.device) % m
+    chunk = rows_per_pass(adapter, n, E.element_size(), memory_bytes)
     for r0 in range(0, R, chunk):
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
-        ex, st = ex_of[r0:r0 + chunk], step_of[r0:r0 + chunk]
+        ex, pt = ex_of[r0:r0 + chunk], point_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
-        X = (X0_w[ex] + alpha[st, None, None] * (E_w[ex] - X0_w[ex])).to(E.dtype).requires_grad_(True)
+        X = torch.lerp(X0_w[ex], E_w[ex], alpha[pt, None, None]).to(E.dtype).requires_grad_(True)
         with torch.enable_grad():
-            y = select(forward_at(adapter, rows_in, X, spec, readout=cap.readout, pos=cap.explain_pos[ex]),
-                       target[ex], spec.output, foil_rows(cap.foil, ex)).sum()
-            (g,) = output_grads(y, [X])
-        total.index_add_(0, ex, wide(g) * weight[st, None, None])
+            f = select(forward_at(adapter, rows_in, X, spec, readout=cap.readout, pos=cap.explain_pos[ex]),
+                       target[ex], spec.output, foil_rows(cap.foil, ex))
+            # the end points' outputs are kept; their gradients (weight 0) are not asked for
+            (g,) = output_grads((f * (pt < steps)).sum(), [X])
+        total.index_add_(0, ex, wide(g) * weight[pt, None, None])
+        # the end points' outputs into their slots (no boolean indexing: it would wait for the device)
+        ends.index_put_((torch.where(pt >= steps, ex * 2 + pt - steps, B * 2),), wide(f.detach()))
     attr = (E_w - X0_w) * total
-    both = torch.arange(B, device=E.device).repeat(2)
-    ends = forward_at(adapter, {k: torch.cat([v, v]) for k, v in inputs.items()}, torch.cat([E, X0]), spec, grad=False,
-                      readout=cap.readout, pos=cap.explain_pos[both])
-    f = select(wide(ends), target[both], spec.output, foil_rows(cap.foil, both))
-    delta = wide(attr).sum(dim=(1, 2)) - (f[:B] - f[B:])
+    f_x, f_x0 = ends[:-1].view(B, 2).unbind(1)
+    delta = wide(attr).sum(dim=(1, 2)) - (f_x - f_x0)
     return attr, delta
 
 
@@ -298,11 +306,17 @@ def valid_mean_rows(M: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (M * m.view(shape)).sum(-2) / m.sum(-1).clamp_min(1).view((m.shape[0],) + (1,) * (M.dim() - 2))
 
 
+def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Per-layer tensors [B, ...] as one [L, B, ...] in float32 at least: one copy for every layer."""
+    return wide(torch.cat(tensors).view(len(tensors), *tensors[0].shape))
+
+
 def cat_terms(gp, grads, layers: str) -> torch.Tensor:
     """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
     L = gp.adapter.n_layers
-    idx = range(L) if layers == "inputs" else range(1, L + 1)
-    return torch.stack([(wide(grads["hidden"][i]) * wide(gp.hidden_states[i])).sum(-1) for i in idx], dim=1)
+    idx = slice(0, L) if layers == "inputs" else slice(1, L + 1)
+    h = [t.detach() for t in gp.hidden_states[idx]]
+    return torch.linalg.vecdot(stacked(grads["hidden"][idx]), stacked(h)).transpose(0, 1)
 
 
 class GradientMethod(Method):
@@ -343,7 +357,7 @@ class IntegratedGradientsMethod(Method):
     op_budget = 1.2  # of one bare forward + backward: every (example, step) row in one pass where memory allows
 
     def __init__(self, **params):
-        params = {"steps": 50, "rule": "gausslegendre", "baseline": "mask", "memory_mb": 1024, **params}
+        params = {"steps": 50, "rule": "gausslegendre", "baseline": "mask", "memory_mb": None, **params}
         super().__init__(**params)
         self.spec = spec_from(self.params)
 
@@ -356,26 +370,31 @@ class IntegratedGradientsMethod(Method):
     def aggregate(self, attr: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _key(self, target):
+    def _key(self, *what):
         p = self.params
-        return ("ig", self.spec, tuple(target.tolist()), p["steps"], p["rule"], p["baseline"])
+        return ("ig", self.spec, p["steps"], p["rule"], p["baseline"], p["memory_mb"], *what)
 
     def _integrate(self, cap, adapter, target):
         p = self.params
-        key = self._key(target)
-        if key not in cap.memo:
-            # examples never interact: with every class already integrated (--target all), take each example's row
-            per_class = {c: cap.memo.get(self._key(torch.full_like(target, c))) for c in target.unique().tolist()}
-            if all(v is not None for v in per_class.values()):
-                first_attr, first_delta = next(iter(per_class.values()))
-                attr, delta = torch.empty_like(first_attr), torch.empty_like(first_delta)
-                for c, (a, d) in per_class.items():
-                    rows = target == c
-                    attr[rows], delta[rows] = a[rows], d[rows]
-                cap.memo[key] = (attr, delta)
-        return cap.cached(key, lambda: integrated_gradients(
+        every = cap.memo.get(self._key("every class"))
+        if every is not None:  # --target all integrated every class: each example's row of its target's class
+            b = torch.arange(target.shape[0], device=target.device)
+            return every[0][target, b], every[1][target, b]
+        budget = work_bytes(target.device, IG_CPU_BYTES, p["memory_mb"], gpu_share=8)
+        return cap.cached(self._key(Same(target)), lambda: integrated_gradients(
             cap, adapter, self.spec, target, steps=p["steps"], rule=p["rule"], baseline=p["baseline"],
-            memory_mb=p["memory_mb"]))
+            memory_bytes=budget))
+
+    def compute_classes(self, cap, adapter, num_classes):
+        """Every class integrated (one integration per class, shared by ig_l2 and ig_mean): [B, C, n]."""
+        self.check_architecture(adapter)
+
+        def every():
+            per = [self._integrate(cap, adapter, class_target(cap, c)) for c in range(num_classes)]
+            return torch.stack([a for a, _ in per]), torch.stack([d for _, d in per])  # [C, B, n, d], [C, B]
+
+        attr = cap.cached(self._key("every class"), every)[0]
+        return self.aggregate(wide(attr)).mul_(cap.mask).transpose(0, 1)
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ... import interrupts
-from .decomposition import LayerParts, SourceBlocks, attention_inner, own_vectors, tokens_per_block
+from .decomposition import LayerParts, SourceBlocks, attention_inner, flat, own_vectors, tokens_per_block
 
 # Relative costs in units of one pruned step over all pairs (a row gather of U and a dot over heads per pair), from
 # timings on the 2-core CPU (random BERT-base and the trained MiniLM, n = 128 and 512): the dense form costs about
@@ -45,15 +45,18 @@ PATHS = ("auto", "dense", "pruned")
 
 def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor, memory_bytes: int,
                    path: str = "auto", steps: int | None = None) -> torch.Tensor:
-    """sum_k |a_ik| - |a_ik - T_ijk| [B, n, n]. ``path``: "auto" (the cheaper form, by ``choose_steps``), "dense" or
-    "pruned"; ``steps`` fixes the pruned form's number of dense steps (tests)."""
+    """sum_k |a_ik| - |a_ik - T_ijk| [*, n, n] for the layers of ``p`` (one, or a stack). ``path``: "auto" (the cheaper
+    form, by ``choose_steps``), "dense" or "pruned"; ``steps`` fixes the pruned form's number of dense steps (tests)."""
     if path not in PATHS:
         raise ValueError(path)
-    n = a.shape[1]
+    n = a.shape[-2]
+    if path == "dense" or path == "auto" and not worth_probing(n, a.device.type):
+        return dense_l1_proximities(p, W, diag, a, memory_bytes)
+    if p.stacked:  # the pruned form and its probe go a layer at a time (a CPU path: its loops cost no launches there)
+        return torch.stack([l1_proximities(p.layer(k), W[k, 0], None if diag is None else diag[k], a[k], memory_bytes,
+                                           path, steps) for k in range(a.shape[0])])
     if path == "pruned":
         return pruned_l1_proximities(p, W, diag, a, memory_bytes, force=True, steps=steps)
-    if path == "dense" or not worth_probing(n, a.device.type):
-        return dense_l1_proximities(p, W, diag, a, memory_bytes)
     c = pruned_l1_proximities(p, W, diag, a, memory_bytes)  # None after a probe that finds pruning too dear
     return dense_l1_proximities(p, W, diag, a, memory_bytes) if c is None else c
 
@@ -67,24 +70,29 @@ def worth_probing(n: int, device_type: str) -> bool:
 
 def dense_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
                          memory_bytes: int) -> torch.Tensor:
-    """The vectors built a block of source tokens at a time ([B, k, n, d] within ``memory_bytes``; heads contracted in
-    the product)."""
-    a_abs = a.abs()
-    B, n, d = a.shape
-    cols = tokens_per_block(B, n, d, a.element_size(), memory_bytes)
-    c = torch.empty(B, n, n, dtype=a.dtype, device=a.device)
-    sources = SourceBlocks(p.A, p.project_sources(W), diag, source_major=True)
-    buffer = a.new_empty(cols * B, n, d)  # one for every block
+    """The vectors built a block of source tokens at a time, for every layer and example of ``p`` at once
+    ([k, N, n, d] within ``memory_bytes``, N = layers x examples; heads contracted in the product); the diagonal, where
+    the residual enters, from the tokens' own vectors (one [n, d] x [d, d] product)."""
+    lead = a.shape[:-2]
+    A, U, a_flat = flat(p.A, 3), flat(p.project(W), 3), flat(a, 2)
+    N, n, d = a_flat.shape
+    a_abs = a_flat.abs()
+    cols = tokens_per_block(N, n, d, a.element_size(), memory_bytes)
+    c = torch.empty(N, n, n, dtype=a.dtype, device=a.device)
+    sources = SourceBlocks(A, U)
+    buffer = a.new_empty(cols * N, n, d)  # one for every block
     for j0 in range(0, n, cols):
         interrupts.check()  # a stop asked for: between source blocks
         J = slice(j0, min(n, j0 + cols))
-        Z = sources.block(J, out=buffer, minus=a)  # T - a [j, B, i, d] for the source block J
+        Z = sources.block(J, out=buffer).sub_(a_flat)  # T - a [j, N, i, d] for the source block J
         # sum_k (|a_k| - |a_k - T_k|), summed dimension by dimension: each term is bounded by |T_k| (exactly 0 where
         # T = 0, e.g. a causal mask), so float32 does not lose small contributions in the difference of two large
         # sums (that form saves a pass but drifted 2.5x further from float64 on SST-2 and left 1e-7 where a token
         # takes nothing). In place, no temporaries.
-        Z.abs_()
-        c[:, :, J] = torch.sub(a_abs, Z, out=Z).sum(-1).permute(1, 2, 0)
+        c[:, :, J] = torch.sub(a_abs, Z.abs_(), out=Z).sum(-1).permute(1, 2, 0)
+    c = c.view(*lead, n, n)
+    own = own_vectors(p, W, diag)  # T_ii, the residual included
+    c.diagonal(dim1=-2, dim2=-1).copy_(torch.sub(a.abs(), (a - own).abs_()).sum(-1))
     return c
 
 

@@ -1,0 +1,25 @@
+"""Working memory of one block of a method's work (a stack of layers, a block of source tokens, a chunk of
+integrated-gradient rows), sized to the device it runs on.
+
+On the CPU a block is kept near the caches: each operation is cheap, memory traffic is not. On a GPU a block is as
+large as is safe: each operation is a kernel launch, and for small blocks the launches, not the bytes, bound the
+time. A method's memory option (--memory-mb and the like) sets the budget explicitly on either.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# A GPU block takes this share of the card's memory (1.2 GB of an 80 GB card): a few blocks of every method of a
+# batch fit beside the model and the batch's captured tensors.
+GPU_SHARE = 64
+
+
+def work_bytes(device: torch.device, cpu_bytes: int, given_mb: int | None = None, gpu_share: int = GPU_SHARE) -> int:
+    """The budget in bytes: ``given_mb`` when set; else ``cpu_bytes`` on the CPU and 1 / ``gpu_share`` of the card's
+    memory on a GPU (never less than ``cpu_bytes``)."""
+    if given_mb is not None:
+        return given_mb << 20
+    if device.type == "cuda":
+        return max(cpu_bytes, torch.cuda.get_device_properties(device).total_memory // gpu_share)
+    return cpu_bytes

@@ -1,0 +1,52 @@
+"""DecompX's per-layer elementwise steps as fused operations (docs/methods.md "DecompX").
+
+Each is one custom operator (torch.library): on a GPU with Triton (pip install 'attrscope[gpu]') one kernel
+(compute.kernels.shares), elsewhere the few torch operations written here, which define its numbers. A chain of
+small elementwise operations per layer would otherwise cost a kernel launch each; these read each vector once or
+twice and write it once.
+
+Shapes: vectors [R, n, D], one row r per receiving token (n parts, one per source token j, of D components).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+
+def _weights(dots: torch.Tensor) -> torch.Tensor:
+    """|dots| / sum_j |dots| in place ([R, n, 1]); a row whose dots are all 0 gets weights 0 (the reference's 1e-12
+    leaves the bias out there too)."""
+    w = dots.abs_()
+    return w.div_(w.sum(-2, keepdim=True).clamp_min_(torch.finfo(w.dtype).tiny))
+
+
+@custom_op("attrscope::absdot_weights", mutates_args=())
+def absdot_weights(vectors: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """w_rj = |<v_rj, c>| / sum_j |<v_rj, c>| [R, n, 1]: DecompX's "absdot" share of a bias among the parts."""
+    return _weights(torch.matmul(vectors, c[:, None]))
+
+
+@custom_op("attrscope::absdot_share_", mutates_args=("vectors",))
+def absdot_share_(vectors: torch.Tensor, bias: torch.Tensor) -> None:
+    """v_rj += w_rj bias with w = absdot_weights(v, bias), in place: the bias added to the parts in proportion to
+    |<v_rj, bias>|."""
+    vectors.addcmul_(_weights(torch.matmul(vectors, bias[:, None])), bias)
+
+
+@custom_op("attrscope::ln_share", mutates_args=())
+def ln_share(vectors: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm at a frozen scale applied to the parts: y_rj = gain_r * (v_rj - mean(v_rj)) (gain_r = gamma /
+    sigma_r of the real state, [R, 1, D]), then beta shared by absdot."""
+    y = (vectors - vectors.mean(-1, keepdim=True)).mul_(gain)
+    return y.addcmul_(_weights(torch.matmul(y, beta[:, None])), beta)
+
+
+@absdot_weights.register_fake
+def _(vectors, c):
+    return vectors.new_empty(*vectors.shape[:-1], 1)
+
+
+@ln_share.register_fake
+def _(vectors, gain, beta):
+    return torch.empty_like(vectors)
