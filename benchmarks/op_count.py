@@ -2,8 +2,9 @@
 
 Every ATen operation a batch dispatches is a kernel launch on a GPU (views aside), so a method that issues many more
 of them than the forward pass it reads is launch-bound there, however cheap it is on a CPU. This counts them with a
-``TorchDispatchMode`` on the CPU, for a random BERT-base-shaped classifier (hidden 768, 12 heads) of 12 and 24
-layers on a batch of 2 x 24 tokens, and compares each method with its budget (``Method.op_budget``):
+``TorchDispatchMode`` on the CPU, every block sized as on an 80 GB GPU, for a random BERT-base-shaped classifier
+(hidden 768, 12 heads) of 12 and 24 layers on a batch of 2 x 24 tokens, and compares each method with its budget
+(``Method.op_budget``):
 
     python benchmarks/op_count.py                     # the table at 12 and 24 layers
     python benchmarks/op_count.py --layers 12 --methods alti,globenc --top 15   # where one method's ops go

@@ -16,8 +16,9 @@ classifier with pooler, "ZO").
 
 value_zeroing: the authors' modelling file also targets transformers 4.x; its procedure is run here instead: per
 example, layer and token, the model is run again with that token's value-module output zeroed (a hook where the
-authors edit the file), 1 - cos against the real layer output in float64 numpy, clipped at 0 as sklearn's
-cosine_distances, rows normalised, layers multiplied without residual.
+authors edit the file), sklearn's cosine_distances against the real layer output, rows normalised, layers multiplied
+without residual. Twice: as published (scoring/value_zeroing.py hands sklearn the float32 arrays the model made, and
+sklearn keeps float32, so 1 - cos is computed in float32), and with the arrays cast to float64.
 """
 
 from __future__ import annotations
@@ -132,21 +133,25 @@ def compare_decompx(args) -> None:
 
 @torch.no_grad()
 def compare_value_zeroing(args) -> None:
+    """Against the authors' procedure twice: as published (the layer outputs go to sklearn's cosine_distances as the
+    float32 arrays the model made, so 1 - cos is computed in float32) and with the same arrays cast to float64."""
+    from sklearn.metrics.pairwise import cosine_distances
+
     tok, model, sentences = load(args.model, args.limit)
     ad = adapter_for(model)
     enc = dict(tok(sentences, return_tensors="pt", padding=True))
     m = get_method("value_zeroing")
     cap = ad.capture(enc, m.needs)
     res = m.compute(cap, ad, cap.pred)
-    finals, matrices = [], []
+    rows = {kind: {"final": [], "views": [], "matrices": []} for kind in ("published", "float64")}
     for b in range(len(sentences)):
         n = int(cap.lengths[b])
         one = {k: v[b:b + 1, :n] for k, v in enc.items()}
         hidden = model(**one, output_hidden_states=True).hidden_states
-        mats = []
+        mats = {kind: [] for kind in rows}
         for l, layer in enumerate(ad.layers()):
-            real = hidden[l + 1][0].double().numpy()
-            D = np.zeros((n, n))
+            real = hidden[l + 1][0].numpy()  # float32, as the authors' script hands it to sklearn
+            D = {kind: np.zeros((n, n)) for kind in rows}
             for j in range(n):
                 def zero(_m, _i, out, j=j):
                     out = out.clone()
@@ -154,20 +159,28 @@ def compare_value_zeroing(args) -> None:
                     return out
                 hook = ad.value_module(layer).register_forward_hook(zero)
                 try:
-                    new = model(**one, output_hidden_states=True).hidden_states[l + 1][0].double().numpy()
+                    new = model(**one, output_hidden_states=True).hidden_states[l + 1][0].numpy()
                 finally:
                     hook.remove()
-                cos = (new * real).sum(-1) / np.linalg.norm(new, axis=-1) / np.linalg.norm(real, axis=-1)
-                D[:, j] = np.clip(1 - cos, 0, 2)
-            mats.append(D / D.sum(-1, keepdims=True))
-        R = mats[0]
-        for C in mats[1:]:
-            R = C @ R
-        finals.append((res.scores[b, :n].double().numpy(), R[int(cap.explain_pos[b])]))
-        matrices.append((res.matrices[b, :, :n, :n].double().numpy().ravel(), np.stack(mats).ravel()))
+                D["published"][:, j] = cosine_distances(new, real).diagonal()
+                D["float64"][:, j] = cosine_distances(new.astype(np.float64), real.astype(np.float64)).diagonal()
+            for kind in rows:
+                mats[kind].append(D[kind] / D[kind].sum(-1, keepdims=True))
+        e = int(cap.explain_pos[b])
+        for kind, C in mats.items():
+            R, views = C[0], [C[0][e]]
+            for M in C[1:]:
+                R = M @ R
+                views.append(R[e])
+            rows[kind]["final"].append((res.scores[b, :n].double().numpy(), R[e]))
+            rows[kind]["views"] += [(res.layer_scores[b, l, :n].double().numpy(), v) for l, v in enumerate(views)]
+            rows[kind]["matrices"].append((res.matrices[b, :, :n, :n].double().numpy().ravel(), np.stack(C).ravel()))
     header()
-    report("value_zeroing, final scores", finals)
-    report("value_zeroing, per-layer matrices", matrices)
+    for kind, label in (("published", "as published (float32 cosine_distances)"),
+                        ("float64", "with the arrays cast to float64")):
+        report(f"value_zeroing, final scores; authors' procedure {label}", rows[kind]["final"])
+        report(f"value_zeroing, layer views (each layer's row); {label}", rows[kind]["views"])
+        report(f"value_zeroing, per-layer matrices; {label}", rows[kind]["matrices"])
 
 
 def main() -> None:

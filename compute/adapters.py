@@ -180,10 +180,11 @@ class Adapter:
         raise NotImplementedError
 
     def head_per_token(self, h: torch.Tensor) -> torch.Tensor:
-        """The model's own classification head applied to every token as if it were the pooled one: [B, n, d] -> [B, n, C].
-        Runs in the model's dtype and returns the dtype of ``h``."""
+        """The model's own classification head applied to every token as if it were the pooled one: [..., n, d] ->
+        [..., n, C] (every layer's hidden states at once). Runs in the model's dtype and returns the dtype of ``h``."""
         dtype = next(self.model.parameters()).dtype
-        return self._head(h.to(dtype)).to(h.dtype)
+        flat = h.reshape(-1, *h.shape[-2:])
+        return self._head(flat.to(dtype)).to(h.dtype).view(*h.shape[:-1], -1)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -200,9 +201,9 @@ class Adapter:
         return transform, decoder.weight, decoder.bias
 
     def head_logit(self, h: torch.Tensor, target: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:
-        """The language-model head applied to every token of ``h`` [B, n, d] as if it were the explained one: the
-        target word's logit less the foil's (foil >= 0) [B, n] (LogAt of word targets). Only those two rows of the
-        vocabulary matrix are computed, never [B, n, V]."""
+        """The language-model head applied to every token of ``h`` [..., B, n, d] (every layer's hidden states at once)
+        as if it were the explained one: the target word's logit less the foil's (foil >= 0) [..., B, n] (LogAt of
+        word targets). Only those two rows of the vocabulary matrix are computed, never [B, n, V]."""
         dtype = next(self.model.parameters()).dtype
         transform, W, b = self.lm_head()
         z = transform(h.to(dtype)).to(h.dtype)  # [B, n, d']
@@ -214,7 +215,7 @@ class Adapter:
             w = w - has[:, None] * W[f].to(h.dtype)
             if b is not None:
                 bias = bias - has * b[f].to(h.dtype)
-        return torch.einsum("bnd,bd->bn", z, w) + bias[:, None]
+        return torch.matmul(z, w[:, :, None])[..., 0] + bias[:, None]
 
     def twin(self, dtype: torch.dtype) -> "Adapter":
         """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because

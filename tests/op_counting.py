@@ -1,5 +1,7 @@
 """ATen operations per batch (each one a kernel launch on a GPU, views aside), counted with a TorchDispatchMode on
-the CPU: every method against the bare model pass it needs, and the budget it is held to (``Method.op_budget``).
+the CPU with every block sized as on an 80 GB GPU: every method against the bare model pass it needs, and the budget
+it is held to (``Method.op_budget``). A fused custom operator (compute.methods._internals.fused) counts as one: on a
+GPU it is one Triton kernel.
 
 Used by tests/test_op_budget.py (the budgets as a test) and benchmarks/op_count.py (the table).
 """
@@ -105,9 +107,15 @@ def method_params(name: str, adapter) -> dict:
     return {}
 
 
+# Blocks are sized as on this GPU (compute.methods._internals.budget): the counts are the kernels a GPU launches.
+GPU_BYTES = 80 << 30
+
+
 def method_count(name: str, model, adapter, batch: dict) -> OpCount:
-    """Ops of one method on a captured batch (the capture forward itself not counted: its hooks add no ops)."""
+    """Ops of one method on a captured batch, its blocks sized as on an 80 GB GPU (the capture forward itself not
+    counted: its hooks add no ops)."""
     from compute.methods import get_method
+    from compute.methods._internals.budget import sized_as_gpu
 
     method = get_method(name, **method_params(name, adapter))
     cap = adapter.capture(batch, method.needs)
@@ -118,8 +126,9 @@ def method_count(name: str, model, adapter, batch: dict) -> OpCount:
         with torch.no_grad():
             method.compute(cap, adapter, target)
 
-    run()  # warm-up: weight caches (kept across batches) are not the batch's
-    return count(run)
+    with sized_as_gpu(GPU_BYTES):
+        run()  # warm-up: weight caches (kept across batches) are not the batch's
+        return count(run)
 
 
 def count_table(layers: int, hidden: int = 768, heads: int = 12, batch: int = 2, tokens: int = 24,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..options import Option
-from ._internals.base import Method, MethodResult
+from ._internals.base import Method, MethodResult, Same
 
 REGRESSION_RANK = Option(
     "regression_rank", "ascending", choices=("ascending", "descending"), show_default=True, param="regression_rank",
@@ -24,9 +24,10 @@ REGRESSION_RANK = Option(
 
 
 def head_logits_per_layer(cap, adapter) -> torch.Tensor:
-    """[B, L, n, C]: a sequence head on hidden_states[1..L] (computed once per batch, shared with normxlogit)."""
+    """[B, L, n, C]: a sequence head on hidden_states[1..L], every layer at once (computed once per batch, shared
+    with normxlogit)."""
     return cap.cached("head_logits_per_layer",
-                      lambda: torch.stack([adapter.head_per_token(h) for h in cap.hidden_states[1:]], dim=1))
+                      lambda: adapter.head_per_token(cap.stack("hidden_states")[1:]).transpose(0, 1))
 
 
 def logat_layers(cap, adapter, target: torch.Tensor, regression_rank: str = "ascending") -> torch.Tensor:
@@ -42,9 +43,9 @@ def logat_layers(cap, adapter, target: torch.Tensor, regression_rank: str = "asc
             idx = target[:, None, None, None].expand(*logits.shape[:3], 1)
             scores = logits.gather(-1, idx).squeeze(-1)
     else:  # language-model heads: the target's (minus the foil's) row of the vocabulary matrix only
-        key = ("head_logit_per_layer", tuple(target.tolist()))
-        scores = cap.cached(key, lambda: torch.stack(
-            [adapter.head_logit(h, target, cap.foil) for h in cap.hidden_states[1:]], dim=1))
+        key = ("head_logit_per_layer", Same(target))
+        scores = cap.cached(key, lambda: adapter.head_logit(cap.stack("hidden_states")[1:], target,
+                                                            cap.foil).transpose(0, 1))
     return scores * cap.mask[:, None]
 
 

@@ -8,11 +8,15 @@ time. A method's memory option (--memory-mb and the like) sets the budget explic
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 # A GPU block takes this share of the card's memory (1.2 GB of an 80 GB card): a few blocks of every method of a
 # batch fit beside the model and the batch's captured tensors.
 GPU_SHARE = 64
+
+_gpu_bytes: int | None = None  # ``sized_as_gpu``: blocks sized as on a GPU of this much memory, whatever the device
 
 
 def work_bytes(device: torch.device, cpu_bytes: int, given_mb: int | None = None, gpu_share: int = GPU_SHARE) -> int:
@@ -20,6 +24,20 @@ def work_bytes(device: torch.device, cpu_bytes: int, given_mb: int | None = None
     memory on a GPU (never less than ``cpu_bytes``)."""
     if given_mb is not None:
         return given_mb << 20
+    if _gpu_bytes is not None:
+        return max(cpu_bytes, _gpu_bytes // gpu_share)
     if device.type == "cuda":
         return max(cpu_bytes, torch.cuda.get_device_properties(device).total_memory // gpu_share)
     return cpu_bytes
+
+
+@contextmanager
+def sized_as_gpu(total_bytes: int):
+    """Every block sized as on a GPU of ``total_bytes`` while inside (benchmarks/op_count.py counts, on the CPU, the
+    operations a GPU launches; tests run the GPU's block sizes on CPU tensors)."""
+    global _gpu_bytes
+    saved, _gpu_bytes = _gpu_bytes, total_bytes
+    try:
+        yield
+    finally:
+        _gpu_bytes = saved
