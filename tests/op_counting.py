@@ -15,24 +15,61 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+# Ops whose result size or value a GPU must send to the host before the next launch: the host waits for the device
+# (.item() and bool(tensor) are _local_scalar_dense; a boolean mask index needs a nonzero; .tolist() of a CPU
+# tensor reads memory without an op: tests/test_op_budget.py looks for it in the source instead).
+SYNCING = frozenset({"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique2",
+                     "aten.unique_consecutive", "aten.unique_dim", "aten.bincount", "aten.index(bool)",
+                     "aten.index_put(bool)", "aten.index_put_(bool)"})
+
+
 @dataclass
 class OpCount:
     total: int = 0
     views: int = 0  # ops that return a view of an input (no kernel runs)
     by_op: Counter = field(default_factory=Counter)
 
+    @property
+    def syncs(self) -> Counter:
+        """The ops that make the host wait for a GPU, by name."""
+        return Counter({op: k for op, k in self.by_op.items() if op in SYNCING})
+
 
 class CountOps(TorchDispatchMode):
-    """Counts every ATen op dispatched while active (forward and backward alike)."""
+    """Counts every ATen op dispatched while active (forward and backward alike). ``model``: the syncs inside its own
+    forward (Hugging Face's mask checks) are the model's, not the method's: they are counted as "model sync"."""
 
-    def __init__(self):
+    def __init__(self, model: torch.nn.Module | None = None):
         super().__init__()
         self.count = OpCount()
+        self.model, self.depth, self.handles = model, 0, []
+
+    def __enter__(self):
+        if self.model is not None:
+            def enter(*_):
+                self.depth += 1
+
+            def leave(*_):
+                self.depth -= 1
+
+            self.handles = [self.model.register_forward_pre_hook(enter),
+                            self.model.register_forward_hook(leave, always_call=True)]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         c = self.count
         c.total += 1
         name = str(func.overloadpacket)
+        if name in ("aten.index", "aten.index_put", "aten.index_put_") and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())):
+            name += "(bool)"  # a boolean mask index: its output size comes from the device (a nonzero)
+        if self.depth and name in SYNCING:
+            name = f"model sync {name}"
         c.by_op[name] += 1
         returns = func._schema.returns
         if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
@@ -40,8 +77,8 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(fn) -> OpCount:
-    with CountOps() as mode:
+def count(fn, model: torch.nn.Module | None = None) -> OpCount:
+    with CountOps(model) as mode:
         fn()
     return mode.count
 
@@ -128,7 +165,7 @@ def method_count(name: str, model, adapter, batch: dict) -> OpCount:
 
     with sized_as_gpu(GPU_BYTES):
         run()  # warm-up: weight caches (kept across batches) are not the batch's
-        return count(run)
+        return count(run, model)
 
 
 def count_table(layers: int, hidden: int = 768, heads: int = 12, batch: int = 2, tokens: int = 24,

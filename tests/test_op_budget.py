@@ -24,10 +24,12 @@ def model_at_depth(request):
 def test_method_within_op_budget(model_at_depth, name):
     model, adapter, batch, bare = model_at_depth
     cls = REGISTRY[name]
-    ops = method_count(name, model, adapter, batch).total
-    base = bare[cls.op_base()].total
+    counted = method_count(name, model, adapter, batch)
+    ops, base = counted.total, bare[cls.op_base()].total
     assert ops <= cls.op_budget * base, (
         f"{name}: {ops} ops per batch, {ops / base:.2f}x the bare {cls.op_base()} ({base}); budget {cls.op_budget}x")
+    # nothing inside a batch waits for the device (results leave it once, in the runner)
+    assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
 
 
 def test_counter_counts_forward_and_backward_ops():
@@ -48,3 +50,19 @@ def test_counter_counts_forward_and_backward_ops():
     with CountOps() as mode:
         x.view(12)
     assert mode.count.views == 1 and mode.count.total == 1
+    with torch.no_grad():  # what makes a GPU's host wait is seen
+        syncs = count(lambda: (x.sum().item(), x[x > 0], bool(x.any()))).syncs
+    assert syncs == {"aten._local_scalar_dense": 2, "aten.index(bool)": 1}
+
+
+def test_no_host_copies_in_the_methods_source():
+    """.tolist() of a CPU tensor dispatches no op, so the counter cannot see it: none in the methods' code (a GPU
+    would wait for the device there), nor .item() or .cpu()."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "compute" / "methods"
+    found = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in sorted(root.rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"\.(tolist|item|cpu)\(\)", line) and not line.lstrip().startswith("#")]
+    assert not found, "\n".join(found)
