@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,10 +62,22 @@ def _compare(out, ref):
             "nan": bool(out.isnan().any()), "dtype": str(out.dtype), "shape": list(out.shape)}
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+
 def run_cases() -> dict:
+    import numpy
+    import triton
+
     from compute.kernels import shares
     from compute.methods._internals import fused
 
+    if _version(triton.__version__) < (3, 7) and _version(numpy.__version__) >= (2, 4):
+        # seen with triton 3.5.0 and numpy 2.4.6 (3.7.0 and 3.9.0 run them)
+        return {"skipped": f"triton {triton.__version__}'s interpreter runs no loop with a runtime bound under numpy "
+                           f"{numpy.__version__} (TypeError: only 0-dimensional arrays can be converted to Python "
+                           f"scalars)"}
     out = {"available_cpu": shares.available(torch.zeros(1))}
     for name, (R, n, D, dtype, zero_rows) in CASES.items():
         v, c, gain = case_inputs(R, n, D, dtype, zero_rows)
@@ -235,6 +248,8 @@ def workers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(workers):
+    if "skipped" in workers["cases"]:
+        pytest.skip(workers["cases"]["skipped"])
     return workers["cases"]
 
 

@@ -15,7 +15,9 @@ absdot_share_ and about seven times for ln_share, in five to eight launches.
 
 triton is optional (the ``gpu`` extra): this module imports without it; the kernels are built at their first use,
 and ``available`` says whether they can run for a tensor. With ``TRITON_INTERPRET=1`` set before that first use,
-they run on CPU tensors through Triton's interpreter (slowly: for tests). Checked with triton 3.9.
+they run on CPU tensors through Triton's interpreter (slowly: for tests). Checked with triton 3.9 (interpreter and
+an sm_90 compile), 3.7 (interpreter) and 3.5 (sm_90 compile; there float32 divisions compile to div.rn.ftz, which
+flushes quotients under 2**-126 to 0).
 """
 
 from __future__ import annotations
@@ -88,10 +90,13 @@ def runs(vectors: torch.Tensor, c: torch.Tensor, gain: torch.Tensor | None = Non
 # the kernels: plain functions here, wrapped by triton.jit in _kernels() (triton is imported only there)
 
 def _div(a, b):
-    """a / b rounded to nearest (tl.fdiv's IEEE rounding takes float32 only; a float64 division is IEEE anyway)."""
-    if a.dtype == tl.float64:
-        return a / b
-    return tl.fdiv(a, b, ieee_rounding=True)
+    """a / b rounded to nearest, for float operands: div_rn in float32 (triton's "/" may be approximate there; up to
+    3.5 tl.fdiv's ieee_rounding does nothing), "/" in float64 (IEEE anyway; div_rn takes float32 only)."""
+    if a.dtype == tl.float64:  # decided at compile time: one branch is compiled (a single return: triton 3.5)
+        q = a / b
+    else:
+        q = tl.math.div_rn(a, b)
+    return q
 
 
 def _tile(V, c, g, row, j0, n, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LN: tl.constexpr):
@@ -103,7 +108,7 @@ def _tile(V, c, g, row, j0, n, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, 
     offs = j[:, None] * D + k[None, :]  # within a row: n * D < 2**31
     v = tl.load(V + row + offs, mask=mask, other=0.0)
     if LN:
-        mean = _div(tl.sum(v, axis=1), D)  # as torch's mean: the sum / D, rounded
+        mean = _div(tl.sum(v, axis=1), D * 1.0)  # as torch's mean: the sum / D, rounded (D < 2**24: exact)
         v = tl.where(mask, (v - mean[:, None]) * g[None, :], 0.0)
     return offs, mask, v, tl.sum(v * c[None, :], axis=1)
 
