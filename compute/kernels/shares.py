@@ -22,6 +22,7 @@ flushes quotients under 2**-126 to 0).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -216,6 +217,11 @@ def _split(vectors: torch.Tensor, split: int | None, block_n: int) -> int:
     return min(split, tiles)
 
 
+def _on(t: torch.Tensor):
+    """The tensor's GPU made current for the launch: triton launches on the current device, not the operands'."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _check(vectors: torch.Tensor, c: torch.Tensor, gain: torch.Tensor | None = None) -> None:
     if not runs(vectors, c, gain):
         what = "" if gain is None else f", gain {tuple(gain.shape)}"
@@ -235,7 +241,8 @@ def absdot_weights(vectors: torch.Tensor, c: torch.Tensor, *, split: int | None 
     v = vectors.contiguous()
     block_n, block_d, tiny, options = _launch(v)
     grid = (R, _split(v, split, block_n))
-    _kernels()["weights"][grid](v, c, out, n, D, TINY=tiny, BLOCK_N=block_n, BLOCK_D=block_d, **options)
+    with _on(v):
+        _kernels()["weights"][grid](v, c, out, n, D, TINY=tiny, BLOCK_N=block_n, BLOCK_D=block_d, **options)
     return out
 
 
@@ -248,8 +255,9 @@ def absdot_share_(vectors: torch.Tensor, bias: torch.Tensor) -> None:
         return
     v = vectors.contiguous()  # a non-contiguous input: computed in a copy, copied back
     block_n, block_d, tiny, options = _launch(v)
-    _kernels()["share"][(R, 1)](v, v, bias, v, n, D, 0, 0, TINY=tiny, LN=False, BLOCK_N=block_n,
-                                BLOCK_D=block_d, **options)
+    with _on(v):
+        _kernels()["share"][(R, 1)](v, v, bias, v, n, D, 0, 0, TINY=tiny, LN=False, BLOCK_N=block_n,
+                                    BLOCK_D=block_d, **options)
     if v is not vectors:
         vectors.copy_(v)
 
@@ -268,6 +276,7 @@ def ln_share(vectors: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor, *,
     v = vectors.contiguous()
     block_n, block_d, tiny, options = _launch(v)
     grid = (R, _split(v, split, block_n))
-    _kernels()["share"][grid](v, g, beta, out, n, D, g.stride(0), g.stride(1), TINY=tiny, LN=True,
-                              BLOCK_N=block_n, BLOCK_D=block_d, **options)
+    with _on(v):
+        _kernels()["share"][grid](v, g, beta, out, n, D, g.stride(0), g.stride(1), TINY=tiny, LN=True,
+                                  BLOCK_N=block_n, BLOCK_D=block_d, **options)
     return out
