@@ -8,10 +8,12 @@ for vectors v [R, n, D] (R receiving rows, n parts, D components), tiny = torch.
 are all 0 gets weights 0). The torch bodies in fused.py define the numbers; these kernels compute the same in
 another order of summation.
 
-Each program takes one row r and reads it twice: the first pass sums |dot| over the n parts (in tiles of BLOCK_N
-parts x all D components), the second recomputes each tile's dots from the tile it has to read anyway (the same
-code, so the same numbers) and writes the result. The torch bodies read the [R, n, D] tensor twice for
-absdot_share_ and about seven times for ln_share, in five to eight launches.
+Each program takes one row r in two passes: the first sums |dot| over the n parts (in tiles of BLOCK_N parts x all
+D components), the second recomputes each tile's dots from the tile it has to read anyway (the same code, so the
+same numbers) and writes the result; absdot_weights instead stores |dot| in the first pass and divides it in the
+second. Passes over the [R, n, D] tensor, as the code reads (not measured): absdot_weights 1 read (the torch body
+also 1, in 5 launches), absdot_share_ 2 reads + 1 write (the torch body the same, in 6 launches), ln_share 2 reads
++ 1 write (the torch body 5 reads + 3 writes, in 9 launches).
 
 triton is optional (the ``gpu`` extra): this module imports without it; the kernels are built at their first use,
 and ``available`` says whether they can run for a tensor. With ``TRITON_INTERPRET=1`` set before that first use,
