@@ -158,6 +158,50 @@ def test_ig_for_the_predicted_class_is_read_off_the_per_class_integrations(monke
     torch.testing.assert_close(gathered.example_values["ig_delta"], fresh.example_values["ig_delta"])
 
 
+def test_target_all_shares_one_backward_per_class_between_gradient_methods(monkeypatch):
+    """The gradient methods of one batch share the gradient pass and, under --target all, each class's backward:
+    per-target results are keyed by the identity of the class's target tensor (base.class_target), never by its
+    values copied to the host."""
+    import compute.methods._internals.gradients as G
+
+    _, ad, _, cap = setup("bert", num_labels=3)
+    calls = []
+    real = G.output_grads
+    monkeypatch.setattr(G, "output_grads", lambda *a, **k: calls.append(1) or real(*a, **k))
+    joint = {name: get_method(name).compute_classes(cap, ad, 3) for name in ("grad_l2", "gxi_l2", "cat", "attcat")}
+    assert len(calls) == 3  # one backward per class for all four methods
+    for name, scores in joint.items():
+        for c in range(3):
+            fresh = get_method(name).compute(cap, ad, torch.full((len(LENGTHS),), c)).scores  # a new target: recomputed
+            torch.testing.assert_close(scores[:, c], fresh, rtol=1e-12, atol=1e-14)
+    assert len(calls) == 3 + 3 * 4  # new tensors are not taken for the class targets (identity, not values)
+
+
+def test_ig_runs_its_path_and_its_ends_in_one_pass(monkeypatch):
+    """Integrated gradients at a budget that holds every row: one forward of the model with grad (the steps and both
+    ends of every example's path together), one backward; the delta is the completeness gap of F at the ends, which a
+    separate forward of the ends confirms."""
+    import compute.methods._internals.gradients as G
+
+    model, ad, _, cap = setup("bert", num_labels=3)
+    forwards, backwards = [], []
+    handle = model.register_forward_hook(lambda m, i, o: forwards.append(torch.is_grad_enabled()))
+    real = G.output_grads
+    monkeypatch.setattr(G, "output_grads", lambda *a, **k: backwards.append(1) or real(*a, **k))
+    try:
+        res = get_method("ig_l2", steps=5).compute(cap, ad, cap.pred)
+    finally:
+        handle.remove()
+    assert forwards.count(True) == 1 and len(backwards) == 1
+    spec = G.Explained()
+    E = G.embedding_output(ad, G.model_inputs(cap, spec))
+    X0 = G.ig_baseline(cap, ad, spec, E, "mask")
+    f = [G.select(G.forward_at(ad, cap.inputs, X, spec, grad=False), cap.pred, "logit") for X in (E, X0)]
+    attr_sum = G.integrated_gradients(cap, ad, spec, cap.pred, steps=5, rule="gausslegendre", baseline="mask",
+                                      memory_bytes=1 << 30)[0].sum((1, 2))
+    torch.testing.assert_close(res.example_values["ig_delta"], attr_sum - (f[0] - f[1]), rtol=1e-10, atol=1e-12)
+
+
 def test_grads_and_attgrads_definitions():
     """grads: mean over heads and query rows of dF/dA^L, positive part, explained column 0. attgrads (ref): min-max
     normalised (mean_h A w_h)^+ with w_h the mean gradient of head h, explained row, own entry 0; gradsam: mean over
