@@ -14,8 +14,10 @@ Steps:
   1. method/forward ratios (benchmarks/bench_methods.py) at n = 128, batch 64 (Value Zeroing and DecompX on 16
      examples, batch 16) and at n = 512, batch 8;
   2. end to end on SST-2 dev (872 sentences), --methods all but integrated gradients and mask_lrp (whose head
-     statistics need a parser), float32 then bfloat16: wall seconds and the run's own split (forward, methods);
-  3. the bfloat16 run against the float32 run, per method (max |diff| / max |float32|, mean and min Spearman);
+     statistics need a parser), float32, bfloat16 and float16: wall seconds and the run's own split (forward,
+     methods);
+  3. the half-precision runs against the float32 run, per method (max |diff| / max |float32|, mean and min
+     Spearman);
   4. --batch-size auto on the same run: the probe's seconds and the size it chose;
   5. GPU against CPU float32 on 48 dev sentences, every method but integrated gradients and mask_lrp;
   6. a batch that runs out of memory (torch.cuda.set_per_process_memory_fraction) halved and retried: the same
@@ -139,7 +141,7 @@ class Check:
         limit = ["--limit", "16"] if self.dry else []
         stores = {}
         rows = []
-        for dtype in ("float32", "bfloat16"):
+        for dtype in ("float32", "bfloat16", "float16"):
             store = str(self.work / f"e2e_{dtype}.h5")
             ok, info, seconds = self.compute(f"e2e_{dtype}", [
                 data, "--model", str(model), "--methods", methods(), "--batch-size", "128", "--device", self.device,
@@ -266,7 +268,8 @@ def main() -> None:
     model = check.model()
     check.ratios(model)
     stores = check.end_to_end(model)
-    check.agreement("bfloat16 against float32, SST-2 dev", stores.get("float32"), stores.get("bfloat16"))
+    for half in ("bfloat16", "float16"):
+        check.agreement(f"{half} against float32, SST-2 dev", stores.get("float32"), stores.get(half))
     check.auto_batch(model)
     check.cpu_against_gpu(model)
     check.out_of_memory(model)
