@@ -17,12 +17,16 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from typing import NamedTuple
 
 import torch
 
 DTYPES = (torch.float32, torch.float64)
+# The oldest triton the kernel was checked with (the interpreter's tests and an sm_90 compile of every candidate):
+# 3.4's tl.dot has no float64.
+MIN_TRITON = (3, 5)
 _KERNEL_MODULE = __name__.rpartition(".")[0] + "._alti_l1_triton"
 
 
@@ -57,8 +61,8 @@ def _kernels():
 
 
 def available(device: torch.device | str, dtype: torch.dtype | None = None) -> bool:
-    """Whether ``l1_proximities`` runs for tensors on ``device`` (and of ``dtype``, if given): triton importable and
-    the device CUDA, or the interpreter on and the device the CPU."""
+    """Whether ``l1_proximities`` runs for tensors on ``device`` (and of ``dtype``, if given): triton importable (and
+    at least ``MIN_TRITON``) and the device CUDA, or the interpreter on and the device the CPU."""
     device = torch.device(device)
     if dtype is not None and dtype not in DTYPES:
         return False
@@ -70,10 +74,20 @@ def available(device: torch.device | str, dtype: torch.dtype | None = None) -> b
     elif device.type != "cuda" or _interpreting() or not torch.cuda.is_available():
         return False
     try:
+        import triton
+
+        if triton_version(triton.__version__) < MIN_TRITON:
+            return False
         _kernels()
     except ImportError:  # a triton that does not import beside this torch
         return False
     return True
+
+
+def triton_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "3.5.0" or "3.6.0+git1234"."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def _next_power_of_2(x: int) -> int:
@@ -113,8 +127,9 @@ def l1_proximities(A: torch.Tensor, U: torch.Tensor, diag: torch.Tensor | None, 
     if blocks is not None and (any(v < 1 or v & (v - 1) for v in blocks) or blocks.heads < 16):
         raise ValueError(f"block sizes must be powers of two, heads at least 16: {blocks}")
     if not available(a.device):
-        raise RuntimeError(f"the Triton kernel cannot run on {a.device} here (triton missing, or CPU tensors "
-                           "without TRITON_INTERPRET=1 set before triton was imported)")
+        raise RuntimeError(f"the Triton kernel cannot run on {a.device} here (triton missing or older than "
+                           f"{'.'.join(map(str, MIN_TRITON))}, or CPU tensors without TRITON_INTERPRET=1 set before "
+                           "triton was imported)")
 
     c = torch.empty(N, n, n, dtype=a.dtype, device=a.device)
     if N == 0 or n == 0:
