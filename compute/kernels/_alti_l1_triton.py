@@ -144,7 +144,8 @@ def _prune(configs, named_args, **kwargs):
     return fits or configs[:1]
 
 
-# Keyed on the rounded length, the head count and the width (and, by the autotuner itself, on the dtypes): a batch
-# padded to a new length reuses the tuning of its power of two instead of timing every candidate again.
-alti_l1_autotuned = triton.autotune(configs=_configs(), key=["n_bucket", "H", "d"],
+# Keyed on the rounded length, the head count, the width and the products' precision (and, by the autotuner itself,
+# on the dtypes): a batch padded to a new length reuses the tuning of its power of two instead of timing every
+# candidate again.
+alti_l1_autotuned = triton.autotune(configs=_configs(), key=["n_bucket", "H", "d", "PRECISION"],
                                     prune_configs_by={"early_config_prune": _prune})(alti_l1_kernel)
