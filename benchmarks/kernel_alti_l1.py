@@ -1,5 +1,11 @@
-"""The fused Triton kernel for ALTI's L1 proximities (compute/kernels/alti_l1.py) against the torch dense form
-(``dense_l1_proximities`` itself, the function ALTI runs, fed the same operands): milliseconds and agreement.
+"""The fused Triton kernel for ALTI's L1 proximities (compute/kernels/alti_l1.py) against the torch dense form:
+milliseconds and agreement.
+
+The torch form here is ``torch_dense``: what ``dense_l1_proximities`` (compute/methods/_internals/l1_proximity.py)
+computes, written out on the same operands so that this script does not follow the internals' signatures: T - a
+built a block of source tokens at a time (A and U source-major, one batched [n, H] x [H, d] product per source and
+problem, the residual added on the diagonal), then |a| - |a - T| summed component by component, blocks sized to a
+memory budget (ALTI's option ``memory_mb``). tests/test_kernel_alti_l1.py holds the kernel to the real function.
 
     python benchmarks/kernel_alti_l1.py                        # on CUDA: BERT-base shapes (below)
     python benchmarks/kernel_alti_l1.py --shapes 768x128,12x512 --reps 20
@@ -38,20 +44,32 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from compute.kernels import alti_l1  # noqa: E402
-from compute.methods._internals.l1_proximity import dense_l1_proximities  # noqa: E402
 
 HEADS, WIDTH = 12, 768
 FAILED: list[str] = []
 
 
-class _Parts:
-    """What ``dense_l1_proximities`` reads of a LayerParts: A and the source-major projected values."""
-
-    def __init__(self, A: torch.Tensor, U_src: torch.Tensor):
-        self.A, self._U = A, U_src
-
-    def project_sources(self, W):
-        return self._U
+def torch_dense(A: torch.Tensor, U_src: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor,
+                memory_bytes: int) -> torch.Tensor:
+    """c [N, n, n] as the torch dense form computes it (module docstring). A [N, H, n, n], U_src [n, N, H, d]."""
+    N, H, n, _ = A.shape
+    d = a.shape[-1]
+    A_src = A.permute(3, 0, 2, 1).contiguous()  # [j, N, i, H]
+    a_abs = a.abs()
+    cols = max(1, min(n, memory_bytes // max(1, N * n * d * a.element_size())))
+    c = torch.empty(N, n, n, dtype=a.dtype, device=a.device)
+    buffer = a.new_empty(cols * N, n, d)  # one for every block
+    for j0 in range(0, n, cols):
+        j1 = min(n, j0 + cols)
+        k = j1 - j0
+        Z = torch.bmm(A_src[j0:j1].reshape(k * N, n, H), U_src[j0:j1].reshape(k * N, H, d),
+                      out=buffer[:k * N]).view(k, N, n, d)  # T [j, N, i, d]
+        if diag is not None:
+            kk = torch.arange(k, device=a.device)
+            Z[kk, :, j0 + kk, :] += diag[:, j0:j1, :].transpose(0, 1)
+        Z.sub_(a)
+        c[:, :, j0:j1] = torch.sub(a_abs, Z.abs_(), out=Z).sum(-1).permute(1, 2, 0)
+    return c
 
 
 def make_inputs(N: int, n: int, H: int, d: int, device, dtype, seed: int = 0):
@@ -137,7 +155,7 @@ def run_shape(N: int, n: int, args, device, dry: bool):
 
     for mb in args.memory_mb:
         def dense(mb=mb):
-            return dense_l1_proximities(_Parts(A, U_src), None, diag, a, mb << 20)
+            return torch_dense(A, U_src, diag, a, mb << 20)
 
         got = attempt(f"torch dense {mb} MB", lambda dense=dense: timed(dense, max(1, min(reps, args.torch_reps)),
                                                                          device))
@@ -154,8 +172,7 @@ def run_shape(N: int, n: int, args, device, dry: bool):
     P = min(N, args.check)
 
     def reference():
-        return dense_l1_proximities(_Parts(A[:P].double(), U_src[:, :P].double()), None, diag[:P].double(),
-                                    a[:P].double(), 64 << 20)
+        return torch_dense(A[:P].double(), U_src[:, :P].double(), diag[:P].double(), a[:P].double(), 64 << 20)
 
     ref = attempt("float64 reference", reference)
     if ref is not None:
@@ -174,7 +191,7 @@ def run_float64(args, device, dry: bool):
         return alti_l1.l1_proximities(A, U_src.transpose(0, 1), diag, a)
 
     def dense():
-        return dense_l1_proximities(_Parts(A, U_src), None, diag, a, 64 << 20)
+        return torch_dense(A, U_src, diag, a, 64 << 20)
 
     got = attempt("kernel float64", lambda: (kernel(), timed(kernel, reps, device))[1])  # a first call, untimed
     ref = attempt("torch dense float64", lambda: timed(dense, reps, device))

@@ -135,7 +135,7 @@ def through_autotuner(alti_l1) -> dict:
 
 def against_dense_path(alti_l1) -> dict:
     """The kernel fed as ALTI feeds the torch dense form (a tiny BERT's layer parts, the "resln" operands, U from
-    ``project_sources``), float64: the largest difference over the layers, and the scale."""
+    ``LayerParts.project``), float64: the largest difference over the layers, and the scale."""
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import random_batch, tiny_model
 
@@ -148,12 +148,12 @@ def against_dense_path(alti_l1) -> dict:
     with torch.no_grad():
         cap = ad.capture(random_batch("bert", [13, 4, 9, 1]), NEEDS)
         err = scale = 0.0
-        for layer in range(len(ad.layers())):
+        for layer in range(model.config.num_hidden_layers):
             p = layer_parts(cap, ad, layer)
             W, diag, s = operand_weights(p, "resln")
             a = p.y * s[..., None]
             dense = L1.dense_l1_proximities(p, W, diag, a, 1 << 20)
-            c = alti_l1.l1_proximities(p.A, p.project_sources(W).transpose(0, 1), diag, a)
+            c = alti_l1.l1_proximities(p.A, p.project(W), diag, a)
             err = max(err, (c - dense).abs().max().item())
             scale = max(scale, dense.abs().max().item())
     return {"err": err, "scale": scale, "dtype": str(c.dtype)}
