@@ -9,8 +9,8 @@ Options: ``ln2`` (ALTI+LN2, the reference's "ours2": vectors taken through LN2, 
 ``pairwise_eps`` (the reference's distance is F.pairwise_distance, which adds 1e-6 to every component of T - y;
 --preset alti; L1 only),
 ``memory_mb`` (the blocks of the L1 proximities fit this budget),
-``l1_path`` ("auto": the dense vectors or their exact pruning, whichever is cheaper for the batch; "dense",
-"pruned": one of them; ``_internals/l1_proximity.py``).
+``l1_path`` ("auto": on a GPU the fused Triton kernel where it runs, on the CPU the dense vectors or their exact
+pruning, whichever is cheaper for the batch; "dense", "pruned", "kernel": one of them; ``_internals/l1_proximity.py``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ... import interrupts
+from ...kernels import alti_l1
 from .decomposition import LayerParts, SourceBlocks, attention_inner, flat, own_vectors, tokens_per_block
 
 # Relative costs in units of one pruned step over all pairs (a row gather of U and a dot over heads per pair), from
@@ -40,16 +41,22 @@ PROBE_ROWS = 32
 # form, n = 256 1.7x faster, n = 512 2.5x; trained models on SST-2 sentences have r ~ 15-20% of d), and even the
 # probe (the projection it needs) would be wasted: the dense form runs without asking.
 PROBE_MIN_TOKENS = 256
-PATHS = ("auto", "dense", "pruned")
+PATHS = ("auto", "dense", "pruned", "kernel")
 
 
 def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a: torch.Tensor, memory_bytes: int,
                    path: str = "auto", steps: int | None = None) -> torch.Tensor:
-    """sum_k |a_ik| - |a_ik - T_ijk| [*, n, n] for the layers of ``p`` (one, or a stack). ``path``: "auto" (the cheaper
-    form, by ``choose_steps``), "dense" or "pruned"; ``steps`` fixes the pruned form's number of dense steps (tests)."""
+    """sum_k |a_ik| - |a_ik - T_ijk| [*, n, n] for the layers of ``p`` (one, or a stack). ``path``: "auto" (on a GPU
+    the fused Triton kernel where it runs, else the dense form; on the CPU the cheaper of the dense and the pruned
+    form, by ``choose_steps``), "dense", "pruned" or "kernel" (the Triton kernel: compute.kernels.alti_l1); ``steps``
+    fixes the pruned form's number of dense steps (tests)."""
     if path not in PATHS:
         raise ValueError(path)
     n = a.shape[-2]
+    if path == "kernel" or path == "auto" and a.device.type == "cuda" and alti_l1.available(a.device, a.dtype):
+        lead = a.shape[:-2]
+        return alti_l1.l1_proximities(flat(p.A, 3), flat(p.project(W), 3), None if diag is None else flat(diag, 2),
+                                      flat(a, 2)).view(*lead, n, n)
     if path == "dense" or path == "auto" and not worth_probing(n, a.device.type):
         return dense_l1_proximities(p, W, diag, a, memory_bytes)
     if p.stacked:  # the pruned form and its probe go a layer at a time (a CPU path: its loops cost no launches there)
