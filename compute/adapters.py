@@ -63,8 +63,8 @@ class Captured:
         """The captured list ``name`` as one tensor with the layer first, made once (one copy); the list's entries
         become views of it, so the layers are not held twice."""
         st = self.stacks.get(name)
-        if st is None:
-            layers = getattr(self, name)
+        layers = getattr(self, name)
+        if st is None or layers[0]._base is not st:  # not made yet, or the list was replaced since (a copy's)
             st = self.stacks[name] = torch.cat(layers).view(len(layers), *layers[0].shape)
             setattr(self, name, list(st.unbind(0)))
         return st
