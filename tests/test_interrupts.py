@@ -92,10 +92,10 @@ def test_every_encoder_layer_checks_in_forward_only():
 
 
 @pytest.mark.parametrize("method,where", [("ig_l2", "integrated_gradients"), ("alti", "dense_l1_proximities"),
-                                          ("transatt", "propagate"), ("norm_res", "compute")])
+                                          ("transatt", "propagate"), ("norm_res", "over_layers")])
 def test_safe_points_inside_methods(method, where):
     """A stop asked for while a method runs ends it at its own safe point (the deepest frame that raised is in the
-    method's loop: IG chunks, ALTI source blocks, LRP layers, layer-wise products), not at the next batch."""
+    method's loop: IG chunks, ALTI source blocks, LRP layers, groups of layers), not at the next batch."""
     from compute.adapters import adapter_for
     from compute.methods import get_method
     from conftest import MASK_ID, random_batch, tiny_model

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ... import interrupts
 from ...adapters import Adapter, Captured
 
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
@@ -316,6 +317,7 @@ def over_layers(cap: Captured, adapter: Adapter, fn, bytes_per_row: int, budget:
     there is one group)."""
     out = None
     for p in layer_groups(cap, adapter, bytes_per_row, budget, eps_quirk):
+        interrupts.check()  # a stop asked for: between groups of layers
         part = fn(p)
         if out is None and p.layers == slice(0, adapter.n_layers) and p.rows == slice(None):
             return part

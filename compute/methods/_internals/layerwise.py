@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ... import interrupts
 from .aggregate import prod_rows_normalised, rows_of_products, valid_pairs
 from .base import Method, MethodResult
 from .budget import work_bytes
@@ -49,12 +48,8 @@ class LayerwiseProduct(Method):
         d_ff = getattr(adapter.config, "intermediate_size", None) or 4 * d
         budget = work_bytes(A.device, CPU_STACK_BYTES)
 
-        def stack(p):
-            interrupts.check()  # a stop asked for: between stacks of layers
-            return self.stack_matrices(p, adapter)
-
-        mats = over_layers(cap, adapter, stack, self.bytes_per_row((n, H, d, d_ff), A.element_size()), budget,
-                           eps_quirk=self.eps_quirk)
+        mats = over_layers(cap, adapter, lambda p: self.stack_matrices(p, adapter),
+                           self.bytes_per_row((n, H, d, d_ff), A.element_size()), budget, eps_quirk=self.eps_quirk)
         return valid_pairs(mats, cap.mask)
 
     def layer_matrix(self, cap, adapter, l: int) -> torch.Tensor:
