@@ -172,14 +172,18 @@ def small_store(tiny_model_dirs, tmp_path_factory):
     return {"data": data, "out": out, "model": tiny_model_dirs["bert"]}
 
 
-@pytest.mark.parametrize("option,value,was", [("--batch-size", "3", "4"), ("--dtype", "bfloat16", "float32"),
-                                               ("--memory-mb", "16", "8"), ("--ig-memory-mb", "64", "1024")])
-def test_resume_with_another_numeric_option_is_refused(small_store, option, value, was):
+@pytest.mark.parametrize("option,value,said", [
+    ("--batch-size", "3", "made with --batch-size 4, not 3: rerun with --batch-size 4"),
+    ("--dtype", "bfloat16", "made with --dtype float32, not bfloat16: rerun with --dtype float32"),
+    # memory budgets default to the device's (no value): the store was made without the option
+    ("--memory-mb", "16", "made without --memory-mb, not with --memory-mb 16: rerun without --memory-mb"),
+    ("--ig-memory-mb", "64", "made without --ig-memory-mb, not with --ig-memory-mb 64: rerun without --ig-memory-mb")])
+def test_resume_with_another_numeric_option_is_refused(small_store, option, value, said):
     before = small_store["out"].read_bytes()
     res = invoke("run", small_store["data"], "--model", small_store["model"], "-o", small_store["out"], "--device",
                  "cpu", "--methods", "rollout,alti,ig_l2", "--batch-size", 4, "--resume", option, value)
     line = one_line(res)
-    assert f"{option} {was}, not {value}" in line and "--overwrite" in line, line
+    assert said in line and "--overwrite" in line, line
     assert small_store["out"].read_bytes() == before
 
 

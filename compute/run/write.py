@@ -181,11 +181,13 @@ def check_resume(before: dict, now: dict, output: str) -> None:
     for opt in declared_options():
         if not opt.resume:
             continue
-        was = b.get(opt.name, opt.default)  # a store older than the option was made with its default
-        if was != n.get(opt.name):
-            raise AttrscopeError(
-                f"--resume: store '{output}' was made with {opt.flag} {show_value(was)}, not "
-                f"{show_value(n.get(opt.name))}: rerun with {opt.flag} {show_value(was)} (the same options), or --overwrite")
+        was, given = b.get(opt.name, opt.default), n.get(opt.name)  # a store older than the option: its default
+        if was != given:
+            made = f"without {opt.flag}" if was is None else f"with {opt.flag} {show_value(was)}"
+            other = ("without it" if given is None else f"with {opt.flag} {show_value(given)}") if was is None or \
+                given is None else show_value(given)
+            raise AttrscopeError(f"--resume: store '{output}' was made {made}, not {other}: rerun {made} (the same "
+                                 "options), or --overwrite")
     was_device = before.get("model", {}).get("device")
     now_device = now["model"].get("device")
     if was_device and torch.device(was_device).type != torch.device(now_device).type:
