@@ -30,6 +30,6 @@ class LRP(RelevanceMethod):
     auto_dtype = "float64"  # its input relevance is ill-conditioned: float32 rounding anywhere moves it (README)
 
     def from_relevance(self, rel, gp, target, cap):
-        views = torch.stack(rel.inputs, dim=1) * cap.mask[:, None]  # [B, L, n]: input of layer 1 .. L
+        views = rel.inputs.transpose(0, 1) * cap.mask[:, None]  # [B, L, n]: input of layer 1 .. L
         views = zero_self(views, cap.explain_pos)
         return MethodResult(scores=views[:, 0], layer_scores=views)
