@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import ARCHS, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
 from conftest import TINY_LENGTHS
 from conftest import captured_tiny as setup
@@ -258,3 +259,66 @@ def test_auto_precision_never_runs_the_rules_on_a_half_precision_forward():
     torch.testing.assert_close(got.scores, want.scores, rtol=1e-6, atol=1e-7)
     halfway = get_method("transatt", dtype="model").compute(ad16.capture(batch, frozenset()), ad16, target)
     assert (halfway.scores.float() - want.scores).abs().max() > 1e-2 * want.scores.abs().max()
+
+
+class _NoHostSync(TorchDispatchMode):
+    """Fails on an op that copies a device scalar to the host (.item(), bool(t), int(t): a device sync on a GPU)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        assert func is not torch.ops.aten._local_scalar_dense.default, "a device-to-host sync in the LRP path"
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ("lrp", "partial_lrp", "mask_lrp"))
+def test_the_relevance_pass_never_waits_for_the_device(monkeypatch, name):
+    """No host sync inside a batch (issue 26): the propagation, its memo key (not target.tolist()) and the read-outs
+    of lrp, partial_lrp and mask_lrp (whose gradients are prepared first: GradientPass keys them itself) run without
+    .item(), .tolist(), bool() or int() of a tensor. tolist() never reaches the dispatcher on the CPU: patched."""
+    _, ad, _, cap = setup("bert")
+    m = get_method(name, **({"head_mask": random_mask(ad.n_layers, ad.n_heads)} if name == "mask_lrp" else {}))
+    target = cap.pred
+    m.head_mask(cap)  # made once per run (a host-to-device copy)
+    from compute.methods._internals.gradients import gradient_pass
+
+    gradient_pass(cap, ad, m.spec, lrp=True)  # the pass itself (the model's code) is not the rules' business
+
+    def no_tolist(self):
+        raise AssertionError("Tensor.tolist in the LRP path")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", no_tolist)
+    with _NoHostSync(), torch.no_grad():
+        rel = relevance(cap, ad, m.spec, target, m.head_mask(cap), rules_dtype=m.rules_dtype(ad), **m.options())
+        if name != "mask_lrp":
+            m.from_relevance(rel, gradient_pass(cap, ad, m.spec, lrp=True), target, cap)
+
+
+def test_the_batch_shares_one_propagation_per_target_tensor(monkeypatch):
+    """The memo is keyed by the target tensor (and the mask tensor): lrp, partial_lrp and transatt on one target run
+    one propagation, each class of --target all one more (class targets shared by the methods), and a target
+    changed in place is a new propagation with the new target's result."""
+    import compute.methods._internals.relevance as rv
+
+    _, ad, _, cap = setup("bert")
+    calls = []
+    propagate = rv.propagate
+    monkeypatch.setattr(rv, "propagate", lambda *a, **k: calls.append(a[1].clone()) or propagate(*a, **k))
+    target = cap.pred
+    for name in ("lrp", "partial_lrp", "transatt"):
+        get_method(name, dtype="float64").compute(cap, ad, target)
+    assert len(calls) == 1
+    for name in ("lrp", "partial_lrp", "transatt"):
+        get_method(name, dtype="float64").compute_classes(cap, ad, 3)
+    assert len(calls) == 4
+    spec = get_method("lrp", dtype="float64").spec
+    before = relevance(cap, ad, spec, target, rules_dtype=None).input.clone()  # the methods' call: memoised
+    target.copy_((target + 1) % 3)
+    after = relevance(cap, ad, spec, target, rules_dtype=None).input
+    assert len(calls) == 5 and torch.equal(calls[-1], target)
+    fresh = rv.propagate(gradient_pass_of(cap, ad), target.clone(), cap.explain_pos)
+    assert torch.equal(after, fresh.input) and not torch.allclose(after, before)
+
+
+def gradient_pass_of(cap, ad):
+    from compute.methods._internals.gradients import gradient_pass
+
+    return gradient_pass(cap, ad, get_method("lrp", dtype="float64").spec, lrp=True)

@@ -291,6 +291,7 @@ def _rule(R: torch.Tensor, den: torch.Tensor, W_both: torch.Tensor, XX: torch.Te
     return SW.view(SW.shape[0], 2, -1).sum(1)
 
 
+@torch.no_grad()  # the rules write into views of buffers: no graph, whoever calls
 def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_mask: torch.Tensor | None = None, *,
               rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
               channel: int | None = None, rules_dtype: torch.dtype | None = None) -> Relevance:
