@@ -322,3 +322,21 @@ def gradient_pass_of(cap, ad):
     from compute.methods._internals.gradients import gradient_pass
 
     return gradient_pass(cap, ad, get_method("lrp", dtype="float64").spec, lrp=True)
+
+
+@pytest.mark.parametrize("arch", ("bert", "distilbert"))
+def test_the_layer_groups_do_not_change_the_result(monkeypatch, arch):
+    """The rules precompute for a group of layers at once, as many as GROUP_BYTES allows: groups of one layer (a long
+    batch) and of two give the numbers of one group for all, to float64 rounding, with a head mask (renormalised too)."""
+    import compute.methods._internals.relevance as rv
+
+    _, ad, _, cap = setup(arch)
+    mask = torch.as_tensor(random_mask(ad.n_layers, ad.n_heads), dtype=torch.float64)
+    want = [rv.propagate(gradient_pass_of(cap, ad), cap.pred, cap.explain_pos, m, renormalise=r)
+            for m, r in ((None, False), (mask, False), (mask, True))]
+    for size in (1, 2):
+        monkeypatch.setattr(rv, "_groups", lambda L, *_: [range(max(0, hi - size), hi) for hi in range(L, 0, -size)])
+        for w, (m, r) in zip(want, ((None, False), (mask, False), (mask, True))):
+            got = rv.propagate(gradient_pass_of(cap, ad), cap.pred, cap.explain_pos, m, renormalise=r)
+            for field in ("input", "inputs", "attention"):
+                torch.testing.assert_close(getattr(got, field), getattr(w, field), rtol=1e-12, atol=1e-15)

@@ -198,7 +198,10 @@ class _Group:
     ``lis[i]``) are views of the batched tensors. Shapes: T = B n tokens, d hidden, G layers.
 
     The alpha1-beta0 rules keep their denominator Z' = Y + |X||W|^T = 2 Z (+ 2 eps: ``linear_relprop``) and
-    XX = [X, |X|], so that a rule is S = R / den, SW = S [W, |W|] and R_in = sum of the two halves of XX * SW."""
+    XX = [X, |X|], so that a rule is S = R / den', SW = S [W, |W|] and R_in = the sum of the two halves of XX * SW.
+    Whatever multiplies or divides a rule's result elementwise next is folded into its XX (the next rule's 1 / den',
+    the fan-out's X / X, A.V's 1 / (2 ctx)), and the add rules' 1 / (a + b) into their operands, so that a factor of
+    the same values costs no operation per layer (the results move by rounding only)."""
 
     def __init__(self, gp, lis: range, cast, dtype, shape, masked_v: torch.Tensor | None, renormalise: bool):
         adapter, rec = gp.adapter, gp.lrp
@@ -209,6 +212,9 @@ class _Group:
 
         def stacked(pairs):  # [G * k, B, n, width] of the recorded (role, 0 = input | 1 = output) tensors
             return cast(torch.stack([layer[role][io] for layer in layers for role, io in pairs]))
+
+        def halves(XX, by):  # XX [G, T, 2 w] times a [G, T, w] factor, in both halves: per layer [T, 2, w]
+            return XX.view(G, T, 2, -1).mul_(by[:, :, None]).unbind(0)
 
         # the two residual adds' operands side by side: [G, 2, T, d], (FFN out, y) and (attention out, x)
         ab2 = stacked((("f2", 1), ("f1", 0))).view(G, 2, T, d)
@@ -222,40 +228,39 @@ class _Group:
         qkv = cast(torch.cat([layer[r][1] for layer in layers for r in ("q", "k", "v")], dim=-1))
         qkv = qkv.view(B, n, G, 3 * d).permute(2, 0, 1, 3).view(G, T, 3 * d)
 
-        self.ab2, self.ab1 = ab2.unbind(0), ab1.unbind(0)
-        self.den_add2 = safe_den(ab2.sum(1), inplace=True).unbind(0)
-        self.den_add1 = safe_den(ab1.sum(1), inplace=True).unbind(0)
-        self.c_y = (y / safe_den(y)).unbind(0)  # the fan-out rule's X / X: R_y = (R_ffn + R_res) * c_y
-        self.c_x = (x / safe_den(x)).unbind(0)
+        c_y = y / safe_den(y)  # the fan-out rule's X / X: R_y = (R_ffn + R_res) * c_y
+        c_x = x / safe_den(x)
+        self.c_y, self.c_x = c_y.unbind(0), c_x.unbind(0)
 
-        def rule(role, X, Y, keep_xx=True):
-            """(den', XX) of ``role`` for the group: den' = safe_den(Y - b + |X||W|^T, 2 eps) [G, T, out]."""
+        def rule(role, X, Y):
+            """(den', XX, [W, |W|] per layer) of ``role`` for the group: den' = safe_den(Y - b + |X||W|^T, 2 eps)."""
             w = layer_weights(adapter, role, dtype)
             Xa = X.abs()
             Yu = Y if w.bias is None else Y - w.bias[lo:hi]
             den = safe_den(torch.bmm(Xa, w.WaT[lo:hi]).add_(Yu), 2 * EPS, inplace=True)
-            return den, (torch.cat([X, Xa], dim=-1) if keep_xx else Xa), w.W_both[lo:hi]
+            return den, torch.cat([X, Xa], dim=-1), w.W_both[lo:hi]
 
-        den, self.XX_h, self.W_f2 = rule("f2", h, y2f)
-        self.den_f2, self.XX_h = den.unbind(0), self.XX_h.unbind(0)
-        den, self.XX_y, self.W_f1 = rule("f1", y, y1f)
-        self.den_f1, self.XX_y = den.unbind(0), self.XX_y.unbind(0)
-        den, XX_o, self.W_o = rule("o", ctx, yo)
-        self.den_o = den.unbind(0)
-        # A.V's LRP-0 divides the o rule's input relevance R_ctx = ctx (S W) + |ctx| (S |W|) by ctx and halves it:
-        # folded into the o rule's inputs, the product gives S_ctx / 2 directly
-        half_ctx = (2 * safe_den(ctx))[:, :, None]
-        self.CC = XX_o.view(G, T, 2, d).div(half_ctx).view(G, T, 2 * d).unbind(0)
-        self.XX_o = XX_o.unbind(0) if renormalise else None  # R_ctx itself (its per-head sums)
-        den_qkv, self.XX_x, self.W_qkv = rule("qkv", x, qkv)
-        self.XX_x = self.XX_x.unbind(0)
+        den_f2, XX_h, self.W_f2 = rule("f2", h, y2f)
+        den_f1, XX_y, self.W_f1 = rule("f1", y, y1f)
+        den_o, XX_o, self.W_o = rule("o", ctx, yo)
+        den_qkv, XX_x, self.W_qkv = rule("qkv", x, qkv)
+        self.den_f2, self.den_o = den_f2.unbind(0), den_o.unbind(0)
+        self.XX_h = halves(XX_h, 1 / den_f1)  # the f2 rule gives S'_f1 = R_h / den'_f1
+        self.XX_y = halves(XX_y, c_y)  # the f1 rule gives R_ffn * c_y
+        self.XX_x = halves(XX_x, c_x)  # the Q/K/V rule gives R_att * c_x
+        # A.V's LRP-0 divides the o rule's input relevance R_ctx by ctx and halves it: the o rule gives S_ctx / 2
+        self.XX_o = XX_o.view(G, T, 2, d).unbind(0) if renormalise else None  # R_ctx itself (its per-head sums)
+        self.CC = halves(XX_o.clone() if renormalise else XX_o, 1 / (2 * safe_den(ctx)))
+        # the add rules' S = R / (a + b) times each operand: [a, b] / (a + b) times R
+        self.ab2 = ab2.div_(safe_den(ab2.sum(1), inplace=True)[:, None]).unbind(0)
+        self.ab1 = ab1.div_(safe_den(ab1.sum(1), inplace=True)[:, None]).unbind(0)
 
         # heads, contiguous [3, G * B * H, n, d_h]: Q, K, V
         heads = qkv.view(G, B, n, 3, H, dh).permute(3, 0, 1, 4, 2, 5).contiguous().view(3, G * B * H, n, dh)
         Q, K, V = heads.unbind(0)
         self.Q, self.K = Q.view(G, B * H, n, dh).unbind(0), K.view(G, B * H, n, dh).unbind(0)
         self.Vt = V.view(G, B * H, n, dh).transpose(2, 3).unbind(0)
-        self.den_qk = safe_den(torch.bmm(Q, K.transpose(1, 2)), inplace=True).view(G, B * H, n, n).unbind(0)
+        self.den_qk = safe_den(torch.bmm(Q, K.transpose(1, 2)), inplace=True).view(G, B, H, n, n).unbind(0)
         # the fused rule's S' = R_qkv / den' per role, with R_Q = Q (S1 K) / 2, R_K = K (S1^T Q) / 2 and
         # R_V = V (A^T S_ctx) / 2 (m: the head mask's column of V): S'_Q = (S1 K) * Q / (2 den'_q), ...
         scale = torch.full((G, 1, 3, H, 1), 0.5, dtype=dtype, device=qkv.device)
@@ -285,12 +290,6 @@ def _rescale_(sums: torch.Tensor, ab: torch.Tensor) -> None:
     ab.mul_(frac.div_(den))
 
 
-def _rule(R: torch.Tensor, den: torch.Tensor, W_both: torch.Tensor, XX: torch.Tensor) -> torch.Tensor:
-    """alpha1-beta0 through one Linear with the group's precomputed den' and XX (see _Group): [T, out] -> [T, in]."""
-    SW = torch.mm(R / den, W_both).mul_(XX)
-    return SW.view(SW.shape[0], 2, -1).sum(1)
-
-
 @torch.no_grad()  # the rules write into views of buffers: no graph, whoever calls
 def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_mask: torch.Tensor | None = None, *,
               rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
@@ -302,7 +301,8 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
 
     One step per layer, top-down, of a few large operations each: what does not depend on the relevance (|X|, the
     denominators, the heads, Q K^T) is computed before, for a group of layers at once (_Group), and the per-layer
-    steps write into buffers allocated once (every operation is a kernel launch on a GPU)."""
+    steps write into buffers allocated once, viewed as each step needs them (every operation is a kernel launch on a
+    GPU, a view too)."""
     adapter = gp.adapter
     last = gp.hidden_states[-1]
     dtype = rules_dtype or (last.dtype if last.element_size() >= 4 else torch.float32)
@@ -313,21 +313,31 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
     H, L = adapter.n_heads, adapter.n_layers
     B, n, d = last.shape
     T, dh, dev = B * n, d // H, last.device
+    d_ffn = gp.lrp.layers[0]["f1"][1].shape[-1]
     b = torch.arange(B, device=dev)
 
-    # buffers: the add rules' [a S, b S, R] (two for the output sublayer's, in turn: the layer below writes its input
-    # relevance into the other one's R), the fused Q/K/V rule's S' [T, 3 d] token-major with head-major views of its
-    # three parts, S_ctx / 2 head-major with its token-major view, and the results
-    out_bufs = torch.empty(2, 3, T, d, dtype=dtype, device=dev)
-    att_buf = torch.empty(3, T, d, dtype=dtype, device=dev)
+    def empty(*size):
+        return torch.empty(size, dtype=dtype, device=dev)
+
+    # the add rules' [a S, b S, R]: two for the output sublayer's, in turn (a layer writes its input relevance into
+    # the other one's R), one for the attention sublayer's; each with its views
+    out_bufs, att_buf = empty(2, 3, T, d), empty(3, T, d)
     bufs = [(buf.unbind(0), buf[:2], buf.view(3, B, n * d), buf[:2].view(2, B, n * d))
             for buf in (*out_bufs.unbind(0), att_buf)]
-    S_qkv = torch.empty(T, 3 * d, dtype=dtype, device=dev)
+    # the products' results: [T, 2 d_ffn] (f2), [T, 2 d] (f1, o, Q/K/V in turn), [B H, n, n] (S V^T, then S1),
+    # [B H, n, d_h] (S1 K, S1^T Q) and [B H, d_h, n] (S^T A), each with the views the next step reads
+    SW_ffn, SW_d = empty(T, 2, d_ffn), empty(T, 2, d)
+    SW_ffn_2d, SW_d_2d, SW_d_heads = SW_ffn.view(T, 2 * d_ffn), SW_d.view(T, 2 * d), SW_d.view(B, n, 2, H, dh)
+    P_nn, P_nd, P_dn = empty(B * H, n, n), empty(B * H, n, dh), empty(B * H, dh, n)
+    P_nn4, P_nn_T, P_nd4 = P_nn.view(B, H, n, n), P_nn.transpose(1, 2), P_nd.view(B, H, n, dh)
+    P_dn4_T = P_dn.view(B, H, dh, n).transpose(2, 3)
+    # the fused Q/K/V rule's S' [T, 3 d] token-major, with head-major views of its parts; S_ctx / 2 head-major
+    # [B H, n, d_h] with its token-major view
+    S_qkv = empty(T, 3 * d)
     S_q, S_k, S_v = S_qkv.view(B, n, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, n, d_h] each
-    S_ctx = torch.empty(B * H, n, dh, dtype=dtype, device=dev)
-    S_ctx_tm = S_ctx.view(B, H, n, dh).transpose(1, 2)
-    attention = torch.empty(L, B * H, n, n, dtype=dtype, device=dev)
-    inputs = torch.empty(L, T, dtype=dtype, device=dev)
+    S_ctx = empty(B * H, n, dh)
+    S_ctx_tm, S_ctx_T = S_ctx.view(B, H, n, dh).transpose(1, 2), S_ctx.transpose(1, 2)
+    attention, inputs = empty(L, B, H, n, n), empty(L, T)
     att_l, inputs_l = attention.unbind(0), inputs.unbind(0)
 
     R_top = bufs[(L - 1) % 2][0][2]
@@ -336,8 +346,8 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
 
     mask = None if head_mask is None else head_mask.to(dtype)  # [L, H]
     fold_mask = mask is not None and not renormalise  # a fixed per-head factor: folded into the precomputed V part
-    if fold_mask:  # [B H, 1, 1] per layer, R^A's rows
-        mask_bh = mask[:, None, :, None, None].expand(L, B, H, 1, 1).reshape(L, B * H, 1, 1).unbind(0)
+    if fold_mask:  # [B, H, 1, 1] per layer
+        mask_bh = mask[:, None, :, None, None].expand(L, B, H, 1, 1).unbind(0)
     shape = (B, n, d, H)
     for lis in _groups(L, B, n, d, H, torch.finfo(dtype).bits // 8):
         g = _Group(gp, lis, cast, dtype, shape, mask if fold_mask else None, renormalise)
@@ -348,22 +358,26 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
             (a1_S, b1_S, R_y), ab1, sums1, ab1_ex = bufs[2]
 
             # output sublayer: LN2 (identity) <- add(FFN out, y) ; FFN: f2 <- activation (identity) <- f1
-            torch.mul(g.ab2[i], R / g.den_add2[i], out=ab)
+            torch.mul(g.ab2[i], R, out=ab)  # [a, b] / (a + b) * R
             _rescale_(sums, ab_ex)
-            R_h = _rule(a_S, g.den_f2[i], g.W_f2[i], g.XX_h[i])
-            R_y_ffn = _rule(R_h, g.den_f1[i], g.W_f1[i], g.XX_y[i])
-            torch.mul(R_y_ffn.add_(b_S), g.c_y[i], out=R_y)  # the fan-out of y: both branches' sum
+            torch.mm(a_S.div_(g.den_f2[i]), g.W_f2[i], out=SW_ffn_2d)
+            torch.mm(SW_ffn.mul_(g.XX_h[i]).sum(1), g.W_f1[i], out=SW_d_2d)  # S'_f1 [W, |W|]
+            torch.sum(SW_d.mul_(g.XX_y[i]), 1, out=R_y)
+            R_y.addcmul_(b_S, g.c_y[i])  # the fan-out of y: both branches' sum, times y / y
 
             # attention sublayer: LN1 (identity) <- add(attention out, x) ; o <- A.V <- (softmax identity) Q.K^T
-            torch.mul(g.ab1[i], R_y / g.den_add1[i], out=ab1)
+            torch.mul(g.ab1[i], R_y, out=ab1)
             _rescale_(sums1, ab1_ex)
-            SW = torch.mm(a1_S / g.den_o[i], g.W_o[i])
+            torch.mm(a1_S.div_(g.den_o[i]), g.W_o[i], out=SW_d_2d)
             if renormalise:
-                R_ctx = (SW * g.XX_o[i]).view(B, n, 2, H, dh).sum(2)  # [B, n, H, d_h]
-            torch.sum(SW.mul_(g.CC[i]).view(B, n, 2, H, dh), 2, out=S_ctx_tm)  # S_ctx / 2 = R_ctx / (2 ctx)
-            A = cast(gp.attentions[li]).reshape(B * H, n, n)
-            R_A = torch.mul(A, torch.bmm(S_ctx, g.Vt[i]), out=att_l[li])  # A (S V^T) / 2
-            R_V = torch.bmm(A.transpose(1, 2), S_ctx).view(B, H, n, dh)  # (A^T S) / 2, times V below
+                R_ctx = (SW_d * g.XX_o[i]).view(B, n, 2, H, dh).sum(2)  # [B, n, H, d_h]
+            SW_d.mul_(g.CC[i])
+            torch.sum(SW_d_heads, 2, out=S_ctx_tm)  # S_ctx / 2 = R_ctx / (2 ctx), head-major
+            A = cast(gp.attentions[li])  # [B, H, n, n]
+            torch.bmm(S_ctx, g.Vt[i], out=P_nn)
+            R_A = torch.mul(A, P_nn4, out=att_l[li])  # A (S V^T) / 2
+            torch.bmm(S_ctx_T, A.view(B * H, n, n), out=P_dn)  # (A^T S)^T / 2
+            R_V = P_dn4_T  # times V below
             if mask is None:
                 R_A_down = R_A
             elif fold_mask:
@@ -372,22 +386,24 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
                 scale = mask[li][None, :].expand(B, H)
                 heads_sum = R_ctx.sum((1, 3))  # [B, H]
                 scale = scale * safe_div(heads_sum.sum(-1), (heads_sum * scale).sum(-1))[:, None]
-                R_A_down = R_A * scale.reshape(B * H, 1, 1)
+                R_A_down = R_A * scale[..., None, None]
                 R_V = R_V * scale[..., None, None]
             if rollout_uses_masked and R_A_down is not R_A:
                 att_l[li].copy_(R_A_down)
             torch.mul(R_V, g.Vo[i], out=S_v)
-            S1 = R_A_down / g.den_qk[i]  # the reference ignores the 1/sqrt(d_h) scaling
-            torch.mul(torch.bmm(S1, g.K[i]).view(B, H, n, dh), g.Qo[i], out=S_q)
-            torch.mul(torch.bmm(S1.transpose(1, 2), g.Q[i]).view(B, H, n, dh), g.Ko[i], out=S_k)
+            torch.div(R_A_down, g.den_qk[i], out=P_nn4)  # S1 (the reference ignores the 1/sqrt(d_h) scaling)
+            torch.bmm(P_nn, g.K[i], out=P_nd)
+            torch.mul(P_nd4, g.Qo[i], out=S_q)
+            torch.bmm(P_nn_T, g.Q[i], out=P_nd)
+            torch.mul(P_nd4, g.Ko[i], out=S_k)
 
             # Q, K, V share the layer input: one fused rule over [W_q; W_k; W_v] sums the three relevances (the clone)
-            SW = torch.mm(S_qkv, g.W_qkv[i]).mul_(g.XX_x[i])
+            torch.mm(S_qkv, g.W_qkv[i], out=SW_d_2d)
             R_in = bufs[(li - 1) % 2][0][2]
-            torch.mul(SW.view(T, 2, d).sum(1).add_(b1_S), g.c_x[i], out=R_in)
+            torch.sum(SW_d.mul_(g.XX_x[i]), 1, out=R_in)
+            R_in.addcmul_(b1_S, g.c_x[i])  # the fan-out of x
             torch.sum(R_in, -1, out=inputs_l[li])
-    return Relevance(input=R_in.view(B, n, d), inputs=inputs.view(L, B, n),
-                     attention=attention.view(L, B, H, n, n))
+    return Relevance(input=R_in.view(B, n, d), inputs=inputs.view(L, B, n), attention=attention)
 
 
 def _unbiased(mod, y: torch.Tensor, cast=wide) -> torch.Tensor:
