@@ -18,7 +18,7 @@ class PartialLRP(RelevanceMethod):
     has_matrices = True
 
     run_options = LRP.run_options
-    auto_dtype = "float64"  # its lower layers' maps carry relevance through the rules' poles, as lrp's (README)
+
     def from_relevance(self, rel, gp, target, cap):
         maps = valid_block(positive_head_mean(rel.attention.transpose(0, 1)), cap.mask)  # [B, L, n, n]
         views = zero_self(row_at(maps, cap.explain_pos), cap.explain_pos)

@@ -441,8 +441,9 @@ class RelevanceMethod(Method):
     "float64" (forward, backward and rules on the model's float64 twin), "mixed" (forward and backward on the twin,
     rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
     result needs), "model" (everything in the model's dtype, the reference), "float32" (the model's dtype where it
-    is float32 or wider, else a float32 copy of the model: the rules never run a half-precision forward), "auto"
-    (``auto_dtype``: the stored params say which one ran). Class-specific: relevance starts at the target's one-hot logit."""
+    is float32 or wider, else a float32 copy of the model: auto's choice for transatt and mask_lrp before issue 26,
+    named in the params of the stores it wrote), "auto" (``auto_dtype``: the stored params say which one ran).
+    Class-specific: relevance starts at the target's one-hot logit."""
 
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
@@ -452,9 +453,11 @@ class RelevanceMethod(Method):
     # (the decoders' next-token task has no rule set: pre-LN, METHODS.md section 9)
     tasks = frozenset({"classification", "regression", "masked-token", "qa"})
     pre_ln_ok = False
-    # "auto": the rolled-out methods (transatt, mask_lrp) agree with float64 to a Spearman of 0.9998 in the model's
-    # dtype on the shared model; lrp's input relevance and partial_lrp's lower layers do not (README): float64
-    auto_dtype = "float32"  # the model's dtype where it is float32 or wider; a half-precision model's float32 copy
+    # "auto": float64 for all four. Neither float32 nor float32 rules on a float64 forward ("mixed") reproduce the
+    # float64 numbers to 1e-3 of the scale with a mean Spearman of 0.9999 on both the shared model and a random
+    # BERT-base (README, LRP precision: benchmarks/lrp_precision.py); float64 is cheap on Hopper GPUs, and one
+    # precision lets the batch's LRP methods share one gradient pass and one propagation.
+    auto_dtype = "float64"
 
     def __init__(self, **params):
         params = {"dtype": "auto", **params}
