@@ -165,10 +165,10 @@ def test_half_precision_model_gives_float32_results_close_to_float32(low):
         out[dtype] = {name: get_method(name, **(half if name == "mask_lrp" else {})).compute(
             cap, ad, torch.zeros(2, dtype=torch.long)).scores for name in REGISTRY}
     for name in REGISTRY:
-        # the LRP rules run on a copy of the model (--lrp-dtype auto, compute.methods._internals.relevance): float64
-        # for lrp and partial_lrp, float32 for the rollouts; never a half-precision forward
+        # the LRP rules run on a float64 copy of the model (--lrp-dtype auto, compute.methods._internals.relevance);
+        # never a half-precision forward
         lrp = name in ("lrp", "partial_lrp", "transatt", "mask_lrp")
-        assert out[low][name].dtype == (torch.float64 if name in ("lrp", "partial_lrp") else torch.float32)
+        assert out[low][name].dtype == (torch.float64 if lrp else torch.float32)
         if lrp:
             # half precision rounds the weights: another model, and the LRP rules divide by sums that pass near zero, so
             # their result is not continuous in the weights (README: LRP precision); only finiteness is checked

@@ -61,7 +61,13 @@ class MaskLRP(TransAtt):
         if mask is None:
             raise AttrscopeError("method 'mask_lrp' needs a head mask: attr-compute computes it in its head-statistics "
                                  "pass, or pass --head-mask STORE.h5 to reuse one")
-        return torch.as_tensor(mask, dtype=torch.float64, device=cap.input_ids.device)
+        # made once per device, the same tensor every batch: a host-to-device copy per batch waits for the device,
+        # and the batch's propagations are memoised by the mask tensor
+        device = cap.input_ids.device
+        kept = self.__dict__.get("_mask_tensor")
+        if kept is None or kept[0] != device or kept[1] is not mask:
+            kept = self._mask_tensor = (device, mask, torch.as_tensor(mask, dtype=torch.float64, device=device))
+        return kept[2]
 
     def check_architecture(self, adapter):
         super().check_architecture(adapter)
@@ -74,7 +80,7 @@ class MaskLRP(TransAtt):
 
     def from_relevance(self, rel, gp, target, cap):
         if self.params.get("rollout_unhalved"):  # the reference's cam1_preserve: the A.V relevance before its 1/2
-            rel = replace(rel, attention=[2 * R for R in rel.attention])
+            rel = replace(rel, attention=2 * rel.attention)
         return super().from_relevance(rel, gp, target, cap)
 
     def options(self):

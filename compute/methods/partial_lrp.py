@@ -4,8 +4,6 @@ the explained ([CLS]) row with its own entry set to 0. Final = last layer (the r
 
 from __future__ import annotations
 
-import torch
-
 from ._internals.aggregate import row_at, valid_block
 from ._internals.base import MethodResult
 from ._internals.relevance import RelevanceMethod, positive_head_mean, zero_self
@@ -20,8 +18,8 @@ class PartialLRP(RelevanceMethod):
     has_matrices = True
 
     run_options = LRP.run_options
-    auto_dtype = "float64"  # its lower layers' maps carry relevance through the rules' poles, as lrp's (README)
+
     def from_relevance(self, rel, gp, target, cap):
-        maps = torch.stack([valid_block(positive_head_mean(R), cap.mask) for R in rel.attention], dim=1)  # [B, L, n, n]
+        maps = valid_block(positive_head_mean(rel.attention.transpose(0, 1)), cap.mask)  # [B, L, n, n]
         views = zero_self(row_at(maps, cap.explain_pos), cap.explain_pos)
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=maps)

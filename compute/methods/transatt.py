@@ -24,7 +24,8 @@ class TransAtt(RelevanceMethod):
 
     run_options = LRP.run_options
     def from_relevance(self, rel, gp, target, cap):
-        grads = gp.grads(target)["attentions"]
-        maps = [valid_block(positive_head_mean(G.to(R.dtype) * R), cap.mask) for G, R in zip(grads, rel.attention)]
+        R = rel.attention.transpose(0, 1)  # [B, L, H, n, n]
+        GR = torch.stack(gp.grads(target)["attentions"], dim=1).to(R.dtype).mul_(R)  # one copy, then in place
+        maps = valid_block(positive_head_mean(GR), cap.mask)  # [B, L, n, n]
         views = gradient_weighted_rollout(maps, cap.mask, cap.explain_pos)
-        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=torch.stack(maps, dim=1))
+        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=maps)

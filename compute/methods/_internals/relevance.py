@@ -14,6 +14,12 @@ example per batch. Every rule is a closed form, so here one pass walks the layer
   fan-out of a hidden state to Q/K/V and the residual sums the relevances.
 * Divisions use the reference's safe_divide (denominator + 1e-9, 0 where it is 0).
 
+On a GPU every tensor operation is a kernel launch, and a per-layer loop of many small ones is launch-bound. So
+everything that does not depend on the relevance (|X|, every denominator, the heads, Q K^T, the products of the
+forms above that fold a factor into the precomputed side) is computed for a group of layers at once, and the
+top-down sweep takes about 70 operations per layer, writing into buffers allocated once (benchmarks/op_count.py).
+Divisions by a denominator become one division by safe_den(b): b + 1e-9, +inf where b == 0.
+
 Relevance starts as the one-hot vector of the target class at the logits. Pad positions never receive relevance
 (attention gives pad keys probability 0 and every other rule acts per token), and the per-example sums of the add
 rule are taken over each example alone, so an example's result does not depend on its batch.
@@ -33,20 +39,35 @@ import torch
 from ... import interrupts
 from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
-from .aggregate import add_identity_row_normalise, rows_of_products, valid_block
+from .aggregate import add_identity_row_normalise, valid_block
 from .base import Method, MethodResult
 from .gradients import Explained, GradientPass, gradient_pass, spec_from, wide
 from .lrp_record import has_lrp_rules
 
 EPS = 1e-9
+INF = float("inf")
+# What one group of layers' precomputed tensors may take (about 40 d-vectors per token and two n x n maps per head
+# and layer, in the rules' dtype). Short batches take every layer in one group, the fewest kernel launches where
+# launches are what costs; where a layer's tensors pass ~1M elements the arithmetic costs more than the launches,
+# and one group at a time keeps the peak memory of a batch where the per-layer rules had it (BERT-base, 8 x 128
+# tokens, float64: 2.4 GB over the batch's capture, as before the groups).
+GROUP_BYTES = 1 << 28
+
+
+def safe_den(b: torch.Tensor, eps: float = EPS, *, inplace: bool = False) -> torch.Tensor:
+    """The reference's safe_divide(a, b) as a / safe_den(b): b + eps (eps where that is 0), +inf where b == 0 (so
+    that a / den is 0 there, as the reference's mask makes it). Built once per denominator, for all layers at once;
+    ``inplace`` overwrites b (a temporary)."""
+    zero = b == 0
+    den = b.add_(eps) if inplace else b + eps
+    den.masked_fill_(den == 0, eps)
+    return den.masked_fill_(zero, INF)
 
 
 def safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The reference's safe_divide: a / (b + 1e-9), and 0 where b == 0 (a denominator that rounds to 0, b = -1e-9,
-    becomes 1e-9). Scalar fills and in-place steps: this runs on every [B, n, d] tensor of every layer."""
-    den = b + EPS
-    den.masked_fill_(den == 0, EPS)
-    return torch.where(b != 0, torch.div(a, den, out=den), 0.0)
+    becomes 1e-9)."""
+    return a / safe_den(b)
 
 
 def rule_weights(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -55,62 +76,62 @@ def rule_weights(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return W, Wa.T, torch.cat([W, Wa], dim=1)
 
 
-def adapter_rule_weights(adapter: Adapter, key: str, mods: list, cast=wide) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                     torch.Tensor]:
-    """``rule_weights`` of the Linear modules ``mods`` stacked by output rows (Q, K and V share one rule), kept on the
-    adapter while the modules' weights are the same tensors, unmodified: rebuilt per batch they cost a pass over
-    3 x the weights per Linear, as much as the rule's elementwise work on a batch of short sentences."""
+def adapter_rule_weights(adapter: Adapter, key: str, mods: list, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``rule_weights`` in ``dtype`` of the Linear modules ``mods`` stacked by output rows, kept on the adapter while
+    the modules' weights are the same tensors, unmodified (the head's rules)."""
     cache = adapter.__dict__.setdefault("_lrp_rule_weights", {})
     weights = tuple(m.weight for m in mods)
     stamp = tuple(w._version for w in weights)
-    key = (key, cast(weights[0][:0]).dtype)
+    key = (key, dtype)
     hit = cache.get(key)
     if hit is None or hit[1] != stamp or any(a is not b for a, b in zip(hit[0], weights)):
-        W = torch.cat([cast(w) for w in weights]) if len(weights) > 1 else cast(weights[0])
+        with torch.no_grad():
+            W = torch.cat([w.to(dtype) for w in weights]) if len(weights) > 1 else weights[0].to(dtype)
         hit = cache[key] = (weights, stamp, rule_weights(W.detach()))
     return hit[2]
 
 
 def linear_relprop(R: torch.Tensor, X: torch.Tensor, W, Y: torch.Tensor) -> torch.Tensor:
     """alpha1-beta0 rule through y = X W^T (+ b, ignored). R [..., out], X [..., in], W [out, in] (or its
-    ``rule_weights``), Y = X W^T."""
+    ``rule_weights``), Y = X W^T. With Z = (Y + |X| |W|^T) / 2, S = R / Z and R_in = (X (SW) + |X| (S|W|)) / 2, the
+    two halves cancel exactly (powers of 2): S/2 = R / (Y + |X||W|^T + 2 eps) and R_in = X (S/2 W) + |X| (S/2 |W|)."""
     Xa = X.abs()
     _, WaT, W_both = rule_weights(W) if isinstance(W, torch.Tensor) else W
-    Z = torch.matmul(Xa, WaT).add_(Y).div_(2)
-    S = safe_div(R, Z)
+    S = R / safe_den(torch.matmul(Xa, WaT).add_(Y), 2 * EPS, inplace=True)
     SW = S @ W_both  # [..., 2 in]: S W and S |W| in one product
     d_in = X.shape[-1]
-    return (X * SW[..., :d_in]).addcmul_(Xa, SW[..., d_in:]).div_(2)
+    return (X * SW[..., :d_in]).addcmul_(Xa, SW[..., d_in:])
 
 
-def add_relprop(R: torch.Tensor, a_in: torch.Tensor, b_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Residual add z = a + b [B, n, d]: LRP-0 per operand, then the reference's rescaling with per-example sums."""
-    S = safe_div(R, a_in + b_in)
-    a, b = a_in * S, b_in * S
-    a_sum, b_sum, r_sum = a.sum((1, 2)), b.sum((1, 2)), R.sum((1, 2))
-    both = a_sum.abs() + b_sum.abs()
-    a_fact = safe_div(a_sum.abs(), both) * r_sum
-    b_fact = safe_div(b_sum.abs(), both) * r_sum
-    return a * safe_div(a_fact, a_sum)[:, None, None], b * safe_div(b_fact, b_sum)[:, None, None]
+@dataclass
+class _Weights:
+    """One rule's weights for every layer: |W|^T stacked [L, in, out] (Z for a group of layers in one product), the
+    per-layer [W, |W|] [out, 2 in] (the sweep's products) and the bias stacked [L, 1, out] (None: no bias)."""
+
+    WaT: torch.Tensor
+    W_both: tuple
+    bias: torch.Tensor | None
 
 
-def clone_relprop(X: torch.Tensor, *Rs: torch.Tensor) -> torch.Tensor:
-    """Fan-out of X to several branches: the reference's X * sum_k R_k / X (the sum, except where X is ~0); each
-    safe_div(R_k, X), with the denominator and its zero mask built once."""
-    den = X + EPS
-    den.masked_fill_(den == 0, EPS)
-    nonzero = X != 0
-    return X * sum(torch.where(nonzero, R / den, 0.0) for R in Rs)
-
-
-def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
-    B, n, d = t.shape
-    return t.view(B, n, H, d // H).transpose(1, 2)  # [B, H, n, d_h]
-
-
-def _merge(t: torch.Tensor) -> torch.Tensor:
-    B, H, n, dh = t.shape
-    return t.transpose(1, 2).reshape(B, n, H * dh)
+def layer_weights(adapter: Adapter, role: str, dtype: torch.dtype) -> _Weights:
+    """The rule weights of ``role`` (f1, f2, o, or qkv: Q, K and V stacked by output rows, one rule for the three)
+    in every layer, in the rules' dtype, kept on the adapter while the modules' parameters are the same tensors,
+    unmodified: rebuilt per batch they would cost a pass over 3 x the weights."""
+    cache = adapter.__dict__.setdefault("_lrp_layer_weights", {})
+    roles = ("q", "k", "v") if role == "qkv" else (role,)
+    mods = [[adapter.lrp_linears(layer)[r] for r in roles] for layer in adapter.layers()]
+    params = [p for ms in mods for m in ms for p in (m.weight, m.bias) if p is not None]
+    stamp = tuple((id(p), p._version) for p in params)
+    hit = cache.get((role, dtype))
+    if hit is None or hit[0] != stamp or any(a is not b for a, b in zip(hit[1], params)):
+        with torch.no_grad():
+            W = torch.stack([torch.cat([m.weight for m in ms]) for ms in mods]).to(dtype)  # [L, out, in]
+            Wa = W.abs()
+            bias = None if mods[0][0].bias is None else torch.stack(
+                [torch.cat([m.bias for m in ms]) for ms in mods]).to(dtype)[:, None]
+            w = _Weights(Wa.transpose(1, 2).contiguous(), torch.cat([W, Wa], dim=2).unbind(0), bias)
+        hit = cache[(role, dtype)] = (stamp, params, w)
+    return hit[2]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -123,24 +144,25 @@ def check_lrp(adapter: Adapter, method: str) -> None:
 
 @dataclass
 class Relevance:
-    """Result of one propagation. ``inputs[l]``: relevance at the input of layer l+1 [B, n, d] summed over d
-    ([B, n]); ``input``: at the encoder input [B, n, d]; ``attention[l]``: R^{A,l+1} [B, H, n, n] (the half of the
-    A.V relevance that goes to A, per head, as kept for the rollout)."""
+    """Result of one propagation. ``inputs`` [L, B, n]: relevance at the input of layer l+1 summed over d (row l:
+    [B, n]); ``input``: at the encoder input [B, n, d]; ``attention`` [L, B, H, n, n]: R^{A,l+1} (the half of the A.V
+    relevance that goes to A, per head, as kept for the rollout)."""
 
     input: torch.Tensor
-    inputs: list[torch.Tensor]
-    attention: list[torch.Tensor]
+    inputs: torch.Tensor
+    attention: torch.Tensor
 
 
 def start_relevance(target: torch.Tensor, foil: torch.Tensor | None, channel: int | None, width: int,
                     dtype: torch.dtype) -> torch.Tensor:
     """[B, width] relevance at the head's output: one-hot at the explained output's entry (the target class or word;
-    a QA head's start or end channel), less one-hot at the foil word where one is given (a contrast)."""
-    index = target if channel is None else torch.full_like(target, channel)
-    R = torch.nn.functional.one_hot(index, width).to(dtype)
-    if foil is not None:
-        has = (foil >= 0).to(dtype)[:, None]
-        R = R - has * torch.nn.functional.one_hot(foil.clamp_min(0), width).to(dtype)
+    a QA head's start or end channel), less one-hot at the foil word where one is given (a contrast). Scattered, not
+    one_hot: that checks the indices' range on the host (a device sync)."""
+    R = torch.zeros(target.shape[0], width, dtype=dtype, device=target.device)
+    index = target[:, None] if channel is None else torch.full_like(target[:, None], channel)
+    R.scatter_(1, index, 1.0)
+    if foil is not None:  # added, not written: a foil equal to the target leaves 1 - 1 = 0
+        R.scatter_add_(1, foil.clamp_min(0)[:, None], -(foil >= 0).to(dtype)[:, None])
     return R
 
 
@@ -148,89 +170,242 @@ def start_relevance(target: torch.Tensor, foil: torch.Tensor | None, channel: in
 QA_CHANNELS = {"start_logits": 0, "end_logits": 1}
 
 
+def _head_relevance(gp: GradientPass, target, pos, foil, channel, cast, dtype) -> torch.Tensor:
+    """[B, d] relevance at the explained row of the last hidden state: the head's Linears (alpha-beta) top-down,
+    activations and LayerNorms passing relevance unchanged (a sequence head reads the row alone; a language-model or
+    QA head runs on every token: its row at the explained position is the one that produced the explained output)."""
+    adapter, rec = gp.adapter, gp.lrp
+    last = gp.hidden_states[-1]
+    b = torch.arange(last.shape[0], device=last.device)
+    R = None
+    head = adapter.lrp_head()
+    for k in range(len(head) - 1, -1, -1):
+        mod, (x, y) = head[k], rec.head[k]
+        x = cast(x)
+        if x.dim() == 3:
+            x = x[b, pos]
+            y = torch.nn.functional.linear(x, cast(mod.weight), None if mod.bias is None else cast(mod.bias))
+        else:
+            y = cast(y)
+        if R is None:
+            R = start_relevance(target, foil, channel, y.shape[-1], y.dtype)
+        R = linear_relprop(R, x, adapter_rule_weights(adapter, f"head.{k + 1}", [mod], dtype), _unbiased(mod, y, cast))
+    top = cast(last[b, pos])
+    return top * safe_div(R, top)
+
+
+class _Group:
+    """Everything the rules of a group of consecutive layers need that does not depend on the relevance, computed for
+    the group at once (batched over layers) before the top-down sweep reaches it; per-layer lists (index i: layer
+    ``lis[i]``) are views of the batched tensors. Shapes: T = B n tokens, d hidden, G layers.
+
+    The alpha1-beta0 rules keep their denominator Z' = Y + |X||W|^T = 2 Z (+ 2 eps: ``linear_relprop``) and
+    XX = [X, |X|], so that a rule is S = R / den', SW = S [W, |W|] and R_in = the sum of the two halves of XX * SW.
+    Whatever multiplies or divides a rule's result elementwise next is folded into its XX (the next rule's 1 / den',
+    the fan-out's X / X, A.V's 1 / (2 ctx)), and the add rules' 1 / (a + b) into their operands, so that a factor of
+    the same values costs no operation per layer (the results move by rounding only)."""
+
+    def __init__(self, gp, lis: range, cast, dtype, shape, masked_v: torch.Tensor | None, renormalise: bool):
+        adapter, rec = gp.adapter, gp.lrp
+        B, n, d, H = shape
+        G, T, dh = len(lis), B * n, d // H
+        lo, hi = lis.start, lis.stop
+        layers = [rec.layers[l] for l in lis]
+
+        def stacked(pairs):  # [G * k, B, n, width] of the recorded (role, 0 = input | 1 = output) tensors
+            return cast(torch.stack([layer[role][io] for layer in layers for role, io in pairs]))
+
+        def halves(XX, by):  # XX [G, T, 2 w] times a [G, T, w] factor, in both halves: per layer [T, 2, w]
+            return XX.view(G, T, 2, -1).mul_(by[:, :, None]).unbind(0)
+
+        # the two residual adds' operands side by side: [G, 2, T, d], (FFN out, y) and (attention out, x)
+        ab2 = stacked((("f2", 1), ("f1", 0))).view(G, 2, T, d)
+        ab1 = stacked((("o", 1), ("q", 0))).view(G, 2, T, d)
+        y2f, y = ab2.unbind(1)
+        yo, x = ab1.unbind(1)
+        ctx = stacked((("o", 0),)).view(G, T, d)
+        h = stacked((("f2", 0),)).view(G, T, -1)
+        y1f = stacked((("f1", 1),)).view(G, T, -1)
+        # Q, K, V (with bias) as the fused rule's output [G, T, 3 d]: one concatenation, viewed layer-first
+        qkv = cast(torch.cat([layer[r][1] for layer in layers for r in ("q", "k", "v")], dim=-1))
+        qkv = qkv.view(B, n, G, 3 * d).permute(2, 0, 1, 3).view(G, T, 3 * d)
+
+        c_y = y / safe_den(y)  # the fan-out rule's X / X: R_y = (R_ffn + R_res) * c_y
+        c_x = x / safe_den(x)
+        self.c_y, self.c_x = c_y.unbind(0), c_x.unbind(0)
+
+        def rule(role, X, Y):
+            """(den', XX, [W, |W|] per layer) of ``role`` for the group: den' = safe_den(Y - b + |X||W|^T, 2 eps)."""
+            w = layer_weights(adapter, role, dtype)
+            Xa = X.abs()
+            Yu = Y if w.bias is None else Y - w.bias[lo:hi]
+            den = safe_den(torch.bmm(Xa, w.WaT[lo:hi]).add_(Yu), 2 * EPS, inplace=True)
+            return den, torch.cat([X, Xa], dim=-1), w.W_both[lo:hi]
+
+        den_f2, XX_h, self.W_f2 = rule("f2", h, y2f)
+        den_f1, XX_y, self.W_f1 = rule("f1", y, y1f)
+        den_o, XX_o, self.W_o = rule("o", ctx, yo)
+        den_qkv, XX_x, self.W_qkv = rule("qkv", x, qkv)
+        self.den_f2, self.den_o = den_f2.unbind(0), den_o.unbind(0)
+        self.XX_h = halves(XX_h, 1 / den_f1)  # the f2 rule gives S'_f1 = R_h / den'_f1
+        self.XX_y = halves(XX_y, c_y)  # the f1 rule gives R_ffn * c_y
+        self.XX_x = halves(XX_x, c_x)  # the Q/K/V rule gives R_att * c_x
+        # A.V's LRP-0 divides the o rule's input relevance R_ctx by ctx and halves it: the o rule gives S_ctx / 2
+        self.XX_o = XX_o.view(G, T, 2, d).unbind(0) if renormalise else None  # R_ctx itself (its per-head sums)
+        self.CC = halves(XX_o.clone() if renormalise else XX_o, 1 / (2 * safe_den(ctx)))
+        # the add rules' S = R / (a + b) times each operand: [a, b] / (a + b) times R
+        self.ab2 = ab2.div_(safe_den(ab2.sum(1), inplace=True)[:, None]).unbind(0)
+        self.ab1 = ab1.div_(safe_den(ab1.sum(1), inplace=True)[:, None]).unbind(0)
+
+        # heads, contiguous [3, G * B * H, n, d_h]: Q, K, V
+        heads = qkv.view(G, B, n, 3, H, dh).permute(3, 0, 1, 4, 2, 5).contiguous().view(3, G * B * H, n, dh)
+        Q, K, V = heads.unbind(0)
+        self.Q, self.K = Q.view(G, B * H, n, dh).unbind(0), K.view(G, B * H, n, dh).unbind(0)
+        self.Vt = V.view(G, B * H, n, dh).transpose(2, 3).unbind(0)
+        self.den_qk = safe_den(torch.bmm(Q, K.transpose(1, 2)), inplace=True).view(G, B, H, n, n).unbind(0)
+        # the fused rule's S' = R_qkv / den' per role, with R_Q = Q (S1 K) / 2, R_K = K (S1^T Q) / 2 and
+        # R_V = V (A^T S_ctx) / 2 (m: the head mask's column of V): S'_Q = (S1 K) * Q / (2 den'_q), ...
+        scale = torch.full((G, 1, 3, H, 1), 0.5, dtype=dtype, device=qkv.device)
+        scale[:, :, 2] = 1.0 if masked_v is None else masked_v[lo:hi, None, :, None]
+        over = (qkv.view(G, T, 3, H, dh) * scale).div_(den_qkv.view(G, T, 3, H, dh))
+        q_o, k_o, v_o = over.view(G, B, n, 3, H, dh).permute(3, 0, 1, 4, 2, 5).unbind(0)  # [G, B, H, n, d_h]
+        self.Qo, self.Ko, self.Vo = q_o.unbind(0), k_o.unbind(0), v_o.unbind(0)
+
+
+def _groups(L: int, B: int, n: int, d: int, H: int, itemsize: int) -> list[range]:
+    """Consecutive layer ranges, top first, each within GROUP_BYTES of precomputed tensors."""
+    per_layer = itemsize * (40 * B * n * d + 2 * B * H * n * n)
+    size = max(1, min(L, GROUP_BYTES // max(per_layer, 1)))
+    return [range(max(0, hi - size), hi) for hi in range(L, 0, -size)]
+
+
+def _rescale_(sums: torch.Tensor, ab: torch.Tensor) -> None:
+    """The add rule's rescaling, in place on ab [2, B, n d] (a S, b S) from ``sums`` [3, B, n d] (a S, b S, R): each
+    operand times safe_div(safe_div(|sum a S|, |sum a S| + |sum b S|) * sum R, sum a S), per example. The outer masks
+    are dropped where they cannot act: |s| / (|s| + |t| + eps) is 0 when both are, and so is the numerator where the
+    sum it is divided by is 0."""
+    s_ab, r = sums.sum(-1, keepdim=True).split([2, 1])  # [2, B, 1], [1, B, 1]
+    frac = s_ab.abs()
+    frac.div_(frac.sum(0).add_(EPS)).mul_(r)
+    den = s_ab + EPS
+    den.masked_fill_(den == 0, EPS)
+    ab.mul_(frac.div_(den))
+
+
+@torch.no_grad()  # the rules write into views of buffers: no graph, whoever calls
 def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_mask: torch.Tensor | None = None, *,
               rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
               channel: int | None = None, rules_dtype: torch.dtype | None = None) -> Relevance:
     """Relevance from the one-hot target logit (less the foil's; or a QA head's ``channel`` at the explained
     position) down to the encoder input, for the batch recorded in ``gp`` (on the model gp ran: the float64 twin for
     --lrp-dtype float64 and mixed). ``rules_dtype``: the rules' precision (None: the pass's own, at least float32);
-    mixed runs them in float32 on the float64 pass's activations."""
-    adapter, rec = gp.adapter, gp.lrp
-    cast = wide if rules_dtype is None else (lambda t: t.to(rules_dtype))
-    H = adapter.n_heads
-    layers = adapter.layers()
+    mixed runs them in float32 on the float64 pass's activations.
 
-    # head: its Linears (alpha-beta) top-down, activations and LayerNorms passing relevance unchanged, on the
-    # explained row (a sequence head reads it alone; a language-model or QA head runs on every token: its row
-    # at the explained position is the one that produced the explained output)
-    last = cast(gp.hidden_states[-1].detach())
-    b = torch.arange(last.shape[0], device=last.device)
-    R = None
-    head = adapter.lrp_head()
-    for k in range(len(head) - 1, -1, -1):
-        mod, (x, y) = head[k], rec.head[k]
-        x = cast(x.detach())
-        if x.dim() == 3:
-            x = x[b, pos]
-            y = torch.nn.functional.linear(x, cast(mod.weight), None if mod.bias is None else cast(mod.bias))
-        else:
-            y = cast(y.detach())
-        if R is None:
-            R = start_relevance(target, foil, channel, y.shape[-1], y.dtype)
-        R = linear_relprop(R, x, adapter_rule_weights(adapter, f"head.{k + 1}", [mod], cast), _unbiased(mod, y, cast))
-    R_out = torch.zeros_like(last)
-    R_out[b, pos] = last[b, pos] * safe_div(R, last[b, pos])
+    One step per layer, top-down, of a few large operations each: what does not depend on the relevance (|X|, the
+    denominators, the heads, Q K^T) is computed before, for a group of layers at once (_Group), and the per-layer
+    steps write into buffers allocated once, viewed as each step needs them (every operation is a kernel launch on a
+    GPU, a view too)."""
+    adapter = gp.adapter
+    last = gp.hidden_states[-1]
+    dtype = rules_dtype or (last.dtype if last.element_size() >= 4 else torch.float32)
 
-    inputs, attention = [None] * len(layers), [None] * len(layers)
-    for li in range(len(layers) - 1, -1, -1):
-        interrupts.check()  # a stop asked for: between layers
-        lin = adapter.lrp_linears(layers[li])
+    def cast(t):
+        return t if t.dtype == dtype else t.to(dtype)
 
-        def weights(*roles, li=li, lin=lin):
-            return adapter_rule_weights(adapter, f"{li}.{''.join(roles)}", [lin[r] for r in roles], cast)
+    H, L = adapter.n_heads, adapter.n_layers
+    B, n, d = last.shape
+    T, dh, dev = B * n, d // H, last.device
+    d_ffn = gp.lrp.layers[0]["f1"][1].shape[-1]
+    b = torch.arange(B, device=dev)
 
-        io = {k: (cast(i.detach()), cast(o.detach())) for k, (i, o) in rec.layers[li].items()}
-        A = cast(gp.attentions[li].detach())
-        x, yq = io["q"]
-        yk, yv = io["k"][1], io["v"][1]
-        ctx, yo = io["o"]
-        y, y1f = io["f1"]
-        h, y2f = io["f2"]
+    def empty(*size):
+        return torch.empty(size, dtype=dtype, device=dev)
 
-        # output sublayer: LN2 (identity) <- add(FFN out, y) ; FFN: f2 <- activation (identity) <- f1
-        R_f, R_y_res = add_relprop(R_out, y2f, y)
-        R_h = linear_relprop(R_f, h, weights("f2"), _unbiased(lin["f2"], y2f, cast))
-        R_y_ffn = linear_relprop(R_h, y, weights("f1"), _unbiased(lin["f1"], y1f, cast))
-        R_y = clone_relprop(y, R_y_ffn, R_y_res)
+    # the add rules' [a S, b S, R]: two for the output sublayer's, in turn (a layer writes its input relevance into
+    # the other one's R), one for the attention sublayer's; each with its views
+    out_bufs, att_buf = empty(2, 3, T, d), empty(3, T, d)
+    bufs = [(buf.unbind(0), buf[:2], buf.view(3, B, n * d), buf[:2].view(2, B, n * d))
+            for buf in (*out_bufs.unbind(0), att_buf)]
+    # the products' results: [T, 2 d_ffn] (f2), [T, 2 d] (f1, o, Q/K/V in turn), [B H, n, n] (S V^T, then S1),
+    # [B H, n, d_h] (S1 K, S1^T Q) and [B H, d_h, n] (S^T A), each with the views the next step reads
+    SW_ffn, SW_d = empty(T, 2, d_ffn), empty(T, 2, d)
+    SW_ffn_2d, SW_d_2d, SW_d_heads = SW_ffn.view(T, 2 * d_ffn), SW_d.view(T, 2 * d), SW_d.view(B, n, 2, H, dh)
+    P_nn, P_nd, P_dn = empty(B * H, n, n), empty(B * H, n, dh), empty(B * H, dh, n)
+    P_nn4, P_nn_T, P_nd4 = P_nn.view(B, H, n, n), P_nn.transpose(1, 2), P_nd.view(B, H, n, dh)
+    P_dn4_T = P_dn.view(B, H, dh, n).transpose(2, 3)
+    # the fused Q/K/V rule's S' [T, 3 d] token-major, with head-major views of its parts; S_ctx / 2 head-major
+    # [B H, n, d_h] with its token-major view
+    S_qkv = empty(T, 3 * d)
+    S_q, S_k, S_v = S_qkv.view(B, n, 3, H, dh).permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, n, d_h] each
+    S_ctx = empty(B * H, n, dh)
+    S_ctx_tm, S_ctx_T = S_ctx.view(B, H, n, dh).transpose(1, 2), S_ctx.transpose(1, 2)
+    attention, inputs = empty(L, B, H, n, n), empty(L, T)
+    att_l, inputs_l = attention.unbind(0), inputs.unbind(0)
 
-        # attention sublayer: LN1 (identity) <- add(attention out, x) ; o <- A.V <- (softmax identity) Q.K^T
-        R_o, R_x_res = add_relprop(R_y, yo, x)
-        R_ctx = _heads(linear_relprop(R_o, ctx, weights("o"), _unbiased(lin["o"], yo, cast)), H)
-        V, Q, K = _heads(yv, H), _heads(yq, H), _heads(yk, H)
-        S = safe_div(R_ctx, _heads(ctx, H))
-        R_A = A * (S @ V.transpose(-1, -2)) / 2
-        R_V = V * (A.transpose(-1, -2) @ S) / 2
-        if head_mask is not None:
-            scale = head_mask[li].to(R_A.dtype)[None, :].expand(R_A.shape[0], H)  # [B, H]
-            if renormalise:  # the paper's variant: the kept heads carry the layer's whole context relevance
-                kept = (R_ctx.sum((2, 3)) * scale).sum(-1)
-                scale = scale * safe_div(R_ctx.sum((1, 2, 3)), kept)[:, None]
-            R_A_down = R_A * scale[..., None, None]
-            R_V = R_V * scale[..., None, None]
-        else:
-            R_A_down = R_A
-        attention[li] = R_A_down if rollout_uses_masked else R_A
-        S1 = safe_div(R_A_down, Q @ K.transpose(-1, -2))  # the reference ignores the 1/sqrt(d_h) scaling
-        R_Q = Q * (S1 @ K) / 2
-        R_K = K * (S1.transpose(-1, -2) @ Q) / 2
+    R_top = bufs[(L - 1) % 2][0][2]
+    R_top.zero_()
+    R_top.view(B, n, d)[b, pos] = _head_relevance(gp, target, pos, foil, channel, cast, dtype)
 
-        # Q, K, V share the layer input: one fused rule over [W_q; W_k; W_v] sums the three relevances (the clone)
-        W_qkv = weights("q", "k", "v")
-        Y_qkv = torch.cat([_unbiased(lin[r], y_r, cast) for r, y_r in (("q", yq), ("k", yk), ("v", yv))], dim=-1)
-        R_x_att = linear_relprop(torch.cat([_merge(R_Q), _merge(R_K), _merge(R_V)], dim=-1), x, W_qkv, Y_qkv)
-        R_out = clone_relprop(x, R_x_att, R_x_res)
-        inputs[li] = R_out.sum(-1)
-    return Relevance(input=R_out, inputs=inputs, attention=attention)
+    mask = None if head_mask is None else head_mask.to(dtype)  # [L, H]
+    fold_mask = mask is not None and not renormalise  # a fixed per-head factor: folded into the precomputed V part
+    if fold_mask:  # [B, H, 1, 1] per layer
+        mask_bh = mask[:, None, :, None, None].expand(L, B, H, 1, 1).unbind(0)
+    shape = (B, n, d, H)
+    for lis in _groups(L, B, n, d, H, torch.finfo(dtype).bits // 8):
+        g = _Group(gp, lis, cast, dtype, shape, mask if fold_mask else None, renormalise)
+        for li in reversed(lis):
+            interrupts.check()  # a stop asked for: between layers
+            i = li - lis.start
+            (a_S, b_S, R), ab, sums, ab_ex = bufs[li % 2]
+            (a1_S, b1_S, R_y), ab1, sums1, ab1_ex = bufs[2]
+
+            # output sublayer: LN2 (identity) <- add(FFN out, y) ; FFN: f2 <- activation (identity) <- f1
+            torch.mul(g.ab2[i], R, out=ab)  # [a, b] / (a + b) * R
+            _rescale_(sums, ab_ex)
+            torch.mm(a_S.div_(g.den_f2[i]), g.W_f2[i], out=SW_ffn_2d)
+            torch.mm(SW_ffn.mul_(g.XX_h[i]).sum(1), g.W_f1[i], out=SW_d_2d)  # S'_f1 [W, |W|]
+            torch.sum(SW_d.mul_(g.XX_y[i]), 1, out=R_y)
+            R_y.addcmul_(b_S, g.c_y[i])  # the fan-out of y: both branches' sum, times y / y
+
+            # attention sublayer: LN1 (identity) <- add(attention out, x) ; o <- A.V <- (softmax identity) Q.K^T
+            torch.mul(g.ab1[i], R_y, out=ab1)
+            _rescale_(sums1, ab1_ex)
+            torch.mm(a1_S.div_(g.den_o[i]), g.W_o[i], out=SW_d_2d)
+            if renormalise:
+                R_ctx = (SW_d * g.XX_o[i]).view(B, n, 2, H, dh).sum(2)  # [B, n, H, d_h]
+            SW_d.mul_(g.CC[i])
+            torch.sum(SW_d_heads, 2, out=S_ctx_tm)  # S_ctx / 2 = R_ctx / (2 ctx), head-major
+            A = cast(gp.attentions[li])  # [B, H, n, n]
+            torch.bmm(S_ctx, g.Vt[i], out=P_nn)
+            R_A = torch.mul(A, P_nn4, out=att_l[li])  # A (S V^T) / 2
+            torch.bmm(S_ctx_T, A.view(B * H, n, n), out=P_dn)  # (A^T S)^T / 2
+            R_V = P_dn4_T  # times V below
+            if mask is None:
+                R_A_down = R_A
+            elif fold_mask:
+                R_A_down = R_A * mask_bh[li]
+            else:  # the paper's variant: the kept heads carry the layer's whole context relevance
+                scale = mask[li][None, :].expand(B, H)
+                heads_sum = R_ctx.sum((1, 3))  # [B, H]
+                scale = scale * safe_div(heads_sum.sum(-1), (heads_sum * scale).sum(-1))[:, None]
+                R_A_down = R_A * scale[..., None, None]
+                R_V = R_V * scale[..., None, None]
+            if rollout_uses_masked and R_A_down is not R_A:
+                att_l[li].copy_(R_A_down)
+            torch.mul(R_V, g.Vo[i], out=S_v)
+            torch.div(R_A_down, g.den_qk[i], out=P_nn4)  # S1 (the reference ignores the 1/sqrt(d_h) scaling)
+            torch.bmm(P_nn, g.K[i], out=P_nd)
+            torch.mul(P_nd4, g.Qo[i], out=S_q)
+            torch.bmm(P_nn_T, g.Q[i], out=P_nd)
+            torch.mul(P_nd4, g.Ko[i], out=S_k)
+
+            # Q, K, V share the layer input: one fused rule over [W_q; W_k; W_v] sums the three relevances (the clone)
+            torch.mm(S_qkv, g.W_qkv[i], out=SW_d_2d)
+            R_in = bufs[(li - 1) % 2][0][2]
+            torch.sum(SW_d.mul_(g.XX_x[i]), 1, out=R_in)
+            R_in.addcmul_(b1_S, g.c_x[i])  # the fan-out of x
+            torch.sum(R_in, -1, out=inputs_l[li])
+    return Relevance(input=R_in.view(B, n, d), inputs=inputs.view(L, B, n), attention=attention)
 
 
 def _unbiased(mod, y: torch.Tensor, cast=wide) -> torch.Tensor:
@@ -238,15 +413,25 @@ def _unbiased(mod, y: torch.Tensor, cast=wide) -> torch.Tensor:
     return y - cast(mod.bias) if mod.bias is not None else y
 
 
+def _tensor_key(t: torch.Tensor | None):
+    """A memo key for a tensor that needs no device sync: the object and its version counter (an in-place change is a
+    new key). The memo entry keeps the tensor, so its id is not reused while the entry lives."""
+    return None if t is None else (id(t), t._version)
+
+
 def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
               **options) -> Relevance:
-    """The batch's propagation for (spec, target, mask, options), shared by the LRP methods of one batch."""
+    """The batch's propagation for (spec, target, mask, options), shared by the LRP methods of one batch that pass
+    the same target tensor (the runner passes one per batch; compute_classes one per class)."""
     gp = gradient_pass(cap, adapter, spec, lrp=True)
-    mask_key = None if head_mask is None else tuple(map(tuple, head_mask.tolist()))
-    key = ("relevance", spec, tuple(target.tolist()), mask_key, tuple(sorted(options.items())))
-    with torch.no_grad():
-        return cap.cached(key, lambda: propagate(gp, target, cap.explain_pos, head_mask, foil=cap.foil,
-                                                 channel=QA_CHANNELS.get(cap.readout.field), **options))
+    key = ("relevance", spec, _tensor_key(target), _tensor_key(head_mask), tuple(sorted(options.items())))
+    hit = cap.memo.get(key)
+    if hit is None:
+        with torch.no_grad():
+            rel = propagate(gp, target, cap.explain_pos, head_mask, foil=cap.foil,
+                            channel=QA_CHANNELS.get(cap.readout.field), **options)
+        hit = cap.memo[key] = (rel, target, head_mask)
+    return hit[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -256,8 +441,9 @@ class RelevanceMethod(Method):
     "float64" (forward, backward and rules on the model's float64 twin), "mixed" (forward and backward on the twin,
     rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
     result needs), "model" (everything in the model's dtype, the reference), "float32" (the model's dtype where it
-    is float32 or wider, else a float32 copy of the model: the rules never run a half-precision forward), "auto"
-    (``auto_dtype``: the stored params say which one ran). Class-specific: relevance starts at the target's one-hot logit."""
+    is float32 or wider, else a float32 copy of the model: auto's choice for transatt and mask_lrp before issue 26,
+    named in the params of the stores it wrote), "auto" (``auto_dtype``: the stored params say which one ran).
+    Class-specific: relevance starts at the target's one-hot logit."""
 
     class_specific = True
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
@@ -267,9 +453,11 @@ class RelevanceMethod(Method):
     # (the decoders' next-token task has no rule set: pre-LN, METHODS.md section 9)
     tasks = frozenset({"classification", "regression", "masked-token", "qa"})
     pre_ln_ok = False
-    # "auto": the rolled-out methods (transatt, mask_lrp) agree with float64 to a Spearman of 0.9998 in the model's
-    # dtype on the shared model; lrp's input relevance and partial_lrp's lower layers do not (README): float64
-    auto_dtype = "float32"  # the model's dtype where it is float32 or wider; a half-precision model's float32 copy
+    # "auto": float64 for all four. Neither float32 nor float32 rules on a float64 forward ("mixed") reproduce the
+    # float64 numbers to 1e-3 of the scale with a mean Spearman of 0.9999 on both the shared model and a random
+    # BERT-base (README, LRP precision: benchmarks/lrp_precision.py); float64 is cheap on Hopper GPUs, and one
+    # precision lets the batch's LRP methods share one gradient pass and one propagation.
+    auto_dtype = "float64"
 
     def __init__(self, **params):
         params = {"dtype": "auto", **params}
@@ -283,7 +471,8 @@ class RelevanceMethod(Method):
         """The rules' precision: float32 (at least the model's) under "mixed", else the pass's own (None)."""
         if self.params["dtype"] != "mixed":
             return None
-        return wide(torch.empty(0, dtype=next(adapter.model.parameters()).dtype)).dtype
+        dtype = next(adapter.model.parameters()).dtype
+        return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
 
     def check_architecture(self, adapter):
         check_lrp(adapter, self.name)
@@ -305,10 +494,18 @@ class RelevanceMethod(Method):
         with torch.no_grad():
             return self.from_relevance(rel, gp, target, cap)
 
+    def compute_classes(self, cap, adapter, num_classes):
+        """Every class's scores [B, C, n], the class targets shared by the batch's LRP methods (cap.memo): the
+        propagation is memoised per target tensor, so the methods share one per class."""
+        B = cap.input_ids.shape[0]
+        targets = cap.cached(("class_targets", num_classes), lambda: [
+            torch.full((B,), c, dtype=torch.long, device=cap.input_ids.device) for c in range(num_classes)])
+        return torch.stack([self.compute(cap, adapter, t).scores for t in targets], dim=1)
+
 
 def positive_head_mean(M: torch.Tensor) -> torch.Tensor:
-    """mean_h (M^h)^+ : [B, H, n, n] -> [B, n, n] (the positive part taken per head, then the head mean)."""
-    return M.clamp_min(0).mean(1)
+    """mean_h (M^h)^+ : [..., H, n, n] -> [..., n, n] (the positive part taken per head, then the head mean)."""
+    return M.clamp_min(0).mean(-3)
 
 
 def zero_self(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -322,8 +519,24 @@ def zero_self(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-def gradient_weighted_rollout(mats: list[torch.Tensor], mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """ROLL (METHODS.md 1.2) of per-layer [B, n, n] maps, start layer 1: rows ``pos`` of every prefix product of
-    (M + I) / rowsum, with the explained token's own entry set to 0. [B, L, n]."""
-    steps = [add_identity_row_normalise(valid_block(M, mask)) for M in mats]
-    return zero_self(rows_of_products(steps, pos), pos)
+def gradient_weighted_rollout(mats, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """ROLL (METHODS.md 1.2) of per-layer maps (a list of L [B, n, n], or [B, L, n, n]), start layer 1: rows ``pos``
+    of every prefix product of (M + I) / rowsum, with the explained token's own entry set to 0. [B, L, n]."""
+    M = mats if isinstance(mats, torch.Tensor) else torch.stack(list(mats), dim=1)
+    return zero_self(rows_of_prefix_products(add_identity_row_normalise(valid_block(M, mask)), pos), pos)
+
+
+def rows_of_prefix_products(steps: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """aggregate.rows_of_products of stacked steps [B, L, n, n] (later layers on the left), one batched product per
+    layer: V (rows 0..L-1 together) <- V M^k + E_k, where E_k holds row ``pos`` of M^k in row k, top-down. Row l
+    starts at step k = l as e_pos^T M^l (exactly E_l's row) and rows below k are 0 until then (0 M = 0), so row l
+    ends as e_pos^T M^{l+1} ... M^1. [B, L, n]."""
+    B, L, n, _ = steps.shape
+    b, k = torch.arange(B, device=steps.device), torch.arange(L, device=steps.device)
+    E = steps.new_zeros(L, B, L, n)
+    E[k[:, None], b[None, :], k[:, None]] = steps[b, :, pos].transpose(0, 1)  # [L, B, n]: row pos of every step
+    E, M = E.unbind(0), steps.unbind(1)
+    V = E[L - 1]
+    for j in range(L - 2, -1, -1):
+        V = torch.baddbmm(E[j], V, M[j])
+    return V
