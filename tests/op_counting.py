@@ -46,14 +46,22 @@ class CountOps(TorchDispatchMode):
 
     def __enter__(self):
         if self.model is not None:
-            def enter(*_):
-                self.depth += 1
+            # any module of the model's class: a method's own copy of the model (the LRP family's float64 copy)
+            # runs the same forward, with the same mask checks
+            kind = type(self.model)
+            from torch.nn.modules.module import (register_module_forward_hook,
+                                                 register_module_forward_pre_hook)
 
-            def leave(*_):
-                self.depth -= 1
+            def enter(module, *_):
+                if isinstance(module, kind):
+                    self.depth += 1
 
-            self.handles = [self.model.register_forward_pre_hook(enter),
-                            self.model.register_forward_hook(leave, always_call=True)]
+            def leave(module, *_):
+                if isinstance(module, kind):
+                    self.depth -= 1
+
+            self.handles = [register_module_forward_pre_hook(enter),
+                            register_module_forward_hook(leave, always_call=True)]
         return super().__enter__()
 
     def __exit__(self, *exc):
