@@ -30,6 +30,7 @@ class Alti(LayerwiseProduct):
     description = "ALTI: L1 proximity of each token's LN1-linearised contribution, rolled out over layers"
     reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
     row_stochastic = True
+    cost_exponent = 2  # [n, n, d] transformed vectors and their distances
     run_options = (
         Option("alti_ln2", False, type=bool, param="ln2", passed="set", resume=True,
                help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2)."),

@@ -51,6 +51,7 @@ class AltiLogit(Method):
     needs = NEEDS
     has_layer_views = True
     op_budget = 1.0  # a backward sweep of directions and a rollout per layer beside ALTI's matrices
+    cost_exponent = 2  # ALTI's [n, n, d] contributions
     run_options = (Alti.run_options[1],)  # --memory-mb: ALTI's source-token blocks
 
     def __init__(self, memory_mb: int = 8, **params):

@@ -30,6 +30,7 @@ class DecompXBase(Method):
     tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
     pre_ln_ok = False  # the decomposition follows post-LN layers (LN1 and LN2 on the residual path)
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
+    cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
 
     def __init__(self, memory_mb: int = 64, **params):

@@ -39,6 +39,7 @@ class ValueZeroing(LayerwiseProduct):
     pre_ln_ok = False  # the feed-forward block and LN2 are re-applied as post-LN layers compute them
     row_stochastic = True
     op_budget = 1.0  # the layer's feed-forward block and norms run again per zeroed token (batched)
+    cost_exponent = 2  # the layer re-run for each of n zeroed tokens over n tokens
     run_options = (
         Option("value_zeroing_memory_mb", 64, type=int, show_default=True, metavar="MB", param="memory_mb",
                resume=True, check=at_least(1),

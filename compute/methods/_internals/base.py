@@ -55,6 +55,10 @@ class Method:
     # needs (``op_base``): work vectorised across layers and heads, never a loop of small launches per layer and head
     # (benchmarks/op_count.py, tests/test_op_budget.py).
     op_budget: ClassVar[float] = 0.5
+    # How the method's work on one example grows with its length n: as n**cost_exponent. The runner runs a method
+    # above 1 on length-homogeneous parts of each batch (compute/run/parts.py), so that padding adds at most 15% to
+    # its sum of n**cost_exponent; 1 (linear, or dominated by the model's own passes): the whole batch at once.
+    cost_exponent: ClassVar[int] = 1
 
     @classmethod
     def op_base(cls) -> str:
