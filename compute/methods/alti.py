@@ -39,6 +39,11 @@ class Alti(LayerwiseProduct):
                help="Memory budget of ALTI's blocks (the dense form's source tokens, the pruned form's chunks)."),
     )
 
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        # the dense form's source-token blocks at one token per block: a [B, 1, n, d] block and its difference
+        return shape.n * 2 * shape.d * shape.itemsize
+
     def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int = 8, l1_path: str = "auto",
                  **params):
         if l1_path not in PATHS:

@@ -33,6 +33,11 @@ class DecompXBase(Method):
     cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
 
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        # the feed-forward block at one source token per block: [B, n, 1, d_ff] pre-activations and their product
+        return shape.n * 2 * shape.d_ff * shape.itemsize
+
     def __init__(self, memory_mb: int = 64, **params):
         super().__init__(memory_mb=memory_mb, **params)
 

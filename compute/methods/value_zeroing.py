@@ -46,6 +46,11 @@ class ValueZeroing(LayerwiseProduct):
                help="value_zeroing: memory budget of one block of zeroed tokens (its feed-forward activations)."),
     )
 
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        # zeroed_distances at one zeroed token per block: [1, B, n, d_ff] activations and four [1, B, n, d] states
+        return shape.n * (shape.d_ff + 4 * shape.d) * shape.itemsize
+
     def __init__(self, memory_mb: int = 64, **params):
         super().__init__(memory_mb=memory_mb, **params)
 
