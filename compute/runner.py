@@ -133,7 +133,6 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
     cfg, lm = plan.cfg, loaded.lm
     device = next(lm.model.parameters()).device
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    keep_matrices = cfg.matrices != "none"
     in_flight: deque = deque()  # (window, rows, PendingBatch), launched and not yet read
     clock = time.perf_counter
 
@@ -169,7 +168,7 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
             enc = encode(window.tok, rows, pad_id, device)
             t1 = clock()
             pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
-                                   keep_matrices, timings, window.tok.lengths[rows], batching.part_tokens)
+                                   cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens)
             timings.add_host("encode", t1 - t0)
             timings.add_host("launch", clock() - t1)
             return pending
@@ -204,7 +203,7 @@ def _batching(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress) 
     records = loaded.data.records if probed else []
     tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (CUDA, or --batch-memory-mb)
     batching = auto_batching(lm, methods, tok, lm.task.prepare(lm, records, tok), plan.target_mode,
-                             len(lm.task.labels(lm.info["id2label"])), cfg.matrices != "none", tokens,
+                             len(lm.task.labels(lm.info["id2label"])), cfg.matrices, tokens,
                              cfg.batch_tokens, cfg.batch_memory_mb)
     progress.message(f"--batch-size auto: {batching.size} ({batching.how})")
     return batching

@@ -113,8 +113,8 @@ def test_a_heavy_method_on_parts_equals_the_whole_batch_and_each_example_alone(n
     m = {name: get_method(name)}
     assert m[name].cost_exponent == 2 and len(parts(lengths, 2)) == 4
     rows = TaskRows.plain([-1] * len(lengths))
-    split = run_batch(lm, m, batch, rows, "predicted", 2, True, Timings(), lengths=lengths)
-    whole = run_batch(lm, m, batch, rows, "predicted", 2, True, Timings())
+    split = run_batch(lm, m, batch, rows, "predicted", 2, "all", Timings(), lengths=lengths)
+    whole = run_batch(lm, m, batch, rows, "predicted", 2, "all", Timings())
     for key, x in whole.results[name].items():
         y = split.results[name][key]
         for b, n in enumerate(lengths):
@@ -122,9 +122,38 @@ def test_a_heavy_method_on_parts_equals_the_whole_batch_and_each_example_alone(n
             scale = max(float(np.abs(x[cut]).max()), 1.0)
             np.testing.assert_allclose(y[cut], x[cut], rtol=1e-5, atol=1e-5 * scale, err_msg=f"{name} {key} {b}")
             alone = run_batch(lm, m, {k: v[b:b + 1, :n] for k, v in batch.items()}, TaskRows.plain([-1]),
-                              "predicted", 2, True, Timings())
+                              "predicted", 2, "all", Timings())
             np.testing.assert_allclose(y[cut], alone.results[name][key][(0,) + cut[1:]], rtol=1e-5,
                                        atol=1e-5 * scale, err_msg=f"{name} {key} {b} alone")
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_matrices_cls_is_the_explained_row_of_all_cut_on_the_device(arch):
+    """--matrices cls keeps each matrix's explained row ([B, L, 1, n], cut before the copy to the host): the row of
+    --matrices all at the explained position ([CLS]; a decoder's last real token), also on parts of a batch."""
+    from compute.adapters import adapter_for
+    from compute.methods import get_method
+    from compute.models import LoadedModel
+    from compute.run.dispatch import Timings, run_batch
+    from compute.tasks import TaskRows, get_task
+
+    lengths = [30, 29, 14, 5]
+    model = tiny_model(arch, dtype=torch.float32)
+    lm = LoadedModel(model=model, tokenizer=None, adapter=adapter_for(model), task=get_task("classification"),
+                     info={"model_type": arch})
+    batch = random_batch(arch, lengths)
+    methods = {name: get_method(name) for name in ("rollout", "alti")}
+    rows = TaskRows.plain([-1] * 4)
+    full = run_batch(lm, methods, batch, rows, "predicted", 2, "all", Timings())
+    cls = run_batch(lm, methods, batch, rows, "predicted", 2, "cls", Timings(), lengths=lengths)
+    pos = full.outcome.explain_pos
+    assert pos.tolist() == ([0] * 4 if arch == "bert" else [n - 1 for n in lengths])
+    for name in methods:
+        got = cls.results[name]["matrices"]
+        assert got.shape == (4, 3, 1, 30)
+        for b, n in enumerate(lengths):
+            np.testing.assert_allclose(got[b, :, 0, :n], full.results[name]["matrices"][b, :, pos[b], :n],
+                                       rtol=1e-5, atol=1e-6)
 
 
 def test_methods_that_grow_faster_than_n_declare_it():
@@ -174,7 +203,7 @@ def test_launching_a_batch_reads_nothing_back_from_the_device(monkeypatch):
         monkeypatch.setattr(torch.Tensor, attr, spy)
     for target in ("predicted", "label"):
         rows = TaskRows.plain([1, 0, 1, 0])
-        pending = launch_batch(lm, methods, batch, rows, target, 2, True, Timings(), lengths=lengths)
+        pending = launch_batch(lm, methods, batch, rows, target, 2, "cls", Timings(), lengths=lengths)
         assert read == [], target
         out = pending.result()
         assert out.results["alti"]["scores"].shape == (4, 30) and list(out.outcome.pred.shape) == [4]

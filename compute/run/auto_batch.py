@@ -150,7 +150,7 @@ def plan_sizes(stages: dict[str, StageModel], limit_bytes: int, limit: int, heav
 
 
 def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, rows: TaskRows, target_mode: str,
-                  num_labels: int, keep_matrices: bool, default_tokens: int, tokens_asked: int | None,
+                  num_labels: int, matrices: str, default_tokens: int, tokens_asked: int | None,
                   cpu_budget_mb: int | None = None, memory: DeviceMemory | None = None) -> Batching:
     """--batch-size auto's batching (the module's docstring). ``tokens_asked``: --batch-tokens, a cap on the token
     budget found on CUDA. ``memory``: the device's memory readings (a test injects a fake)."""
@@ -164,7 +164,7 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
 
     def run(size: int, part_tokens: dict | None = None, probe: Probe | None = None) -> None:
         launch_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), rows.take([longest] * size),
-                     target_mode, num_labels, keep_matrices, Timings(), [n] * size, part_tokens, probe).result()
+                     target_mode, num_labels, matrices, Timings(), [n] * size, part_tokens, probe).result()
 
     if device.type != "cuda":
         return _cpu_batching(run, cpu_budget_mb, limit, n, tokens_asked, device)

@@ -19,6 +19,7 @@ from ..methods import Method, get_method
 from ..adapters import Captured
 from ..models import LoadedModel
 from ..tasks import Outcome, Part, TaskRows
+from ..tasks.base import long_tensor
 from .batches import parts as parts_of
 from .parts import TOKEN_AXES, cut_capture, put_back
 from .transfer import HostCopy, Stopwatch
@@ -119,21 +120,22 @@ class Probe:
 
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
-              target_mode: str, num_labels: int, keep_matrices: bool, timings: Timings,
+              target_mode: str, num_labels: int, matrices: str, timings: Timings,
               lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None) -> BatchOutput:
     """The forward pass and every method on one batch, its results on the host (``launch_batch``, waited for)."""
-    return launch_batch(lm, methods, enc, rows, target_mode, num_labels, keep_matrices, timings, lengths,
+    return launch_batch(lm, methods, enc, rows, target_mode, num_labels, matrices, timings, lengths,
                         part_tokens).result()
 
 
 @torch.no_grad()
 def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
-                 target_mode: str, num_labels: int, keep_matrices: bool, timings: Timings,
+                 target_mode: str, num_labels: int, matrices: str, timings: Timings,
                  lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None,
                  probe: Probe | None = None) -> PendingBatch:
     """Queue the forward pass and every method on one batch, and the copies of its results to the host; nothing here
     waits for the device. ``rows``: what the task read of these examples. A task with several explained outputs (qa:
-    start and end) runs every method once per output and adds the maps. With ``lengths`` (the examples' tokens,
+    start and end) runs every method once per output and adds the maps. ``matrices`` (--matrices): none, cls (only
+    the row of the explained position, cut on the device: [B, L, 1, n]) or all. With ``lengths`` (the examples' tokens,
     longest first, as the batches stage orders them), a method whose cost grows faster than n
     (``Method.cost_exponent``) runs on length-homogeneous parts of the batch (compute.run.parts), each within
     ``part_tokens[name]`` padded tokens where given. ``probe``: called around every stage (the auto batch size
@@ -152,6 +154,9 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     probe.end("forward")
 
     caps = [explaining(cap, part, fresh=len(parts) > 1) for part in parts]
+    # the row the store keeps of each matrix: the outcome's explained position (qa: the start), for every part
+    kept_row = outcome.explain_pos if isinstance(outcome.explain_pos, torch.Tensor) else long_tensor(
+        outcome.explain_pos, device)
     cap.output = None  # a language model's [B, n, V] logits are not kept while the methods run
     B, n = enc["input_ids"].shape
     cut_of = {name: (m.cost_exponent, (part_tokens or {}).get(name)) if lengths is not None and m.cost_exponent > 1
@@ -178,9 +183,10 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
                     sub = part_caps.get((key, t, rows_.start))
                     if sub is None:
                         sub = part_caps[(key, t, rows_.start)] = cut_capture(pcap, rows_, n_part)
+                keep = matrices if m.class_specific or not outs else "none"  # class-independent: one part's
                 pieces.append((rows_, _compute(m, sub, lm.adapter, part.target[rows_], target_mode, num_labels,
-                                               keep_matrices and (m.class_specific or not outs))))
-            out, val = _joined(pieces, B, n)
+                                               keep, kept_row[rows_])))
+            out, val = _joined(pieces, B, n, matrices)
             outs.append(out)
             vals.append(val)
         if key is not None and last_of[key] == name:
@@ -193,7 +199,7 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
 
 
 def _compute(m: Method, cap: Captured, adapter, target: torch.Tensor, target_mode: str, num_labels: int,
-             keep_matrices: bool) -> dict[str, torch.Tensor]:
+             matrices: str, kept_row: torch.Tensor) -> dict[str, torch.Tensor]:
     out = {}
     if m.class_specific and target_mode == "all":
         # every class first: methods that cache per target (integrated gradients) then read the predicted
@@ -203,20 +209,22 @@ def _compute(m: Method, cap: Captured, adapter, target: torch.Tensor, target_mod
     out["scores"] = res.scores
     if res.layer_scores is not None:
         out["layer_scores"] = res.layer_scores
-    if res.matrices is not None and keep_matrices:
-        out["matrices"] = res.matrices  # a class-independent method's matrices are the same for every part
+    if res.matrices is not None and matrices != "none":
+        out["matrices"] = res.matrices if matrices == "all" else res.matrices.gather(
+            2, kept_row.view(-1, 1, 1, 1).expand(-1, res.matrices.shape[1], 1, res.matrices.shape[3]))
     for key, value in (res.example_values or {}).items():
         out[("value", key)] = value
     return out
 
 
-def _joined(pieces: list[tuple[slice, dict]], B: int, n: int) -> tuple[dict, dict]:
+def _joined(pieces: list[tuple[slice, dict]], B: int, n: int, matrices: str) -> tuple[dict, dict]:
     """The parts' results as the batch's (one part covering the batch: itself): (arrays, per-example values)."""
     if len(pieces) == 1 and pieces[0][0] == slice(0, B):
         joined = pieces[0][1]
     else:
+        axes = {**TOKEN_AXES, "matrices": 2 if matrices == "all" else 1}  # cls: [b, L, 1, n]
         joined = {k: put_back([(rows, out[k]) for rows, out in pieces], B, n,
-                              TOKEN_AXES["value" if isinstance(k, tuple) else k]) for k in pieces[0][1]}
+                              axes["value" if isinstance(k, tuple) else k]) for k in pieces[0][1]}
     out = {k: v for k, v in joined.items() if not isinstance(k, tuple)}
     return out, {k[1]: v for k, v in joined.items() if isinstance(k, tuple)}
 

@@ -203,7 +203,7 @@ def check_resume(before: dict, now: dict, output: str) -> None:
 def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
              convert_ids_to_tokens, task_rows: TaskRows | None = None) -> list[ExampleData]:
     """The batch's examples as the store keeps them: every array a view of the batch's, cut to the example's tokens
-    (matrices to the explained row under --matrices cls), the tokens' ids, strings, spans and segments views of the
+    (under --matrices cls the batch's matrices hold the explained row only), the tokens' ids, strings, spans and segments views of the
     window's flat arrays, evidence spans turned into a per-token flag, the task's outcome with the words of its target
     and foil tokens. ``batch``: rows of ``records`` and ``tok``."""
     o = out.outcome
@@ -223,9 +223,8 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
             d = {"scores": res["scores"][b, :k]}
             if "layer_scores" in res:
                 d["layer_scores"] = res["layer_scores"][b, :, :k]
-            if "matrices" in res:
-                d["matrices"] = res["matrices"][b, :, :k, :k] if matrices == "all" else \
-                    res["matrices"][b, :, pos:pos + 1, :k]
+            if "matrices" in res:  # under --matrices cls the explained row only, cut on the device
+                d["matrices"] = res["matrices"][b, :, :k, :k] if matrices == "all" else res["matrices"][b, :, :, :k]
             if "class_scores" in res:
                 d["class_scores"] = res["class_scores"][b, :, :k]
             d["example_values"] = {key: v[b] for key, v in values[name].items()}
