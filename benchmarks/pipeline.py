@@ -5,7 +5,8 @@ views of tensors made once, of the shapes the real ones return (scores [B, n], l
 [B, L, n, n], per-example values [B], logits [B, C]), so they take no time. Everything else is the real run on the
 CPU: loading the data, tokenisation, batching, padding, the task's outcome, the results' conversion, cutting them to
 each example, the scale statistics and the store write. What is left is what the host spends per example, which
-a GPU run waits for wherever it is not hidden behind the GPU's own work.
+a GPU run waits for wherever it is not hidden behind the GPU's own work. Torch runs on one thread (the stand-in's few
+small tensor operations stand for kernels queued on a GPU; a thread pool's synchronisation would only add noise).
 
 Prints the run's seconds after loading (the model and data) per example, and the run's own per-stage host seconds
 (the summary's ``host_seconds`` where the code has them; ``write_seconds`` is the writer thread's). Each repetition
@@ -31,7 +32,7 @@ SHARED = HERE.parent / "shared"
 CHILD = r"""
 import json, sys, time
 import torch
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # the stand-in's small tensor operations stand for kernels queued on a GPU: no thread pool
 args = json.loads(sys.argv[1])
 import compute
 assert compute.__file__.startswith(args["tree"]), ("imported", compute.__file__)

@@ -91,11 +91,15 @@ class ScaleAccumulator:
         them: each view's values of all of them in one vectorised pass. ``dtypes``: per key the dtype the values are
         stored in (they are counted as readers will read them, e.g. matrices rounded to float16)."""
         def add(first: int, key: str, rows: int) -> None:
-            parts = [np.reshape(a, (rows, -1)) for a in results[key]]
-            x = np.concatenate(parts, axis=1)
+            arrays = results[key]
+            sizes = [a.size // rows for a in arrays]
+            if all(a.ndim == 1 or a.shape[-2] == 1 or a.ndim == 2 for a in arrays):  # [n], [V, n], [L, 1, n]: side
+                x = np.concatenate(arrays, axis=-1).reshape(rows, -1)  # by side along the last axis at once
+            else:  # [L, n, n]
+                x = np.concatenate([a.reshape(rows, -1) for a in arrays], axis=1)
             if dtypes and key in dtypes:
                 x = x.astype(dtypes[key], copy=False)
-            self.add_views(first, x, [p.shape[1] for p in parts])
+            self.add_views(first, x, sizes)
 
         add(0, "scores", 1)
         v = int(layout.get("n_layer_views") or 0)

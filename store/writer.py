@@ -192,7 +192,7 @@ class StoreWriter:
         dtypes = {key: g[key].dtype for key in kept}
         self._scales[name].add_batch(layout.__dict__, kept, dtypes)  # the values as readers will read them
         for key, arrays in kept.items():
-            append(g[key], np.concatenate([a.ravel() for a in arrays]).astype(dtypes[key], copy=False))
+            append(g[key], np.concatenate(arrays, axis=None).astype(dtypes[key], copy=False))  # each raveled
         for key in layout.example_values:
             values = [res.get("example_values", {}).get(key) for res in results]
             if None in values:
