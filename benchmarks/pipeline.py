@@ -53,7 +53,8 @@ LOGITS = torch.rand(B, C, generator=g)
 def capture(self, enc, needs, grad=False):
     ids, mask = enc["input_ids"], enc["attention_mask"].bool()
     b = ids.shape[0]
-    cap = adapters.Captured(input_ids=ids, mask=mask, lengths=mask.sum(-1), explain_pos=self.explain_positions(ids, mask),
+    cap = adapters.Captured(input_ids=ids, mask=mask, lengths=mask.sum(-1),
+                            explain_pos=self.explain_positions(ids, mask),
                             logits=LOGITS[:b, :self.model.config.num_labels], special=self.special_mask(ids, mask),
                             sep=self.sep_mask(ids, mask), inputs=self.forward_inputs(enc))
     cap.output = SequenceClassifierOutput(logits=cap.logits)
@@ -111,7 +112,8 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         args = {"tree": tree, "model": a.model, "data": a.data, "methods": a.methods, "limit": a.limit,
-                "batch_size": a.batch_size, "longest": a.longest, "matrices": a.matrices, "out": os.path.join(tmp, "o.h5")}
+                "batch_size": a.batch_size, "longest": a.longest, "matrices": a.matrices,
+                "out": os.path.join(tmp, "o.h5")}
         env = {**os.environ, "PYTHONPATH": tree}
         for _ in range(a.reps):
             p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from store import open_store
@@ -154,33 +155,35 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
                                   lambda sec: timings.add_host("tokenize", sec))
     w0 = 0
     t0 = clock()
-    for tok in tokenized:
-        timings.add_host("tokenize_wait", clock() - t0)
-        t0 = clock()
-        window = _Window(records[w0:w0 + len(tok)], tok, TaskRows.plain([]))
-        window.task_rows = lm.task.prepare(lm, window.records, tok)  # target and foil tokens, spans (compute.tasks)
-        w0 += len(tok)
-        cut = batches(tok.lengths, batching.size, batching.tokens)
-        timings.add_host("batches", clock() - t0)
-
-        def launch(rows: list[int], window=window) -> PendingBatch:
+    with closing(tokenized):  # an error or a stop ends the tokenizer's worker too
+        for tok in tokenized:
+            timings.add_host("tokenize_wait", clock() - t0)
             t0 = clock()
-            enc = encode(window.tok, rows, pad_id, device)
-            t1 = clock()
-            pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
-                                   cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens)
-            timings.add_host("encode", t1 - t0)
-            timings.add_host("launch", clock() - t1)
-            return pending
+            rows_of_window = records[w0:w0 + len(tok)]
+            # the task's target and foil tokens, spans (compute.tasks)
+            window = _Window(rows_of_window, tok, lm.task.prepare(lm, rows_of_window, tok))
+            w0 += len(tok)
+            cut = batches(tok.lengths, batching.size, batching.tokens)
+            timings.add_host("batches", clock() - t0)
 
-        for batch in cut:
-            # a batch that runs out of memory is computed in halves (the same results: padding is masked)
-            for rows, pending in run_halving(batch, launch, lambda i: int(window.tok.lengths[i]), progress.message):
-                in_flight.append((window, rows, pending))
-                while len(in_flight) > 1:  # the next batch is queued before the host waits for this one
-                    finish()
-            interrupts.check()
-        t0 = clock()
+            def launch(rows: list[int], window=window) -> PendingBatch:
+                t0 = clock()
+                enc = encode(window.tok, rows, pad_id, device)
+                t1 = clock()
+                pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
+                                       cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens)
+                timings.add_host("encode", t1 - t0)
+                timings.add_host("launch", clock() - t1)
+                return pending
+
+            for batch in cut:
+                # a batch that runs out of memory is computed in halves (the same results: padding is masked)
+                for rows, pending in run_halving(batch, launch, lambda i: int(window.tok.lengths[i]), progress.message):
+                    in_flight.append((window, rows, pending))
+                    while len(in_flight) > 1:  # the next batch is queued before the host waits for this one
+                        finish()
+                interrupts.check()
+            t0 = clock()
     while in_flight:
         finish()
     interrupts.check()

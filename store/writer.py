@@ -130,7 +130,7 @@ class StoreWriter:
                     schema.TOKEN_STR_OFF: str_off, schema.TOKEN_STR_LEN: str_len.astype(np.int32)}
         if self._evidence:
             tok_cols[schema.TOKEN_EVIDENCE] = np.concatenate([
-                np.zeros(k, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, dtype=np.uint8).reshape(k)
+                np.zeros(k, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, np.uint8).reshape(k)
                 for ex, k in zip(examples, n)])
         ends = np.cumsum(n)
         rows["tok_off"], rows["n_tokens"] = e.tokens + ends - n, n

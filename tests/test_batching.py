@@ -82,7 +82,8 @@ def test_every_field_of_a_capture_is_cut_for_a_part():
 
     model = tiny_model("bert", dtype=torch.float32)
     ad = adapter_for(model)
-    cap = ad.capture(random_batch("bert", [9, 7, 4]), frozenset({"hidden_states", "attentions", "values", "ln1", "ln2"}))
+    needs = frozenset({"hidden_states", "attentions", "values", "ln1", "ln2"})
+    cap = ad.capture(random_batch("bert", [9, 7, 4]), needs)
     part = cut_capture(cap, slice(1, 3), 7)
     assert part.input_ids.shape == (2, 7) and part.attentions[0].shape[-2:] == (7, 7) and part.memo == {}
     assert part.hidden_states[0].shape == (2, 7, cap.hidden_states[0].shape[-1]) and part.output is None

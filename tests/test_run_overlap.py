@@ -227,7 +227,8 @@ class FakeGPU:
     memory above ``capacity``."""
 
     def __init__(self, capacity, stages, heavy=(), grows=None, base=1 * GB, n=40):
-        self.capacity, self.stages, self.heavy, self.grows, self.base, self.n = capacity, stages, heavy, grows or {}, base, n
+        self.capacity, self.stages, self.heavy, self.grows = capacity, stages, heavy, grows or {}
+        self.base, self.n = base, n
         self.alloc = self.top = base
         self.runs = []  # (batch size, {stage: examples it ran on at once})
 
@@ -458,7 +459,8 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
     monkeypatch.setattr(StoreWriter, "append", append)
     monkeypatch.setattr(auto_batch, "CPU_AUTO_BATCH_SIZE", 5)  # now auto would find another size
     sizes, batches = [], runner.batches
-    monkeypatch.setattr(runner, "batches", lambda lengths, size, tokens: (sizes.append(size), batches(lengths, size, tokens))[1])
+    monkeypatch.setattr(runner, "batches",
+                        lambda lengths, size, tokens: (sizes.append(size), batches(lengths, size, tokens))[1])
     ok(invoke("run", data, "-o", out, *run, "--batch-size", "auto", "--resume"))
     assert set(sizes) == {3}
     a, b = stored_arrays(fixed), stored_arrays(out)

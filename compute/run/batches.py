@@ -78,7 +78,8 @@ def tokenize(lm: LoadedModel, records: list[Record], max_length: int, strings: b
     ids = enc["input_ids"]
     empty = next((r for r, x in zip(records, ids) if not x), None)
     if empty is not None:
-        raise AttrscopeError(f"example '{empty.id}' has no tokens (empty text and no special tokens): remove or fill it")
+        raise AttrscopeError(f"example '{empty.id}' has no tokens (empty text and no special tokens): remove or "
+                             "fill it")
     n_orig = [len(x) for x in ids]
     cut = [i for i, n in enumerate(n_orig) if n >= max_length]  # only these can have been truncated
     if cut:
