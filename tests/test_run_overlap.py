@@ -524,3 +524,27 @@ def test_batch_memory_mb_sizes_the_batch_and_records_how(tiny_model_dirs, tmp_pa
     line = one_line(invoke("run", data, "-o", tmp_path / "b.h5", *run, "--batch-memory-mb", "0"), code=2)
     assert "--batch-memory-mb must be at least 1" in line
     assert not (tmp_path / "b.h5").exists()
+
+
+# --- --batch-tokens ------------------------------------------------------------------------------------------------
+def test_batch_tokens_bounds_every_batch_is_recorded_and_is_part_of_the_resume_identity(tiny_model_dirs, tmp_path,
+                                                                                      monkeypatch):
+    import compute.runner as runner
+
+    data = write_rows(tmp_path / "d.jsonl", 30)
+    shapes, real = [], runner.launch_batch
+
+    def spy(lm, methods, enc, *args):
+        shapes.append(tuple(enc["input_ids"].shape))
+        return real(lm, methods, enc, *args)
+
+    monkeypatch.setattr(runner, "launch_batch", spy)
+    out = tmp_path / "o.h5"
+    run = ("--model", tiny_model_dirs["bert"], "--device", "cpu", "--methods", "rollout,alti", "-q", "--batch-size", 8)
+    ok(invoke("run", data, "-o", out, *run, "--batch-tokens", 24))
+    assert all(b * n <= 24 or b == 1 for b, n in shapes) and max(b for b, _ in shapes) > 1
+    assert sum(b for b, _ in shapes) == 30
+    with open_store(out) as s:
+        assert s.config["batch_size"]["tokens"] == 24 and s.config["config"]["batch_tokens"] == 24
+    line = one_line(invoke("run", data, "-o", out, *run, "--batch-tokens", 48, "--resume"))
+    assert "--batch-tokens 24" in line
