@@ -135,6 +135,10 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
     device = next(lm.model.parameters()).device
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     in_flight: deque = deque()  # (window, rows, PendingBatch), launched and not yet read
+    # Length buckets for the run's most length-sensitive method: no method pays more than 15% for padding, and the
+    # n**2 methods run on whole batches, sharing the batch's intermediates with the others (parts of a batch each
+    # need their own: splitting for them alone cost ALTI more than the padding it saved)
+    exponent = max((m.cost_exponent for m in methods.values()), default=1)
     clock = time.perf_counter
 
     def finish() -> None:
@@ -163,7 +167,7 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
             # the task's target and foil tokens, spans (compute.tasks)
             window = _Window(rows_of_window, tok, lm.task.prepare(lm, rows_of_window, tok))
             w0 += len(tok)
-            cut = batches(tok.lengths, batching.size, batching.tokens)
+            cut = batches(tok.lengths, batching.size, batching.tokens, exponent)
             timings.add_host("batches", clock() - t0)
 
             def launch(rows: list[int], window=window) -> PendingBatch:

@@ -1,6 +1,6 @@
 """Issue 26, the run's batching: a token budget with length buckets, methods whose cost grows faster than n run on
-length-homogeneous parts of a batch (the same results), padded inputs gathered at once, tokenisation ahead on a
-worker, and no host sync while a batch is queued."""
+length-homogeneous parts of a batch where one is cut (the same results), padded inputs gathered at once,
+tokenisation ahead on a worker, and no host sync while a batch is queued."""
 
 from __future__ import annotations
 
@@ -33,17 +33,21 @@ def mixed_lengths(seed=0):
     return [int(x) for x in lengths]
 
 
-def test_batches_of_mixed_lengths_pad_little_and_respect_both_bounds():
+@pytest.mark.parametrize("exponent", [1, 2])
+def test_batches_of_mixed_lengths_pad_little_and_respect_both_bounds(exponent):
     lengths = mixed_lengths()
-    out = batches(lengths, 32, 2048)
+    out = batches(lengths, 32, 2048, exponent)
     assert sorted(i for b in out for i in b) == list(range(len(lengths)))  # every row once
     for b in out:
         assert [lengths[i] for i in b] == sorted((lengths[i] for i in b), reverse=True)  # longest first
         assert len(b) <= 32 and (len(b) == 1 or len(b) * lengths[b[0]] <= 2048)
-        assert len(b) * lengths[b[0]] <= (1 + SLACK) * sum(lengths[i] for i in b)  # a length bucket
-    # sorted batches of 32 (the old cut) padded the long examples' batch with short ones: 2x the tokens
+        # a length bucket for the run's most length-sensitive method
+        assert len(b) * lengths[b[0]] ** exponent <= (1 + SLACK) * sum(lengths[i] ** exponent for i in b)
+        assert parts([lengths[i] for i in b], exponent) == [slice(0, len(b))]  # such a batch is one part
+    # sorted batches of 32 (the old cut) padded the long examples' batch with short ones: 3x the sum of n^2
     old = [sorted(range(70), key=lambda i: -lengths[i])[k:k + 32] for k in range(0, 70, 32)]
-    assert padded_sum(lengths, old) > 1.8 * sum(lengths) and padded_sum(lengths, out) <= 1.15 * sum(lengths)
+    real = sum(n ** exponent for n in lengths)
+    assert padded_sum(lengths, old, exponent) > 1.8 * real and padded_sum(lengths, out, exponent) <= 1.15 * real
 
 
 def test_a_batch_never_exceeds_the_token_budget_except_one_long_example_alone():

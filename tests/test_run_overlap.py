@@ -165,7 +165,8 @@ def test_a_batch_out_of_memory_is_halved_and_gives_the_unsplit_results(unsplit_s
     monkeypatch.setattr(runner, "launch_batch", first_attempt_fails)
     out = tmp_path / "split.h5"
     ok(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", out, *OOM_RUN))
-    assert 4 in sizes and 2 in sizes and 1 in sizes  # 4 -> 2 + 2 -> 1 + 1 ...: every batch was split to ones
+    # every batch of two or more failed at first and was retried in halves, down to ones
+    assert max(sizes) >= 3 and all((s + 1) // 2 in sizes for s in sizes if s > 1) and 1 in sizes
     a, b = stored_arrays(whole), stored_arrays(out)
     assert a.keys() == b.keys()
     for name in a:
@@ -460,7 +461,7 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
     monkeypatch.setattr(auto_batch, "CPU_AUTO_BATCH_SIZE", 5)  # now auto would find another size
     sizes, batches = [], runner.batches
     monkeypatch.setattr(runner, "batches",
-                        lambda lengths, size, tokens: (sizes.append(size), batches(lengths, size, tokens))[1])
+                        lambda lengths, size, *rest: (sizes.append(size), batches(lengths, size, *rest))[1])
     ok(invoke("run", data, "-o", out, *run, "--batch-size", "auto", "--resume"))
     assert set(sizes) == {3}
     a, b = stored_arrays(fixed), stored_arrays(out)

@@ -118,16 +118,11 @@ def matrix_bytes(tok: Tokenized, n_matrix_layers: list[int], store_dtype: str) -
     return sum(n_sq * layers * per for layers in n_matrix_layers)
 
 
-@dataclass(frozen=True)
-class Window:
-    start: int  # first row (index into the records of this run)
-    batches: list[list[int]]  # row indices relative to ``start``, each batch longest first
-
-
-def batches(lengths: Sequence[int], batch_size: int, tokens: int) -> list[list[int]]:
+def batches(lengths: Sequence[int], batch_size: int, tokens: int, exponent: int = 1) -> list[list[int]]:
     """The rows 0..len(lengths)-1 in batches: sorted longest first (an out-of-memory shows up at once), cut where a
     batch would exceed ``batch_size`` examples, ``tokens`` padded tokens (examples x its longest; a longer example
-    is a batch of its own), or pad its sum of lengths by more than SLACK (a length bucket)."""
+    is a batch of its own), or pad its sum of n**exponent by more than SLACK (a length bucket; ``exponent``: the
+    largest ``Method.cost_exponent`` of the run, so that no method pays more than SLACK for padding)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     out: list[list[int]] = []
     cur: list[int] = []
@@ -136,11 +131,12 @@ def batches(lengths: Sequence[int], batch_size: int, tokens: int) -> list[list[i
         n = int(lengths[i])
         if cur:
             b, longest = len(cur) + 1, int(lengths[cur[0]])
-            if b > batch_size or b * longest > tokens or b * longest > (1 + SLACK) * (real + n):
+            padded = b * longest ** exponent
+            if b > batch_size or b * longest > tokens or padded > (1 + SLACK) * (real + n ** exponent):
                 out.append(cur)
                 cur, real = [], 0
         cur.append(i)
-        real += n
+        real += n ** exponent
     if cur:
         out.append(cur)
     return out
@@ -149,7 +145,8 @@ def batches(lengths: Sequence[int], batch_size: int, tokens: int) -> list[list[i
 def parts(lengths: Sequence[int], exponent: int, tokens: int | None = None) -> list[slice]:
     """A batch's rows (``lengths`` longest first) in consecutive parts whose padded sum of n**exponent (rows x the
     part's longest**exponent) exceeds the real one by at most SLACK, and whose padded tokens stay within ``tokens``
-    (None: no limit): the parts a method whose cost grows as n**exponent runs on."""
+    (None: no limit): the parts a method whose cost grows as n**exponent runs on. A batch cut for that exponent
+    (``batches``) is one part unless ``tokens`` cuts it (a method's memory under --batch-size auto)."""
     out: list[slice] = []
     start, real = 0, 0
     for i, n in enumerate(lengths):
@@ -163,13 +160,6 @@ def parts(lengths: Sequence[int], exponent: int, tokens: int | None = None) -> l
     if len(lengths):
         out.append(slice(start, len(lengths)))
     return out
-
-
-def windows(tok: Tokenized, batch_size: int, window: int, tokens: int) -> Iterator[Window]:
-    """Windows of ``batch_size * window`` consecutive rows, each cut into ``batches``."""
-    size = batch_size * window
-    for w0 in range(0, len(tok), size):
-        yield Window(w0, batches(tok.lengths[w0:w0 + size], batch_size, tokens))
 
 
 def encode(tok: Tokenized, rows: list[int], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
