@@ -247,3 +247,44 @@ def test_ahead_makes_items_on_a_worker_in_order_and_raises_its_error_in_the_cons
     it.close()  # the consumer stops early: the worker stops too, after at most its current item and the queue's
     time.sleep(0.1)
     assert len(made) <= 4
+
+
+def test_methods_cut_into_parts_run_part_by_part_and_free_each_part(monkeypatch):
+    """With a part budget (auto on CUDA) a quadratic method runs part by part; the methods of one cut share each
+    part's capture, made once, and a part's capture is gone before the next one is made (memory: the batch and one
+    part). The results equal the whole batch's."""
+    import gc
+    import weakref
+
+    import compute.run.dispatch as dispatch
+    from compute.adapters import adapter_for
+    from compute.methods import get_method
+    from compute.models import LoadedModel
+    from compute.run.dispatch import Timings, run_batch
+    from compute.tasks import TaskRows, get_task
+
+    lengths = [12] * 6
+    model = tiny_model("bert", dtype=torch.float32)
+    lm = LoadedModel(model=model, tokenizer=None, adapter=adapter_for(model), task=get_task("classification"),
+                     info={"model_type": "bert"})
+    batch = random_batch("bert", lengths)
+    methods = {name: get_method(name) for name in ("rollout", "alti", "alti_logit")}
+    made, alive = [], []
+    cut = dispatch.cut_capture
+
+    def spy(cap, rows, n):
+        part = cut(cap, rows, n)
+        gc.collect()
+        alive.append(sum(r() is not None for r in made))  # earlier parts still held when this one is made
+        made.append(weakref.ref(part))
+        return part
+
+    monkeypatch.setattr(dispatch, "cut_capture", spy)
+    rows = TaskRows.plain([-1] * 6)
+    got = run_batch(lm, methods, batch, rows, "predicted", 2, "cls", Timings(), lengths=lengths,
+                    part_tokens={"alti": 24, "alti_logit": 24})
+    assert len(made) == 3 and alive == [0, 0, 0]  # 3 parts of 2 examples, shared by alti and alti_logit
+    whole = run_batch(lm, methods, batch, rows, "predicted", 2, "cls", Timings())
+    for name in methods:
+        for key, x in whole.results[name].items():
+            np.testing.assert_allclose(got.results[name][key], x, rtol=1e-5, atol=1e-6, err_msg=f"{name} {key}")

@@ -373,7 +373,9 @@ def test_auto_batching_runs_copies_of_the_longest_example_on_cuda(monkeypatch):
                          adapter=SimpleNamespace(n_layers=3, n_heads=4))
     gpu, seen = FakeGPU(40 * GB, {"forward": STAGES["forward"], "rollout": STAGES["rollout"]}), []
 
-    def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe):
+    def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,
+                    first_part_only):
+        assert first_part_only == (parts is not None)  # the confirming batch runs one part of each part-wise method
         seen.append((rows, lengths))
         gpu.run(len(rows), parts, probe)
         return SimpleNamespace(result=lambda: None)

@@ -86,10 +86,10 @@ class _Recorder(Probe):
 
     def begin(self, stage: str) -> None:
         self.memory.reset_peak()
-        self.start[stage] = self.memory.allocated()
+        self.start.setdefault(stage, self.memory.allocated())  # a stage run part by part: from its first part
 
     def end(self, stage: str) -> None:
-        self.peak[stage] = self.memory.peak()
+        self.peak[stage] = max(self.peak.get(stage, 0), self.memory.peak())
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,10 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
     limit = min(AUTO_BATCH_LIMIT, len(tok))
 
     def run(size: int, part_tokens: dict | None = None, probe: Probe | None = None) -> None:
+        # the confirming batch (with part budgets) runs each part-wise method on one part: the others repeat it
         launch_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), rows.take([longest] * size),
-                     target_mode, num_labels, matrices, Timings(), [n] * size, part_tokens, probe).result()
+                     target_mode, num_labels, matrices, Timings(), [n] * size, part_tokens, probe,
+                     first_part_only=part_tokens is not None).result()
 
     if device.type != "cuda":
         return _cpu_batching(run, cpu_budget_mb, limit, n, tokens_asked, device)

@@ -131,15 +131,17 @@ def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.
 def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
                  target_mode: str, num_labels: int, matrices: str, timings: Timings,
                  lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None,
-                 probe: Probe | None = None) -> PendingBatch:
+                 probe: Probe | None = None, first_part_only: bool = False) -> PendingBatch:
     """Queue the forward pass and every method on one batch, and the copies of its results to the host; nothing here
     waits for the device. ``rows``: what the task read of these examples. A task with several explained outputs (qa:
     start and end) runs every method once per output and adds the maps. ``matrices`` (--matrices): none, cls (only
     the row of the explained position, cut on the device: [B, L, 1, n]) or all. With ``lengths`` (the examples' tokens,
     longest first, as the batches stage orders them), a method whose cost grows faster than n
     (``Method.cost_exponent``) runs on length-homogeneous parts of the batch (compute.run.parts), each within
-    ``part_tokens[name]`` padded tokens where given. ``probe``: called around every stage (the auto batch size
-    measures memory so)."""
+    ``part_tokens[name]`` padded tokens where given; the methods of one cut run part by part, each part's capture
+    freed before the next is cut. ``probe``: called around every stage (the auto batch size measures memory so);
+    ``first_part_only``: such methods run their first part only (auto's confirming batch: each further part needs
+    the same memory again, and time the confirmation would waste)."""
     device = enc["input_ids"].device
     probe = probe or Probe()
     clock = Stopwatch(device)
@@ -159,42 +161,40 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
         outcome.explain_pos, device)
     cap.output = None  # a language model's [B, n, V] logits are not kept while the methods run
     B, n = enc["input_ids"].shape
-    cut_of = {name: (m.cost_exponent, (part_tokens or {}).get(name)) if lengths is not None and m.cost_exponent > 1
-              else None for name, m in methods.items()}
-    last_of = {key: name for name, key in cut_of.items()}  # a cut's part captures are dropped after its last method
+    whole = [(slice(0, B), n)]
     cuts: dict[tuple, list[tuple[slice, int]]] = {}  # (exponent, part tokens) -> the batch's parts (rows, tokens)
-    part_caps: dict[tuple, Captured] = {}  # made once per batch for every method that runs on the part (one memo)
+    for name, m in methods.items():
+        key = (m.cost_exponent, (part_tokens or {}).get(name))
+        if lengths is not None and m.cost_exponent > 1 and key not in cuts:
+            cuts[key] = [(s, max(int(x) for x in lengths[s])) for s in parts_of(lengths, *key)]
+    group_of = {name: (m.cost_exponent, (part_tokens or {}).get(name)) for name, m in methods.items()}
     results: dict[str, dict[str, torch.Tensor]] = {}
     values: dict[str, dict[str, torch.Tensor]] = {}  # per-example scalars [B] (Method.example_values)
     for name, m in methods.items():
-        probe.begin(name)
-        t0 = clock.now()
-        key = cut_of[name]
-        if key is not None and key not in cuts:
-            cuts[key] = [(s, max(int(x) for x in lengths[s])) for s in parts_of(lengths, *key)]
-        whole = [(slice(0, B), n)]
-        outs, vals = [], []
+        if name in results:
+            continue  # run with its group, part by part
+        cut = cuts.get(group_of[name], whole)
+        group = [name] if cut == whole else [g for g in methods if group_of[g] == group_of[name]]
+        if first_part_only:
+            cut = cut[:1]
+        # the group's methods part by part (they share a part's capture and memo; it is freed after the part)
+        pieces: dict[str, list[list]] = {g: [[] for _ in parts] for g in group}
         for t, (pcap, part) in enumerate(zip(caps, parts)):
-            pieces = []
-            for rows_, n_part in cuts.get(key, whole):
-                if (rows_, n_part) == (slice(0, B), n):
-                    sub = pcap
-                else:
-                    sub = part_caps.get((key, t, rows_.start))
-                    if sub is None:
-                        sub = part_caps[(key, t, rows_.start)] = cut_capture(pcap, rows_, n_part)
-                keep = matrices if m.class_specific or not outs else "none"  # class-independent: one part's
-                pieces.append((rows_, _compute(m, sub, lm.adapter, part.target[rows_], target_mode, num_labels,
-                                               keep, kept_row[rows_])))
-            out, val = _joined(pieces, B, n, matrices)
-            outs.append(out)
-            vals.append(val)
-        if key is not None and last_of[key] == name:
-            part_caps = {k: v for k, v in part_caps.items() if k[0] != key}
-        results[name] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
-        values[name] = {k: _added([v[k] for v in vals]) for k in vals[0]}
-        clock.span(name, t0)
-        probe.end(name)
+            for rows_, n_part in cut:
+                sub = pcap if (rows_, n_part) == whole[0] else cut_capture(pcap, rows_, n_part)
+                for g in group:
+                    probe.begin(g)
+                    t0 = clock.now()
+                    keep = matrices if methods[g].class_specific or t == 0 else "none"  # class-independent: once
+                    pieces[g][t].append((rows_, _compute(methods[g], sub, lm.adapter, part.target[rows_],
+                                                         target_mode, num_labels, keep, kept_row[rows_])))
+                    clock.span(g, t0)
+                    probe.end(g)
+                del sub
+        for g in group:
+            outs, vals = zip(*(_joined(p, B, n, matrices) for p in pieces[g]))
+            results[g] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
+            values[g] = {k: _added([v[k] for v in vals]) for k in vals[0]}
     return PendingBatch(results, values, outcome, clock, timings, device)
 
 
