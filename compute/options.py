@@ -96,6 +96,7 @@ def existing_file(flag: str, value) -> Exception | None:
 # data read, or what is stored. The head-statistics options are not part of it: a resumed run reads its masks from
 # the store.
 DEFAULT_BATCH_SIZE = 32  # --batch-size's default, and auto's on CPU (memory is not probed there)
+DEFAULT_BATCH_TOKENS = 8192  # --batch-tokens' default: padded tokens per batch (examples x the longest)
 
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("output", flags=("-o", "--output"), metavar="STORE.h5",
@@ -110,9 +111,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "counts, into <output>.shard-K-of-N.h5; join the N with attr-compute merge (Slurm job arrays)."),
     Option("batch_size", DEFAULT_BATCH_SIZE, type=int, show_default=True, metavar="N|auto", resume=True,
            parse=batch_size_value, check=batch_size_check,
-           help="Examples per forward pass; auto: the largest that fits the GPU's free memory (probed once, "
-                f"recorded in the store), {DEFAULT_BATCH_SIZE} on CPU. A batch that runs out of GPU memory is "
-                "halved and retried."),
+           help="The most examples in a batch; auto: on CUDA the token budget (and the parts of the n^2 methods) "
+                "that a memory model from trial batches says fit the GPU, recorded in the store; "
+                f"{DEFAULT_BATCH_SIZE} on CPU. A batch that runs out of GPU memory is halved and retried."),
+    Option("batch_tokens", type=int, metavar="N", resume=True, check=at_least(1),
+           help="The most padded tokens in a batch (examples x its longest example); a batch is also cut where "
+                "padding would add more than 15% to its tokens (a length bucket) [default: "
+                f"{DEFAULT_BATCH_TOKENS}; under --batch-size auto on CUDA, what fits the GPU, at most N]."),
     Option("batch_memory_mb", type=int, metavar="MB", check=at_least(1),
            help="--batch-size auto on the CPU: the largest batch whose peak memory (measured on the longest example) "
                 f"stays within MB [default: not measured, {DEFAULT_BATCH_SIZE}]."),

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
+from contextlib import closing
+from dataclasses import dataclass, field
 
 from store import open_store
 
 from . import interrupts
-from .run.batches import encode, matrix_bytes, tokenize, windows
+from .options import DEFAULT_BATCH_TOKENS
+from .run.auto_batch import Batching, auto_batching
+from .run.batches import Tokenized, batches, encode, matrix_bytes, tokenize, tokenized_windows
 from .run.config import RunConfig
-from .run.dispatch import Timings, auto_batch_size, make_methods, run_batch, run_halving
+from .run.dispatch import PendingBatch, Timings, launch_batch, make_methods, run_halving
 from .run.head_masks import attach_head_masks
 from .run.load import Loaded, load
 from .run.metrics import compute_metrics
 from .run.plan import RunPlan, make_plan, method_params
 from .run.progress import Progress
 from .run.write import WindowWriter, examples, layouts, open_writer, provenance
+from .tasks import TaskRows
 
 __all__ = ["RunConfig", "Progress", "run", "method_params", "resume_command"]
 
@@ -50,10 +56,9 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
                            run_records, plan.target_mode)
     methods = make_methods(plan, lm, progress)
     methods, head_masks = attach_head_masks(plan, loaded, methods, progress)
-    batch_size, how = _batch_size(plan, loaded, methods, progress)
+    batching = _batching(plan, loaded, methods, progress)
     method_layouts = layouts(plan, methods, lm.adapter)
-    prov = {**provenance(plan, loaded, list(methods)),
-            "batch_size": {"asked": cfg.batch_size, "used": batch_size, "how": how}}
+    prov = {**provenance(plan, loaded, list(methods)), "batch_size": batching.record(cfg.batch_size)}
     with interrupts.critical():
         writer, done = open_writer(plan, loaded, method_layouts, prov, head_masks)
     state["writer"] = writer
@@ -62,33 +67,16 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
     timings = Timings(methods={name: 0.0 for name in methods})
     window_writer = None
     try:
-        tok = tokenize(lm, records, loaded.max_length)
-        task_rows = lm.task.prepare(lm, records, tok)  # target and foil tokens, spans, positions (compute.tasks)
         if cfg.matrices == "all" and records:
-            total = matrix_bytes(tok, [lay.n_matrix_layers for lay in method_layouts if lay.matrices == "all"],
+            total = matrix_bytes(tokenize(lm, records, loaded.max_length),
+                                 [lay.n_matrix_layers for lay in method_layouts if lay.matrices == "all"],
                                  cfg.store_dtype)
             progress.message(f"--matrices all: about {total / 1e6:.1f} MB of matrices before compression "
                              "(use --matrices cls or none for less)")
         progress.start(total=len(loaded.data.records), completed=done)
-        device = next(lm.model.parameters()).device
-        pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
         window_writer = WindowWriter(writer)  # commits on its own thread while the next window computes
-
-        def run_rows(rows: list[int]):
-            return run_batch(lm, methods, encode(tok, rows, pad_id, device), task_rows.take(rows),
-                             plan.target_mode, writer.num_labels, cfg.matrices != "none", timings)
-
-        for window in windows(tok, batch_size, cfg.window):
-            done_rows = {}
-            for batch in window.batches:
-                # a batch that runs out of memory is computed in halves (the same results: padding is masked)
-                for rows, out in run_halving(batch, run_rows, lambda i: len(tok.input_ids[i]), progress.message):
-                    done_rows.update(zip(rows, examples(out, rows, records, tok, cfg.matrices,
-                                                        lm.tokenizer.convert_ids_to_tokens, task_rows)))
-                progress.advance(len(batch))
-                interrupts.check()
-            window_writer.submit([done_rows[i] for i in sorted(done_rows)])  # a whole window, in dataset order
-            interrupts.check()
+        _compute_windows(plan, loaded, methods, records, batching, writer.num_labels, timings, window_writer,
+                         progress)
         with interrupts.critical():
             window_writer.finish()
     except BaseException:
@@ -109,6 +97,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         "wall_seconds": round(time.perf_counter() - t_start, 3),
         "forward_seconds": round(timings.forward, 3),
         "method_seconds": {k: round(v, 3) for k, v in timings.methods.items()},
+        "host_seconds": {k: round(v, 3) for k, v in timings.host.items()},  # the host's own stages (README)
         "write_seconds": round(window_writer.write_seconds, 3),  # on the writer thread
         "write_wait_seconds": round(window_writer.wait_seconds, 3),  # the compute loop waiting on the writer
         "device": str(lm.info["device"]),
@@ -127,25 +116,104 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
     return summary
 
 
-def _batch_size(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress) -> tuple[int, str]:
-    """The batch size and how it was chosen: as given, or --batch-size auto's (compute.run.dispatch.auto_batch_size:
-    a probe on CUDA, a measurement on the CPU under --batch-memory-mb, else a fixed size)."""
+@dataclass
+class _Window:
+    """A window being computed: its rows (``records``, ``tok``, ``task_rows``: the window's own) and the examples of
+    its finished batches, committed together once all are done."""
+
+    records: list
+    tok: Tokenized
+    task_rows: TaskRows
+    done: dict = field(default_factory=dict)
+
+
+def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list, batching: Batching,
+                     num_labels: int, timings: Timings, window_writer: WindowWriter, progress: Progress) -> None:
+    """Every window of ``records``, tokenised ahead on a worker, its batches queued on the device one ahead of the
+    batch whose results the host waits for, each window submitted to the writer once all its batches are done."""
     cfg, lm = plan.cfg, loaded.lm
+    device = next(lm.model.parameters()).device
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    in_flight: deque = deque()  # (window, rows, PendingBatch), launched and not yet read
+    # Length buckets for the run's most length-sensitive method: no method pays more than 15% for padding, and the
+    # n**2 methods run on whole batches, sharing the batch's intermediates with the others (parts of a batch each
+    # need their own: splitting for them alone cost ALTI more than the padding it saved)
+    exponent = max((m.cost_exponent for m in methods.values()), default=1)
+    clock = time.perf_counter
+
+    def finish() -> None:
+        window, rows, pending = in_flight.popleft()
+        t0 = clock()
+        out = pending.result()
+        t1 = clock()
+        window.done.update(zip(rows, examples(out, rows, window.records, window.tok, cfg.matrices,
+                                              lm.tokenizer.convert_ids_to_tokens, window.task_rows)))
+        timings.add_host("results", t1 - t0)
+        timings.add_host("examples", clock() - t1)
+        progress.advance(len(rows))
+        if len(window.done) == len(window.records):
+            window_writer.submit([window.done[i] for i in range(len(window.records))])  # in dataset order
+
+    rows_per_window = batching.size * cfg.window
+    tokenized = tokenized_windows(lm, records, loaded.max_length, rows_per_window,
+                                  lambda sec: timings.add_host("tokenize", sec))
+    w0 = 0
+    t0 = clock()
+    with closing(tokenized):  # an error or a stop ends the tokenizer's worker too
+        for tok in tokenized:
+            timings.add_host("tokenize_wait", clock() - t0)
+            t0 = clock()
+            rows_of_window = records[w0:w0 + len(tok)]
+            # the task's target and foil tokens, spans (compute.tasks)
+            window = _Window(rows_of_window, tok, lm.task.prepare(lm, rows_of_window, tok))
+            w0 += len(tok)
+            cut = batches(tok.lengths, batching.size, batching.tokens, exponent)
+            timings.add_host("batches", clock() - t0)
+
+            def launch(rows: list[int], window=window) -> PendingBatch:
+                t0 = clock()
+                enc = encode(window.tok, rows, pad_id, device)
+                t1 = clock()
+                pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
+                                       cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens)
+                timings.add_host("encode", t1 - t0)
+                timings.add_host("launch", clock() - t1)
+                return pending
+
+            for batch in cut:
+                # a batch that runs out of memory is computed in halves (the same results: padding is masked)
+                for rows, pending in run_halving(batch, launch, lambda i: int(window.tok.lengths[i]), progress.message):
+                    in_flight.append((window, rows, pending))
+                    while len(in_flight) > 1:  # the next batch is queued before the host waits for this one
+                        finish()
+                interrupts.check()
+            t0 = clock()
+    while in_flight:
+        finish()
+    interrupts.check()
+
+
+def _batching(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress) -> Batching:
+    """How the run batches: as given, or --batch-size auto's (compute.run.auto_batch)."""
+    cfg, lm = plan.cfg, loaded.lm
+    tokens = cfg.batch_tokens or DEFAULT_BATCH_TOKENS
     if cfg.batch_size != "auto":
-        return cfg.batch_size, "given"
-    if cfg.resume:  # the size the store was begun with: the same batches, so the same numbers, bit for bit
+        return Batching(cfg.batch_size, tokens, "given")
+    if cfg.resume:  # what the store was begun with: the same batches, so the same numbers, bit for bit
         with open_store(plan.output) as old:
-            used = old.config.get("batch_size", {}).get("used")
-        if used:
-            progress.message(f"--batch-size auto: {used} (as the resumed store recorded)")
-            return used, "recorded in the resumed store"
+            recorded = old.config.get("batch_size", {})
+        if recorded.get("used"):
+            progress.message(f"--batch-size auto: {recorded['used']} (as the resumed store recorded)")
+            return Batching(recorded["used"], recorded.get("tokens") or tokens, "recorded in the resumed store",
+                            recorded.get("part_tokens") or {})
     probed = next(lm.model.parameters()).device.type == "cuda" or cfg.batch_memory_mb is not None
     records = loaded.data.records if probed else []
     tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (CUDA, or --batch-memory-mb)
-    size, how = auto_batch_size(lm, methods, tok, lm.task.prepare(lm, records, tok), plan.target_mode,
-                                len(lm.task.labels(lm.info["id2label"])), cfg.matrices != "none", cfg.batch_memory_mb)
-    progress.message(f"--batch-size auto: {size} ({how})")
-    return size, how
+    batching = auto_batching(lm, methods, tok, lm.task.prepare(lm, records, tok), plan.target_mode,
+                             len(lm.task.labels(lm.info["id2label"])), cfg.matrices, tokens,
+                             cfg.batch_tokens, cfg.batch_memory_mb)
+    progress.message(f"--batch-size auto: {batching.size} ({batching.how})")
+    return batching
 
 
 def resume_command(argv: list[str]) -> str:

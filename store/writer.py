@@ -96,59 +96,54 @@ class StoreWriter:
         if not examples:
             return
         f = self._f
-        rows = np.zeros(len(examples), dtype=schema.index_dtype(self.num_labels))
-        ids, strings, tok_strings, task_words = [], [], [], []
         e = self._extent
-        id_end, str_end, tok_end, tokstr_end, sq_end = (e.ids_bytes, e.string_bytes, e.tokens, e.token_string_bytes,
-                                                         e.squares)
-        task_end = e.task_bytes
-        tok_cols = {schema.TOKEN_IDS: [], schema.TOKEN_SPANS: [], schema.TOKEN_SEGMENT: [], schema.TOKEN_STR_OFF: [],
-                    schema.TOKEN_STR_LEN: []}  # dataset path -> the batch's parts
-        for k, ex in enumerate(examples):
-            n = len(ex.token_ids)
-            if len(ex.tokens) != n:
-                raise ValueError(f"example {ex.id}: {len(ex.tokens)} token strings for {n} token ids")
-            if n < 1:
+        n = np.fromiter((len(ex.token_ids) for ex in examples), dtype=np.int64, count=len(examples))
+        for ex, k in zip(examples, n):
+            if len(ex.tokens) != k:
+                raise ValueError(f"example {ex.id}: {len(ex.tokens)} token strings for {k} token ids")
+            if k < 1:
                 raise ValueError(f"example {ex.id}: no tokens")
-            r = rows[k]
-            b = ex.id.encode("utf-8")
-            r["id_off"], r["id_len"] = id_end, len(b)
-            ids.append(b)
-            id_end += len(b)
+        # Column by column over the batch: each blob's pieces, their lengths, and offsets from the running ends.
+        rows = np.zeros(len(examples), dtype=schema.index_dtype(self.num_labels))
+        ids = [ex.id.encode("utf-8") for ex in examples]
+        rows["id_off"], rows["id_len"], id_end = _offsets(ids, e.ids_bytes)
+        # the texts and pair texts, one after the other per example in /examples/strings (no pair: length -1)
+        strings, cols, str_end = [], {"text_off": [], "text_len": [], "pair_off": [], "pair_len": []}, e.string_bytes
+        for ex in examples:
             for key, value in (("text", ex.text), ("pair", ex.pair)):
+                cols[f"{key}_off"].append(str_end)
                 if value is None:
-                    r[f"{key}_off"], r[f"{key}_len"] = str_end, -1
+                    cols[f"{key}_len"].append(-1)
                     continue
                 b = value.encode("utf-8")
-                r[f"{key}_off"], r[f"{key}_len"] = str_end, len(b)
                 strings.append(b)
+                cols[f"{key}_len"].append(len(b))
                 str_end += len(b)
-            enc = [t.encode("utf-8") for t in ex.tokens]
-            lens = np.array([len(b) for b in enc], dtype=np.int64)
-            tok_cols[schema.TOKEN_STR_OFF].append(tokstr_end + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64))
-            tok_cols[schema.TOKEN_STR_LEN].append(lens.astype(np.int32))
-            tok_strings.extend(enc)
-            tokstr_end += int(lens.sum())
-            tok_cols[schema.TOKEN_IDS].append(np.asarray(ex.token_ids, dtype=np.int32))
-            tok_cols[schema.TOKEN_SPANS].append(np.asarray(ex.spans, dtype=np.int32).reshape(n, 2))
-            tok_cols[schema.TOKEN_SEGMENT].append(np.asarray(ex.segment, dtype=np.int8))
-            if self._evidence:
-                ev = np.zeros(n, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, dtype=np.uint8)
-                tok_cols.setdefault(schema.TOKEN_EVIDENCE, []).append(ev.reshape(n))
-            r["row"], r["tok_off"], r["n_tokens"], r["sq_off"] = ex.row, tok_end, n, sq_end
-            r["label"], r["pred"], r["target"], r["explain_pos"] = ex.label, ex.pred, ex.target, ex.explain_pos
-            r["n_orig_tokens"] = ex.n_orig_tokens
-            r["flags"] = schema.FLAG_TRUNCATED if ex.truncated else 0
-            r["probs"] = np.asarray(ex.probs, dtype=np.float32)
-            r["target_token"], r["foil_token"] = ex.target_token, ex.foil_token
-            r["span_end"], r["pred_end"] = ex.span_end, ex.pred_end
-            r["output"], r["gold_value"] = ex.output, ex.gold_value
-            b = task_json(ex.task_info)
-            r["task_off"], r["task_len"] = task_end, len(b)
-            task_words.append(b)
-            task_end += len(b)
-            tok_end += n
-            sq_end += n * n
+        for key, values in cols.items():
+            rows[key] = values
+        tok_strings = [t.encode("utf-8") for ex in examples for t in ex.tokens]
+        str_off, str_len, tokstr_end = _offsets(tok_strings, e.token_string_bytes)
+        tok_cols = {schema.TOKEN_IDS: np.concatenate([np.asarray(ex.token_ids) for ex in examples]).astype(np.int32),
+                    schema.TOKEN_SPANS: np.concatenate([np.asarray(ex.spans).reshape(-1, 2) for ex in examples]
+                                                       ).astype(np.int32),
+                    schema.TOKEN_SEGMENT: np.concatenate([np.asarray(ex.segment) for ex in examples]).astype(np.int8),
+                    schema.TOKEN_STR_OFF: str_off, schema.TOKEN_STR_LEN: str_len.astype(np.int32)}
+        if self._evidence:
+            tok_cols[schema.TOKEN_EVIDENCE] = np.concatenate([
+                np.zeros(k, dtype=np.uint8) if ex.evidence is None else np.asarray(ex.evidence, np.uint8).reshape(k)
+                for ex, k in zip(examples, n)])
+        ends = np.cumsum(n)
+        rows["tok_off"], rows["n_tokens"] = e.tokens + ends - n, n
+        sq_ends = np.cumsum(n * n)
+        rows["sq_off"] = e.squares + sq_ends - n * n
+        tok_end, sq_end = e.tokens + int(ends[-1]), e.squares + int(sq_ends[-1])
+        for key in ("row", "label", "pred", "target", "explain_pos", "n_orig_tokens", "target_token", "foil_token",
+                    "span_end", "pred_end", "output", "gold_value"):
+            rows[key] = [getattr(ex, key) for ex in examples]
+        rows["flags"] = [schema.FLAG_TRUNCATED if ex.truncated else 0 for ex in examples]
+        rows["probs"] = np.stack([np.asarray(ex.probs, dtype=np.float32) for ex in examples])
+        task_words = [task_json(ex.task_info) for ex in examples]
+        rows["task_off"], rows["task_len"], task_end = _offsets(task_words, e.task_bytes)
 
         problem = schema.task_row_problem(rows, self.task["name"], self.num_labels)
         if problem is not None:  # readers would take the store for damaged
@@ -157,8 +152,8 @@ class StoreWriter:
         append(f[schema.STRINGS], np.frombuffer(b"".join(strings), dtype=np.uint8))
         append(f[schema.TOKEN_STRINGS], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
         append(f[schema.TASK_WORDS], np.frombuffer(b"".join(task_words), dtype=np.uint8))
-        for path, parts in tok_cols.items():
-            append(f[path], np.concatenate(parts))
+        for path, values in tok_cols.items():
+            append(f[path], values)
         for name, layout in self.methods.items():
             self._append_method(name, layout, examples)
 
@@ -172,36 +167,38 @@ class StoreWriter:
 
     def _append_method(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> None:
         g = self._f[schema.METHODS][name]
-        parts: dict[str, list[np.ndarray]] = {"scores": [], "layer_scores": [], "matrices": [], "class_scores": []}
-        stored_dtype = np.dtype(layout.params.get("store_dtype", "float16")) if layout.matrices != "none" else None
+        results = []
         for ex in examples:
-            n = len(ex.token_ids)
             res = ex.results.get(name)
             if res is None:
                 raise ValueError(f"example {ex.id}: no result for method '{name}'")
-            kept = {"scores": _checked(res["scores"], (n,), name, "scores", ex.id).astype(np.float32)}
-            if layout.n_layer_views:
-                kept["layer_scores"] = _checked(res["layer_scores"], (layout.n_layer_views, n), name, "layer_scores",
-                                                ex.id).astype(np.float32)
-            if layout.matrices != "none":
-                rows = n if layout.matrices == "all" else 1
-                kept["matrices"] = _checked(res["matrices"], (layout.n_matrix_layers, rows, n), name, "matrices",
-                                            ex.id).astype(stored_dtype)
-            if layout.class_scores:
-                kept["class_scores"] = _checked(res["class_scores"], (self.num_labels, n), name, "class_scores",
-                                                ex.id).astype(np.float32)
-            for key, value in kept.items():
-                parts[key].append(value.ravel())
-            self._scales[name].add_example(layout.__dict__, kept)  # the values as readers will read them
-            for key in layout.example_values:
-                value = res.get("example_values", {}).get(key)
-                if value is None:
-                    raise ValueError(f"example {ex.id}: method '{name}' gave no value '{key}'")
-                parts.setdefault(f"example_values/{key}", []).append(np.asarray([value], dtype=np.float32))
-        for key, arrays in parts.items():
-            if arrays:
-                ds = g[key]
-                append(ds, np.concatenate(arrays).astype(ds.dtype, copy=False))
+            results.append(res)
+        n = [len(ex.token_ids) for ex in examples]
+        shapes = {"scores": [(k,) for k in n]}
+        if layout.n_layer_views:
+            shapes["layer_scores"] = [(layout.n_layer_views, k) for k in n]
+        if layout.matrices != "none":
+            shapes["matrices"] = [(layout.n_matrix_layers, k if layout.matrices == "all" else 1, k) for k in n]
+        if layout.class_scores:
+            shapes["class_scores"] = [(self.num_labels, k) for k in n]
+        kept = {}  # key -> one array per example, as readers will read them
+        for key, expected in shapes.items():
+            arrays = [np.asarray(res[key]) for res in results]
+            if [a.shape for a in arrays] != expected:  # one comparison for the batch; the culprit named
+                i = next(i for i, a in enumerate(arrays) if a.shape != expected[i])
+                raise ValueError(f"method '{name}', example {examples[i].id}: {key} has shape {arrays[i].shape}, "
+                                 f"expected {expected[i]}")
+            kept[key] = arrays
+        dtypes = {key: g[key].dtype for key in kept}
+        self._scales[name].add_batch(layout.__dict__, kept, dtypes)  # the values as readers will read them
+        for key, arrays in kept.items():
+            append(g[key], np.concatenate(arrays, axis=None).astype(dtypes[key], copy=False))  # each raveled
+        for key in layout.example_values:
+            values = [res.get("example_values", {}).get(key) for res in results]
+            if None in values:
+                i = values.index(None)
+                raise ValueError(f"example {examples[i].id}: method '{name}' gave no value '{key}'")
+            append(g[f"example_values/{key}"], np.asarray(values, dtype=np.float32))
 
     # ------------------------------------------------------------------ closing
     def close(self, *, complete: bool = False, summary: dict | None = None) -> None:
@@ -250,10 +247,8 @@ def task_json(words: dict | None) -> bytes:
     return json.dumps(words, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _checked(arr, shape, method, what, ex_id) -> np.ndarray:
-    a = np.asarray(arr)
-    if a.shape != shape:
-        raise ValueError(f"method '{method}', example {ex_id}: {what} has shape {a.shape}, expected {shape}")
-    return a
-
-
+def _offsets(pieces: list[bytes], start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(offsets, lengths, end) of byte strings laid end to end from ``start``."""
+    lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+    ends = start + np.cumsum(lengths)
+    return ends - lengths, lengths, int(ends[-1]) if len(pieces) else start

@@ -152,7 +152,7 @@ def test_a_batch_out_of_memory_is_halved_and_gives_the_unsplit_results(unsplit_s
     import compute.runner as runner
 
     data, whole = unsplit_store
-    real, tried, sizes = runner.run_batch, set(), []
+    real, tried, sizes = runner.launch_batch, set(), []
 
     def first_attempt_fails(lm, methods, enc, *args):
         key = tuple(enc["input_ids"].shape)
@@ -162,10 +162,11 @@ def test_a_batch_out_of_memory_is_halved_and_gives_the_unsplit_results(unsplit_s
             raise error
         return real(lm, methods, enc, *args)
 
-    monkeypatch.setattr(runner, "run_batch", first_attempt_fails)
+    monkeypatch.setattr(runner, "launch_batch", first_attempt_fails)
     out = tmp_path / "split.h5"
     ok(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", out, *OOM_RUN))
-    assert 4 in sizes and 2 in sizes and 1 in sizes  # 4 -> 2 + 2 -> 1 + 1 ...: every batch was split to ones
+    # every batch of two or more failed at first and was retried in halves, down to ones
+    assert max(sizes) >= 3 and all((s + 1) // 2 in sizes for s in sizes if s > 1) and 1 in sizes
     a, b = stored_arrays(whole), stored_arrays(out)
     assert a.keys() == b.keys()
     for name in a:
@@ -185,7 +186,7 @@ def test_out_of_memory_on_one_example_is_one_line(unsplit_store, tiny_model_dirs
     def never_fits(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(runner, "run_batch", never_fits)
+    monkeypatch.setattr(runner, "launch_batch", never_fits)
     data, _ = unsplit_store
     line = one_line(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", tmp_path / "o.h5", *OOM_RUN))
     assert "out of memory on a single example" in line and "--max-length" in line
@@ -214,53 +215,177 @@ def test_run_halving_keeps_the_order_and_raises_other_errors_at_once():
         run_halving([1, 2, 3, 4], broken, lambda i: 10)
 
 
-# --- --batch-size auto -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("free,per_example,limit", [(100, 7, 1024), (100, 1, 64), (6, 7, 8), (10**6, 3, 1000),
-                                                    (96, 32, 1024), (33, 11, 3)])
-def test_largest_fitting_finds_the_largest_batch_a_fake_memory_allows(free, per_example, limit):
-    from compute.run.dispatch import largest_fitting
-
-    tries = []
-
-    def fits(b):  # a fake device: b examples need b * per_example units of memory
-        tries.append(b)
-        return b * per_example <= free
-
-    expected = max([b for b in range(1, limit + 1) if b * per_example <= free], default=0)
-    assert largest_fitting(fits, limit) == expected
-    assert max(tries) <= limit and len(tries) <= 2 * limit.bit_length() + 1
+# --- --batch-size auto on CUDA: the memory model, on a fake device ---------------------------------------------------
+GB = 2**30
 
 
-def test_auto_batch_size_probes_cuda_with_the_longest_example(monkeypatch):
-    """The CUDA probe, without a GPU: a fake model on a 'cuda' device, run_batch replaced by a fake memory."""
+class FakeGPU:
+    """Allocations of a fake device, as torch.cuda's allocator would count them. Per stage (the forward pass, each
+    method): bytes kept per example once it is done (the capture, a result) and bytes it holds while it runs
+    (``fixed`` + ``each`` per example of what it runs on; a stage in ``grows`` = (k, extra) holds ``extra`` more
+    per example beyond k examples: a chunk budget that trial batches do not reach). A method whose cost grows
+    faster than n runs on parts of ``part_tokens[name] // n`` examples, each on a copy of the part's capture. Out of
+    memory above ``capacity``."""
+
+    def __init__(self, capacity, stages, heavy=(), grows=None, base=1 * GB, n=40):
+        self.capacity, self.stages, self.heavy, self.grows = capacity, stages, heavy, grows or {}
+        self.base, self.n = base, n
+        self.alloc = self.top = base
+        self.runs = []  # (batch size, {stage: examples it ran on at once})
+
+    # DeviceMemory's readings
+    def reset_peak(self):
+        self.top = self.alloc
+
+    def allocated(self):
+        return self.alloc
+
+    def peak(self):
+        return self.top
+
+    def limit(self):
+        return self.capacity
+
+    def run(self, size, part_tokens=None, probe=None):
+        from compute.run.dispatch import Probe
+
+        probe = probe or Probe()
+        self.alloc, self.top, ran = self.base, self.base, {}
+        self.runs.append((size, ran))
+        capture = self.stages["forward"][0]
+        for stage, (kept, fixed, each) in self.stages.items():
+            probe.begin(stage)
+            b = min(size, part_tokens[stage] // self.n) if part_tokens and stage in part_tokens else size
+            ran[stage] = b
+            held = fixed + each * b + (capture * b if b < size else 0)
+            if stage in self.grows and b > self.grows[stage][0]:
+                held += self.grows[stage][1] * (b - self.grows[stage][0])
+            self.top = max(self.top, self.alloc + held)
+            if self.top > self.capacity:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+            self.alloc += kept * size
+            probe.end(stage)
+
+
+class FakeMethod:
+    def __init__(self, exponent=1, declared=0):
+        self.cost_exponent, self.params, self._declared = exponent, {}, declared
+
+    def memory_per_example(self, shape, params):
+        return self._declared
+
+
+MB = 2**20
+STAGES = {"forward": (10 * MB, 0, 20 * MB), "rollout": (1 * MB, 0, 30 * MB), "decompx": (1 * MB, 64 * MB, 200 * MB),
+          "grad_l2": (1 * MB, 0, 50 * MB)}
+SHAPE = None
+
+
+def cuda_batching(gpu, methods, limit=1024, tokens_asked=None):
+    from compute.methods._internals.base import Shape
+    from compute.run.auto_batch import cuda_batching
+
+    return cuda_batching(gpu.run, gpu, methods, Shape(n=gpu.n, layers=12, heads=12, d=768, d_ff=3072), limit,
+                         tokens_asked, "cuda:0")
+
+
+def test_auto_on_cuda_models_memory_from_two_trials_and_confirms_once():
+    gpu = FakeGPU(40 * GB, STAGES, heavy={"decompx"})
+    methods = {"rollout": FakeMethod(), "decompx": FakeMethod(exponent=2), "grad_l2": FakeMethod()}
+    got = cuda_batching(gpu, methods)
+    # grad_l2 runs last: 1 GB + 12 MB kept per example by the stages before it + its own 50 MB per example
+    best = (40 * GB - 1 * GB) // (62 * MB)
+    assert [size for size, _ in gpu.runs] == [1, 2, best]  # two trials and one confirming batch
+    # decompx runs on parts of at most AUTO_PART_TOKENS // n = 204 examples, never on the whole batch
+    assert got.size == 1024 and got.tokens == best * 40
+    confirm = gpu.runs[-1][1]
+    assert confirm["rollout"] == confirm["grad_l2"] == best and confirm["decompx"] == got.part_tokens["decompx"] // 40
+    assert max(ran["decompx"] for _, ran in gpu.runs) <= 8192 // 40
+    assert "from trial batches of 1 and 2, confirmed" in got.how
+
+
+@pytest.mark.parametrize("capacity_gb", [4, 9, 20])
+def test_auto_on_cuda_picks_the_largest_batch_the_model_lets_fit_and_it_fits(capacity_gb):
+    gpu = FakeGPU(capacity_gb * GB, STAGES, heavy={"decompx"})
+    methods = {"rollout": FakeMethod(), "decompx": FakeMethod(exponent=2), "grad_l2": FakeMethod()}
+    got = cuda_batching(gpu, methods)
+    size, part = got.tokens // gpu.n, got.part_tokens["decompx"] // gpu.n
+    assert len(gpu.runs) == 3 and gpu.runs[-1][0] == size  # the confirming batch was the one chosen, and it fit
+
+    def fits(b, p):
+        try:
+            FakeGPU(capacity_gb * GB, STAGES, heavy={"decompx"}).run(b, {"decompx": p * gpu.n})
+            return True
+        except torch.cuda.OutOfMemoryError:
+            return False
+
+    # the largest batch (its light stages are exactly linear, so the model is exact) and the largest part beside it
+    assert fits(size, part) and not fits(size + 1, 1)
+    assert part == min(size, 8192 // gpu.n) or not fits(size, part + 1)
+
+
+def test_auto_on_cuda_plans_with_a_declared_slope_the_trials_cannot_see_and_lowers_a_batch_that_does_not_fit():
+    # decompx's chunk holds the same memory for 1 and 2 examples; beyond 2 it grows 200 MB per example
+    stages = {**STAGES, "decompx": (1 * MB, 64 * MB, 0)}
+    methods = {"rollout": FakeMethod(), "decompx": FakeMethod(exponent=2, declared=200 * MB), "grad_l2": FakeMethod()}
+    gpu = FakeGPU(12 * GB, stages, grows={"decompx": (2, 200 * MB)})
+    declared = cuda_batching(gpu, methods)
+    assert len(gpu.runs) == 3 and gpu.runs[-1][1]["decompx"] > 2  # the declared slope planned a part that fits
+    undeclared = FakeGPU(12 * GB, stages, grows={"decompx": (2, 200 * MB)})
+    cuda_batching(undeclared, {**methods, "decompx": FakeMethod(exponent=2)})
+    assert len(undeclared.runs) > 3  # without it the first confirming batch ran out of memory
+
+    # undeclared, a growth the trials do not see makes the confirming batch run out of memory: lowered by quarters
+    blind = FakeGPU(20 * GB, stages, grows={"grad_l2": (2, 50 * MB)})
+    got = cuda_batching(blind, {"rollout": FakeMethod(), "decompx": FakeMethod(exponent=2), "grad_l2": FakeMethod()})
+    sizes = [size for size, _ in blind.runs]
+    assert sizes[:2] == [1, 2] and len(sizes) >= 4 and all(b == a * 3 // 4 for a, b in zip(sizes[2:], sizes[3:]))
+    assert got.tokens // blind.n == sizes[-1] and declared.tokens // gpu.n > 2
+
+
+def test_auto_on_cuda_honours_batch_tokens_and_one_example():
+    gpu = FakeGPU(40 * GB, STAGES)
+    methods = {"rollout": FakeMethod(), "decompx": FakeMethod(exponent=2), "grad_l2": FakeMethod()}
+    got = cuda_batching(gpu, methods, tokens_asked=4000)
+    assert got.tokens == 100 * 40 and gpu.runs[-1][0] == 100  # --batch-tokens 4000: at most 100 of 40 tokens
+    one = FakeGPU(40 * GB, STAGES)
+    got = cuda_batching(one, methods, limit=1)
+    assert [size for size, _ in one.runs] == [1] and (got.size, got.tokens) == (1, 40)
+    tiny = FakeGPU(1 * GB + 5 * MB, STAGES)
+    with pytest.raises(Exception, match="out of memory on a single example of 40 tokens"):
+        cuda_batching(tiny, methods)
+
+
+def test_auto_batching_runs_copies_of_the_longest_example_on_cuda(monkeypatch):
+    """The wiring without a GPU: a fake model on a 'cuda' device; launch_batch drives the fake device's memory."""
     from types import SimpleNamespace
 
-    import compute.run.dispatch as dispatch
+    import compute.run.auto_batch as auto_batch
     from compute.run.batches import Tokenized
     from compute.tasks import TaskRows
 
     lengths = [5, 40, 12, 40, 7] * 100  # 500 examples, the longest 40 tokens
     tok = Tokenized([[1] * n for n in lengths], None, None, [[0] * n for n in lengths], lengths)
     cuda = torch.device("cuda")
-    lm = SimpleNamespace(model=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(device=cuda)])),
-                         tokenizer=SimpleNamespace(pad_token_id=0))
-    seen = []
+    config = SimpleNamespace(hidden_size=32, intermediate_size=64)
+    lm = SimpleNamespace(model=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(device=cuda)]), config=config),
+                         tokenizer=SimpleNamespace(pad_token_id=0),
+                         adapter=SimpleNamespace(n_layers=3, n_heads=4))
+    gpu, seen = FakeGPU(40 * GB, {"forward": STAGES["forward"], "rollout": STAGES["rollout"]}), []
 
-    def fake_run_batch(lm, methods, enc, labels, *args):
-        seen.append(enc)
-        if len(enc) * max(lengths[i] for i in enc) > 40 * 37:  # room for 37 of the longest
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,
+                    first_part_only):
+        assert first_part_only == (parts is not None)  # the confirming batch runs one part of each part-wise method
+        seen.append((rows, lengths))
+        gpu.run(len(rows), parts, probe)
+        return SimpleNamespace(result=lambda: None)
 
-    monkeypatch.setattr(dispatch, "encode", lambda tok, rows, pad_id, device: list(rows))
-    monkeypatch.setattr(dispatch, "run_batch", fake_run_batch)
-    rows = TaskRows.plain([0] * len(lengths))
-    size, how = dispatch.auto_batch_size(lm, {}, tok, rows, "predicted", 2, True)
-    assert size == 37 and "40 tokens" in how
-    assert all(set(rows) == {1} for rows in seen)  # every probe is copies of the (first) longest example
-
-    monkeypatch.setattr(dispatch, "run_batch", lambda *a: (_ for _ in ()).throw(RuntimeError("bad kernel")))
-    with pytest.raises(RuntimeError, match="bad kernel"):  # only out-of-memory errors mean "does not fit"
-        dispatch.auto_batch_size(lm, {}, tok, rows, "predicted", 2, True)
+    monkeypatch.setattr(auto_batch, "encode", lambda tok, rows, pad_id, device: list(rows))
+    monkeypatch.setattr(auto_batch, "launch_batch", fake_launch)
+    got = auto_batch.auto_batching(lm, {"rollout": FakeMethod()}, tok, TaskRows.plain([0] * len(lengths)),
+                                   "predicted", 2, True, 8192, None, memory=gpu)
+    assert all(set(rows) == {1} and set(lengths) == {40} for rows, lengths in seen)  # the (first) longest
+    assert got.size == 500 and got.tokens == 500 * 40 and "40 tokens" in got.how
 
 
 def test_batch_size_auto_on_cpu_is_the_fixed_default_and_recorded(tiny_model_dirs, tmp_path):
@@ -269,7 +394,8 @@ def test_batch_size_auto_on_cpu_is_the_fixed_default_and_recorded(tiny_model_dir
     ok(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu", "--methods", "rollout",
               "--batch-size", "auto", "-q"))
     with open_store(out) as s:
-        assert s.config["batch_size"] == {"asked": "auto", "used": 32, "how": "fixed on cpu"}
+        assert s.config["batch_size"] == {"asked": "auto", "used": 32, "tokens": 8192, "part_tokens": {},
+                                          "how": "fixed on cpu"}
         assert s.config["config"]["batch_size"] == "auto"
 
 
@@ -310,7 +436,7 @@ def test_inputs_go_to_cuda_from_pinned_memory_without_blocking_and_to_the_cpu_as
 
 def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_bitwise(tiny_model_dirs, tmp_path,
                                                                                        monkeypatch):
-    import compute.run.dispatch as dispatch
+    import compute.run.auto_batch as auto_batch
     import compute.runner as runner
 
     data = write_rows(tmp_path / "d.jsonl", 30)
@@ -319,7 +445,7 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
     ok(invoke("run", data, "-o", fixed, *run, "--batch-size", 3))
 
     out = tmp_path / "auto.h5"
-    monkeypatch.setattr(dispatch, "CPU_AUTO_BATCH_SIZE", 3)  # auto finds 3 this time (on CUDA: the free memory)
+    monkeypatch.setattr(auto_batch, "CPU_AUTO_BATCH_SIZE", 3)  # auto finds 3 this time (on CUDA: the free memory)
     append, calls = StoreWriter.append, []
 
     def second_fails(self, examples):
@@ -334,11 +460,12 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
         assert len(s) == 24 and s.config["batch_size"]["used"] == 3  # one window: 8 batches of 3
 
     monkeypatch.setattr(StoreWriter, "append", append)
-    monkeypatch.setattr(dispatch, "CPU_AUTO_BATCH_SIZE", 5)  # now auto would find another size
-    sizes, windows = [], runner.windows
-    monkeypatch.setattr(runner, "windows", lambda tok, size, window: (sizes.append(size), windows(tok, size, window))[1])
+    monkeypatch.setattr(auto_batch, "CPU_AUTO_BATCH_SIZE", 5)  # now auto would find another size
+    sizes, batches = [], runner.batches
+    monkeypatch.setattr(runner, "batches",
+                        lambda lengths, size, *rest: (sizes.append(size), batches(lengths, size, *rest))[1])
     ok(invoke("run", data, "-o", out, *run, "--batch-size", "auto", "--resume"))
-    assert sizes == [3]
+    assert set(sizes) == {3}
     a, b = stored_arrays(fixed), stored_arrays(out)
     assert a.keys() == b.keys()
     for name in a:  # as bytes: the index's NaN fields (gold_value of a classifier) equal themselves
@@ -347,7 +474,7 @@ def test_resume_of_an_auto_store_uses_the_recorded_size_and_equals_a_fixed_run_b
 
 # --- --batch-size auto on the CPU with --batch-memory-mb -----------------------------------------------------------
 def test_cpu_batch_within_finds_the_largest_batch_of_a_linear_memory_cost():
-    from compute.run.dispatch import cpu_batch_within
+    from compute.run.auto_batch import cpu_batch_within
 
     for base, per, budget, limit in ((50, 7, 400, 1024), (10, 100, 95, 64), (0, 3, 1000, 16), (5, 1, 5, 8)):
         sizes = []
@@ -364,7 +491,7 @@ def test_cpu_batch_within_finds_the_largest_batch_of_a_linear_memory_cost():
 
 
 def test_cpu_batch_within_lowers_a_prediction_that_does_not_fit():
-    from compute.run.dispatch import cpu_batch_within
+    from compute.run.auto_batch import cpu_batch_within
 
     def peak(size):  # grows faster than the line through 1 and 2 predicts (attention is quadratic in memory)
         return 10 * size + (size * size if size > 2 else 0)
@@ -400,3 +527,27 @@ def test_batch_memory_mb_sizes_the_batch_and_records_how(tiny_model_dirs, tmp_pa
     line = one_line(invoke("run", data, "-o", tmp_path / "b.h5", *run, "--batch-memory-mb", "0"), code=2)
     assert "--batch-memory-mb must be at least 1" in line
     assert not (tmp_path / "b.h5").exists()
+
+
+# --- --batch-tokens ------------------------------------------------------------------------------------------------
+def test_batch_tokens_bounds_every_batch_is_recorded_and_is_part_of_the_resume_identity(tiny_model_dirs, tmp_path,
+                                                                                      monkeypatch):
+    import compute.runner as runner
+
+    data = write_rows(tmp_path / "d.jsonl", 30)
+    shapes, real = [], runner.launch_batch
+
+    def spy(lm, methods, enc, *args):
+        shapes.append(tuple(enc["input_ids"].shape))
+        return real(lm, methods, enc, *args)
+
+    monkeypatch.setattr(runner, "launch_batch", spy)
+    out = tmp_path / "o.h5"
+    run = ("--model", tiny_model_dirs["bert"], "--device", "cpu", "--methods", "rollout,alti", "-q", "--batch-size", 8)
+    ok(invoke("run", data, "-o", out, *run, "--batch-tokens", 24))
+    assert all(b * n <= 24 or b == 1 for b, n in shapes) and max(b for b, _ in shapes) > 1
+    assert sum(b for b, _ in shapes) == 30
+    with open_store(out) as s:
+        assert s.config["batch_size"]["tokens"] == 24 and s.config["config"]["batch_tokens"] == 24
+    line = one_line(invoke("run", data, "-o", out, *run, "--batch-tokens", 48, "--resume"))
+    assert "--batch-tokens 24" in line

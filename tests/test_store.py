@@ -634,6 +634,34 @@ def test_scale_statistics_match_the_stored_values(tmp_path):
                                                          "matrix 2", "matrix 3"]
 
 
+def test_scale_statistics_of_a_batch_equal_those_of_its_examples_one_by_one_bitwise():
+    """The writer adds a whole batch per view in one vectorised pass; the reader (a store without statistics) adds
+    one example at a time: the same numbers, bit for bit, non-finite values left out, however the batch is cut."""
+    from store.scale import ScaleAccumulator
+
+    rng = np.random.default_rng(0)
+    layout = {"n_layer_views": 2, "matrices": "cls", "n_matrix_layers": 3}
+    views = ["final", "layer 1", "layer 2", "matrix 1", "matrix 2", "matrix 3"]
+    results = []
+    for i in range(23):
+        n = int(rng.integers(1, 40))
+        r = {"scores": rng.normal(0, 10.0 ** rng.integers(-6, 3), n).astype(np.float32),
+             "layer_scores": rng.normal(size=(2, n)).astype(np.float32),
+             "matrices": rng.random((3, 1, n)).astype(np.float16)}
+        if i % 5 == 1:
+            r["scores"][0], r["layer_scores"][1, -1] = np.nan, np.inf
+        results.append(r)
+    one = ScaleAccumulator(views)
+    for r in results:
+        one.add_example(layout, r)
+    for cuts in ([0, 23], [0, 7, 8, 23], [0, 1, 2, 3, 22, 23]):
+        batched = ScaleAccumulator(views)
+        for a, b in zip(cuts, cuts[1:]):
+            batched.add_batch(layout, {k: [r[k] for r in results[a:b]] for k in results[0]})
+        assert batched.summary.tobytes() == one.summary.tobytes() and np.array_equal(batched.hist, one.hist)
+    assert one.summary[0, 0] == sum(len(r["scores"]) for r in results) - 5  # five NaN left out
+
+
 def test_scale_statistics_are_computed_incrementally_for_a_growing_store(tmp_path):
     path = tmp_path / "grow.h5"
     w = create(path)

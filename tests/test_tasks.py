@@ -55,7 +55,7 @@ def defined(task: str, adapter) -> list[str]:
 
 def run(lm, names, batch, rows, **params):
     methods = {n: get_method(n, **params.get(n, {})) for n in names}
-    return run_batch(lm, methods, batch, rows, "predicted", 2, True, Timings())
+    return run_batch(lm, methods, batch, rows, "predicted", 2, "all", Timings())
 
 
 def model_logits(lm, batch) -> torch.Tensor:

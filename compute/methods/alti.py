@@ -34,6 +34,7 @@ class Alti(LayerwiseProduct):
     description = "ALTI: L1 proximity of each token's LN1-linearised contribution, rolled out over layers"
     reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
     row_stochastic = True
+    cost_exponent = 2  # [n, n, d] transformed vectors and their distances
     run_options = (
         Option("alti_ln2", False, type=bool, param="ln2", passed="set", resume=True,
                help="ALTI+LN2: alti and alti_l2 measure through LN2 (METHODS.md 2.2)."),
@@ -41,6 +42,11 @@ class Alti(LayerwiseProduct):
                help="Memory budget of ALTI's blocks (the dense form's source tokens, the pruned form's chunks) "
                     "[default: 8 on the CPU, 1/64 of the GPU's memory on a GPU]."),
     )
+
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        # the dense form's source-token blocks at one token per block: a [B, 1, n, d] block and its difference
+        return shape.n * 2 * shape.d * shape.itemsize
 
     def __init__(self, ln2: bool = False, eps_quirk: bool = False, memory_mb: int | None = None, l1_path: str = "auto",
                  **params):

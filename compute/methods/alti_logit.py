@@ -49,7 +49,12 @@ class AltiLogit(Method):
     needs = NEEDS
     has_layer_views = True
     op_budget = 1.0  # a backward sweep of directions and a rollout per layer beside ALTI's matrices
+    cost_exponent = 2  # ALTI's [n, n, d] contributions
     run_options = (Alti.run_options[1],)  # --memory-mb: ALTI's source-token blocks
+
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        return Alti.memory_per_example(shape, params)  # ALTI's blocks, which it runs
 
     def __init__(self, memory_mb: int | None = None, **params):
         super().__init__(memory_mb=memory_mb, **params)

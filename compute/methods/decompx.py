@@ -31,7 +31,13 @@ class DecompXBase(Method):
     tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
     pre_ln_ok = False  # the decomposition follows post-LN layers (LN1 and LN2 on the residual path)
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
+    cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
+
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        # the feed-forward block at one source token per block: [B, n, 1, d_ff] pre-activations and their product
+        return shape.n * 2 * shape.d_ff * shape.itemsize
 
     def __init__(self, memory_mb: int | None = None, **params):
         super().__init__(memory_mb=memory_mb, **params)

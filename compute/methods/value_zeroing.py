@@ -43,11 +43,17 @@ class ValueZeroing(LayerwiseProduct):
     pre_ln_ok = False  # the feed-forward block and LN2 are re-applied as post-LN layers compute them
     row_stochastic = True
     op_budget = 1.0  # the layer's feed-forward block and norms run again per zeroed token (batched)
+    cost_exponent = 2  # the layer re-run for each of n zeroed tokens over n tokens
     run_options = (
         Option("value_zeroing_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True, check=at_least(1),
                help="value_zeroing: memory budget of one block of zeroed tokens (its feed-forward activations) "
                     "[default: 64 on the CPU, 1/64 of the GPU's memory on a GPU]."),
     )
+
+    @classmethod
+    def memory_per_example(cls, shape, params):
+        # zeroed_distances at one zeroed token per block: [1, B, n, d_ff] activations and four [1, B, n, d] states
+        return shape.n * (shape.d_ff + 4 * shape.d) * shape.itemsize
 
     def __init__(self, memory_mb: int | None = None, **params):
         super().__init__(memory_mb=memory_mb, **params)

@@ -1,12 +1,14 @@
-"""Stage 5, methods: make the methods of the plan for the loaded model, and run one batch through the model's
-forward pass and every method."""
+"""Stage 5, methods: make the methods of the plan for the loaded model, queue one batch's forward pass and every
+method on the device (the methods whose cost grows faster than n on length-homogeneous parts of it), and halve a
+batch that runs out of memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -17,14 +19,14 @@ from ..methods import Method, get_method
 from ..adapters import Captured
 from ..models import LoadedModel
 from ..tasks import Outcome, Part, TaskRows
-from ..options import DEFAULT_BATCH_SIZE
-from .batches import Tokenized, encode
+from ..tasks.base import long_tensor
+from .batches import parts as parts_of
+from .parts import TOKEN_AXES, cut_capture, put_back
+from .transfer import HostCopy, Stopwatch
 from .plan import RunPlan
 from .progress import Progress
 
-CPU_AUTO_BATCH_SIZE = DEFAULT_BATCH_SIZE  # --batch-size auto on CPU: memory is not probed there
-AUTO_BATCH_LIMIT = 1024  # the largest batch --batch-size auto tries
-
+T = TypeVar("T")
 
 def make_methods(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict[str, Method]:
     """The plan's methods with their parameters; under --methods all, those undefined for the architecture are
@@ -55,6 +57,18 @@ def _defined(method: Method, adapter) -> bool:
 class Timings:
     forward: float = 0.0
     methods: dict[str, float] = field(default_factory=dict)  # seconds per method
+    host: dict[str, float] = field(default_factory=dict)  # seconds of the host's own stages (the runner's)
+
+    def add(self, stages: dict[str, float]) -> None:
+        """A batch's stage seconds (Stopwatch.seconds): "forward", else a method's name."""
+        for stage, sec in stages.items():
+            if stage == "forward":
+                self.forward += sec
+            else:
+                self.methods[stage] = self.methods.get(stage, 0.0) + sec
+
+    def add_host(self, stage: str, seconds: float) -> None:
+        self.host[stage] = self.host.get(stage, 0.0) + seconds
 
 
 @dataclass
@@ -68,54 +82,157 @@ class BatchOutput:
     outcome: Outcome
 
 
+class PendingBatch:
+    """A batch whose kernels are queued and whose results are on their way to the host (compute.run.transfer):
+    ``result()`` waits for them, once, and adds the batch's stage seconds to the timings."""
+
+    def __init__(self, results: dict, values: dict, outcome: Outcome, stopwatch: Stopwatch, timings: Timings,
+                 device: torch.device):
+        tensors = {("results", m, k): t for m, res in results.items() for k, t in res.items()}
+        tensors.update({("values", m, k): t for m, vals in values.items() for k, t in vals.items()})
+        fields = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)}
+        tensors.update({("outcome", k): v for k, v in fields.items() if isinstance(v, torch.Tensor)})
+        self._copy = HostCopy(tensors, device)
+        self._names = ({m: list(res) for m, res in results.items()}, {m: list(v) for m, v in values.items()})
+        self._outcome = {k: v for k, v in fields.items() if not isinstance(v, torch.Tensor)}
+        self._stopwatch, self._timings, self._out = stopwatch, timings, None
+
+    def result(self) -> BatchOutput:
+        if self._out is None:
+            host = self._copy.arrays()
+            results, values = ({m: {k: host[(part, m, k)] for k in keys} for m, keys in names.items()}
+                               for part, names in zip(("results", "values"), self._names))
+            outcome = Outcome(**{**self._outcome, **{k[1]: v for k, v in host.items() if k[0] == "outcome"}})
+            self._timings.add(self._stopwatch.seconds())
+            self._out = BatchOutput(results=results, values=values, outcome=outcome)
+        return self._out
+
+
+class Probe:
+    """What runs around each stage of a batch (the forward pass, each method); nothing by default."""
+
+    def begin(self, stage: str) -> None:
+        pass
+
+    def end(self, stage: str) -> None:
+        pass
+
+
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
-              target_mode: str, num_labels: int, keep_matrices: bool, timings: Timings) -> BatchOutput:
-    """The forward pass and every method on one batch; ``rows``: what the task read of these examples. A task with
-    several explained outputs (qa: start and end) runs every method once per output and adds the maps."""
+              target_mode: str, num_labels: int, matrices: str, timings: Timings,
+              lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None) -> BatchOutput:
+    """The forward pass and every method on one batch, its results on the host (``launch_batch``, waited for)."""
+    return launch_batch(lm, methods, enc, rows, target_mode, num_labels, matrices, timings, lengths,
+                        part_tokens).result()
+
+
+@torch.no_grad()
+def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
+                 target_mode: str, num_labels: int, matrices: str, timings: Timings,
+                 lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None,
+                 probe: Probe | None = None, first_part_only: bool = False) -> PendingBatch:
+    """Queue the forward pass and every method on one batch, and the copies of its results to the host; nothing here
+    waits for the device. ``rows``: what the task read of these examples. A task with several explained outputs (qa:
+    start and end) runs every method once per output and adds the maps. ``matrices`` (--matrices): none, cls (only
+    the row of the explained position, cut on the device: [B, L, 1, n]) or all. With ``lengths`` (the examples' tokens,
+    longest first, as the batches stage orders them), a method whose cost grows faster than n
+    (``Method.cost_exponent``) runs on length-homogeneous parts of the batch (compute.run.parts), each within
+    ``part_tokens[name]`` padded tokens where given; the methods of one cut run part by part, each part's capture
+    freed before the next is cut. ``probe``: called around every stage (the auto batch size measures memory so);
+    ``first_part_only``: such methods run their first part only (auto's confirming batch: each further part needs
+    the same memory again, and time the confirmation would waste)."""
     device = enc["input_ids"].device
+    probe = probe or Probe()
+    clock = Stopwatch(device)
     needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
-    _sync(device)
-    t0 = time.perf_counter()
+    probe.begin("forward")
+    t0 = clock.now()
     cap = lm.adapter.capture(enc, needs)
     cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
     parts = lm.task.parts(cap, rows, target_mode)
     outcome = lm.task.outcome(cap, parts, rows)
-    _sync(device)
-    timings.forward += time.perf_counter() - t0
+    clock.span("forward", t0)
+    probe.end("forward")
 
     caps = [explaining(cap, part, fresh=len(parts) > 1) for part in parts]
+    # the row the store keeps of each matrix: the outcome's explained position (qa: the start), for every part
+    kept_row = outcome.explain_pos if isinstance(outcome.explain_pos, torch.Tensor) else long_tensor(
+        outcome.explain_pos, device)
     cap.output = None  # a language model's [B, n, V] logits are not kept while the methods run
-    results: dict[str, dict[str, np.ndarray]] = {}
-    values: dict[str, dict[str, np.ndarray]] = {}  # per-example scalars [B] (Method.example_values)
+    B, n = enc["input_ids"].shape
+    whole = [(slice(0, B), n)]
+    cuts: dict[tuple, list[tuple[slice, int]]] = {}  # (exponent, part tokens) -> the batch's parts (rows, tokens)
     for name, m in methods.items():
-        t0 = time.perf_counter()
-        outs, vals = [], []
-        for pcap, part in zip(caps, parts):
-            out = {}
-            if m.class_specific and target_mode == "all":
-                # every class first: methods that cache per target (integrated gradients) then read the predicted
-                # class's result off them instead of computing it again
-                out["class_scores"] = m.compute_classes(pcap, lm.adapter, num_labels)
-            res = m.compute(pcap, lm.adapter, part.target)
-            out["scores"] = res.scores
-            if res.layer_scores is not None:
-                out["layer_scores"] = res.layer_scores
-            if res.matrices is not None and keep_matrices and (m.class_specific or not outs):
-                out["matrices"] = res.matrices  # a class-independent method's matrices are the same for every part
-            outs.append(out)
-            vals.append(res.example_values or {})
-        results[name] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
-        values[name] = {k: _added([v[k] for v in vals]) for k in vals[0]}
-        _sync(device)
-        timings.methods[name] = timings.methods.get(name, 0.0) + time.perf_counter() - t0
-    return BatchOutput(results=results, values=values, outcome=outcome)
+        key = (m.cost_exponent, (part_tokens or {}).get(name))
+        if lengths is not None and m.cost_exponent > 1 and key not in cuts:
+            cuts[key] = [(s, max(int(x) for x in lengths[s])) for s in parts_of(lengths, *key)]
+    group_of = {name: (m.cost_exponent, (part_tokens or {}).get(name)) for name, m in methods.items()}
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    values: dict[str, dict[str, torch.Tensor]] = {}  # per-example scalars [B] (Method.example_values)
+    for name, m in methods.items():
+        if name in results:
+            continue  # run with its group, part by part
+        cut = cuts.get(group_of[name], whole)
+        group = [name] if cut == whole else [g for g in methods if group_of[g] == group_of[name]]
+        if first_part_only:
+            cut = cut[:1]
+        # the group's methods part by part (they share a part's capture and memo; it is freed after the part)
+        pieces: dict[str, list[list]] = {g: [[] for _ in parts] for g in group}
+        for t, (pcap, part) in enumerate(zip(caps, parts)):
+            for rows_, n_part in cut:
+                sub = pcap if (rows_, n_part) == whole[0] else cut_capture(pcap, rows_, n_part)
+                for g in group:
+                    probe.begin(g)
+                    t0 = clock.now()
+                    keep = matrices if methods[g].class_specific or t == 0 else "none"  # class-independent: once
+                    pieces[g][t].append((rows_, _compute(methods[g], sub, lm.adapter, part.target[rows_],
+                                                         target_mode, num_labels, keep, kept_row[rows_])))
+                    clock.span(g, t0)
+                    probe.end(g)
+                del sub
+        for g in group:
+            outs, vals = zip(*(_joined(p, B, n, matrices) for p in pieces[g]))
+            results[g] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
+            values[g] = {k: _added([v[k] for v in vals]) for k in vals[0]}
+    return PendingBatch(results, values, outcome, clock, timings, device)
 
 
-def _added(parts: list[torch.Tensor]) -> np.ndarray:
-    """The parts' maps added (one part: itself, bit for bit) as float32 numpy."""
+def _compute(m: Method, cap: Captured, adapter, target: torch.Tensor, target_mode: str, num_labels: int,
+             matrices: str, kept_row: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = {}
+    if m.class_specific and target_mode == "all":
+        # every class first: methods that cache per target (integrated gradients) then read the predicted
+        # class's result off them instead of computing it again
+        out["class_scores"] = m.compute_classes(cap, adapter, num_labels)
+    res = m.compute(cap, adapter, target)
+    out["scores"] = res.scores
+    if res.layer_scores is not None:
+        out["layer_scores"] = res.layer_scores
+    if res.matrices is not None and matrices != "none":
+        out["matrices"] = res.matrices if matrices == "all" else res.matrices.gather(
+            2, kept_row.view(-1, 1, 1, 1).expand(-1, res.matrices.shape[1], 1, res.matrices.shape[3]))
+    for key, value in (res.example_values or {}).items():
+        out[("value", key)] = value
+    return out
+
+
+def _joined(pieces: list[tuple[slice, dict]], B: int, n: int, matrices: str) -> tuple[dict, dict]:
+    """The parts' results as the batch's (one part covering the batch: itself): (arrays, per-example values)."""
+    if len(pieces) == 1 and pieces[0][0] == slice(0, B):
+        joined = pieces[0][1]
+    else:
+        axes = {**TOKEN_AXES, "matrices": 2 if matrices == "all" else 1}  # cls: [b, L, 1, n]
+        joined = {k: put_back([(rows, out[k]) for rows, out in pieces], B, n,
+                              axes["value" if isinstance(k, tuple) else k]) for k in pieces[0][1]}
+    out = {k: v for k, v in joined.items() if not isinstance(k, tuple)}
+    return out, {k[1]: v for k, v in joined.items() if isinstance(k, tuple)}
+
+
+def _added(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts' maps added (one part: itself, bit for bit) as float32, on the device."""
     total = functools.reduce(operator.add, parts)
-    return total.detach().float().cpu().numpy()
+    return total.detach().float()
 
 
 def explaining(cap: Captured, part: Part, fresh: bool) -> Captured:
@@ -129,11 +246,6 @@ def explaining(cap: Captured, part: Part, fresh: bool) -> Captured:
     return cap
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # --- out of memory: a batch that does not fit is halved, and --batch-size auto ------------------------------------
 def is_out_of_memory(err: BaseException) -> bool:
     """A CUDA out-of-memory error (torch.cuda.OutOfMemoryError, or the RuntimeError older kernels raise)."""
@@ -141,13 +253,13 @@ def is_out_of_memory(err: BaseException) -> bool:
     return (oom is not None and isinstance(err, oom)) or (isinstance(err, RuntimeError) and "out of memory" in str(err))
 
 
-def _release_cached_memory() -> None:
+def release_cached_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def run_halving(rows: list[int], run_rows: Callable[[list[int]], BatchOutput], n_tokens: Callable[[int], int],
-                message: Callable[[str], None] = lambda _: None) -> list[tuple[list[int], BatchOutput]]:
+def run_halving(rows: list[int], run_rows: Callable[[list[int]], T], n_tokens: Callable[[int], int],
+                message: Callable[[str], None] = lambda _: None) -> list[tuple[list[int], T]]:
     """``run_rows(rows)``, or, when it runs out of memory, each half of ``rows`` the same way (down to one example):
     the (rows, output) parts in the order of ``rows``. The results do not depend on how rows are batched (padding
     is masked), so a split batch gives what the whole one would, to float rounding."""
@@ -157,7 +269,7 @@ def run_halving(rows: list[int], run_rows: Callable[[list[int]], BatchOutput], n
         if not is_out_of_memory(err):
             raise
     # outside the except block: its traceback holds the failed attempt's tensors until it ends
-    _release_cached_memory()
+    release_cached_memory()
     if len(rows) == 1:
         raise AttrscopeError(f"out of memory on a single example of {n_tokens(rows[0])} tokens: lower --max-length, "
                              "or run on a device with more memory (--batch-size is already 1 here)")
@@ -165,90 +277,3 @@ def run_halving(rows: list[int], run_rows: Callable[[list[int]], BatchOutput], n
     message(f"out of memory on a batch of {len(rows)}: retrying it as {half} + {len(rows) - half}")
     return (run_halving(rows[:half], run_rows, n_tokens, message)
             + run_halving(rows[half:], run_rows, n_tokens, message))
-
-
-def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
-    """The largest batch size b <= ``limit`` with ``fits(b)`` (which must be monotone: a batch that fits, fits
-    smaller), by doubling from 1 and then bisecting: about 2 log2(limit) tries. 0 when even 1 does not fit."""
-    if not fits(1):
-        return 0
-    lo, hi = 1, limit + 1  # fits(lo); hi: the smallest size known not to fit
-    while lo * 2 < hi:
-        if not fits(lo * 2):
-            hi = lo * 2
-            break
-        lo *= 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
-def auto_batch_size(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, rows: TaskRows,
-                    target_mode: str, num_labels: int, keep_matrices: bool,
-                    cpu_budget_mb: int | None = None) -> tuple[int, str]:
-    """--batch-size auto: (the batch size, how it was found). On CUDA, the largest batch of copies of the longest
-    example that runs the forward pass and every method without running out of memory (``largest_fitting``), found
-    once. On the CPU, with ``cpu_budget_mb`` (--batch-memory-mb), the largest whose measured peak memory stays
-    within it (``cpu_batch_within``); without, the fixed CPU_AUTO_BATCH_SIZE (a CPU swaps rather than fails, so
-    there is no error to probe for)."""
-    device = next(lm.model.parameters()).device
-    if not tok.input_ids or (device.type != "cuda" and cpu_budget_mb is None):
-        return CPU_AUTO_BATCH_SIZE, f"fixed on {device.type}"
-    longest = max(range(len(tok.input_ids)), key=lambda i: len(tok.input_ids[i]))
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    limit = min(AUTO_BATCH_LIMIT, len(tok.input_ids))
-
-    def run(size: int) -> None:
-        run_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), rows.take([longest] * size),
-                  target_mode, num_labels, keep_matrices, Timings())
-
-    if device.type != "cuda":
-        from .. import memory
-
-        if not memory.can_measure():
-            return CPU_AUTO_BATCH_SIZE, f"fixed on {device.type} (the peak memory cannot be measured here)"
-        size, per_example = cpu_batch_within(lambda size: memory.peak_bytes(lambda: run(size)),
-                                             cpu_budget_mb << 20, limit)
-        if size == 0:
-            raise AttrscopeError(f"--batch-memory-mb {cpu_budget_mb}: one example of {len(tok.input_ids[longest])} "
-                                 f"tokens needs about {per_example / 2**20:.0f} MB: raise the budget or lower "
-                                 "--max-length")
-        return size, (f"measured on {device.type}: the largest batch of the longest example "
-                      f"({len(tok.input_ids[longest])} tokens, about {per_example / 2**20:.1f} MB each) within "
-                      f"{cpu_budget_mb} MB, up to {limit}")
-
-    def fits(size: int) -> bool:
-        try:
-            run(size)
-            return True
-        except Exception as err:  # noqa: BLE001
-            if not is_out_of_memory(err):
-                raise
-        _release_cached_memory()
-        return False
-
-    size = largest_fitting(fits, limit)
-    if size == 0:
-        raise AttrscopeError(f"out of memory on a single example of {len(tok.input_ids[longest])} tokens: lower "
-                             "--max-length, or run on a device with more memory")
-    return size, f"probed on {device}: the largest batch of the longest example ({len(tok.input_ids[longest])} tokens) that fits, up to {limit}"
-
-
-def cpu_batch_within(peak: Callable[[int], int], budget: int, limit: int) -> tuple[int, int]:
-    """(the largest batch size <= ``limit`` whose ``peak(size)`` (bytes) is within ``budget``, the bytes per
-    example). Memory grows about linearly with the batch: the line through sizes 1 and 2 (after a warm-up run, whose
-    one-time allocations are not the batch's) predicts the size, which is measured and lowered by a quarter until it
-    fits. A handful of runs, the largest one batch of the size found. (0, per example) when one example does not
-    fit."""
-    peak(1)  # warm-up: lazily made buffers and caches
-    one = peak(1)
-    if one > budget:
-        return 0, one
-    if limit == 1:
-        return 1, one
-    per = max(peak(2) - one, 1)
-    size = min(limit, 1 + (budget - one) // per)
-    while size > 2 and peak(size) > budget:
-        size = max(2, size * 3 // 4)
-    return size, per

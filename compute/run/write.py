@@ -204,54 +204,59 @@ def check_resume(before: dict, now: dict, output: str) -> None:
 
 def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
              convert_ids_to_tokens, task_rows: TaskRows | None = None) -> list[ExampleData]:
-    """The batch's examples as the store keeps them: every array cut to the example's tokens, matrices to the
-    explained row under --matrices cls, evidence spans turned into a per-token flag, the task's outcome with the
-    words of its target and foil tokens."""
-    examples = []
+    """The batch's examples as the store keeps them: every array a view of the batch's, cut to the example's tokens
+    (under --matrices cls the batch's matrices hold the explained row only), the tokens' ids, strings, spans and segments views of the
+    window's flat arrays, evidence spans turned into a per-token flag, the task's outcome with the words of its target
+    and foil tokens. ``batch``: rows of ``records`` and ``tok``."""
     o = out.outcome
+    rows = np.asarray(batch, dtype=np.int64)
+    n, starts = tok.lengths[rows].tolist(), tok.starts[rows].tolist()
+    outcome = {f: np.asarray(getattr(o, f)).tolist() for f in ("pred", "target", "explain_pos", "target_token",
+                                                                  "foil_token", "span_end", "pred_end", "output")}
+    probs = np.asarray(o.probs)
+    gold = [float("nan")] * len(batch) if task_rows is None else [float(task_rows.gold_value[i]) for i in batch]
+    values = {name: {k: v.tolist() for k, v in vals.items()} for name, vals in out.values.items()}
+    tokens = tok.tokens
+    examples = []
     for b, i in enumerate(batch):
-        r = records[i]
-        n = len(tok.input_ids[i])
-        pos = int(o.explain_pos[b])
+        r, k, s, pos = records[i], n[b], starts[b], outcome["explain_pos"][b]
         per = {}
         for name, res in out.results.items():
-            d = {"scores": res["scores"][b, :n]}
+            d = {"scores": res["scores"][b, :k]}
             if "layer_scores" in res:
-                d["layer_scores"] = res["layer_scores"][b, :, :n]
-            if "matrices" in res:
-                m = res["matrices"][b, :, :n, :n]
-                d["matrices"] = m if matrices == "all" else m[:, pos:pos + 1, :]
+                d["layer_scores"] = res["layer_scores"][b, :, :k]
+            if "matrices" in res:  # under --matrices cls the explained row only, cut on the device
+                d["matrices"] = res["matrices"][b, :, :k, :k] if matrices == "all" else res["matrices"][b, :, :, :k]
             if "class_scores" in res:
-                d["class_scores"] = res["class_scores"][b, :, :n]
-            d["example_values"] = {k: float(v[b]) for k, v in out.values[name].items()}
+                d["class_scores"] = res["class_scores"][b, :, :k]
+            d["example_values"] = {key: v[b] for key, v in values[name].items()}
             per[name] = d
-        offsets = np.asarray(tok.offsets[i], dtype=np.int32) if tok.offsets is not None else np.full((n, 2), -1)
-        segment = np.asarray(tok.segments[i], dtype=np.int8)
-        offsets[segment < 0] = -1
+        spans, segment = tok.flat_spans[s:s + k], tok.flat_segments[s:s + k]
         evidence = None
         if r.evidence is not None:  # tokens overlapping an evidence span of their own segment
-            evidence = np.zeros(n, dtype=bool)
+            evidence = np.zeros(k, dtype=bool)
             for seg, start, end in r.evidence:
-                evidence |= (segment == seg) & (offsets[:, 0] < end) & (start < offsets[:, 1])
+                evidence |= (segment == seg) & (spans[:, 0] < end) & (start < spans[:, 1])
+        target_token, foil_token = outcome["target_token"][b], outcome["foil_token"][b]
         examples.append(ExampleData(
-            row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=np.asarray(tok.input_ids[i]),
-            tokens=convert_ids_to_tokens(tok.input_ids[i]), spans=offsets, segment=segment, label=r.label,
-            pred=int(o.pred[b]), probs=o.probs[b], target=int(o.target[b]), explain_pos=pos,
-            n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > n, results=per, evidence=evidence,
-            target_token=int(o.target_token[b]), foil_token=int(o.foil_token[b]), span_end=int(o.span_end[b]),
-            pred_end=int(o.pred_end[b]), output=float(o.output[b]),
-            gold_value=float("nan") if task_rows is None else float(task_rows.gold_value[i]),
-            task_info=_task_info(o, b, None if task_rows is None else task_rows.info[i], convert_ids_to_tokens)))
+            row=r.row, id=r.id, text=r.text, pair=r.pair, token_ids=tok.flat_ids[s:s + k],
+            tokens=tokens[s:s + k] if tokens is not None else convert_ids_to_tokens(tok.input_ids[i]), spans=spans,
+            segment=segment, label=r.label, pred=outcome["pred"][b], probs=probs[b], target=outcome["target"][b],
+            explain_pos=pos, n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > k, results=per,
+            evidence=evidence, target_token=target_token, foil_token=foil_token, span_end=outcome["span_end"][b],
+            pred_end=outcome["pred_end"][b], output=outcome["output"][b], gold_value=gold[b],
+            task_info=_task_info(target_token, foil_token, outcome["pred"][b],
+                                 None if task_rows is None else task_rows.info[i], convert_ids_to_tokens)))
     return examples
 
 
-def _task_info(o, b: int, data_info: dict | None, convert_ids_to_tokens) -> dict:
+def _task_info(target_token: int, foil_token: int, pred: int, data_info: dict | None, convert_ids_to_tokens) -> dict:
     """The example's words (JSON in the store): the target and foil tokens as the tokenizer writes them, the model's
     own top word, and what the data gave (a qa answer's text)."""
     info = dict(data_info or {})
-    for key, ids in (("target", o.target_token), ("foil", o.foil_token)):
-        if int(ids[b]) >= 0:
-            info[key] = convert_ids_to_tokens([int(ids[b])])[0]
-    if int(o.target_token[b]) >= 0:  # a word-prediction task: the model's own top word too
-        info["predicted"] = convert_ids_to_tokens([int(o.pred[b])])[0]
+    for key, token in (("target", target_token), ("foil", foil_token)):
+        if token >= 0:
+            info[key] = convert_ids_to_tokens([token])[0]
+    if target_token >= 0:  # a word-prediction task: the model's own top word too
+        info["predicted"] = convert_ids_to_tokens([pred])[0]
     return info

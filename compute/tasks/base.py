@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import AttrscopeError, UsageError
+from ..padding import to_device
 from .readout import Readout, explained
 
 
@@ -55,7 +56,9 @@ class TaskRows:
 
 @dataclass
 class Outcome:
-    """A batch's prediction as the store keeps it (numpy, [B] each; probs [B, K] with K = len(Task.labels))."""
+    """A batch's prediction as the store keeps it ([B] each; probs [B, K] with K = len(Task.labels)): tensors on
+    the model's device (the runner copies them to the host with the batch's results, without waiting for them
+    here) or numpy arrays."""
 
     pred: np.ndarray
     probs: np.ndarray
@@ -104,6 +107,12 @@ class Task:
 
     def outcome(self, cap, parts: list[Part], rows: TaskRows) -> Outcome:
         raise NotImplementedError
+
+
+def long_tensor(values, device) -> torch.Tensor:
+    """A long tensor of host ``values`` on ``device``: to a GPU from pinned memory without blocking, so the host
+    does not wait there for the kernels queued before (a plain copy from a list would)."""
+    return to_device(torch.as_tensor(values, dtype=torch.long), device)
 
 
 def none_like(t: torch.Tensor) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Outcome, Part, Task, TaskRows, none_like
+from .base import Outcome, Part, Task, TaskRows, long_tensor, none_like
 from .readout import Readout
 
 
@@ -22,7 +22,7 @@ class Classification(Task):
     def parts(self, cap, rows: TaskRows, target_mode):
         logits = Readout()(cap.output, cap.explain_pos)
         if target_mode == "label":
-            target = torch.as_tensor(rows.label, dtype=torch.long, device=logits.device)
+            target = long_tensor(rows.label, logits.device)
         else:  # "predicted"; with "all" the final scores explain the predicted class
             target = logits.argmax(-1)
         return [Part(explain_pos=cap.explain_pos, readout=Readout(), target=target)]
@@ -31,8 +31,8 @@ class Classification(Task):
         (part,) = parts
         logits = part.readout(cap.output, part.explain_pos).float()
         target = part.target
-        return Outcome(pred=logits.argmax(-1).cpu().numpy(), probs=torch.softmax(logits, -1).cpu().numpy(),
-                       target=target.cpu().numpy(), explain_pos=part.explain_pos.cpu().numpy(),
-                       output=logits.gather(1, target[:, None])[:, 0].cpu().numpy(),
+        return Outcome(pred=logits.argmax(-1), probs=torch.softmax(logits, -1),
+                       target=target, explain_pos=part.explain_pos,
+                       output=logits.gather(1, target[:, None])[:, 0],
                        target_token=none_like(target), foil_token=none_like(target), span_end=none_like(target),
                        pred_end=none_like(target))

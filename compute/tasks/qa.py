@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import AttrscopeError
-from .base import Outcome, Part, Task, TaskRows
+from .base import Outcome, Part, Task, TaskRows, long_tensor
 from .readout import Readout
 
 START, END = Readout(field="start_logits"), Readout(field="end_logits")
@@ -54,7 +54,7 @@ class QuestionAnswering(Task):
 
     def parts(self, cap, rows, target_mode):
         if target_mode == "label":
-            span = torch.as_tensor(rows.gold_span, dtype=torch.long, device=cap.input_ids.device)
+            span = long_tensor(rows.gold_span, cap.input_ids.device)
         else:
             span = best_spans(START(cap.output, None), END(cap.output, None), rows.context)
         s, e = span[:, 0], span[:, 1]
@@ -70,11 +70,11 @@ class QuestionAnswering(Task):
         pred = best_spans(start_logits, end_logits, rows.context)
         zeros = np.zeros(real.shape[0], dtype=np.int64)
         none = np.full(real.shape[0], -1, dtype=np.int64)
-        return Outcome(pred=pred[:, 0].cpu().numpy(), probs=torch.stack([p_start, p_end], 1).cpu().numpy(),
-                       target=zeros, explain_pos=start.target.cpu().numpy(),
-                       output=(start_logits[b, start.target] + end_logits[b, end.target]).cpu().numpy(),
-                       target_token=none, foil_token=none, span_end=end.target.cpu().numpy(),
-                       pred_end=pred[:, 1].cpu().numpy())
+        return Outcome(pred=pred[:, 0], probs=torch.stack([p_start, p_end], 1),
+                       target=zeros, explain_pos=start.target,
+                       output=(start_logits[b, start.target] + end_logits[b, end.target]),
+                       target_token=none, foil_token=none, span_end=end.target,
+                       pred_end=pred[:, 1])
 
 
 def _masked_softmax(logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, context: list[tuple[int, 
     """[B, 2]: the (s, e) maximising start[s] + end[e] with s <= e < s + MAX_ANSWER_TOKENS inside the context."""
     B, n = start.shape
     pos = torch.arange(n, device=start.device)
-    ctx = torch.as_tensor(context, dtype=torch.long, device=start.device)  # [B, 2]
+    ctx = long_tensor(context, start.device)  # [B, 2]
     inside = (pos[None] >= ctx[:, :1]) & (pos[None] <= ctx[:, 1:])  # [B, n]
     gap = pos[None, :] - pos[:, None]  # e - s
     ok = inside[:, :, None] & inside[:, None, :] & (gap >= 0) & (gap < MAX_ANSWER_TOKENS)

@@ -40,7 +40,7 @@ class Regression(Task):
         (part,) = parts
         value = part.readout(cap.output, part.explain_pos).float()[:, 0]
         zeros = np.zeros(value.shape[0], dtype=np.int64)
-        return Outcome(pred=zeros, probs=value[:, None].cpu().numpy(), target=zeros,
-                       explain_pos=part.explain_pos.cpu().numpy(), output=value.cpu().numpy(),
+        return Outcome(pred=zeros, probs=value[:, None], target=zeros,
+                       explain_pos=part.explain_pos, output=value,
                        target_token=none_like(value), foil_token=none_like(value), span_end=none_like(value),
                        pred_end=none_like(value))

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..errors import AttrscopeError
-from .base import Outcome, Part, Task, TaskRows, none_like
+from .base import Outcome, Part, Task, TaskRows, long_tensor, none_like
 from .readout import Readout, explained
 
 LM_READOUT = Readout(field="logits", at_position=True)
@@ -58,14 +58,14 @@ class WordTargetTask(Task):
 
     def parts(self, cap, rows, target_mode):
         device = cap.input_ids.device
-        pos = torch.as_tensor(rows.position, dtype=torch.long, device=device)
+        pos = long_tensor(rows.position, device)
         logits = LM_READOUT(cap.output, pos)
-        given = torch.as_tensor(rows.target_token, dtype=torch.long, device=device)
+        given = long_tensor(rows.target_token, device)
         # a given target word is explained under either mode; without one, the model's top word
         target = torch.where(given >= 0, given, logits.argmax(-1))
-        foil = torch.as_tensor(rows.foil_token, dtype=torch.long, device=device)
+        foil = long_tensor(rows.foil_token, device)
         return [Part(explain_pos=pos, readout=LM_READOUT, target=target,
-                     foil=foil if bool((foil >= 0).any()) else None)]
+                     foil=foil if any(f >= 0 for f in rows.foil_token) else None)]
 
     def outcome(self, cap, parts, rows):
         (part,) = parts
@@ -76,9 +76,9 @@ class WordTargetTask(Task):
         foil = part.foil if part.foil is not None else torch.full_like(part.target, -1)
         p_foil = torch.where(foil >= 0, probs[b, foil.clamp_min(0)], torch.full_like(p_target, float("nan")))
         zeros = np.zeros(logits.shape[0], dtype=np.int64)
-        return Outcome(pred=logits.argmax(-1).cpu().numpy(),
-                       probs=torch.stack([p_target, p_foil], 1).float().cpu().numpy(), target=zeros,
-                       explain_pos=part.explain_pos.cpu().numpy(),
-                       output=explained(logits, part.target, part.foil).cpu().numpy(),
-                       target_token=part.target.cpu().numpy(), foil_token=foil.cpu().numpy(),
+        return Outcome(pred=logits.argmax(-1),
+                       probs=torch.stack([p_target, p_foil], 1).float(), target=zeros,
+                       explain_pos=part.explain_pos,
+                       output=explained(logits, part.target, part.foil),
+                       target_token=part.target, foil_token=foil,
                        span_end=none_like(logits), pred_end=none_like(logits))

@@ -8,7 +8,7 @@ explained position or the class: both come per example from the batch (``cap.exp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -57,6 +57,17 @@ class MethodResult:
     example_values: dict | None = None  # name -> [B] per-example scalars (Method.example_values)
 
 
+class Shape(NamedTuple):
+    """What a method's memory per example depends on: the example's tokens and the model's shape."""
+
+    n: int  # tokens of the example
+    layers: int
+    heads: int
+    d: int  # hidden width
+    d_ff: int  # feed-forward width
+    itemsize: int = 4  # bytes of the methods' floats (float32)
+
+
 class Method:
     name: ClassVar[str]
     description: ClassVar[str]
@@ -79,6 +90,19 @@ class Method:
     # needs (``op_base``): work vectorised across layers and heads, never a loop of small launches per layer and head
     # (benchmarks/op_count.py, tests/test_op_budget.py).
     op_budget: ClassVar[float] = 0.5
+    # How the method's work on one example grows with its length n: as n**cost_exponent. The runner runs a method
+    # above 1 on length-homogeneous parts of each batch (compute/run/parts.py), so that padding adds at most 15% to
+    # its sum of n**cost_exponent; 1 (linear, or dominated by the model's own passes): the whole batch at once.
+    cost_exponent: ClassVar[int] = 1
+
+    @classmethod
+    def memory_per_example(cls, shape: Shape, params: dict) -> int:
+        """Bytes each further example of ``shape.n`` tokens adds to the method's peak memory at large batches that
+        trial batches of one or two examples do not show: a buffer its chunk budget (``params``, e.g. memory_mb)
+        bounds only down to one block, whose block then grows with the batch. --batch-size auto on CUDA
+        (compute/run/auto_batch.py) plans with the larger of this and the slope it measures; 0: the measured slope
+        holds (memory linear in the batch, or bounded by the budget)."""
+        return 0
 
     @classmethod
     def op_base(cls) -> str:
