@@ -8,6 +8,7 @@ measurement is unavailable and None is returned.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable
 
@@ -31,6 +32,8 @@ def can_measure() -> bool:
 
 def peak_bytes(work: Callable[[], object]) -> int:
     """Run ``work()``; the most memory it held at once above the process's resident size before it, in bytes."""
+    # garbage of earlier work freed during this one would lower the resident size under the work's own peak
+    gc.collect()
     with open(_CLEAR, "w") as fh:
         fh.write("5")  # the peak is now the current resident size
     before = _kib("VmRSS")
