@@ -29,7 +29,7 @@ def cut_capture(cap: Captured, rows: slice, n: int) -> Captured:
         value = getattr(cap, f.name)
         if f.name in _KEPT:
             out[f.name] = value
-        elif f.name == "memo":
+        elif f.name in ("memo", "stacks"):  # the batch's intermediates and layer stacks have the batch's shape
             out[f.name] = {}
         elif f.name == "output":
             out[f.name] = None
