@@ -206,9 +206,9 @@ class Adapter:
         word targets). Only those two rows of the vocabulary matrix are computed, never [B, n, V]."""
         dtype = next(self.model.parameters()).dtype
         transform, W, b = self.lm_head()
-        z = transform(h.to(dtype)).to(h.dtype)  # [B, n, d']
+        z = transform(h.to(dtype)).to(h.dtype)  # [..., B, n, d']
         w = W[target].to(h.dtype)  # [B, d']
-        bias = b[target].to(h.dtype) if b is not None else torch.zeros(h.shape[0], dtype=h.dtype, device=h.device)
+        bias = b[target].to(h.dtype) if b is not None else torch.zeros(len(target), dtype=h.dtype, device=h.device)
         if foil is not None:
             has = (foil >= 0).to(h.dtype)
             f = foil.clamp_min(0)
