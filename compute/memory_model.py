@@ -91,9 +91,11 @@ def kv_cache(m: ModelShape, r: Run) -> int:
 
 
 def attention_transient(m: ModelShape, r: Run) -> int:
-    """One layer's eager attention while it runs: the scores in the model's dtype beside their float32 softmax, and
-    the additive [n, n] mask."""
-    return m.heads * r.n ** 2 * (r.itemsize + F32) + r.n ** 2 * r.itemsize
+    """One layer of the forward while it runs: its eager attention (the scores in the model's dtype beside their
+    float32 softmax, and the additive [n, n] mask) or its feed-forward block (three [n, d_ff]), whichever is larger,
+    and a few [n, d] of the residual stream."""
+    attention = m.heads * r.n ** 2 * (r.itemsize + F32) + r.n ** 2 * r.itemsize
+    return max(attention, 3 * r.n * m.d_ff * r.itemsize) + 6 * r.n * m.d * r.itemsize
 
 
 def captured_lists(m: ModelShape, r: Run, needs: frozenset[str]) -> list[int]:
@@ -121,13 +123,14 @@ def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
 
 def gradient_pass(m: ModelShape, r: Run) -> tuple[int, int]:
     """(peak, kept) bytes of the gradient pass (GradientPass): the forward's tensors saved for the backward (per
-    layer the float32 softmax, the attention in the model's dtype where that is narrower, 8 n d and 4 n d_ff
-    activations), the gradients of every layer's attention (kept for the methods) and one layer's backward."""
+    layer the float32 softmax, the attention in the model's dtype where that is narrower, 12 n d and 4 n d_ff
+    activations), the gradients of every layer's attention (kept for the methods) and one layer's backward (the
+    softmax's and the feed-forward block's)."""
     L, n, w = m.layers, r.n, r.itemsize
     A = m.heads * n * n
-    saved = L * (A * (F32 + (w if w < F32 else 0)) + (8 * n * m.d + 4 * n * m.d_ff) * w)
+    saved = L * (A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w)
     kept = saved + L * A * w + kv_cache(m, r)  # + dF/dA of every layer
-    return kept + 2 * A * F32, kept
+    return kept + max(2 * A * F32, 3 * n * m.d_ff * w), kept
 
 
 def _mats(m: ModelShape, r: Run, k: float) -> int:
