@@ -90,7 +90,7 @@ def kv_cache(m: ModelShape, r: Run) -> int:
     return 2 * m.layers * r.n * m.d_kv * r.itemsize if m.kv_cache else 0
 
 
-def attention_transient(m: ModelShape, r: Run) -> int:
+def layer_transient(m: ModelShape, r: Run) -> int:
     """One layer of the forward while it runs: its eager attention (the scores in the model's dtype beside their
     float32 softmax, and the additive [n, n] mask) or its feed-forward block (three [n, d_ff]), whichever is larger,
     and a few [n, d] of the residual stream."""
@@ -99,7 +99,7 @@ def attention_transient(m: ModelShape, r: Run) -> int:
 
 
 def captured_lists(m: ModelShape, r: Run, needs: frozenset[str]) -> list[int]:
-    """Elements of each captured layer list, in the order _stack_and_upcast stacks them."""
+    """Elements of each captured layer list, in the order _stack_and_upcast stacks them (adapters.STACKED)."""
     L, n = m.layers, r.n
     sizes = {"hidden_states": (L + 1) * n * m.d, "attentions": L * m.heads * n * n, "values": L * n * m.d_kv,
              "ln1": 2 * L * n * m.d, "ln2": 2 * L * n * m.d}
@@ -112,7 +112,7 @@ def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
     w, wide = r.itemsize, max(r.itemsize, F32)
     sizes = captured_lists(m, r, needs)
     # the last layer's attention is both the transient's output and the list's last entry
-    peak = sum(sizes) * w + attention_transient(m, r) - ("attentions" in needs) * m.heads * r.n ** 2 * w
+    peak = sum(sizes) * w + layer_transient(m, r) - ("attentions" in needs) * m.heads * r.n ** 2 * w
     for i, s in enumerate(sizes):
         before, after = sum(sizes[:i]) * wide, sum(sizes[i + 1:]) * w
         peak = max(peak, before + after + 2 * s * w)  # the stack beside the list
@@ -250,7 +250,7 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         peak, kept = capture(m, r, f.needs)
         stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}
         return Estimate(method, max(stages.values()), stages)
-    fwd = base + attention_transient(m, r)  # the runner's plain forward (nothing captured) comes first
+    fwd = base + layer_transient(m, r)  # the runner's plain forward (nothing captured) comes first
     if f.stage == "float64 copy":  # Adapter.twin: a deep copy of the model, then converted
         mt = replace(r, itemsize=8)
         twin = m.params * 8
