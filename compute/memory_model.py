@@ -1,0 +1,321 @@
+"""Peak memory of one example (batch 1) per method, computed from the model's shapes: docs/scaling.md's table of
+which methods fit a 7B model at 4,096 tokens on an 80 GB card, and the chunk sizes the methods' budgets give there.
+
+Each method's peak is the model's weights and KV cache plus the largest of the stages it runs through: the forward
+pass that captures what it ``needs`` (the layer lists kept in the model's dtype, then stacked and widened to float32,
+``compute.adapters._stack_and_upcast``), or the gradient pass (every layer's activations kept for the backward), and
+then the method's own tensors. Only the terms that grow with the layers times n^2 or n d, or with the model, are
+counted: a term of one layer's n d is left out. ``python -m compute.memory_model`` prints the table;
+tests/test_memory_model.py holds the n^2 terms against the measured peak of a tiny model on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, replace
+
+GB = 10**9
+CARD_BYTES = 80 * GB  # "an 80 GB card"
+F32 = 4  # the methods compute in float32 at least (compute.adapters._stack_and_upcast, gradients.wide)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    layers: int
+    d: int
+    heads: int
+    kv_heads: int
+    d_ff: int
+    vocab: int
+    gated: bool = True  # SwiGLU: three d x d_ff matrices a layer (Llama, Mistral), else two
+    kv_cache: bool = True  # a decoder's forward builds a KV cache (use_cache), kept with the output
+    labels: int = 2  # a sequence-classification head
+
+    @property
+    def d_kv(self) -> int:
+        return self.d * self.kv_heads // self.heads
+
+    @property
+    def params(self) -> int:
+        per_layer = 2 * self.d * self.d + 2 * self.d * self.d_kv + (3 if self.gated else 2) * self.d * self.d_ff
+        return self.vocab * self.d + self.layers * (per_layer + 2 * self.d) + self.d + self.d * self.labels
+
+
+LLAMA2_7B = ModelShape("Llama-2-7B", layers=32, d=4096, heads=32, kv_heads=32, d_ff=11008, vocab=32000)
+MISTRAL_7B = ModelShape("Mistral-7B", layers=32, d=4096, heads=32, kv_heads=8, d_ff=14336, vocab=32000)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The methods' chunk budgets in bytes (compute.methods._internals.budget.work_bytes): on a GPU 1/64 of the
+    card (1/8 for integrated gradients), on the CPU the methods' own constants."""
+
+    stack: int  # layers of a layer-wise product stacked at once (LayerwiseProduct, CPU_STACK_BYTES)
+    alti: int  # ALTI's blocks of source tokens (alti.CPU_BLOCK_BYTES)
+    value_zeroing: int  # a block of zeroed tokens (value_zeroing.CPU_BLOCK_BYTES)
+    decompx: int  # DecompX's feed-forward blocks of source tokens (token_vectors.CPU_BLOCK_BYTES)
+    ig: int  # integrated gradients' rows of one pass (gradients.IG_CPU_BYTES)
+
+    @classmethod
+    def gpu(cls, card_bytes: int = CARD_BYTES) -> Budgets:
+        from .methods._internals.budget import GPU_SHARE
+
+        share = card_bytes // GPU_SHARE
+        return cls(stack=share, alti=share, value_zeroing=share, decompx=share, ig=card_bytes // 8)
+
+    @classmethod
+    def cpu(cls) -> Budgets:
+        from .methods import alti, value_zeroing
+        from .methods._internals import gradients, layerwise, token_vectors
+
+        return cls(stack=layerwise.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
+                   value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
+                   ig=gradients.IG_CPU_BYTES)
+
+
+@dataclass(frozen=True)
+class Run:
+    n: int  # tokens
+    itemsize: int = 2  # the model's dtype: 2 (bfloat16), 4 (float32)
+    budgets: Budgets = field(default_factory=Budgets.gpu)
+
+
+# --- the stages -------------------------------------------------------------------------------------------------
+def weights(m: ModelShape, r: Run) -> int:
+    return m.params * r.itemsize
+
+
+def kv_cache(m: ModelShape, r: Run) -> int:
+    return 2 * m.layers * r.n * m.d_kv * r.itemsize if m.kv_cache else 0
+
+
+def layer_transient(m: ModelShape, r: Run) -> int:
+    """One layer of the forward while it runs: its eager attention (the scores in the model's dtype beside their
+    float32 softmax, and the additive [n, n] mask) or its feed-forward block (three [n, d_ff]), whichever is larger,
+    and a few [n, d] of the residual stream."""
+    attention = m.heads * r.n ** 2 * (r.itemsize + F32) + r.n ** 2 * r.itemsize
+    return max(attention, 3 * r.n * m.d_ff * r.itemsize) + 6 * r.n * m.d * r.itemsize
+
+
+def captured_lists(m: ModelShape, r: Run, needs: frozenset[str]) -> list[int]:
+    """Elements of each captured layer list, in the order _stack_and_upcast stacks them (adapters.STACKED)."""
+    L, n = m.layers, r.n
+    sizes = {"hidden_states": (L + 1) * n * m.d, "attentions": L * m.heads * n * n, "values": L * n * m.d_kv,
+             "ln1": 2 * L * n * m.d, "ln2": 2 * L * n * m.d}
+    return [sizes[k] for k in ("hidden_states", "attentions", "values", "ln1", "ln2") if k in needs]
+
+
+def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
+    """(peak, kept) bytes of the forward that captures ``needs``: the lists in the model's dtype, each then stacked
+    (a copy) and widened to float32 (another) one after another."""
+    w, wide = r.itemsize, max(r.itemsize, F32)
+    sizes = captured_lists(m, r, needs)
+    # the last layer's attention is both the transient's output and the list's last entry
+    peak = sum(sizes) * w + layer_transient(m, r) - ("attentions" in needs) * m.heads * r.n ** 2 * w
+    for i, s in enumerate(sizes):
+        before, after = sum(sizes[:i]) * wide, sum(sizes[i + 1:]) * w
+        peak = max(peak, before + after + 2 * s * w)  # the stack beside the list
+        if w < F32:
+            peak = max(peak, before + after + s * (w + F32))  # the float32 stack beside the stack
+    return peak, sum(sizes) * wide
+
+
+def gradient_pass(m: ModelShape, r: Run) -> tuple[int, int]:
+    """(peak, kept) bytes of the gradient pass (GradientPass): the forward's tensors saved for the backward (per
+    layer the float32 softmax, the attention in the model's dtype where that is narrower, 12 n d and 4 n d_ff
+    activations), the gradients of every layer's attention (kept for the methods) and one layer's backward (the
+    softmax's and the feed-forward block's)."""
+    L, n, w = m.layers, r.n, r.itemsize
+    A = m.heads * n * n
+    saved = L * (A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w)
+    kept = saved + L * A * w + kv_cache(m, r)  # + dF/dA of every layer
+    return kept + max(2 * A * F32, 3 * n * m.d_ff * w), kept
+
+
+def _mats(m: ModelShape, r: Run, k: float) -> int:
+    """k float32 [L, n, n] matrices."""
+    return int(k * m.layers * r.n ** 2 * F32)
+
+
+def stack_layers(m: ModelShape, r: Run) -> int:
+    """Layers per stack of a layer-wise product (decomposition.layer_groups): as many as the budget holds."""
+    per = F32 * r.n * m.heads * (m.d + 3 * r.n)  # LayerwiseProduct.bytes_per_row
+    return max(1, min(m.layers, r.budgets.stack // per))
+
+
+def layerwise(m: ModelShape, r: Run) -> int:
+    """A layer-wise product's work: one stack's projected values [n, H, d] and three [H, n, n], its [n, n] results,
+    the [L, n, n] matrices twice (the product and its valid block), the folded d x d weights of every layer."""
+    K = stack_layers(m, r)
+    return K * F32 * r.n * m.heads * (m.d + 3 * r.n) + 2 * K * r.n ** 2 * F32 + _mats(m, r, 2) \
+        + m.layers * m.d * m.d * F32
+
+
+def alti_block_tokens(m: ModelShape, r: Run) -> int:
+    """ALTI's source tokens per block: a [n, k, d] block and its difference within the budget."""
+    return max(1, r.budgets.alti // (2 * r.n * m.d * F32))
+
+
+def value_zeroing_block_tokens(m: ModelShape, r: Run) -> int:
+    """Value zeroing's zeroed tokens per block: [k, n, d_ff] activations and four [k, n, d] states of one stack."""
+    return max(1, r.budgets.value_zeroing // (stack_layers(m, r) * r.n * (m.d_ff + 4 * m.d) * F32))
+
+
+def ig_rows(m: ModelShape, r: Run) -> int:
+    """Integrated gradients' rows per forward/backward (gradients.rows_per_pass)."""
+    per_row = m.layers * r.n * (16 * m.d + 3 * m.heads * r.n) * r.itemsize
+    return max(1, r.budgets.ig // per_row)
+
+
+def ffn_weights(m: ModelShape) -> int:
+    return m.layers * (3 if m.gated else 2) * m.d * m.d_ff * F32  # stacked_ffn: every layer's weights in float32
+
+
+# --- the methods ----------------------------------------------------------------------------------------------
+ATTN, HIDDEN = frozenset({"attentions"}), frozenset({"hidden_states"})
+DECOMP = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
+
+
+@dataclass(frozen=True)
+class Formula:
+    """How a method runs: on the captured ``needs`` ("capture"), after the gradient pass ("gradients"), as
+    integrated gradients' rows of gradient passes ("integrated"), or after a gradient pass on a float64 copy of the
+    model ("float64 copy", the LRP family); ``work``: (m, r) -> the bytes it adds to what its pass keeps."""
+
+    stage: str
+    work: object
+    text: str  # what it materialises, for the doc
+    needs: frozenset[str] = frozenset()
+
+
+def _attention_stacks(k: float, itemsize: int = F32):
+    """k [L, H, n, n] tensors of ``itemsize`` (and one [L, n, n] result); a float32 stack of a narrower model's
+    tensors has the stack in the model's dtype beside it while it is widened (gradients.stacked)."""
+    def work(m, r):
+        narrow = r.itemsize if r.itemsize < itemsize else 0
+        return int((k * itemsize + narrow) * m.layers * m.heads * r.n ** 2) + _mats(m, r, 1)
+    return work
+
+
+FORMULAS: dict[str, Formula] = {}
+
+
+def _add(names, f: Formula):
+    for name in names.split():
+        FORMULAS[name] = f
+
+
+_add("raw_attention", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32,
+                              "capture [L,H,n,n]; head mean and its valid block, 2 [L,n,n]", ATTN))
+_add("rollout w_fixedres", Formula("capture", lambda m, r: _mats(m, r, 3) + r.n ** 2 * F32,
+                                   "capture [L,H,n,n]; 3 [L,n,n] (mean, +I, normalised)", ATTN))
+_add("norm_n norm_fixedres norm_res norm_resln globenc w_res", Formula("capture", layerwise,
+     "capture [L,H,n,n] + 5 L n d; a stack of K layers' [n,H,d] + 3 [H,n,n]; 2 [L,n,n]; L d^2", DECOMP))
+_add("alti alti_l2 alti_logit", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.alti,
+     "as the norm family, and ALTI's [n,k,d] blocks (budget)", DECOMP))
+_add("value_zeroing", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
+     "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP))
+_add("decompx decompx_nohead", Formula("capture", lambda m, r: 4 * r.n ** 2 * m.d * F32 + r.budgets.decompx
+     + ffn_weights(m) + m.layers * 2 * m.d * m.d * F32 + m.layers * r.n * m.d * F32 * 4,
+     "capture; every token's decomposition [n,n,d] x 4 (not chunked); FFN blocks (budget); float32 weights", DECOMP))
+_add("norm logat normxlogit", Formula("capture", lambda m, r: (m.layers + 1) * r.n * m.d * F32,
+                                      "hidden states [L+1,n,d]; the forward's one-layer attention", HIDDEN))
+_add("grad_l2 gxi_l2 gxi_mean grads cat", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32,
+     "gradient pass: saved activations (float32 softmax) + dF/dA [L,H,n,n]"))
+_add("attcat", Formula("gradients", _attention_stacks(1), "gradient pass + the attentions stacked in float32 [L,H,n,n]"))
+_add("gae", Formula("gradients", _attention_stacks(2), "gradient pass + attentions and their gradients stacked, 2 [L,H,n,n]"))
+_add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
+                         "gradient pass + the last layer's attention and its gradient (variant ref)"))
+_add("ig_l2 ig_mean", Formula("integrated", lambda m, r: (50 + 2) * r.n * m.d * F32,
+                              "gradient passes of ig_rows rows at once (no dF/dA); the path points"))
+# the relevance propagation's float64 [L, H, n, n] terms: fitted to the measured peak of a tiny BERT (n = 512)
+_add("lrp partial_lrp", Formula("float64 copy", _attention_stacks(2.5, 8),
+                                "a float64 copy of the model; its gradient pass and relevance in float64"))
+_add("transatt mask_lrp", Formula("float64 copy", _attention_stacks(3.75, 8),
+                                  "as lrp, and the attentions' gradients"))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    method: str
+    peak: int  # bytes
+    stages: dict  # stage -> bytes, each with the weights
+
+
+def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
+    f = FORMULAS[method]
+    base = weights(m, r) + kv_cache(m, r)
+    if f.stage == "capture":
+        peak, kept = capture(m, r, f.needs)
+        stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}
+        return Estimate(method, max(stages.values()), stages)
+    fwd = base + layer_transient(m, r)  # the runner's plain forward (nothing captured) comes first
+    if f.stage == "float64 copy":  # Adapter.twin: a deep copy of the model, then converted
+        mt = replace(r, itemsize=8)
+        twin = m.params * 8
+        peak, kept = gradient_pass(m, mt)
+        stages = {"forward": fwd, "copy": base + m.params * (r.itemsize + 8),
+                  "gradient pass": base + twin + peak, "method": base + twin + kept + f.work(m, mt)}
+    elif f.stage == "integrated":  # ig_rows rows of one pass, no gradients of the attentions kept
+        peak, kept = gradient_pass(m, r)
+        attention_grads = m.layers * m.heads * r.n ** 2 * r.itemsize
+        stages = {"forward": fwd, "gradient pass": base + ig_rows(m, r) * (peak - attention_grads - kv_cache(m, r))
+                  + f.work(m, r)}
+    else:
+        peak, kept = gradient_pass(m, r)
+        stages = {"forward": fwd, "gradient pass": base + peak, "method": base + kept + f.work(m, r)}
+    return Estimate(method, max(stages.values()), stages)
+
+
+def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, itemsize: int = 2) -> int:
+    """The most tokens whose batch-1 peak stays within ``card_bytes`` (0: not even 16)."""
+    lo, hi = 0, 1 << 17
+    while hi - lo > 16:
+        mid = (lo + hi) // 2 // 16 * 16
+        ok = estimate(method, m, Run(mid, itemsize, Budgets.gpu(card_bytes))).peak <= card_bytes
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+# --- the table ------------------------------------------------------------------------------------------------
+def table(n: int = 4096, card_bytes: int = CARD_BYTES) -> str:
+    """docs/scaling.md's table: every method's batch-1 peak at ``n`` tokens in bfloat16 for both 7B shapes."""
+    from .methods import REGISTRY
+
+    run = Run(n, 2, Budgets.gpu(card_bytes))
+    lines = [f"| method | what it holds | {LLAMA2_7B.name} GB | {MISTRAL_7B.name} GB | fits {card_bytes // GB} GB "
+             f"| longest n that fits ({LLAMA2_7B.name} / {MISTRAL_7B.name}) |",
+             "|---|---|---|---|---|---|"]
+    for name in REGISTRY:
+        a, b = (estimate(name, shape, run) for shape in (LLAMA2_7B, MISTRAL_7B))
+        fits = "yes" if max(a.peak, b.peak) <= card_bytes else "no"
+        longest = " / ".join(str(longest_fitting(name, s, card_bytes) or "none") for s in (LLAMA2_7B, MISTRAL_7B))
+        lines.append(f"| {name} | {FORMULAS[name].text} | {a.peak / GB:.1f} | {b.peak / GB:.1f} | {fits} | {longest} |")
+    return "\n".join(lines)
+
+
+def chunk_table(n: int = 4096, card_bytes: int = CARD_BYTES) -> str:
+    """The chunk sizes the budgets give at ``n`` tokens on the card, for both 7B shapes."""
+    rows = []
+    for shape in (LLAMA2_7B, MISTRAL_7B):
+        r = Run(n, 2, Budgets.gpu(card_bytes))
+        rows.append(f"| {shape.name} | {r.budgets.stack / GB:.2f} | {stack_layers(shape, r)} | "
+                    f"{alti_block_tokens(shape, r)} | {value_zeroing_block_tokens(shape, r)} | {ig_rows(shape, r)} |")
+    head = ("| model | block budget GB (1/64 of the card) | layers per stack | ALTI source tokens per block "
+            "| value zeroing tokens per block | IG rows per pass (1/8 of the card) |\n|---|---|---|---|---|---|")
+    return head + "\n" + "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=4096, help="tokens [4096]")
+    ap.add_argument("--card-gb", type=int, default=CARD_BYTES // GB, help="the card's memory in GB [80]")
+    a = ap.parse_args(argv)
+    print(table(a.n, a.card_gb * GB))
+    print()
+    print(chunk_table(a.n, a.card_gb * GB))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""compute.memory_model (issue 27 item 6): the batch-1 peak memory per method from the model's shapes, the table of
+docs/scaling.md that it generates, and the formulas held against the measured peak of a tiny Llama on the CPU
+(benchmarks/memory_model_check.py, in a fresh process with glibc's mmap threshold fixed: see its docstring)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compute import memory_model as mm
+from compute.memory import can_measure
+from compute.methods import REGISTRY
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_method_has_a_formula():
+    assert set(mm.FORMULAS) == set(REGISTRY)
+
+
+def test_the_shapes_are_the_published_models():
+    """With a language-model head instead of the classifier, the parameter counts of Llama-2-7B and Mistral-7B."""
+    def with_lm_head(s):
+        return s.params - s.d * s.labels + s.vocab * s.d
+
+    assert with_lm_head(mm.LLAMA2_7B) == 6_738_415_616
+    assert with_lm_head(mm.MISTRAL_7B) == 7_241_732_096
+    assert mm.MISTRAL_7B.d_kv == 1024
+
+
+def test_scaling_doc_holds_the_generated_tables():
+    doc = (REPO / "docs" / "scaling.md").read_text()
+    assert mm.table() in doc, "docs/scaling.md's memory table is stale: paste `python -m compute.memory_model`"
+    assert mm.chunk_table() in doc, "docs/scaling.md's chunk table is stale: paste `python -m compute.memory_model`"
+
+
+def test_the_7b_verdicts():
+    """At 4,096 tokens in bfloat16 on 80 GB: what fits and the terms that decide it (the figures by hand)."""
+    run = mm.Run(4096)
+    fits = {name for name in REGISTRY if mm.estimate(name, mm.LLAMA2_7B, run).peak <= mm.CARD_BYTES}
+    assert fits == {"norm", "logat", "normxlogit"}
+    # the captured attentions: 32 x 32 x 4096^2 in bfloat16, then their float32 stack beside them
+    A = 32 * 32 * 4096 ** 2
+    peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
+    assert (peak, kept) == (6 * A, 4 * A)
+    assert mm.weights(mm.LLAMA2_7B, run) == 2 * 6_607_351_808
+    assert mm.kv_cache(mm.LLAMA2_7B, run) == 2 * 32 * 4096 * 4096 * 2
+    assert mm.kv_cache(mm.MISTRAL_7B, run) == 2 * 32 * 4096 * 1024 * 2
+    assert mm.alti_block_tokens(mm.LLAMA2_7B, run) == 1_250_000_000 // (2 * 4096 * 4096 * 4)
+    assert mm.ig_rows(mm.LLAMA2_7B, run) == 1
+    assert mm.stack_layers(mm.LLAMA2_7B, run) == 1
+
+
+def test_the_longest_input_that_fits_is_the_boundary():
+    for name in ("raw_attention", "grad_l2", "norm"):
+        n = mm.longest_fitting(name, mm.LLAMA2_7B)
+        assert mm.estimate(name, mm.LLAMA2_7B, mm.Run(n)).peak <= mm.CARD_BYTES
+        assert mm.estimate(name, mm.LLAMA2_7B, mm.Run(n + 16)).peak > mm.CARD_BYTES
+
+
+CHECK = REPO / "benchmarks" / "memory_model_check.py"
+sys.path.insert(0, str(CHECK.parent))
+from memory_model_check import predicted  # noqa: E402
+
+
+def measured(methods, ns) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    res = subprocess.run([sys.executable, str(CHECK), "--json", "--methods", ",".join(methods),
+                          "-n", ",".join(map(str, ns))], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def check_against_measurement(methods, ns):
+    got = measured(methods, ns)
+    for name in methods:
+        for n in ns:
+            ratio = got[f"{name} {n}"] / predicted(name, n)
+            assert 0.85 <= ratio <= 1.2, (name, n, got[f"{name} {n}"], predicted(name, n))
+        # the growth from the shortest to the longest input, as the formulas say (n^2: 4x per doubling)
+        growth = got[f"{name} {ns[-1]}"] / got[f"{name} {ns[0]}"]
+        assert growth == pytest.approx(predicted(name, ns[-1]) / predicted(name, ns[0]), rel=0.15), name
+
+
+needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux") or not can_measure(),
+                                 reason="the peak resident size (VmHWM) is Linux's")
+
+
+@needs_linux
+def test_peak_memory_grows_as_the_formulas_say():
+    check_against_measurement(["raw_attention", "norm"], [1024, 2048])
+
+
+@pytest.mark.slow
+@needs_linux
+def test_peak_memory_at_4096_tokens_is_the_formulas():
+    check_against_measurement(["raw_attention", "rollout", "alti", "norm", "grad_l2"], [1024, 2048, 4096])
