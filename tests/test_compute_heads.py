@@ -11,6 +11,7 @@ import pytest
 import torch
 from cli_results import invoke, ok, one_line
 
+from conftest import SHARED_MODEL, SST2_DEV, needs_shared
 from store import open_store
 
 TEXTS = ["the movie was great", "a dull film", "i loved the acting but the plot was slow and the story not very good",
@@ -61,6 +62,21 @@ def test_heads_are_the_models_own_attention_alone_and_in_a_padded_batch(tiny_mod
             np.testing.assert_allclose(ex.head_rows(), own[:, :, ex.explain_pos], rtol=0, atol=1e-5)
 
 
+@needs_shared
+@pytest.mark.shared
+def test_heads_of_the_shared_sst2_model_in_a_padded_batch(tmp_path):
+    """The real 6-layer, 12-head BERT: its first 8 SST-2 dev sentences in one padded batch."""
+    out = tmp_path / "sst2.h5"
+    ok(invoke("run", SST2_DEV, "--model", SHARED_MODEL, "-o", out, "--device", "cpu", "--methods", "rollout", "-q",
+              "--limit", 8, "--batch-size", 8, "--heads", "--matrices", "all", "--store-dtype", "float32"))
+    with open_store(out) as s:
+        assert (s.heads, s.n_layers, s.n_heads, len(s)) == ("all", 6, 12, 8)
+        assert len({s[i].n_tokens for i in range(8)}) > 1
+        for i in range(8):
+            np.testing.assert_allclose(s[i].heads(), own_attentions(SHARED_MODEL, s[i].text), rtol=0, atol=1e-5,
+                                       err_msg=f"example {i}")
+
+
 def test_a_store_without_heads_has_none(tiny_model_dirs, tmp_path):
     out = tmp_path / "plain.h5"
     ok(invoke(*run_args(write_data(tmp_path / "d.jsonl"), tiny_model_dirs["bert"], out)))
@@ -96,3 +112,21 @@ def test_heads_without_matrices_is_a_usage_error(tiny_model_dirs, tmp_path):
     line = one_line(invoke(*run_args(write_data(tmp_path / "d.jsonl"), tiny_model_dirs["bert"], out, "--heads",
                                      "--matrices", "none")), code=2)
     assert "--heads" in line and "--matrices cls" in line and not out.exists()
+
+
+def test_merged_shards_keep_the_heads_of_a_single_run(tiny_model_dirs, tmp_path):
+    model, data = tiny_model_dirs["bert"], write_data(tmp_path / "d.jsonl")
+    args = ("--heads", "--matrices", "all", "--batch-size", 1)
+    ok(invoke(*run_args(data, model, tmp_path / "full.h5", *args)))
+    for k in (0, 1):
+        ok(invoke(*run_args(data, model, tmp_path / "out.h5", *args, "--shard", f"{k}/2")))
+    shards = [tmp_path / f"out.shard-{k}-of-2.h5" for k in (0, 1)]
+    ok(invoke("merge", tmp_path / "out.h5", *shards))
+    with open_store(tmp_path / "out.h5") as merged, open_store(tmp_path / "full.h5") as full:
+        assert merged.heads == full.heads == "all" and len(merged) == len(full) == len(TEXTS)
+        for i in range(len(full)):
+            np.testing.assert_array_equal(merged[i].heads(), full[i].heads(), err_msg=f"example {i}")
+    # a shard made without --heads is another plan
+    ok(invoke(*run_args(data, model, tmp_path / "plain.h5", "--matrices", "all", "--batch-size", 1, "--shard", "1/2")))
+    line = one_line(invoke("merge", tmp_path / "m2.h5", shards[0], tmp_path / "plain.shard-1-of-2.h5"))
+    assert "--heads" in line and not (tmp_path / "m2.h5").exists()
