@@ -115,12 +115,15 @@ async def test_a_deep_wide_model_scrolls_with_the_cursor_at_80x24(tmp_path, colo
         assert first[0] == "L1" and len(first) < 30
         info = screen_text(app)
         assert f"layers 1-{len(first)} of 30 × heads 1-" in info and " of 40 ·" in info
+        reads, real = [], app.store._read
+        app.store._read = lambda *a, **k: reads.append(a[0]) or real(*a, **k)
         for _ in range(29):
             await pilot.press("down")
         for _ in range(39):
             await pilot.press("right")
         await pilot.pause()
         assert (screen.cursor_layer, screen.cursor_head) == (29, 39)
+        assert reads == []  # the cursor draws from memory: a key's work does not grow with the store
         rows = grid_rows(lines_of(app))
         assert list(rows)[-1] == "L30" and "▶" in rows["L30"]
         assert f"layers {31 - len(rows)}-30 of 30 × heads " in screen_text(app) and "-40 of 40" in screen_text(app)

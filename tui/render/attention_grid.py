@@ -10,12 +10,13 @@ the info line says which.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 
 from ..colors import DEFAULT_COLORMAP, Mode, background, format_score
 from .tokens import printable
@@ -27,6 +28,7 @@ CURSOR_MARK = "▶"
 LABEL_W = 4  # "L12 "
 MAX_CELL = 16  # columns of a thumbnail at most (wider ones tell nothing more)
 MIN_CELL = 2
+LEVELS = 64  # steps of a thumbnail's colour scale (and the sparkline's input): finer than the eye tells apart
 TOP_TOKENS = 5
 
 _DIM = Style(dim=True)
@@ -83,28 +85,46 @@ def spark(value: float) -> str:
 def grid_text(cells: np.ndarray, geom: Geometry, layer: int, head: int, mode: Mode,
               cmap: str = DEFAULT_COLORMAP) -> Text:
     """The head numbers, then one line per shown layer: its label and a thumbnail per shown head, the cursor's
-    marked by :data:`CURSOR_MARK` and its layer and head labels reversed."""
-    out = Text(no_wrap=True, overflow="crop")
-    out.append(" " * LABEL_W)
+    marked by :data:`CURSOR_MARK` and its layer and head labels reversed. Built as one string with its spans (a
+    12 x 12 grid has over 700 cells; appending them one by one cost more than the 50 ms a key may take)."""
+    parts: list[str] = []
+    spans: list[Span] = []
+    at = 0
+
+    def put(text: str, style: Style | None = None) -> None:
+        nonlocal at
+        parts.append(text)
+        if style is not None:
+            spans.append(Span(at, at + len(text), style))
+        at += len(text)
+
+    levels = np.rint(np.clip(cells, 0.0, 1.0) * (LEVELS - 1)).astype(np.int64)
+    put(" " * LABEL_W)
     for h in geom.heads:
         label = str(h + 1)
-        out.append(" ")
-        out.append(label.ljust(geom.cell)[:geom.cell] if len(label) <= geom.cell else " " * geom.cell,
-                   _CURSOR_AXIS if h == head else _DIM)
+        put(" ")
+        put(label.ljust(geom.cell)[:geom.cell] if len(label) <= geom.cell else " " * geom.cell,
+            _CURSOR_AXIS if h == head else _DIM)
     for l in geom.layers:
-        out.append("\n")
-        out.append(f"L{l + 1}".ljust(LABEL_W - 1), _CURSOR_AXIS if l == layer else _DIM)
-        out.append(" ")
+        put("\n")
+        put(f"L{l + 1}".ljust(LABEL_W - 1), _CURSOR_AXIS if l == layer else _DIM)
+        put(" ")
         for h in geom.heads:
             cursor = (l, h) == (layer, head)
             # without colour a blank column and the gap between cells look alike: a rule separates them
-            out.append(CURSOR_MARK if cursor else "│" if mode == "mono" else " ", _BOLD if cursor else _DIM)
-            for v in cells[l, h]:
-                if mode == "mono":
-                    out.append(spark(v), _BOLD if cursor else Style())
-                else:
-                    out.append(" ", Style(bgcolor=background(v, mode, cmap)))
-    return out
+            put(CURSOR_MARK if cursor else "│" if mode == "mono" else " ", _BOLD if cursor else _DIM)
+            if mode == "mono":
+                put("".join(spark(v / (LEVELS - 1)) for v in levels[l, h]), _BOLD if cursor else None)
+            else:
+                for v in levels[l, h]:
+                    put(" ", _cell_style(int(v), mode, cmap))
+    return Text("".join(parts), spans=spans, no_wrap=True, overflow="crop")
+
+
+@functools.lru_cache(maxsize=1024)
+def _cell_style(level: int, mode: Mode, cmap: str) -> Style:
+    """The background of a thumbnail column at ``level`` of :data:`LEVELS` (made once per level and colormap)."""
+    return Style(bgcolor=background(level / (LEVELS - 1), mode, cmap))
 
 
 def info_text(ex_id: str, tokens: list[str], explain_pos: int, shape: tuple[int, int], geom: Geometry,
