@@ -166,7 +166,8 @@ async def test_a_store_without_heads_says_so_and_reads_nothing(tmp_path, color_e
 @async_test
 async def test_help_and_palette_name_the_key(bert_base_store, color_env):
     from tui.app import create_app
-    from tui.commands import BrowseCommands
+    from tui.commands import AttentionCommands, BrowseCommands
+    from tui.screens.attention import AttentionScreen
 
     app = create_app(bert_base_store)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -178,6 +179,12 @@ async def test_help_and_palette_name_the_key(bert_base_store, color_env):
         await pilot.pause()
         titles = [t for t, _, _ in BrowseCommands(app.screen)._commands()]
         assert "attention: every head of this example" in titles
+        screen = await open_modal(pilot, "a", AttentionScreen, "data")
+        commands = {t: run for t, run, _ in AttentionCommands(screen)._commands()}
+        assert {"scale: example", "attention: close"} <= set(commands) and "scale: head" not in commands
+        commands["scale: example"]()
+        await pilot.pause()
+        assert screen.norm == "example" and "scale: example" in screen_text(app)
 
 
 def test_thumbnails_are_block_maxima_on_the_chosen_scale():

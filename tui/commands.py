@@ -253,6 +253,20 @@ class CompareCommands(_ListedCommands):
         return out
 
 
+class AttentionCommands(_ListedCommands):
+    """The attention screen: scale, colormap, close."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        from .render.attention_grid import NORM_NAMES
+
+        screen = self.screen
+        out = [(f"scale: {norm}", partial(screen.set_scale, norm), f"{how} (s cycles)")
+               for norm, how in NORM_NAMES.items() if norm != screen.norm]
+        out += colormap_commands(self.app)
+        out.append(("attention: close", screen.action_close, "back to the examples"))
+        return out
+
+
 class MatrixCommands(_ListedCommands):
     """The matrix screen: layer, method, scale, close."""
 

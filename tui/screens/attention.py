@@ -19,6 +19,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Header, Static
 
+from ..commands import AttentionCommands
 from ..data import HeadAttention, read_head_attention
 from ..render.attention_grid import NORMS, detail_text, geometry, grid_text, info_text, thumbnails
 from ..widgets.footer import FittedFooter
@@ -43,6 +44,8 @@ class _Drawn:
 
 class AttentionScreen(ModalScreen[None]):
     """One example's heads. Modal: the browse keys do not reach the screen below."""
+
+    COMMANDS = {AttentionCommands}
 
     BINDINGS = [
         Binding("up", "move(-1, 0)", "head", id="attention.up", group=_CURSOR),
