@@ -152,6 +152,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Per-layer matrices to keep: none, the explained row only, or all n x n."),
     Option("store_dtype", "float16", choices=("float16", "float32"), show_default=True, resume=True,
            help="dtype of stored matrices (scores are always float32)."),
+    Option("heads", False, type=bool, resume=True,
+           help="Also store the model's attention probabilities of every head, as --matrices says: the explained "
+                "row [L, H, n] (cls) or [L, H, n, n] (all), in --store-dtype (attr-tui's head grid, key a)."),
     Option("resume", False, type=bool, help="Finish an interrupted store."),
     Option("overwrite", False, type=bool, help="Replace an existing store."),
     Option("preset", choices=PRESET_NAMES, resume=True,

@@ -68,9 +68,10 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
     window_writer = None
     try:
         if cfg.matrices == "all" and records:
-            total = matrix_bytes(tokenize(lm, records, loaded.max_length),
-                                 [lay.n_matrix_layers for lay in method_layouts if lay.matrices == "all"],
-                                 cfg.store_dtype)
+            layers = [lay.n_matrix_layers for lay in method_layouts if lay.matrices == "all"]
+            if plan.heads == "all":  # L x H matrices per example
+                layers.append(lm.adapter.n_layers * lm.adapter.n_heads)
+            total = matrix_bytes(tokenize(lm, records, loaded.max_length), layers, cfg.store_dtype)
             progress.message(f"--matrices all: about {total / 1e6:.1f} MB of matrices before compression "
                              "(use --matrices cls or none for less)")
         progress.start(total=len(loaded.data.records), completed=done)
@@ -175,7 +176,8 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
                 enc = encode(window.tok, rows, pad_id, device)
                 t1 = clock()
                 pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
-                                       cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens)
+                                       cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens,
+                                       heads=plan.heads)
                 timings.add_host("encode", t1 - t0)
                 timings.add_host("launch", clock() - t1)
                 return pending
@@ -211,7 +213,7 @@ def _batching(plan: RunPlan, loaded: Loaded, methods: dict, progress: Progress) 
     tok = tokenize(lm, records, loaded.max_length)  # the probe's longest example (CUDA, or --batch-memory-mb)
     batching = auto_batching(lm, methods, tok, lm.task.prepare(lm, records, tok), plan.target_mode,
                              len(lm.task.labels(lm.info["id2label"])), cfg.matrices, tokens,
-                             cfg.batch_tokens, cfg.batch_memory_mb)
+                             cfg.batch_tokens, cfg.batch_memory_mb, heads=plan.heads)
     progress.message(f"--batch-size auto: {batching.size} ({batching.how})")
     return batching
 

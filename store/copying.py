@@ -20,7 +20,7 @@ from .writer import StoreWriter
 
 
 _SKIP_ATTRS = {"encoding-type", "encoding-version", "created", "n_layers", "n_heads", "num_labels", "labels", "methods",
-               "complete", "finished", "summary", "task"}
+               "complete", "finished", "summary", "task", "heads"}
 
 
 def _example_data(e, methods: list[MethodLayout]) -> ExampleData:
@@ -35,13 +35,16 @@ def _example_data(e, methods: list[MethodLayout]) -> ExampleData:
         if m.class_scores:
             r["class_scores"] = e.class_scores(m.name)
         results[m.name] = r
+    heads = e.heads()
+    if heads is not None:
+        heads = heads.astype(e._s.heads_dtype)  # back to the stored dtype: the copy is bit for bit
     return ExampleData(row=e.row, id=e.id, text=e.text, pair=e.pair, token_ids=e.token_ids, tokens=e.tokens,
                        spans=e.spans, segment=e.segment, label=-1 if e.label is None else e.label, pred=e.pred,
                        probs=e.probs, target=e.target, explain_pos=e.explain_pos, n_orig_tokens=e.n_orig_tokens,
                        truncated=e.truncated, evidence=e.evidence, target_token=e.target_token,
                        foil_token=e.foil_token, span_end=e.span_end, pred_end=e.pred_end, output=e.output,
                        gold_value=np.nan if e.gold_value is None else e.gold_value, task_info=e.task_words,
-                       results=results)
+                       heads=heads, results=results)
 
 
 def _copy_examples(src: Store, w: StoreWriter, step: int = 512) -> None:
@@ -52,13 +55,14 @@ def _copy_examples(src: Store, w: StoreWriter, step: int = 512) -> None:
 
 
 def _new_store_like(src: Store, path: str, provenance: dict, attrs: dict | None = None) -> tuple[h5py.File, StoreWriter]:
-    """A new file at ``path`` with the layout of ``src`` (methods, labels, shape, evidence, task) and its model
+    """A new file at ``path`` with the layout of ``src`` (methods, labels, shape, evidence, task, heads) and its model
     attributes, and a writer appending to it (no SWMR: nobody reads a file that is still being made)."""
     methods = [layout_from_dict(m) for m in src._method_layouts.values()]
     keep = {k: v for k, v in src.model_info.items() if k not in _SKIP_ATTRS}
     f = new_file(path)
     create_layout(f, n_layers=src.n_layers, n_heads=src.n_heads, labels=dict(src.labels), methods=methods,
-                  provenance=provenance, attrs={**keep, **(attrs or {})}, evidence=src.has_evidence, task=src.task)
+                  provenance=provenance, attrs={**keep, **(attrs or {})}, evidence=src.has_evidence, task=src.task,
+                  heads=src.heads, heads_dtype=src.heads_dtype or "float16")
     return f, StoreWriter(path, f)
 
 
@@ -93,7 +97,8 @@ def copy_committed(old: Store, tmp: str, metrics: bool = True) -> dict[str, Scal
 def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None = None,
           summary: dict | None = None) -> None:
     """Merge complete shard stores, given in dataset order, into a new complete store ``out`` in one pass over their
-    data. The shards must share one layout (methods and their parameters, labels, model shape, evidence flags, task) and
+    data. The shards must share one layout (methods and their parameters, labels, model shape, evidence flags, task,
+    per-head attention) and
     head masks, and hold increasing, disjoint source rows. Metrics are not merged (their summaries span the
     shards: the caller recomputes them and adds them with add_metrics). Nothing is left at ``out`` on failure."""
     if os.path.exists(out):
@@ -111,7 +116,9 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
                                        ("labels", s.labels, first.labels),
                                        ("model shape", (s.n_layers, s.n_heads), (first.n_layers, first.n_heads)),
                                        ("evidence flags", s.has_evidence, first.has_evidence),
-                                       ("task", s.task, first.task)):
+                                       ("task", s.task, first.task),
+                                       ("per-head attention", (s.heads, s.heads_dtype),
+                                        (first.heads, first.heads_dtype))):
                 if mine != theirs:
                     raise StoreError(f"shard '{path}' differs from '{shards[0]}' in its {what}: they come from "
                                      "different runs")

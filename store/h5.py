@@ -98,7 +98,9 @@ def checked_task(task: dict | None) -> dict:
 
 
 def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenance, attrs, evidence=False,
-                  task: dict | None = None) -> None:
+                  task: dict | None = None, heads: str = "none", heads_dtype: str = "float16") -> None:
+    if heads not in schema.HEAD_MODES:
+        raise StoreError(f"unknown heads mode '{heads}': one of {', '.join(schema.HEAD_MODES)}")
     write_attr(f, "encoding-type", schema.ENCODING_TYPE)
     write_attr(f, "encoding-version", schema.ENCODING_VERSION)
     write_attr(f, "created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -109,6 +111,8 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     write_attr(f, "methods", json.dumps([m.__dict__ for m in methods], sort_keys=True))
     write_attr(f, "task", json.dumps(checked_task(task), sort_keys=True, default=str))
     write_attr(f, "complete", False)
+    if heads != "none":  # absent: no per-head attention (what a store before 1.5 reads as)
+        write_attr(f, "heads", heads)
     for key, value in attrs.items():
         write_attr(f, key, value)
     fixed(f, schema.PROVENANCE, json_bytes(provenance))
@@ -134,7 +138,8 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     flat(f, schema.METRIC_NUMBERS, np.float32, schema.CHUNK_FLAT)
     flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
     for d in (schema.example_datasets(True, True) + schema.token_datasets(evidence)
-              + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]):
+              + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]
+              + schema.head_datasets(heads, n_layers, n_heads, heads_dtype)):
         flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
 
 

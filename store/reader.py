@@ -163,9 +163,15 @@ class Store:
         self._separate_ids = schema.IDS in f
         self._evidence = schema.TOKEN_EVIDENCE in f
         self._task_words = schema.TASK_WORDS in f
+        self.heads: str = str(a.get("heads", "none"))  # per-head attention per example: none, cls (row) or all
+        if self.heads not in schema.HEAD_MODES or (self.heads != "none") != (schema.HEADS in f):
+            raise damaged(self.path, "the per-head attention", f"heads '{self.heads}' with"
+                                                               f"{'' if schema.HEADS in f else 'out'} /{schema.HEADS}")
+        self.heads_dtype: str | None = str(f[schema.HEADS].dtype) if self.heads != "none" else None
         self._flats = (schema.example_datasets(self._separate_ids, self._task_words)
                        + schema.token_datasets(self._evidence)
-                       + [d for m in self._method_layouts.values() for d in schema.method_datasets(m, self.num_labels)])
+                       + [d for m in self._method_layouts.values() for d in schema.method_datasets(m, self.num_labels)]
+                       + schema.head_datasets(self.heads, self.n_layers, self.n_heads, self.heads_dtype or ""))
 
     def _layout_known(self, method: str) -> bool:
         """Whether this reader knows the layout version of ``method``'s group (a newer one: left out, with a warning)."""
@@ -184,7 +190,7 @@ class Store:
         """Model and library provenance (root attributes)."""
         out = {}
         for key, value in self._attrs().items():
-            if key not in ("labels", "methods", "summary", "task"):
+            if key not in ("labels", "methods", "summary", "task", "heads"):
                 out[key] = value
         return out
 
@@ -911,6 +917,27 @@ class Example:
         size = L * rows * n
         m = self._s._read(schema.method_path(method, "matrices"), slice(start, start + size), size)
         return m.astype(np.float32).reshape(L, rows, n)
+
+    def heads(self) -> np.ndarray | None:
+        """The model's per-head attention probabilities as float32 (stores made with ``attr-compute --heads``):
+        [L, H, n, n] (``--matrices all``) or the explained row [L, H, n] (``--matrices cls``); None, reading
+        nothing, when the store keeps none."""
+        mode, L, H, n = self._s.heads, self._s.n_layers, self._s.n_heads, self.n_tokens
+        if mode == "none":
+            return None
+        rows = n if mode == "all" else 1
+        start = (int(self._row["sq_off"]) if mode == "all" else self._tok.start) * L * H
+        size = L * H * rows * n
+        a = self._s._read(schema.HEADS, slice(start, start + size), size).astype(np.float32)
+        return a.reshape(L, H, n, n) if mode == "all" else a.reshape(L, H, n)
+
+    def head_rows(self) -> np.ndarray | None:
+        """The explained position's row of every head's attention, [L, H, n] float32, in either mode (all: cut
+        from the full matrices); None, reading nothing, when the store keeps no per-head attention."""
+        a = self.heads()
+        if a is None or a.ndim == 3:
+            return a
+        return np.ascontiguousarray(a[:, :, self.explain_pos, :])
 
     def class_scores(self, method: str) -> np.ndarray | None:
         """Per-class attributions [C, n] (``--target all``), or None."""

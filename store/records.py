@@ -80,6 +80,7 @@ class ExampleData:
     output: float = math.nan  # the explained output of the unperturbed model
     gold_value: float = math.nan  # regression: the gold value (NaN: unlabelled)
     task_info: dict | None = None  # the task words, JSON-able: {"target": .., "foil": ..}, {"answer": ..}
+    heads: np.ndarray | None = None  # per-head attention (stores made with --heads): [L, H, n, n] or the row [L, H, n]
     results: dict = field(default_factory=dict)  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
     #                                "example_values": {key: float}}
 

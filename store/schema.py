@@ -3,11 +3,13 @@ how long every flat dataset is after a given committed example. The writer, its 
 derive their datasets from here. README "Store schema" documents it for users.
 
 Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
-the task: root attr task, the index's task fields and /examples/task):
+the task: root attr task, the index's task fields and /examples/task, 1.5 the per-head attention: root attr heads,
+/heads/attention):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete),
-                           task (JSON {"name", "options"}, 1.4; absent: classification)
+                           task (JSON {"name", "options"}, 1.4; absent: classification), heads ("cls" | "all",
+                           1.5; absent: no per-head attention)
     /provenance            uint8   full run configuration as UTF-8 JSON (attributes are limited to 64 KiB)
     /examples/index        compound rows, one per committed example (index_dtype); appending them is the commit
     /examples/ids          uint8   example ids, UTF-8, addressed by (id_off, id_len) of the index row (1.3; before
@@ -32,6 +34,9 @@ the task: root attr task, the index's task fields and /examples/task):
     /methods/<name>/scale/summary float64 [K, 6]         per view (final, layer 1..V, matrix layer 1..L): count, min,
     /methods/<name>/scale/hist    int64   [K, B]         max, max |x|, sum, sum of squares; histogram of |x| (1.3,
                                                           written when the store is complete)
+    /heads/attention       --store-dtype  per-head attention probabilities of the model (attr-compute --heads, 1.5):
+                                          per example [L, H, n, n] (heads "all", at sq_off * L * H) or the explained
+                                          row [L, H, n] (heads "cls", at tok_off * L * H)
     /head_masks/<name>/mask       [L, H]                 Mask-LRP head masks ("positional", "syntactic", "mask_lrp");
     /head_masks/<name>/<stat>                            the statistics they came from; settings JSON in attrs
     /metric_records/rows      compound, one per metric record (method, metric, N, K, offsets into numbers and
@@ -58,8 +63,8 @@ from dataclasses import dataclass
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.4.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
-# 1.4: the task (root attr, index fields target_token .. task_len, /examples/task)
+ENCODING_VERSION = "1.5.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
+# 1.4: the task (root attr, index fields target_token .. task_len, /examples/task), 1.5: /heads/attention
 METHOD_ENCODING_TYPE = "attrscope-method"
 # What one method group holds (scores, layer_scores, matrices, class_scores, example_values, scale), versioned per
 # group: a change to one method's layout bumps it there, and a reader that does not know the new version leaves that
@@ -102,6 +107,7 @@ TOKEN_STR_LEN = "tokens/str_len"
 TOKEN_STRINGS = "tokens/strings"
 TOKEN_EVIDENCE = "tokens/evidence"
 HEAD_MASKS = "head_masks"
+HEADS = "heads/attention"
 METRICS = "metrics"
 METHODS = "methods"
 
@@ -191,6 +197,7 @@ def metric_record_dtype() -> np.dtype:
 
 
 MATRIX_MODES = ("none", "cls", "all")
+HEAD_MODES = ("none", "cls", "all")  # root attr heads (absent: "none"): what /heads/attention keeps per example
 STORE_DTYPES = ("float16", "float32")
 
 
@@ -291,6 +298,13 @@ def method_datasets(layout: dict, num_labels: int) -> list[Flat]:
     for key in layout.get("example_values") or ():
         out.append(Flat(method_path(name, f"example_values/{key}"), "float32", "examples", chunk=CHUNK_ROWS))
     return out
+
+
+def head_datasets(mode: str, n_layers: int, n_heads: int, dtype: str) -> list[Flat]:
+    """/heads/attention for heads ``mode`` (none: no dataset): L x H rows of n (cls) or L x H n x n blocks (all)."""
+    if mode == "none":
+        return []
+    return [Flat(HEADS, dtype, "squares" if mode == "all" else "tokens", n_layers * n_heads, chunk=CHUNK_MATRIX)]
 
 
 def extent_of_last_row(row: np.void | None, n_examples: int, separate_ids: bool, token_string_end: int) -> Extent:

@@ -37,6 +37,8 @@ class StoreWriter:
         self.methods: dict[str, MethodLayout] = {m["name"]: layout_from_dict(m) for m in json.loads(read_attrs(f)["methods"])}
         self._evidence = schema.TOKEN_EVIDENCE in f
         self.task: dict = json.loads(read_attrs(f).get("task") or json.dumps(schema.DEFAULT_TASK))
+        self.heads: str = read_attrs(f).get("heads", "none")  # per-head attention kept: none, cls or all
+        self._model_shape = (int(read_attrs(f)["n_layers"]), int(read_attrs(f)["n_heads"]))
         idx = f[schema.INDEX]
         self.n_committed = int(idx.shape[0])
         last = idx[self.n_committed - 1] if self.n_committed else None
@@ -67,10 +69,13 @@ class StoreWriter:
         head_masks: list[HeadMaskData] | None = None,
         evidence: bool = False,
         task: dict | None = None,
+        heads: str = "none",
+        heads_dtype: str = "float16",
     ) -> "StoreWriter":
         """Create a new store at ``path`` (which must not exist) and switch it to SWMR mode. Head masks are written
         here, before SWMR mode, which allows no new groups afterwards. ``task``: {"name": one of schema.TASKS,
-        "options": {...}} (None: classification)."""
+        "options": {...}} (None: classification). ``heads``: the per-head attention each example keeps (none, cls:
+        the explained row [L, H, n], all: [L, H, n, n]) in ``heads_dtype``."""
         task = checked_task(task)
         if os.path.exists(path):
             raise StoreError(f"store '{path}' already exists")
@@ -80,7 +85,8 @@ class StoreWriter:
             raise StoreError(f"cannot create store '{path}': {one_line(err)}: choose another -o") from None
         try:
             create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
-                           provenance=provenance, attrs=attrs or {}, evidence=evidence, task=task)
+                           provenance=provenance, attrs=attrs or {}, evidence=evidence, task=task, heads=heads,
+                           heads_dtype=heads_dtype)
             write_head_masks(f, head_masks or [])
             f.flush()
             f.swmr_mode = True
@@ -156,6 +162,8 @@ class StoreWriter:
             append(f[path], values)
         for name, layout in self.methods.items():
             self._append_method(name, layout, examples)
+        if self.heads != "none":
+            self._append_heads(examples, n)
 
         # Data first, then the rows that make it visible: a reader never sees a row whose data is missing.
         f.flush()
@@ -199,6 +207,19 @@ class StoreWriter:
                 i = values.index(None)
                 raise ValueError(f"example {examples[i].id}: method '{name}' gave no value '{key}'")
             append(g[f"example_values/{key}"], np.asarray(values, dtype=np.float32))
+
+    def _append_heads(self, examples: list[ExampleData], n: np.ndarray) -> None:
+        L, H = self._model_shape
+        arrays = []
+        for ex, k in zip(examples, n.tolist()):
+            expected = (L, H, k, k) if self.heads == "all" else (L, H, k)
+            a = None if ex.heads is None else np.asarray(ex.heads)
+            if a is None or a.shape != expected:
+                raise ValueError(f"example {ex.id}: per-head attention of shape {None if a is None else a.shape}, "
+                                 f"expected {expected} (heads {self.heads})")
+            arrays.append(a)
+        ds = self._f[schema.HEADS]
+        append(ds, np.concatenate(arrays, axis=None).astype(ds.dtype, copy=False))
 
     # ------------------------------------------------------------------ closing
     def close(self, *, complete: bool = False, summary: dict | None = None) -> None:

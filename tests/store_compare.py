@@ -20,7 +20,9 @@ def assert_same_store(merged, full, n_examples: int, metrics: list[str], n_metri
         assert (a.target_token, a.foil_token, a.span_end, a.pred_end, a.gold_value, a.task_words) == \
                (b.target_token, b.foil_token, b.span_end, b.pred_end, b.gold_value, b.task_words), i
         np.testing.assert_array_equal(a.output, b.output, err_msg=f"example {i}")  # NaN equals NaN here
-        for x, y in ((a.token_ids, b.token_ids), (a.spans, b.spans), (a.segment, b.segment), (a.probs, b.probs)):
+        assert merged.heads == full.heads
+        for x, y in ((a.token_ids, b.token_ids), (a.spans, b.spans), (a.segment, b.segment), (a.probs, b.probs),
+                     (a.heads(), b.heads())):
             np.testing.assert_array_equal(x, y, err_msg=f"example {i}")
         for m in full.methods:
             np.testing.assert_array_equal(a.scores(m), b.scores(m), err_msg=f"{m} example {i}")

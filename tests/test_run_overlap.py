@@ -154,13 +154,13 @@ def test_a_batch_out_of_memory_is_halved_and_gives_the_unsplit_results(unsplit_s
     data, whole = unsplit_store
     real, tried, sizes = runner.launch_batch, set(), []
 
-    def first_attempt_fails(lm, methods, enc, *args):
+    def first_attempt_fails(lm, methods, enc, *args, **kwargs):
         key = tuple(enc["input_ids"].shape)
         sizes.append(key[0])
         if key[0] > 1 and key not in tried:  # the first attempt of every batch of two or more runs out of memory
             tried.add(key)
             raise error
-        return real(lm, methods, enc, *args)
+        return real(lm, methods, enc, *args, **kwargs)
 
     monkeypatch.setattr(runner, "launch_batch", first_attempt_fails)
     out = tmp_path / "split.h5"
@@ -183,7 +183,7 @@ def test_a_batch_out_of_memory_is_halved_and_gives_the_unsplit_results(unsplit_s
 def test_out_of_memory_on_one_example_is_one_line(unsplit_store, tiny_model_dirs, tmp_path, monkeypatch):
     import compute.runner as runner
 
-    def never_fits(*args):
+    def never_fits(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(runner, "launch_batch", never_fits)
@@ -374,7 +374,7 @@ def test_auto_batching_runs_copies_of_the_longest_example_on_cuda(monkeypatch):
     gpu, seen = FakeGPU(40 * GB, {"forward": STAGES["forward"], "rollout": STAGES["rollout"]}), []
 
     def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,
-                    first_part_only):
+                    first_part_only, heads="none"):
         assert first_part_only == (parts is not None)  # the confirming batch runs one part of each part-wise method
         seen.append((rows, lengths))
         gpu.run(len(rows), parts, probe)
@@ -537,9 +537,9 @@ def test_batch_tokens_bounds_every_batch_is_recorded_and_is_part_of_the_resume_i
     data = write_rows(tmp_path / "d.jsonl", 30)
     shapes, real = [], runner.launch_batch
 
-    def spy(lm, methods, enc, *args):
+    def spy(lm, methods, enc, *args, **kwargs):
         shapes.append(tuple(enc["input_ids"].shape))
-        return real(lm, methods, enc, *args)
+        return real(lm, methods, enc, *args, **kwargs)
 
     monkeypatch.setattr(runner, "launch_batch", spy)
     out = tmp_path / "o.h5"

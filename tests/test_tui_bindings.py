@@ -18,17 +18,17 @@ from test_tui_metrics import metric_data
 
 @pytest.fixture(scope="module")
 def full_store(tmp_path_factory):
-    """Three methods (two with full matrices), three head masks, five metrics, 12 examples."""
+    """Three methods (two with full matrices), three head masks, per-head attention, five metrics, 12 examples."""
     from store import MethodLayout, StoreWriter, add_metrics, open_store
 
     d = tmp_path_factory.mktemp("bindings")
     scratch, path = str(d / "src.h5"), str(d / "full.h5")
-    exs = make_store(scratch, n_examples=12, L=3, seed=0, signed_matrices=True)
+    exs = make_store(scratch, n_examples=12, L=3, seed=0, signed_matrices=True, heads="cls")
     with open_store(scratch) as s:
         layouts = [MethodLayout(**m) for m in s._method_layouts.values()]
     w = StoreWriter.create(path, n_layers=3, n_heads=4, labels={0: "negative", 1: "positive"}, methods=layouts,
                            provenance={"model": "synthetic"}, attrs={"model_id": "synthetic"},
-                           head_masks=head_masks(3, 4, seed=0))
+                           head_masks=head_masks(3, 4, seed=0), heads="cls")
     w.append(exs)
     w.close(complete=True)
     add_metrics(path, metric_data())
@@ -59,7 +59,7 @@ BROWSE = {
     "left_square_bracket": lambda a: a.layer, "right_square_bracket": lambda a: a.layer,
     "m": lambda a: a.method_index, "M": lambda a: a.method_index,
     "g": lambda a: a.glyphs, "l": lambda a: a.show_strip, "s": lambda a: a.norm,
-    "c": screen_name, "x": screen_name, "e": files,
+    "c": screen_name, "x": screen_name, "a": screen_name, "e": files,
     "slash": prompt_open, "escape": prompt_open,
     "n": lambda a: a.current, "N": lambda a: a.current, "r": lambda a: a.view.matches is None,
     "j": lambda a: a.current, "k": lambda a: a.current,
@@ -95,6 +95,12 @@ HEADS = {
     "left": lambda a: a.screen.cursor_head, "right": lambda a: a.screen.cursor_head,
     "ctrl+p": screen_name, "escape": screen_name, "h": screen_name, "q": screen_name,
 }
+ATTENTION = {
+    "up": lambda a: a.screen.cursor_layer, "down": lambda a: a.screen.cursor_layer,
+    "left": lambda a: a.screen.cursor_head, "right": lambda a: a.screen.cursor_head,
+    "j": lambda a: a.screen.index, "k": lambda a: a.screen.index, "s": lambda a: a.screen.norm,
+    "escape": screen_name, "a": screen_name, "q": screen_name,
+}
 HELP = {"escape": screen_name, "question_mark": screen_name}
 
 
@@ -104,6 +110,7 @@ def _keys(bindings) -> set[str]:
 
 def test_every_binding_has_a_check():
     from tui.app import AttrApp
+    from tui.screens.attention import AttentionScreen
     from tui.screens.browse import BrowseScreen
     from tui.screens.compare import CompareScreen
     from tui.screens.heads import HeadsScreen
@@ -114,7 +121,7 @@ def test_every_binding_has_a_check():
 
     for owner, table in ((AttrApp, APP), (BrowseScreen, BROWSE), (ExampleList, EXAMPLE_LIST),
                          (CompareScreen, COMPARE), (MatrixScreen, MATRIX), (MetricsScreen, METRICS),
-                         (HeadsScreen, HEADS), (HelpScreen, HELP)):
+                         (HeadsScreen, HEADS), (AttentionScreen, ATTENTION), (HelpScreen, HELP)):
         assert _keys(owner.BINDINGS) == set(table), owner.__name__
 
 
@@ -162,7 +169,7 @@ async def test_browse_and_list_keys(full_store, env):
         await settle(pilot)
         for key in ("right_square_bracket", "left_square_bracket", "m", "M", "g", "l", "s"):
             await press_and_check(pilot, BROWSE, key)
-        for key in ("c", "x"):
+        for key in ("c", "x", "a"):
             await press_and_check(pilot, BROWSE, key)
             await back_to_browse(pilot)
         await press_and_check(pilot, BROWSE, "e")  # three figure files in the current directory
@@ -216,6 +223,19 @@ async def test_matrix_keys(full_store, env):
                     "m"):
             await press_and_check(pilot, MATRIX, key)
         await close_and_reopen(pilot, MATRIX, ("escape", "x", "q"), "x", MatrixScreen, "matrices")
+
+
+@async_test
+async def test_attention_keys(full_store, env):
+    from tui.app import create_app
+    from tui.screens.attention import AttentionScreen
+
+    app = create_app(full_store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_modal(pilot, "a", AttentionScreen, "data")
+        for key in ("down", "right", "up", "left", "s", "j", "k"):
+            await press_and_check(pilot, ATTENTION, key)
+        await close_and_reopen(pilot, ATTENTION, ("escape", "a", "q"), "a", AttentionScreen, "data")
 
 
 @async_test

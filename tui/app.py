@@ -27,6 +27,7 @@ from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read
 from .render.metric_table import short_name
 from .render.task import list_cells
 from .render.tokens import printable
+from .screens.attention import AttentionScreen
 from .screens.browse import BrowseScreen
 from .screens.compare import CompareScreen
 from .screens.heads import HeadsScreen
@@ -423,6 +424,16 @@ class AttrApp(App[int]):
         """The heads screen: the store's head masks (it reads them itself, on a worker)."""
         if not isinstance(self.screen, HeadsScreen):
             self.push_screen(HeadsScreen(self.color_mode))
+
+    def action_attention(self) -> None:
+        """The attention screen: the current example's per-head attention (it reads it itself, on a worker); a
+        store without per-head attention says so in one line and reads nothing."""
+        if self.meta is None or self.current is None or isinstance(self.screen, AttentionScreen):
+            return
+        if self.meta.heads == "none":
+            self.notify("this store keeps no per-head attention: run attr-compute with --heads", markup=False)
+            return
+        self.push_screen(AttentionScreen(self.current))
 
     def compare_set(self) -> list[str]:
         """The methods the compare screen shows: the chosen ones, else the current method and the next three."""

@@ -96,6 +96,9 @@ class BrowseCommands(_ListedCommands):
         out.append(("export: screenshot (SVG)", app.deliver_screenshot, f"this screen into {export_dir_hint(app)}"))
         names = ", ".join(printable(n) for n in meta.head_masks) or "none in this store"
         out.append(("heads: head masks", app.action_heads, f"layers × heads grid of the head masks ({names}) (h)"))
+        if meta.heads != "none":
+            out.append(("attention: every head of this example", app.action_attention,
+                        "layers × heads grid of the explained token's attention row (a)"))
         found = app.metrics.methods
         what = (f"{len(found)} method{'s' if len(found) != 1 else ''} × {len(app.metrics.names)} metrics" if found
                 else "none in this store")
@@ -247,6 +250,20 @@ class CompareCommands(_ListedCommands):
         out.append(("export: figure (SVG, LaTeX, HTML)", screen.action_export,
                     f"these methods into {export_dir_hint(app)} (e)"))
         out.append(("compare: close", screen.action_close, "back to the examples"))
+        return out
+
+
+class AttentionCommands(_ListedCommands):
+    """The attention screen: scale, colormap, close."""
+
+    def _commands(self) -> list[tuple[str, object, str]]:
+        from .render.attention_grid import NORM_NAMES
+
+        screen = self.screen
+        out = [(f"scale: {norm}", partial(screen.set_scale, norm), f"{how} (s cycles)")
+               for norm, how in NORM_NAMES.items() if norm != screen.norm]
+        out += colormap_commands(self.app)
+        out.append(("attention: close", screen.action_close, "back to the examples"))
         return out
 
 

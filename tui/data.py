@@ -50,6 +50,7 @@ class StoreMeta:
     n: int
     head_masks: tuple[str, ...] = ()  # names only: the heads screen reads the masks when it opens
     task: str = "classification"  # what the model is explained for (store.schema.TASKS)
+    heads: str = "none"  # per-head attention kept per example (attr-compute --heads): none, cls or all
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,27 @@ def read_head_masks(store: Store) -> tuple[tuple[HeadMaskInfo, ...], list[str]]:
         attrs = dict(getattr(hm, "attrs", None) or {})
         masks.append(HeadMaskInfo(str(name), mask.astype(np.int64), attrs, stats))
     return tuple(masks), problems
+
+
+@dataclass(frozen=True, eq=False)
+class HeadAttention:
+    """One example's per-head attention as the attention screen draws it: the explained token's row of every head,
+    ``rows`` [L, H, n] (from either stored mode), with the tokens it runs over."""
+
+    index: int
+    id: str
+    tokens: list[str]
+    explain_pos: int
+    rows: np.ndarray  # [L, H, n] float32
+
+
+def read_head_attention(store: Store, i: int) -> HeadAttention:
+    """Example ``i``'s per-head attention rows (one example's data: the work does not grow with the store)."""
+    ex = store[i]
+    rows = ex.head_rows()
+    if rows is None:
+        raise ValueError("this store keeps no per-head attention")
+    return HeadAttention(i, ex.id, list(ex.tokens), ex.explain_pos, np.asarray(rows, np.float32))
 
 
 #: Metrics come in this order (by base name, the name before "@preset"), others after them alphabetically: the
@@ -294,7 +316,8 @@ def read_meta(store: Store) -> StoreMeta:
     model = str(model_info.get("model_id") or model_info.get("model") or "")
     head_masks = tuple(str(n) for n in (getattr(store, "head_masks", None) or ()))
     return StoreMeta(os.path.basename(store.path), tuple(methods), dict(store.labels), int(store.n_layers), model,
-                     store.complete, len(store), head_masks, str(getattr(store, "task_name", "classification")))
+                     store.complete, len(store), head_masks, str(getattr(store, "task_name", "classification")),
+                     str(getattr(store, "heads", "none")))
 
 
 def read_example(store: Store, i: int, methods: tuple[str, ...],

@@ -151,9 +151,11 @@ def plan_sizes(stages: dict[str, StageModel], limit_bytes: int, limit: int, heav
 
 def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, rows: TaskRows, target_mode: str,
                   num_labels: int, matrices: str, default_tokens: int, tokens_asked: int | None,
-                  cpu_budget_mb: int | None = None, memory: DeviceMemory | None = None) -> Batching:
+                  cpu_budget_mb: int | None = None, memory: DeviceMemory | None = None,
+                  heads: str = "none") -> Batching:
     """--batch-size auto's batching (the module's docstring). ``tokens_asked``: --batch-tokens, a cap on the token
-    budget found on CUDA. ``memory``: the device's memory readings (a test injects a fake)."""
+    budget found on CUDA. ``memory``: the device's memory readings (a test injects a fake). ``heads``: the per-head
+    attention kept (plan.heads), measured with the rest."""
     device = next(lm.model.parameters()).device
     if not len(tok) or (device.type != "cuda" and cpu_budget_mb is None):
         return Batching(CPU_AUTO_BATCH_SIZE, default_tokens, f"fixed on {device.type}")
@@ -166,7 +168,7 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
         # the confirming batch (with part budgets) runs each part-wise method on one part: the others repeat it
         launch_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), rows.take([longest] * size),
                      target_mode, num_labels, matrices, Timings(), [n] * size, part_tokens, probe,
-                     first_part_only=part_tokens is not None).result()
+                     first_part_only=part_tokens is not None, heads=heads).result()
 
     if device.type != "cuda":
         return _cpu_batching(run, cpu_budget_mb, limit, n, tokens_asked, device)

@@ -74,12 +74,14 @@ class Timings:
 @dataclass
 class BatchOutput:
     """One batch's results as numpy arrays, padded: per method its arrays (scores [B, n], layer_scores [B, V, n],
-    matrices [B, L, n, n], class_scores [B, C, n]) and per-example values [B], and the task's outcome (the
-    prediction, its probabilities, the explained position and output, target and foil tokens, spans)."""
+    matrices [B, L, n, n], class_scores [B, C, n]) and per-example values [B], the task's outcome (the
+    prediction, its probabilities, the explained position and output, target and foil tokens, spans), and under
+    --heads the per-head attention ([B, L, H, n, n], or the explained row [B, L, H, n])."""
 
     results: dict[str, dict[str, np.ndarray]]
     values: dict[str, dict[str, np.ndarray]]
     outcome: Outcome
+    heads: np.ndarray | None = None
 
 
 class PendingBatch:
@@ -87,8 +89,10 @@ class PendingBatch:
     ``result()`` waits for them, once, and adds the batch's stage seconds to the timings."""
 
     def __init__(self, results: dict, values: dict, outcome: Outcome, stopwatch: Stopwatch, timings: Timings,
-                 device: torch.device):
+                 device: torch.device, heads: torch.Tensor | None = None):
         tensors = {("results", m, k): t for m, res in results.items() for k, t in res.items()}
+        if heads is not None:
+            tensors[("heads",)] = heads
         tensors.update({("values", m, k): t for m, vals in values.items() for k, t in vals.items()})
         fields = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)}
         tensors.update({("outcome", k): v for k, v in fields.items() if isinstance(v, torch.Tensor)})
@@ -104,7 +108,7 @@ class PendingBatch:
                                for part, names in zip(("results", "values"), self._names))
             outcome = Outcome(**{**self._outcome, **{k[1]: v for k, v in host.items() if k[0] == "outcome"}})
             self._timings.add(self._stopwatch.seconds())
-            self._out = BatchOutput(results=results, values=values, outcome=outcome)
+            self._out = BatchOutput(results=results, values=values, outcome=outcome, heads=host.get(("heads",)))
         return self._out
 
 
@@ -121,17 +125,18 @@ class Probe:
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
               target_mode: str, num_labels: int, matrices: str, timings: Timings,
-              lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None) -> BatchOutput:
+              lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None,
+              heads: str = "none") -> BatchOutput:
     """The forward pass and every method on one batch, its results on the host (``launch_batch``, waited for)."""
     return launch_batch(lm, methods, enc, rows, target_mode, num_labels, matrices, timings, lengths,
-                        part_tokens).result()
+                        part_tokens, heads=heads).result()
 
 
 @torch.no_grad()
 def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
                  target_mode: str, num_labels: int, matrices: str, timings: Timings,
                  lengths: Sequence[int] | None = None, part_tokens: Mapping[str, int] | None = None,
-                 probe: Probe | None = None, first_part_only: bool = False) -> PendingBatch:
+                 probe: Probe | None = None, first_part_only: bool = False, heads: str = "none") -> PendingBatch:
     """Queue the forward pass and every method on one batch, and the copies of its results to the host; nothing here
     waits for the device. ``rows``: what the task read of these examples. A task with several explained outputs (qa:
     start and end) runs every method once per output and adds the maps. ``matrices`` (--matrices): none, cls (only
@@ -141,11 +146,14 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     ``part_tokens[name]`` padded tokens where given; the methods of one cut run part by part, each part's capture
     freed before the next is cut. ``probe``: called around every stage (the auto batch size measures memory so);
     ``first_part_only``: such methods run their first part only (auto's confirming batch: each further part needs
-    the same memory again, and time the confirmation would waste)."""
+    the same memory again, and time the confirmation would waste). ``heads`` (plan.heads): the per-head attention
+    kept beside the methods' results, none, cls (the explained row, cut on the device) or all."""
     device = enc["input_ids"].device
     probe = probe or Probe()
     clock = Stopwatch(device)
     needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
+    if heads != "none":
+        needs |= {"attentions"}
     probe.begin("forward")
     t0 = clock.now()
     cap = lm.adapter.capture(enc, needs)
@@ -160,6 +168,7 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     kept_row = outcome.explain_pos if isinstance(outcome.explain_pos, torch.Tensor) else long_tensor(
         outcome.explain_pos, device)
     cap.output = None  # a language model's [B, n, V] logits are not kept while the methods run
+    kept_heads = None if heads == "none" else _kept_heads(cap, heads, kept_row)
     B, n = enc["input_ids"].shape
     whole = [(slice(0, B), n)]
     cuts: dict[tuple, list[tuple[slice, int]]] = {}  # (exponent, part tokens) -> the batch's parts (rows, tokens)
@@ -195,7 +204,17 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
             outs, vals = zip(*(_joined(p, B, n, matrices) for p in pieces[g]))
             results[g] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
             values[g] = {k: _added([v[k] for v in vals]) for k in vals[0]}
-    return PendingBatch(results, values, outcome, clock, timings, device)
+    return PendingBatch(results, values, outcome, clock, timings, device, kept_heads)
+
+
+def _kept_heads(cap: Captured, heads: str, kept_row: torch.Tensor) -> torch.Tensor:
+    """The model's attention probabilities per head as the store keeps them: [B, L, H, n, n] (all, a view of the
+    capture, which the methods only read) or the explained row [B, L, H, n] (cls)."""
+    att = cap.stack("attentions").transpose(0, 1)  # [B, L, H, n, n]
+    if heads == "all":
+        return att
+    B, L, H, _, n = att.shape
+    return att.gather(3, kept_row.view(B, 1, 1, 1, 1).expand(B, L, H, 1, n)).squeeze(3)
 
 
 def _compute(m: Method, cap: Captured, adapter, target: torch.Tensor, target_mode: str, num_labels: int,

@@ -33,6 +33,7 @@ class RunPlan:
     output: str  # the store's path
     pos_self: str  # exclude | count (head statistics)
     method_params: MappingProxyType  # method name -> its parameters (method_params)
+    heads: str = "none"  # per-head attention kept per example: none, cls (explained row) or all (--heads, --matrices)
 
 
 def make_plan(cfg: RunConfig) -> RunPlan:
@@ -50,7 +51,8 @@ def make_plan(cfg: RunConfig) -> RunPlan:
         cfg=cfg, method_names=tuple(method_names), every_method=cfg.methods.strip() == "all",
         target_mode=cfg.target or preset.get("target", "predicted"), dataset=dataset, output=output,
         pos_self=cfg.pos_self or preset.get("pos_self", "exclude"),
-        method_params=MappingProxyType({name: method_params(name, cfg) for name in method_names}))
+        method_params=MappingProxyType({name: method_params(name, cfg) for name in method_names}),
+        heads=cfg.matrices if cfg.heads else "none")
 
 
 def method_params(name: str, cfg: RunConfig) -> dict:
@@ -70,6 +72,9 @@ def method_params(name: str, cfg: RunConfig) -> dict:
 def check_options(cfg: RunConfig) -> None:
     if cfg.resume and cfg.overwrite:
         raise UsageError("--resume and --overwrite exclude each other: pick one")
+    if cfg.heads and cfg.matrices == "none":
+        raise UsageError("--heads stores the attention as --matrices says, and --matrices none keeps nothing: use "
+                         "--matrices cls (the explained row) or all")
     for opt in declared_options():
         if opt.check is not None and (err := opt.check(opt.flag, getattr(cfg, opt.name))) is not None:
             raise err

@@ -163,7 +163,8 @@ def _create_writer(plan: RunPlan, loaded: Loaded, layouts, provenance, head_mask
     return StoreWriter.create(plan.output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
                               labels=lm.task.labels(lm.info["id2label"]), methods=layouts, provenance=provenance,
                               attrs=attrs, head_masks=list(head_masks), evidence=has_evidence(plan, loaded),
-                              task={"name": lm.task.name, "options": dict(lm.task.options)})
+                              task={"name": lm.task.name, "options": dict(lm.task.options)}, heads=plan.heads,
+                              heads_dtype=plan.cfg.store_dtype)
 
 
 def has_evidence(plan: RunPlan, loaded: Loaded) -> bool:
@@ -205,9 +206,9 @@ def check_resume(before: dict, now: dict, output: str) -> None:
 def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
              convert_ids_to_tokens, task_rows: TaskRows | None = None) -> list[ExampleData]:
     """The batch's examples as the store keeps them: every array a view of the batch's, cut to the example's tokens
-    (under --matrices cls the batch's matrices hold the explained row only), the tokens' ids, strings, spans and segments views of the
-    window's flat arrays, evidence spans turned into a per-token flag, the task's outcome with the words of its target
-    and foil tokens. ``batch``: rows of ``records`` and ``tok``."""
+    (under --matrices cls the batch's matrices and heads hold the explained row only), the tokens' ids, strings, spans
+    and segments views of the window's flat arrays, evidence spans turned into a per-token flag, the task's outcome
+    with the words of its target and foil tokens. ``batch``: rows of ``records`` and ``tok``."""
     o = out.outcome
     rows = np.asarray(batch, dtype=np.int64)
     n, starts = tok.lengths[rows].tolist(), tok.starts[rows].tolist()
@@ -231,6 +232,9 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
                 d["class_scores"] = res["class_scores"][b, :, :k]
             d["example_values"] = {key: v[b] for key, v in values[name].items()}
             per[name] = d
+        heads = None
+        if out.heads is not None:  # [B, L, H, n, n], or [B, L, H, n]: the explained row
+            heads = out.heads[b, :, :, :k, :k] if out.heads.ndim == 5 else out.heads[b, :, :, :k]
         spans, segment = tok.flat_spans[s:s + k], tok.flat_segments[s:s + k]
         evidence = None
         if r.evidence is not None:  # tokens overlapping an evidence span of their own segment
@@ -243,8 +247,8 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
             tokens=tokens[s:s + k] if tokens is not None else convert_ids_to_tokens(tok.input_ids[i]), spans=spans,
             segment=segment, label=r.label, pred=outcome["pred"][b], probs=probs[b], target=outcome["target"][b],
             explain_pos=pos, n_orig_tokens=tok.n_orig[i], truncated=tok.n_orig[i] > k, results=per,
-            evidence=evidence, target_token=target_token, foil_token=foil_token, span_end=outcome["span_end"][b],
-            pred_end=outcome["pred_end"][b], output=outcome["output"][b], gold_value=gold[b],
+            evidence=evidence, heads=heads, target_token=target_token, foil_token=foil_token,
+            span_end=outcome["span_end"][b], pred_end=outcome["pred_end"][b], output=outcome["output"][b], gold_value=gold[b],
             task_info=_task_info(target_token, foil_token, outcome["pred"][b],
                                  None if task_rows is None else task_rows.info[i], convert_ids_to_tokens)))
     return examples

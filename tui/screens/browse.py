@@ -47,6 +47,7 @@ class BrowseScreen(Screen[None]):
         Binding("l", "toggle_strip", "layer strip", id="strip", show=False),
         Binding("c", "app.compare", "compare", id="compare"),
         Binding("x", "app.matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
+        Binding("a", "app.attention", "attention", id="attention", show=False),  # likewise
         Binding("e", "app.export", "export figure", id="export", show=False),
         Binding("s", "normalisation", "scale", id="normalisation", show=False),
         Binding("slash", "search", "search", id="search", show=False),

@@ -19,7 +19,7 @@ KEYS = (
     ("]  [", "next / previous layer", "Home End", "first / last example"),
     ("m  M", "next / previous method", "g  l", "glyphs, layer strip"),
     ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
-    ("h", "head masks (m mask, arrows)", "f", "metrics (p: curves)"),
+    ("h  a", "head masks / attention", "f", "metrics (p: curves)"),
     ("c", "compare methods", "x", "token-to-token matrix"),
     ("e", "figure: SVG, TeX, HTML", "s", "scale: view/ex./store"),
     ("/  n N", "search texts, next / prev.", "r", "reset sort and filter"),
