@@ -145,3 +145,16 @@ def test_one_bar_for_one_scale_and_the_page_escapes_its_title():
     ET.fromstring(page.split("\n", 1)[1])  # after the doctype: a well-formed document
     assert "<title>" + "&lt;script&gt;alert(1)&lt;/script&gt;\\u001b[31m\\nx\\u0000</title>" in page
     assert "n&lt;o&gt;te" in page
+
+
+def test_ipython_displays_them_as_html(tmp_path):
+    """Jupyter's kernel asks IPython's display formatter for a cell's value: it finds the HTML views."""
+    pytest.importorskip("IPython", reason="needs IPython (pip install 'attrscope[test]')")
+    from IPython.core.formatters import DisplayFormatter
+
+    hostile_store(tmp_path / "s.h5", n_examples=2)
+    with open_store(tmp_path / "s.h5") as s:
+        fmt = DisplayFormatter()
+        for value, view in ((s, s._repr_html_()), (s[1], s[1]._repr_html_())):
+            data, _ = fmt.format(value)
+            assert data["text/html"] == view and data["text/plain"] == repr(value)

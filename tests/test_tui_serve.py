@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
                                 reason="no chromium/chromedriver (apt-get install chromium chromium-driver)")
 
 ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOT = "/tmp/serve_screenshot.png"
+SCREENSHOT = "ATTRSCOPE_SERVE_SCREENSHOT"  # where to keep the page's screenshot (a PNG), if set
 
 # Before the page's own scripts: keep every binary websocket message (the app's output) and the size the page asks.
 HOOK = """
@@ -125,6 +125,7 @@ class Page:
 
 
 def test_serve_in_headless_chromium(tmp_path):
+    """ATTRSCOPE_SERVE_SCREENSHOT=FILE.png keeps the screenshot of the first example."""
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -158,9 +159,13 @@ def test_serve_in_headless_chromium(tmp_path):
         words = [t for t in tokens if t.isascii() and "[" not in t]
         first = page.wait(lambda t: f"1/{n}" in t and all(w in t for w in words) and "[SEP]" in t, 30)
         assert f"1/{n}" in first and ids[0] in first and all(w in first for w in words), first
+        # focused, as a user's click makes it: Textual shows the footer's keys only then
+        driver.execute_script("document.querySelector('.xterm-helper-textarea').focus()")
+        assert "q quit" in page.wait(lambda t: "q quit" in t.splitlines()[-1], 15).splitlines()[-1]
         apps = _children(server.pid)
         assert apps, "no app process for the tab"
-        driver.save_screenshot(SCREENSHOT)
+        shot = os.environ.get(SCREENSHOT) or str(tmp_path / "page.png")
+        assert driver.save_screenshot(shot) and Path(shot).read_bytes().startswith(b"\x89PNG")
         driver.find_element("css selector", ".xterm-helper-textarea").send_keys("j")  # a key typed into the page
         second = page.wait(lambda t: f"2/{n}" in t and ids[1] in t, 15)
         assert f"2/{n}" in second and ids[1] in second, second

@@ -14,6 +14,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+APP_QUIT_SECONDS = 5  # a tab's app that has not quit this long after it was asked is killed
+
 
 def app_command(store: str, color: str, colormap: str) -> str:
     """The shell command that runs the app of one tab: this interpreter, the ``tui`` package this process imported
@@ -28,12 +30,39 @@ def serve(store: str, host: str, port: int, *, color: str, colormap: str, debug:
           listening: Callable[[str], None]) -> None:
     """Serve the app until SIGINT or SIGTERM. ``listening`` is called with the URL once the port is bound.
     Raises OSError when the address cannot be bound."""
+    import textual_serve.server
     from aiohttp import web
+    from textual_serve.app_service import AppService
     from textual_serve.server import Server
+
+    running: set[AppService] = set()
+
+    class _App(AppService):
+        """A tab's app that the server can stop, and that is reaped when stopped (textual-serve leaves the
+        process to the event loop, which may close first: a warning, or a process outliving the server)."""
+
+        async def start(self, width: int, height: int) -> None:
+            await super().start(width, height)
+            running.add(self)
+
+        async def stop(self) -> None:
+            await super().stop()  # asks the app to quit, waits for its output to end
+            if self._process is not None:
+                try:
+                    await asyncio.wait_for(self._process.wait(), APP_QUIT_SECONDS)
+                except asyncio.TimeoutError:
+                    self._process.kill()
+                    await self._process.wait()
+            running.discard(self)
+
+    textual_serve.server.AppService = _App  # the class its websocket handler instantiates (this process serves)
 
     class _Server(Server):
         async def on_startup(self, app) -> None:  # textual-serve's banner: the URL is said once bound, below
             pass
+
+        async def on_shutdown(self, app) -> None:  # before the open tabs' handlers are cancelled
+            await asyncio.gather(*(service.stop() for service in list(running)), return_exceptions=True)
 
         async def handle_index(self, request):
             # The page's websocket URL from the address the browser used (an SSH tunnel's local port, a host
