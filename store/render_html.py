@@ -68,6 +68,11 @@ def example_figure(example, methods: list[str] | None = None, cmap: str = DEFAUL
     names = list(store.methods if methods is None else methods)
     rows = [(m, normalize(example.scores(m), store.is_signed(m))) for m in names]
     note = f"{os.path.basename(store.path)} · example {example.index}"
+    if store.task_name == "classification":
+        names = store.labels
+        if example.label is not None:
+            note += f" · label {names.get(example.label, example.label)}"
+        note += f" · pred {names.get(example.pred, example.pred)}"
     return Figure(example.id, example.tokens, rows, example.explain_pos, note, cmap)
 
 
@@ -86,5 +91,5 @@ def store_html(store, examples: int = STORE_VIEW_EXAMPLES, cmap: str = DEFAULT_C
     shown = min(len(store), max(examples, 0))
     head = (f'<div style="font-family:monospace"><p><b>{_text(os.path.basename(store.path))}</b> '
             f"{_text(' · '.join(facts))}</p>\n<p>methods: {_text(methods or 'none')}</p>\n"
-            f"<p>the first {shown} of {len(store)} examples:</p>\n")
+            + (f"<p>the first {shown} of {len(store)} examples:</p>\n" if shown else "<p>no examples yet</p>\n"))
     return head + "\n".join(example_html(store[i], cmap=cmap) for i in range(shown)) + "\n</div>"

@@ -59,7 +59,7 @@ def hostile_store(path, n_examples=1):
     rng = np.random.default_rng(3)
     methods = [MethodLayout("rollout", signed=False, description="attention rollout"),
                MethodLayout("<i>signed</i>\x1b", signed=True, description="hostile name")]
-    w = StoreWriter.create(str(path), n_layers=2, n_heads=2, labels={0: "neg", 1: "pos"}, methods=methods,
+    w = StoreWriter.create(str(path), n_layers=2, n_heads=2, labels={0: "neg", 1: "<u>pos</u>\x07"}, methods=methods,
                            provenance={"model": "synthetic"}, attrs={"model_id": "<b>model</b>"})
     n = len(TOKENS)
     exs = []
@@ -100,7 +100,7 @@ def test_example_repr_html_escapes_and_colours_as_the_tui(tmp_path):
     assert set(p.tags) <= TAGS and p.tags.count("b") == 1  # the id's <script> and the names' <i>/<b> are text
     title = next(d for d in p.data if "alert" in d)
     assert title == printable(HOSTILE_ID)  # '<script>alert(1)</script>\\u001b[31m\\nx\\u0000'
-    assert "s.h5 · example 0" in "".join(p.data)
+    assert "s.h5 · example 0 · label <u>pos</u>\\u0007 · pred <u>pos</u>\\u0007" in "".join(p.data)
     rows = [_parse(r) for r in re.findall(r"<tr>.*?</tr>", out)]
     assert len(rows) == 4  # each method's row, then its colour bar: their scales differ
     shown = ["▸[CLS]", "<script>", "a\\u0007b", "&amp;", "\\u202eevil", "un", "bel", "[SEP]"]
@@ -158,3 +158,17 @@ def test_ipython_displays_them_as_html(tmp_path):
         for value, view in ((s, s._repr_html_()), (s[1], s[1]._repr_html_())):
             data, _ = fmt.format(value)
             assert data["text/html"] == view and data["text/plain"] == repr(value)
+
+
+def test_store_repr_html_of_a_store_being_written(tmp_path):
+    w = StoreWriter.create(str(tmp_path / "w.h5"), n_layers=2, n_heads=2, labels={0: "neg", 1: "pos"},
+                           methods=[MethodLayout("rollout", signed=False)], provenance={"model": "m"})
+    try:
+        with open_store(tmp_path / "w.h5") as s:
+            out = s._repr_html_()
+    finally:
+        w.close(complete=False)
+    ET.fromstring(out)
+    text = "".join(_parse(out).data)
+    assert "0 examples · incomplete (being written, or stopped) · classification" in text
+    assert "methods: rollout (non-negative)" in text and "no examples yet" in text
