@@ -6,6 +6,7 @@ by a hook in the page and read back through a terminal emulator (pyte), the way 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import shutil
@@ -78,6 +79,18 @@ def _children(pid: int) -> list[int]:
                     kids.append(int(entry.name))
                     todo.append(int(entry.name))
     return kids
+
+
+def _handshake(port: int, origin: str, host: str) -> int:
+    """The status of a websocket handshake to the server's /ws as a browser page of ``origin`` sends it."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        c.request("GET", "/ws", headers={"Host": host, "Origin": origin, "Connection": "Upgrade",
+                                         "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                                         "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode()})
+        return c.getresponse().status
+    finally:
+        c.close()
 
 
 def _alive(pid: int) -> bool:
@@ -176,6 +189,11 @@ def test_serve_in_headless_chromium(tmp_path):
         index = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Host": "localhost:9000"})
         with urllib.request.urlopen(index, timeout=10) as r:
             assert 'data-session-websocket-url="ws://localhost:9000/ws"' in r.read().decode()
+        # a page of another site (or one that points its name at 127.0.0.1) may not open an app
+        for origin, host in (("http://evil.example", f"127.0.0.1:{port}"),
+                             (f"http://evil.example:{port}", f"evil.example:{port}")):
+            assert _handshake(port, origin, host) == 403
+        assert _children(server.pid) == apps  # no app started for them
     finally:
         os.killpg(server.pid, signal.SIGINT)  # as Ctrl-C in the server's terminal, with the tab still open
         try:
@@ -220,3 +238,17 @@ def test_serve_reports_a_taken_port_in_one_line(tmp_path):
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"attr-tui: error: cannot listen on 127.0.0.1:{port}: ")
     assert r.stderr.rstrip().endswith("choose another --port or --host")
+
+
+def test_only_the_servers_own_page_opens_an_app():
+    from tui.serve import tab_allowed
+
+    assert tab_allowed(None, "127.0.0.1:8000", loopback_only=True)  # no Origin: no browser page
+    for origin, host in (("http://127.0.0.1:8000", "127.0.0.1:8000"), ("http://localhost:9000", "localhost:9000"),
+                         ("http://[::1]:8000", "[::1]:8000")):
+        assert tab_allowed(origin, host, loopback_only=True), origin
+    for origin, host in (("http://evil.example", "127.0.0.1:8000"), ("null", "127.0.0.1:8000"),
+                         ("http://127.0.0.1:8001", "127.0.0.1:8000"), ("http://evil.example:8000", "evil.example:8000")):
+        assert not tab_allowed(origin, host, loopback_only=True), origin
+    assert tab_allowed("http://box.lan:8000", "box.lan:8000", loopback_only=False)  # --host 0.0.0.0: its own name
+    assert not tab_allowed("http://evil.example", "box.lan:8000", loopback_only=False)

@@ -8,13 +8,31 @@ connects to the page over a websocket. SIGINT/SIGTERM stop the server, which clo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
 import sys
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 APP_QUIT_SECONDS = 5  # a tab's app that has not quit this long after it was asked is killed
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def tab_allowed(origin: str | None, host: str, *, loopback_only: bool) -> bool:
+    """Whether a websocket may start an app. A browser names the page that opens one (Origin): any web site the
+    user visits could otherwise open ws://127.0.0.1:PORT/ws and read the store through the app, so the page must be
+    this server's own (same host and port as the request's Host). Served on a loopback address, the Host must be a
+    loopback name too, or a site that points its own name at 127.0.0.1 (DNS rebinding) would pass. A client
+    without Origin is no browser page."""
+    if origin is None:
+        return True
+    if urlsplit(origin).netloc != host:
+        return False
+    return not loopback_only or urlsplit("//" + host).hostname in LOOPBACK
 
 
 def app_command(store: str, color: str, colormap: str) -> str:
@@ -51,7 +69,8 @@ def serve(store: str, host: str, port: int, *, color: str, colormap: str, debug:
                 try:
                     await asyncio.wait_for(self._process.wait(), APP_QUIT_SECONDS)
                 except asyncio.TimeoutError:
-                    self._process.kill()
+                    with contextlib.suppress(ProcessLookupError):
+                        self._process.kill()
                     await self._process.wait()
             running.discard(self)
 
@@ -63,6 +82,11 @@ def serve(store: str, host: str, port: int, *, color: str, colormap: str, debug:
 
         async def on_shutdown(self, app) -> None:  # before the open tabs' handlers are cancelled
             await asyncio.gather(*(service.stop() for service in list(running)), return_exceptions=True)
+
+        async def handle_websocket(self, request):
+            if not tab_allowed(request.headers.get("Origin"), request.host, loopback_only=host in LOOPBACK):
+                raise web.HTTPForbidden(text="attr-tui: a page of another site may not open this app\n")
+            return await super().handle_websocket(request)
 
         async def handle_index(self, request):
             # The page's websocket URL from the address the browser used (an SSH tunnel's local port, a host
