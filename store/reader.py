@@ -25,6 +25,7 @@ from . import schema
 from .errors import StoreError
 from .attrs import read_attrs
 from .integrity import damaged, open_for_reading
+from .render_html import example_html, store_html
 from .scale import ScaleAccumulator, ViewScale
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
@@ -696,6 +697,10 @@ class Store:
     def __repr__(self) -> str:
         return f"<Store {self.path!r}: {len(self)} examples, methods {self.methods}>"
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: the store's facts and its first examples (store/render_html.py)."""
+        return store_html(self)
+
 
 def _layout_ok(m) -> bool:
     """A method layout as the writer records it (a damaged JSON attribute may parse but lack or twist a field)."""
@@ -728,6 +733,10 @@ class Example:
         self._row = row
         self.n_tokens = int(row["n_tokens"])
         self._tok = slice(int(row["tok_off"]), int(row["tok_off"]) + self.n_tokens)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: every method's tokens coloured as the TUI and its exported figures colour them."""
+        return example_html(self)
 
     # metadata ------------------------------------------------------------------
     def _string(self, path: str, key: str, what: str) -> str | None:

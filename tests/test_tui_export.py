@@ -52,7 +52,7 @@ def test_html_parses_and_escapes():
     p.feed(out)
     assert p.tags.count("b") == 1  # only the title's <b>: the token "<b>&" is text
     assert "<b>&" in "".join(p.data) and "{50%}" in "".join(p.data)
-    assert out.count("<tr>") == 3  # two methods and the colour bar
+    assert out.count("<tr>") == 4  # two methods, each followed by its colour bar (their scales differ)
 
 
 def test_latex_structure():

@@ -12,6 +12,24 @@ from store import StoreError, open_store
 from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES
 
 
+#: Where --serve listens by default: this machine only (reach it from another through an SSH tunnel).
+SERVE_HOST, SERVE_PORT = "127.0.0.1", 8000
+
+
+def _serve(store: str, host: str, port: int, color: str, colormap: str, debug: bool) -> None:
+    from .serve import serve
+
+    def listening(url: str) -> None:
+        click.echo(f"attr-tui: serving {store} on {url} (Ctrl-C stops it)", err=True)
+
+    try:
+        serve(store, host, port, color=color, colormap=colormap, debug=debug, listening=listening)
+    except OSError as err:  # the address is taken, or not this machine's
+        if debug:
+            raise
+        _fail(f"cannot listen on {host}:{port}: {err.strerror or err}; choose another --port or --host")
+
+
 def _fail(message: str) -> None:
     one_line = " ".join(message.split())  # HDF5 messages may carry line breaks
     click.echo(f"attr-tui: error: {one_line}", err=True)
@@ -26,10 +44,17 @@ def _fail(message: str) -> None:
 @click.option("--colormap", type=click.Choice(tuple(COLORMAPS)), default=DEFAULT_COLORMAP, show_default=True,
               help="dark: black at zero (dark terminals); light: white at zero (light terminals, as in papers). "
                    "The palette switches it too.")
+@click.option("--serve", is_flag=True,
+              help="Serve the app to a web browser (one app per tab) instead of running it in this terminal.")
+@click.option("--host", metavar="H", help=f"With --serve: the address to listen on  [default: {SERVE_HOST}].")
+@click.option("--port", metavar="P", type=click.IntRange(1, 65535),
+              help=f"With --serve: the port to listen on  [default: {SERVE_PORT}].")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
-def main(store: str, color: str, colormap: str, debug: bool) -> None:
+def main(store: str, color: str, colormap: str, serve: bool, host: str | None, port: int | None,
+         debug: bool) -> None:
     """Browse the token attributions in STORE.h5 (written by attr-compute; it may still be writing)."""
-    from .app import create_app  # after argument parsing: `attr-tui --help` stays fast
+    if not serve and (host is not None or port is not None):
+        raise click.UsageError("--host and --port go with --serve")
 
     try:
         with warnings.catch_warnings():  # a newer-format note is shown inside the app (Store.warnings)
@@ -43,6 +68,12 @@ def main(store: str, color: str, colormap: str, debug: bool) -> None:
         if debug:
             raise
         _fail(f"cannot open '{store}': {type(err).__name__}: {err}")
+    if serve:  # the store opened: each tab's app opens it again
+        s.close()
+        _serve(store, host or SERVE_HOST, port or SERVE_PORT, color, colormap, debug)
+        return
+    from .app import create_app  # after argument parsing: `attr-tui --help` stays fast
+
     try:
         app = create_app(s, color_mode=color, colormap=colormap)
         app.run()

@@ -1,9 +1,10 @@
-"""Colour scales and the glyph ramp: pure functions from scores to rich styles (no Textual, no HDF5).
+"""Colour scales and the glyph ramp: pure functions from scores to rich styles (no Textual).
 
-Scores are first normalised per view (:func:`normalize`): signed methods to [-1, 1] by the largest |score| (so 0
-stays in the middle of a diverging scale), non-negative methods to [0, 1] between the smallest and the largest score.
-A normalised value then maps to a background colour (:func:`background`) in the terminal's colour mode, or, where
-colour is not available (NO_COLOR), to a glyph of the ramp :data:`GLYPHS` plus a sign mark (:func:`sign_mark`).
+Scores are first normalised per view (:func:`normalize`, from store/palette.py with the colormaps and their RGB,
+which the notebooks' HTML shares): signed methods to [-1, 1] by the largest |score| (so 0 stays in the middle of a
+diverging scale), non-negative methods to [0, 1] between the smallest and the largest score. A normalised value then
+maps to a background colour (:func:`background`) in the terminal's colour mode, or, where colour is not available
+(NO_COLOR), to a glyph of the ramp :data:`GLYPHS` plus a sign mark (:func:`sign_mark`).
 
 The colour ramps (:data:`COLORMAPS`) are runs of xterm-256 palette entries: in 256-colour mode (SSH does not
 forward COLORTERM) a value maps to one entry exactly, in truecolor mode it is interpolated between them, in 16-colour
@@ -13,12 +14,15 @@ at 0; negative values are blue to cyan, positive ones red to yellow. The "light"
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from rich.color import Color
 from rich.style import Style
+
+# The scales as numbers are store/'s (its HTML views colour tokens without rich); this module re-exports them.
+from store.palette import COLORMAPS, DEFAULT_COLORMAP, Scale, format_score, normalize, normalize_within, rgb
+from store.palette import lightness as rgb_lightness
 
 Mode = Literal["truecolor", "256", "16", "mono"]
 MODES: tuple[str, ...] = ("truecolor", "256", "16", "mono")
@@ -31,42 +35,6 @@ NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example":
 #: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
 GLYPHS = " ░▒▓█"
 
-@dataclass(frozen=True)
-class Colormap:
-    """A diverging pair of ramps, each from the value 0 to the largest magnitude: ``warm`` for non-negative values
-    and positive signed ones, ``cold`` for negative ones, as xterm-256 entries (256-colour mode maps a value to one
-    entry; truecolor interpolates between their RGB) and as standard 16-colour entries (bucketed). Lightness moves
-    monotonically away from the zero colour along every ramp."""
-
-    name: str
-    description: str
-    warm_256: tuple[int, ...]
-    cold_256: tuple[int, ...]
-    warm_16: tuple[int, ...]
-    cold_16: tuple[int, ...]
-
-    def rgb(self, cold: bool) -> np.ndarray:
-        return _RGB[(self.name, cold)]
-
-
-COLORMAPS: dict[str, Colormap] = {c.name: c for c in (
-    # Black at zero, brighter with |value| (CIE lightness matches between the ramps within a few units): a token
-    # without attribution is not highlighted on a dark terminal.
-    Colormap("dark", "black at zero: red to yellow +, blue to cyan -",
-             (16, 52, 88, 124, 160, 196, 202, 208, 214, 220, 226), (16, 18, 19, 20, 21, 27, 33, 39, 45, 51, 159),
-             (8, 1, 9, 3, 11), (8, 4, 12, 6, 14)),
-    # White at zero, darker and more saturated with |value|, as attributions are printed in papers (and as a light
-    # terminal theme wants them).
-    Colormap("light", "white at zero: to red +, to blue -",
-             (231, 224, 217, 210, 203, 196, 160, 124, 88), (231, 189, 117, 111, 69, 33, 27, 21, 19),
-             (15, 11, 9, 1), (15, 14, 6, 4)),
-)}
-DEFAULT_COLORMAP = "dark"
-_RGB = {(c.name, cold): np.array([Color.from_ansi(i).get_truecolor() for i in (c.cold_256 if cold else c.warm_256)],
-                                 dtype=np.float64)
-        for c in COLORMAPS.values() for cold in (False, True)}
-
-
 def detect_mode(no_color: bool, color_system: str | None) -> Mode:
     """The display mode for a terminal, from NO_COLOR and the colour system rich detected from the environment
     (``console.color_system``: "truecolor" with COLORTERM=truecolor, "256" for TERM=*-256color, ...)."""
@@ -77,46 +45,6 @@ def detect_mode(no_color: bool, color_system: str | None) -> Mode:
     if color_system == "256":
         return "256"
     return "16"
-
-
-@dataclass(frozen=True)
-class Scale:
-    """Normalised scores of one view. ``values`` lie in [-1, 1] (signed) or [0, 1]; ``lo``/``hi`` are the scores
-    at the ends of the scale (-M and +M for signed views, min and max otherwise)."""
-
-    values: np.ndarray
-    lo: float
-    hi: float
-    signed: bool
-
-
-def normalize(scores: np.ndarray, signed: bool) -> Scale:
-    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale."""
-    s = np.asarray(scores, dtype=np.float64)
-    finite = np.isfinite(s)
-    s = np.where(finite, s, 0.0)
-    if signed:
-        m = float(np.abs(s[finite]).max()) if finite.any() else 0.0
-        values = s / m if m > 0 else np.zeros_like(s)
-        return Scale(np.clip(values, -1.0, 1.0), -m, m, True)
-    lo = float(s[finite].min()) if finite.any() else 0.0
-    hi = float(s[finite].max()) if finite.any() else 0.0
-    values = (s - lo) / (hi - lo) if hi > lo else np.zeros_like(s)
-    return Scale(np.clip(values, 0.0, 1.0), lo, hi, False)
-
-
-def normalize_within(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
-    """Normalise ``values`` on a scale with given ends: [lo, hi] (non-negative) or [-hi, hi] (signed), each end its
-    own range where None. Used for scales wider than one view: a whole example, or the whole store."""
-    x = np.nan_to_num(np.asarray(values, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    if signed:
-        big = float(np.abs(x).max()) if hi is None and x.size else float(hi or 0.0)
-        v = x / big if big > 0 else np.zeros_like(x)
-        return Scale(np.clip(v, -1, 1), -big, big, True)
-    lo = float(x.min()) if lo is None and x.size else float(lo or 0.0)
-    hi = float(x.max()) if hi is None and x.size else float(hi or 0.0)
-    v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-    return Scale(np.clip(v, 0, 1), lo, hi, False)
 
 
 def top_k(scores: np.ndarray, signed: bool, k: int) -> set[int]:
@@ -168,24 +96,12 @@ def background(value: float, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Color 
     if mode == "256":
         ramp = c.cold_256 if cold else c.warm_256
         return Color.from_ansi(ramp[_level(v, len(ramp))])
-    rgb = c.rgb(cold)
-    x = min(abs(v), 1.0) * (len(rgb) - 1)
-    i = min(int(x), len(rgb) - 2)
-    mix = rgb[i] + (rgb[i + 1] - rgb[i]) * (x - i)
-    r, g, b = (int(round(c)) for c in mix)
-    return Color.from_rgb(r, g, b)
+    return Color.from_rgb(*rgb(v, cmap))
 
 
 def lightness(color: Color) -> float:
     """CIE L* (0 black .. 100 white) of a colour: how bright it looks."""
-
-    def linear(c: float) -> float:
-        c /= 255.0
-        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
-
-    r, g, b = (linear(c) for c in color.get_truecolor())
-    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
-    return 116.0 * y ** (1.0 / 3.0) - 16.0 if y > 0.008856 else 903.3 * y
+    return rgb_lightness(color.get_truecolor())
 
 
 def token_style(value: float, mode: Mode, *, top: bool = False, cmap: str = DEFAULT_COLORMAP) -> Style:
@@ -217,10 +133,3 @@ def mask_style(value: int, mode: Mode) -> Style:
     if v <= 0:
         return Style()
     return token_style(0.6 if v == 1 else 1.0, mode) + Style(bold=True)
-
-
-def format_score(x: float) -> str:
-    """Short, fixed-looking number for the colour bar: 3 significant digits."""
-    if x == 0:
-        return "0"
-    return f"{x:.3g}"

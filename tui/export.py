@@ -1,9 +1,10 @@
 """Paper figures of one example: its tokens coloured by several methods, one line per method, with a colour bar.
 
-Three formats from one description (:class:`Figure`): SVG (standalone, opens in a browser or Inkscape), LaTeX (a
-``figure`` body of ``\\colorbox``es with ``xcolor`` colours defined once; needs ``\\usepackage{xcolor}``) and HTML
-(one self-contained file). Colours are the TUI's truecolor ramps, so the figure looks like the screen. Token text is
-escaped for each format: a token is data, never markup. Pure (no Textual, no HDF5).
+Three formats from one description (:class:`store.figure.Figure`): SVG (standalone, opens in a browser or
+Inkscape), LaTeX (a ``figure`` body of ``\\colorbox``es with ``xcolor`` colours defined once; needs
+``\\usepackage{xcolor}``) and HTML (one self-contained file, from store/render_html.py, which draws the notebooks'
+views too). Colours are the TUI's truecolor ramps, so the figure looks like the screen. Token text is escaped for
+each format: a token is data, never markup. Pure (no Textual, no HDF5).
 """
 
 from __future__ import annotations
@@ -11,44 +12,11 @@ from __future__ import annotations
 import html
 import os
 import re
-from dataclasses import dataclass
 
-import numpy as np
+from store.figure import BAR_STEPS, Figure
+from store.render_html import to_html  # one HTML renderer: the notebooks' views are the same figure
 
-from .colors import DEFAULT_COLORMAP, Scale, background, format_score, lightness
-from .render.tokens import printable
-
-BAR_STEPS = 11
-
-
-@dataclass(frozen=True)
-class Figure:
-    example_id: str
-    tokens: list[str]
-    rows: list[tuple[str, Scale]]  # (method, normalised scores), in display order
-    explained: int = -1
-    note: str = ""  # e.g. "scale per method" or the store name
-    cmap: str = DEFAULT_COLORMAP  # colors.COLORMAPS: the screen's, so the figure looks like it
-
-    def cells(self):
-        """(method, [(token text, joined to the previous, "#rrggbb" background, dark text?)]) per row."""
-        out = []
-        for name, scale in self.rows:
-            row = []
-            for i, tok in enumerate(self.tokens):
-                v = float(scale.values[i]) if i < len(scale.values) else 0.0
-                joined = i > 0 and tok.startswith("##") and len(tok) > 2
-                colour = background(v, "truecolor", self.cmap)
-                row.append((printable(tok[2:] if joined else tok), joined, colour.get_truecolor().hex if colour
-                            else "#ffffff", colour is None or lightness(colour) > 60))
-            out.append((name, row))
-        return out
-
-    def bar(self, scale: Scale) -> list[tuple[float, str]]:
-        """(value, colour) steps of the colour bar of ``scale`` from its low end to its high end."""
-        vs = np.linspace(-1.0 if scale.signed else 0.0, 1.0, BAR_STEPS)
-        return [(float(v), background(float(v), "truecolor", self.cmap).get_truecolor().hex) for v in vs]
-
+from .colors import format_score
 
 # ---------------------------------------------------------------- SVG
 _CHAR_W, _LINE_H, _FONT = 8.4, 22, 14
@@ -123,27 +91,6 @@ def to_latex(fig: Figure) -> str:
     return ("% attr-tui figure: " + tex_escape(fig.example_id) + (" (" + tex_escape(fig.note) + ")" if fig.note else "")
             + "\n% needs \\usepackage{xcolor}\n" + "\n".join(defs) + "\n\\setlength{\\fboxsep}{1pt}\n"
             + "\\begin{tabular}{@{}ll@{}}\n" + "\n".join(lines) + "\n\\end{tabular}\n")
-
-
-# ---------------------------------------------------------------- HTML
-def to_html(fig: Figure) -> str:
-    rows = []
-    for name, row in fig.cells():
-        spans = []
-        for k, (text, joined, colour, dark) in enumerate(row):
-            sep = "" if joined or not spans else " "
-            spans.append(f'{sep}<span style="background:{colour};color:{"#000" if dark else "#fff"}">'
-                         f'{html.escape(("▸" if k == fig.explained else "") + text)}</span>')
-        rows.append(f"<tr><th>{html.escape(name)}</th><td>{''.join(spans)}</td></tr>")
-    scale = fig.rows[0][1]
-    bar = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
-    rows.append(f"<tr><th></th><td class=\"bar\">{html.escape(format_score(scale.lo))} {bar} "
-                f"{html.escape(format_score(scale.hi))}</td></tr>")
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(fig.example_id)
-            + "</title><style>body{font-family:monospace} th{text-align:left;padding-right:1em} "
-            + "span{padding:1px 2px;line-height:1.9} .bar span{padding:0}</style></head><body>\n<p><b>"
-            + html.escape(fig.example_id) + "</b> " + html.escape(fig.note) + "</p>\n<table>\n" + "\n".join(rows)
-            + "\n</table>\n</body></html>\n")
 
 
 WRITERS = {"svg": to_svg, "tex": to_latex, "html": to_html}

@@ -5,7 +5,6 @@ Token text is always appended as data (``Text.append``), never parsed as markup:
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,35 +13,13 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
+from store.figure import EXPLAINED_MARK
+from store.text import printable, printable_text  # noqa: F401 (shown as the HTML views show them; re-exported)
+
 from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
 _JOIN_STYLE = Style(dim=True)
-_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def printable(token: str) -> str:
-    """A token as it is shown: control and invisible characters escaped, an all-blank token as '␣'s."""
-    if token == "":
-        return "∅"
-    if token.isspace():
-        return "␣" * len(token)
-    out = []
-    for ch in token:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def printable_text(text: str) -> str:
-    """Free text (an example's text, a label name) with line breaks and tabs kept and every other control or
-    invisible formatting character escaped, so that no data can send escape sequences to the terminal."""
-    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf") else f"\\u{ord(ch):04x}"
-                   for ch in text)
 
 
 @dataclass(frozen=True)
@@ -52,7 +29,8 @@ class TokenCell:
     joined: bool  # a "##" continuation: drawn after JOIN_MARK instead of a space
 
 
-EXPLAINED_MARK = "▸"  # before the token whose prediction is explained (a shape: it survives NO_COLOR)
+# EXPLAINED_MARK (store.figure's, imported above) goes before the token whose prediction is explained: a shape, it
+# survives NO_COLOR
 SPAN_END_MARK = "◂"  # after the last token of an explained qa answer span (EXPLAINED_MARK is before its first)
 
 

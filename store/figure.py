@@ -1,0 +1,52 @@
+"""One example's tokens coloured by several methods, one row per method: the description that every figure format
+draws (tui/export.py: SVG, LaTeX; store/render_html.py: HTML files and the notebooks' views). Colours are the TUI's
+truecolor ramps (store/palette.py), so a figure looks like the screen. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .palette import DEFAULT_COLORMAP, Scale, lightness, rgb
+from .text import printable
+
+BAR_STEPS = 11
+EXPLAINED_MARK = "▸"  # before the explained token, as on the screen
+
+
+def hex_colour(value: float, cmap: str) -> str | None:
+    """"#rrggbb" of a normalised value in ``cmap``; None for a non-finite value."""
+    c = rgb(value, cmap)
+    return None if c is None else "#%02x%02x%02x" % c
+
+
+@dataclass(frozen=True)
+class Figure:
+    example_id: str
+    tokens: list[str]
+    rows: list[tuple[str, Scale]]  # (method, normalised scores), in display order
+    explained: int = -1
+    note: str = ""  # e.g. "scale per method" or the store name
+    cmap: str = DEFAULT_COLORMAP  # palette.COLORMAPS: the screen's, so the figure looks like it
+
+    def cells(self):
+        """(method, [(token text, joined to the previous, "#rrggbb" background, dark text?)]) per row."""
+        out = []
+        for name, scale in self.rows:
+            row = []
+            for i, tok in enumerate(self.tokens):
+                v = float(scale.values[i]) if i < len(scale.values) else 0.0
+                joined = i > 0 and tok.startswith("##") and len(tok) > 2
+                colour = rgb(v, self.cmap)
+                row.append((printable(tok[2:] if joined else tok), joined,
+                            "#%02x%02x%02x" % colour if colour else "#ffffff",
+                            colour is None or lightness(colour) > 60))
+            out.append((name, row))
+        return out
+
+    def bar(self, scale: Scale) -> list[tuple[float, str]]:
+        """(value, colour) steps of the colour bar of ``scale`` from its low end to its high end."""
+        vs = np.linspace(-1.0 if scale.signed else 0.0, 1.0, BAR_STEPS)
+        return [(float(v), hex_colour(float(v), self.cmap)) for v in vs]

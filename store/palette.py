@@ -1,0 +1,137 @@
+"""Colour scales as numbers: scores normalised per view, and the colormaps' RGB colours of normalised values.
+
+Shared by the TUI (tui/colors.py turns these into terminal styles) and the HTML views of store/render_html.py
+(notebooks, exported figures), so a token has the same colour on the screen, in a figure and in a notebook. Pure
+numpy: store/ imports nothing else.
+
+Scores are normalised per view (:func:`normalize`): signed methods to [-1, 1] by the largest |score| (so 0 stays in
+the middle of a diverging scale), non-negative methods to [0, 1] between the smallest and the largest score. The
+colour ramps (:data:`COLORMAPS`) are runs of xterm-256 palette entries: a terminal in 256-colour mode shows a value
+as one entry exactly, truecolor (and HTML) interpolates between their RGB (:func:`rgb`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_CUBE = (0, 95, 135, 175, 215, 255)  # the xterm-256 colour cube's levels
+
+
+def xterm_rgb(index: int) -> tuple[int, int, int]:
+    """RGB of an xterm-256 entry of the colour cube or the grey ramp (16-255; 0-15 are the terminal's own)."""
+    if not 16 <= index <= 255:
+        raise ValueError(f"xterm colour {index}: only 16-255 have a fixed RGB")
+    if index >= 232:
+        return (8 + 10 * (index - 232),) * 3
+    i = index - 16
+    return _CUBE[i // 36], _CUBE[i // 6 % 6], _CUBE[i % 6]
+
+
+@dataclass(frozen=True)
+class Colormap:
+    """A diverging pair of ramps, each from the value 0 to the largest magnitude: ``warm`` for non-negative values
+    and positive signed ones, ``cold`` for negative ones, as xterm-256 entries (256-colour mode maps a value to one
+    entry; truecolor interpolates between their RGB) and as standard 16-colour entries (bucketed). Lightness moves
+    monotonically away from the zero colour along every ramp."""
+
+    name: str
+    description: str
+    warm_256: tuple[int, ...]
+    cold_256: tuple[int, ...]
+    warm_16: tuple[int, ...]
+    cold_16: tuple[int, ...]
+
+    def rgb(self, cold: bool) -> np.ndarray:
+        return _RGB[(self.name, cold)]
+
+
+COLORMAPS: dict[str, Colormap] = {c.name: c for c in (
+    # Black at zero, brighter with |value| (CIE lightness matches between the ramps within a few units): a token
+    # without attribution is not highlighted on a dark terminal.
+    Colormap("dark", "black at zero: red to yellow +, blue to cyan -",
+             (16, 52, 88, 124, 160, 196, 202, 208, 214, 220, 226), (16, 18, 19, 20, 21, 27, 33, 39, 45, 51, 159),
+             (8, 1, 9, 3, 11), (8, 4, 12, 6, 14)),
+    # White at zero, darker and more saturated with |value|, as attributions are printed in papers (and as a light
+    # terminal theme wants them).
+    Colormap("light", "white at zero: to red +, to blue -",
+             (231, 224, 217, 210, 203, 196, 160, 124, 88), (231, 189, 117, 111, 69, 33, 27, 21, 19),
+             (15, 11, 9, 1), (15, 14, 6, 4)),
+)}
+DEFAULT_COLORMAP = "dark"
+_RGB = {(c.name, cold): np.array([xterm_rgb(i) for i in (c.cold_256 if cold else c.warm_256)], dtype=np.float64)
+        for c in COLORMAPS.values() for cold in (False, True)}
+
+
+def rgb(value: float, cmap: str = DEFAULT_COLORMAP) -> tuple[int, int, int] | None:
+    """The colour of a normalised value in ``cmap``, interpolated along its ramp (negative values on the cold one);
+    None for a non-finite value."""
+    v = float(value)
+    if not np.isfinite(v):
+        return None
+    ramp = COLORMAPS[cmap].rgb(v < 0)
+    x = min(abs(v), 1.0) * (len(ramp) - 1)
+    i = min(int(x), len(ramp) - 2)
+    mix = ramp[i] + (ramp[i + 1] - ramp[i]) * (x - i)
+    r, g, b = (int(round(c)) for c in mix)
+    return r, g, b
+
+
+def lightness(rgb_: tuple[int, int, int]) -> float:
+    """CIE L* (0 black .. 100 white) of an RGB colour: how bright it looks."""
+
+    def linear(c: float) -> float:
+        c /= 255.0
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in rgb_)
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return 116.0 * y ** (1.0 / 3.0) - 16.0 if y > 0.008856 else 903.3 * y
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Normalised scores of one view. ``values`` lie in [-1, 1] (signed) or [0, 1]; ``lo``/``hi`` are the scores
+    at the ends of the scale (-M and +M for signed views, min and max otherwise)."""
+
+    values: np.ndarray
+    lo: float
+    hi: float
+    signed: bool
+
+
+def normalize(scores: np.ndarray, signed: bool) -> Scale:
+    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale."""
+    s = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(s)
+    s = np.where(finite, s, 0.0)
+    if signed:
+        m = float(np.abs(s[finite]).max()) if finite.any() else 0.0
+        values = s / m if m > 0 else np.zeros_like(s)
+        return Scale(np.clip(values, -1.0, 1.0), -m, m, True)
+    lo = float(s[finite].min()) if finite.any() else 0.0
+    hi = float(s[finite].max()) if finite.any() else 0.0
+    values = (s - lo) / (hi - lo) if hi > lo else np.zeros_like(s)
+    return Scale(np.clip(values, 0.0, 1.0), lo, hi, False)
+
+
+def normalize_within(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
+    """Normalise ``values`` on a scale with given ends: [lo, hi] (non-negative) or [-hi, hi] (signed), each end its
+    own range where None. Used for scales wider than one view: a whole example, or the whole store."""
+    x = np.nan_to_num(np.asarray(values, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if signed:
+        big = float(np.abs(x).max()) if hi is None and x.size else float(hi or 0.0)
+        v = x / big if big > 0 else np.zeros_like(x)
+        return Scale(np.clip(v, -1, 1), -big, big, True)
+    lo = float(x.min()) if lo is None and x.size else float(lo or 0.0)
+    hi = float(x.max()) if hi is None and x.size else float(hi or 0.0)
+    v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    return Scale(np.clip(v, 0, 1), lo, hi, False)
+
+
+def format_score(x: float) -> str:
+    """Short, fixed-looking number for the colour bar: 3 significant digits."""
+    if x == 0:
+        return "0"
+    return f"{x:.3g}"
