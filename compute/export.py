@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 
 from . import interrupts
 from .errors import AttrscopeError, UsageError
+from .outdir import check_output_dir
 
 FORMATS = (".parquet", ".csv")
 # Token rows per chunk when --chunk-size is not given (the chunk's examples follow from the store's mean length and
@@ -109,13 +110,9 @@ def _examples_per_chunk(s, n_methods: int) -> int:
 
 
 def _check_output(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise AttrscopeError(f"output '{path}' is a directory: name a file, e.g. {os.path.join(path, 'store.parquet')}")
-    if not os.path.isdir(parent):
-        raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
-    if not os.access(parent, os.W_OK):
-        raise AttrscopeError(f"output directory '{parent}' is not writable: choose another -o")
+    check_output_dir(path, "-o")
 
 
 def _temp_beside(path: str) -> str:
