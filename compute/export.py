@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 
@@ -71,7 +73,9 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
                          lambda: s.metric_table(with_metrics, hi=0)))
         written: dict[str, int] = {}
         temps: list[tuple[str, str]] = []
-        # Ctrl-C / SIGTERM stop at the next chunk, and the temporary files go (only a SIGKILL leaves a .part file)
+        for path in targets:  # a SIGKILLed export's .part files (no handler saw that signal)
+            _remove_stale_parts(path)
+        # Ctrl-C / SIGTERM stop at the next chunk, and the temporary files go
         with interrupts.on_signals():
             try:
                 for path, chunks, empty in jobs:
@@ -115,16 +119,46 @@ def _check_output(path: str) -> None:
     check_output_dir(path, "-o")
 
 
+def _part_prefix(path: str) -> str:
+    """The start of the names of ``path``'s part files: .NAME.HOST- (the writer's pid and a random tail follow)."""
+    return f".{os.path.basename(path)}.{socket.gethostname()}-"
+
+
 def _temp_beside(path: str) -> str:
     """A new empty file in the target's directory (so the final rename stays on one file system), with the
-    permissions an ordinary new file gets (mkstemp makes it private)."""
+    permissions an ordinary new file gets (mkstemp makes it private). Its name holds the host and pid of its writer,
+    so that a later export can tell a SIGKILLed export's part (_remove_stale_parts)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                               prefix=f".{os.path.basename(path)}.", suffix=".part")
+                               prefix=f"{_part_prefix(path)}{os.getpid()}.", suffix=".part")
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
     return tmp
+
+
+def _remove_stale_parts(path: str) -> None:
+    """Remove the part files of ``path`` whose writer, on this host, is gone (an export killed with SIGKILL, which
+    no handler sees). Parts of a live export, of another host or of another target stay."""
+    folder = os.path.dirname(os.path.abspath(path))
+    mine = re.compile(re.escape(_part_prefix(path)) + r"(\d+)\.[a-z0-9_]+\.part")
+    for name in os.listdir(folder):
+        m = mine.fullmatch(name)
+        if m and not _alive(int(m.group(1))):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:  # another export removed it first
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _never_empty(chunks: Iterable[dict], empty) -> Iterator[dict]:

@@ -271,3 +271,31 @@ def test_sigterm_stops_at_the_next_chunk_and_leaves_nothing(store_path, tmp_path
     _one_line_error(_cli(store_path, "-o", tmp_path / "s.parquet", "--chunk-size", 2), 130, "interrupted",
                     "run the same command again")
     assert len(calls) == 2 and os.listdir(tmp_path) == []
+
+
+def _killed_export_part(target) -> str:
+    """The part file an export SIGKILLed while writing ``target`` leaves (a child process, killed for real)."""
+    import signal
+    import subprocess
+
+    code = ("import os, signal, sys; from compute.export import _temp_beside; "
+            "print(_temp_beside(sys.argv[1]), flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("ext", ["parquet", "csv"])
+def test_a_later_export_removes_the_parts_killed_exports_left(store_path, tmp_path, ext):
+    """Only the stale parts of this export's own targets go: a live writer's part and another target's stay."""
+    out = tmp_path / f"x.{ext}"
+    stale = [_killed_export_part(out), _killed_export_part(metrics_path(str(out)))]
+    other = _killed_export_part(tmp_path / f"other.{ext}")
+    from compute.export import _temp_beside
+
+    live = tmp_path / os.path.basename(_temp_beside(str(out)))  # this process's: its writer is alive
+    assert all(os.path.exists(p) for p in stale)
+    ok(_cli(store_path, "-o", out, "--metrics"))
+    assert sorted(os.listdir(tmp_path)) == sorted([f"x.{ext}", f"x.metrics.{ext}", os.path.basename(other),
+                                                   live.name])
