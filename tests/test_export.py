@@ -299,3 +299,15 @@ def test_a_later_export_removes_the_parts_killed_exports_left(store_path, tmp_pa
     ok(_cli(store_path, "-o", out, "--metrics"))
     assert sorted(os.listdir(tmp_path)) == sorted([f"x.{ext}", f"x.metrics.{ext}", os.path.basename(other),
                                                    live.name])
+
+
+def test_a_store_whose_index_was_shortened_is_refused_not_exported_short(store_path, tmp_path):
+    import h5py
+
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(store_path.read_bytes())
+    with h5py.File(cut, "r+", locking=False) as f:  # still marked complete
+        f["examples/index"].resize((5,))
+    _one_line_error(_cli(cut, "-o", tmp_path / "o.csv"), 1, "cut.h5' is damaged", "the 5 committed examples")
+    _one_line_error(invoke("report", cut), 1, "cut.h5' is damaged")
+    assert os.listdir(tmp_path) == ["cut.h5"]
