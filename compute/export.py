@@ -95,6 +95,9 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
 
 
 def _methods(s, store_path: str, methods: list[str] | None) -> list[str]:
+    if not s.methods:
+        raise AttrscopeError(f"store '{store_path}' holds no attribution methods: nothing to export; compute some "
+                             "with attr-compute DATASET --methods LIST")
     if not methods:
         return list(s.methods)
     for m in methods:

@@ -311,3 +311,17 @@ def test_a_store_whose_index_was_shortened_is_refused_not_exported_short(store_p
     _one_line_error(_cli(cut, "-o", tmp_path / "o.csv"), 1, "cut.h5' is damaged", "the 5 committed examples")
     _one_line_error(invoke("report", cut), 1, "cut.h5' is damaged")
     assert os.listdir(tmp_path) == ["cut.h5"]
+
+
+def test_a_store_without_methods_is_one_line_for_export_and_eval(tmp_path):
+    """Not exit 0 with '0 rows' or '1 x 0 methods'."""
+    path = tmp_path / "none.h5"
+    w = StoreWriter.create(str(path), n_layers=L, n_heads=2, labels={0: "neg", 1: "pos"}, methods=[],
+                           provenance={}, attrs={"model_id": "synthetic"})
+    w.append([ExampleData(row=0, id="a", text="a", pair=None, token_ids=np.arange(3), tokens=["[CLS]", "a", "[SEP]"],
+                          spans=np.full((3, 2), -1), segment=np.zeros(3), label=1, pred=1, probs=np.array([0.2, 0.8]),
+                          target=1, explain_pos=0, n_orig_tokens=3, truncated=False, results={})])
+    w.close(complete=True)
+    for args in (("export", path, "-o", tmp_path / "o.csv"), ("eval", path, "--metrics", "comprehensiveness")):
+        _one_line_error(invoke(*args), 1, "none.h5' holds no attribution methods", "--methods LIST")
+    assert os.listdir(tmp_path) == ["none.h5"]
