@@ -452,6 +452,11 @@ def _resolve_columns(columns, spec, text_column, pair_column, label_column, id_c
                      label_candidates=LABEL_CANDIDATES) -> dict:
     find = _ColumnFinder(columns, spec)
     text = find.required(text_column, "--text-column", TEXT_CANDIDATES, "text")
+    context = find.auto(CONTEXT_CANDIDATES)
+    if text_column is None and str(text).strip().lower() in QUESTION_CANDIDATES and context is not None:
+        # an extractive QA layout: the question alone is not what the user meant to classify
+        raise UsageError(f"'{spec}' has {text!r} and {context!r} columns (extractive QA): pass --task qa, or name "
+                         f"the text with --text-column (and --pair-column {context} to classify the pair)")
     if pair_column is not None:
         pair = find.explicit(pair_column, "--pair-column")
     elif text_column is None and str(text).strip().lower() in PAIR_FOR_TEXT:
