@@ -9,6 +9,7 @@ import warnings
 import click
 
 from store import StoreError, open_store, verify
+from store.display import printable_text
 
 from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES
 
@@ -19,7 +20,7 @@ VERIFY_AT_OPEN_BYTES = 32 * 1000 * 1000
 
 
 def _fail(message: str) -> None:
-    one_line = " ".join(message.split())  # HDF5 messages may carry line breaks
+    one_line = printable_text(" ".join(message.split()))  # HDF5 messages may carry line breaks; paths escapes
     click.echo(f"attr-tui: error: {one_line}", err=True)
     sys.exit(1)
 

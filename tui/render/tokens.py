@@ -14,6 +14,8 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
+from store.display import printable_text  # noqa: F401 - shown here too (example_info)
+
 from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
@@ -36,13 +38,6 @@ def printable(token: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-def printable_text(text: str) -> str:
-    """Free text (an example's text, a label name) with line breaks and tabs kept and every other control or
-    invisible formatting character escaped, so that no data can send escape sequences to the terminal."""
-    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf") else f"\\u{ord(ch):04x}"
-                   for ch in text)
 
 
 @dataclass(frozen=True)
