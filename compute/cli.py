@@ -244,8 +244,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
         try:
             with process_group(world, device) as dev:
                 summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(dev),
-                                         message=(lambda m: None) if quiet or (world and world.rank) else
-                                         _say,
+                                         message=(lambda m: None) if quiet or (world and world.rank) else _say,
                                          allow_random_head=allow_random_head, world=world)
         except Interrupted as err:
             raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays valid; "
