@@ -465,12 +465,16 @@ def full_disk(paths: dict, work: Path, repo: str, log) -> dict:
         return {"ENOSPC": {"skipped": "cannot mount a tmpfs here"}}
     rows = {}
     try:
-        def fresh():
+        def fresh(room: int | None = None):
+            """An empty disk, then filled but for ``room`` bytes (None: all of it free)."""
             for f in mnt.iterdir():
                 f.unlink()
+            if room is not None:
+                with open(mnt / "filler", "wb") as fh:
+                    fh.write(b"\0" * max(0, shutil.disk_usage(mnt).free - room))
 
-        def call(name, args, check=None):
-            fresh()
+        def call(name, args, room, check=None):
+            fresh(room)
             t0 = time.monotonic()
             try:
                 done = cli(repo, args, timeout=300)
@@ -479,14 +483,14 @@ def full_disk(paths: dict, work: Path, repo: str, log) -> dict:
             except subprocess.TimeoutExpired:
                 verdict, line = "hang", ""
             row = {"verdict": verdict, "seconds": round(time.monotonic() - t0, 1), "last line": line,
-                   "files left": sorted(f.name for f in mnt.iterdir())}
+                   "files left": sorted(f.name for f in mnt.iterdir() if f.name != "filler")}
             if check:
                 row.update(check())
             rows[name] = row
             log(f"ENOSPC {name}: {row}")
 
-        call("export", ["export", paths["big"], "-o", str(mnt / "x.csv")])
-        call("merge", ["merge", str(mnt / "m.h5"), *paths["shards"], "-q"])
+        call("export", ["export", paths["big"], "-o", str(mnt / "x.csv")], 64 * 1024)
+        call("merge", ["merge", str(mnt / "m.h5"), *paths["shards"], "-q"], 64 * 1024)
 
         def store_after():
             try:
@@ -521,7 +525,7 @@ def full_disk(paths: dict, work: Path, repo: str, log) -> dict:
             except StoreError as err:
                 return {"store after": f"refused: {str(err)[:120]}"}
 
-        call("run", run_args(paths["large"], paths["model"], str(mnt / "r.h5")), run_after)
+        call("run", run_args(paths["large"], paths["model"], str(mnt / "r.h5")), 128 * 1024, run_after)
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
     return rows
