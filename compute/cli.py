@@ -232,7 +232,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
 
         if not os.path.exists(store):
             raise AttrscopeError(f"store '{store}' not found: check the path")
-        _check_readable(store)  # before torch and the model load (seconds to minutes)
+        _check_readable(store, whole=True)  # before torch and the model load (seconds to minutes)
 
         from .distributed import process_group, world_from_env
         from .evaluate import evaluate_store
@@ -337,14 +337,18 @@ def metrics_cmd():
         click.echo(f"{name:18s} {m.description} [{better} is better; presets: {presets}]")
 
 
-def _check_readable(path: str) -> None:
-    """Open an existing store once, so that a damaged or truncated one is named (StoreError) before torch loads."""
+def _check_readable(path: str, whole: bool = False) -> None:
+    """Open an existing store once, so that a damaged or truncated one is named (StoreError) before torch loads.
+    ``whole``: read all of it (store.verify), for a command that writes into it (eval): HDF5 writing beside a
+    damaged chunk failed with an internal error, or hung."""
     import os
 
-    from store import open_store
+    from store import open_store, verify
 
     if os.path.isfile(path):  # a missing path or a directory is the runner's one line
-        open_store(path).close()
+        with open_store(path) as s:
+            if whole:
+                verify(s)
 
 
 def _store_preset(store: str) -> str | None:
