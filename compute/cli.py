@@ -232,7 +232,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
 
         if not os.path.exists(store):
             raise AttrscopeError(f"store '{store}' not found: check the path")
-        _check_readable(store)  # before torch and the model load (seconds to minutes)
+        _check_readable(store, whole=True)  # before torch and the model load (seconds to minutes)
 
         from .distributed import process_group, world_from_env
         from .evaluate import evaluate_store
@@ -244,8 +244,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
         try:
             with process_group(world, device) as dev:
                 summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(dev),
-                                         message=(lambda m: None) if quiet or (world and world.rank) else
-                                         (lambda m: click.echo(m, err=True)),
+                                         message=(lambda m: None) if quiet or (world and world.rank) else _say,
                                          allow_random_head=allow_random_head, world=world)
         except Interrupted as err:
             raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays valid; "
@@ -253,7 +252,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
         if world is not None and world.rank != 0:
             return
         if not quiet:
-            click.echo(_metrics_table(store, summary["methods"]), err=True)
+            _say(_metrics_table(store, summary["methods"]))
 
     _guarded(go, debug)
 
@@ -302,7 +301,7 @@ def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
         done = export_store(store, output, chosen, layers=layers, metrics=metrics, chunk=chunk_size)
         note = "" if done["complete"] else " (the store is not complete: its committed examples only)"
         for path, rows in done["files"].items():
-            click.echo(f"{path}: {rows} rows from {done['examples']} examples{note}", err=True)
+            _say(f"{path}: {rows} rows from {done['examples']} examples{note}")
 
     _guarded(go, debug)
 
@@ -319,10 +318,10 @@ def merge_cmd(output, shards, quiet, debug):
         from .merge import merge_shards
 
         done = merge_shards(output, list(shards), argv=[PROG, *sys.argv[1:]],
-                            message=lambda line: click.echo(line, err=True))
+                            message=_say)
         if not quiet:
-            click.echo(f"{output}: {done['examples']} examples from {done['shards']} shards"
-                       f"{', metrics ' + ', '.join(done['metrics']) if done['metrics'] else ''}", err=True)
+            _say(f"{output}: {done['examples']} examples from {done['shards']} shards"
+                 f"{', metrics ' + ', '.join(done['metrics']) if done['metrics'] else ''}")
 
     _guarded(go, debug)
 
@@ -338,14 +337,18 @@ def metrics_cmd():
         click.echo(f"{name:18s} {m.description} [{better} is better; presets: {presets}]")
 
 
-def _check_readable(path: str) -> None:
-    """Open an existing store once, so that a damaged or truncated one is named (StoreError) before torch loads."""
+def _check_readable(path: str, whole: bool = False) -> None:
+    """Open an existing store once, so that a damaged or truncated one is named (StoreError) before torch loads.
+    ``whole``: read all of it (store.verify), for a command that writes into it (eval): HDF5 writing beside a
+    damaged chunk failed with an internal error, or hung."""
     import os
 
-    from store import open_store
+    from store import open_store, verify
 
     if os.path.isfile(path):  # a missing path or a directory is the runner's one line
-        open_store(path).close()
+        with open_store(path) as s:
+            if whole:
+                verify(s)
 
 
 def _store_preset(store: str) -> str | None:
@@ -397,7 +400,7 @@ def _run(cfg, quiet: bool) -> None:
     if not quiet:
         print_summary(summary)
     else:
-        click.echo(summary["store"])
+        _say(summary["store"], err=False)
 
 
 def _guarded(fn, debug: bool) -> None:
@@ -420,12 +423,21 @@ def _guarded(fn, debug: bool) -> None:
         _fail(f"internal error: {type(err).__name__}: {msg} (rerun with --debug for the traceback)", 1)
 
 
+def _say(line: str, err: bool = True) -> None:
+    """A line that may hold user input (paths, names), its control characters escaped."""
+    from store.text import printable_text
+
+    click.echo(printable_text(line), err=err)
+
+
 def _fail(message: str, code: int) -> None:
     import os
 
+    from store.text import printable_text
+
     # under a launch, which rank says it (RANK may be what is missing: the line then says so itself)
     rank = f"[rank {os.environ.get('RANK', '?')}] " if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else ""
-    click.echo(f"{PROG}: error: {rank}{message}", err=True)
+    click.echo(f"{PROG}: error: {rank}{printable_text(message)}", err=True)
     sys.exit(code)
 
 

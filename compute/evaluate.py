@@ -189,6 +189,9 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
             if not s.complete:
                 raise AttrscopeError(f"store '{path}' is not complete (a run is writing it, or it was interrupted): "
                                      "finish it with attr-compute --resume first")
+            if not s.methods:
+                raise AttrscopeError(f"store '{path}' holds no attribution methods: nothing to evaluate; compute "
+                                     "some with attr-compute DATASET --methods LIST")
             methods = (s.methods if not cfg.methods or cfg.methods == "all"
                        else [m.strip() for m in cfg.methods.split(",")])
             for m in methods:

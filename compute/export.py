@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 
 from . import interrupts
 from .errors import AttrscopeError, UsageError
+from .outdir import check_output_dir
 
 FORMATS = (".parquet", ".csv")
 # Token rows per chunk when --chunk-size is not given (the chunk's examples follow from the store's mean length and
@@ -70,7 +73,9 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
                          lambda: s.metric_table(with_metrics, hi=0)))
         written: dict[str, int] = {}
         temps: list[tuple[str, str]] = []
-        # Ctrl-C / SIGTERM stop at the next chunk, and the temporary files go (only a SIGKILL leaves a .part file)
+        for path in targets:  # a SIGKILLed export's .part files (no handler saw that signal)
+            _remove_stale_parts(path)
+        # Ctrl-C / SIGTERM stop at the next chunk, and the temporary files go
         with interrupts.on_signals():
             try:
                 for path, chunks, empty in jobs:
@@ -90,6 +95,9 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
 
 
 def _methods(s, store_path: str, methods: list[str] | None) -> list[str]:
+    if not s.methods:
+        raise AttrscopeError(f"store '{store_path}' holds no attribution methods: nothing to export; compute some "
+                             "with attr-compute DATASET --methods LIST")
     if not methods:
         return list(s.methods)
     for m in methods:
@@ -109,25 +117,51 @@ def _examples_per_chunk(s, n_methods: int) -> int:
 
 
 def _check_output(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise AttrscopeError(f"output '{path}' is a directory: name a file, e.g. {os.path.join(path, 'store.parquet')}")
-    if not os.path.isdir(parent):
-        raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
-    if not os.access(parent, os.W_OK):
-        raise AttrscopeError(f"output directory '{parent}' is not writable: choose another -o")
+    check_output_dir(path, "-o")
+
+
+def _part_prefix(path: str) -> str:
+    """The start of the names of ``path``'s part files: .NAME.HOST- (the writer's pid and a random tail follow)."""
+    return f".{os.path.basename(path)}.{socket.gethostname()}-"
 
 
 def _temp_beside(path: str) -> str:
     """A new empty file in the target's directory (so the final rename stays on one file system), with the
-    permissions an ordinary new file gets (mkstemp makes it private)."""
+    permissions an ordinary new file gets (mkstemp makes it private). Its name holds the host and pid of its writer,
+    so that a later export can tell a SIGKILLed export's part (_remove_stale_parts)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                               prefix=f".{os.path.basename(path)}.", suffix=".part")
+                               prefix=f"{_part_prefix(path)}{os.getpid()}.", suffix=".part")
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)
     return tmp
+
+
+def _remove_stale_parts(path: str) -> None:
+    """Remove the part files of ``path`` whose writer, on this host, is gone (an export killed with SIGKILL, which
+    no handler sees). Parts of a live export, of another host or of another target stay."""
+    folder = os.path.dirname(os.path.abspath(path))
+    mine = re.compile(re.escape(_part_prefix(path)) + r"(\d+)\.[a-z0-9_]+\.part")
+    for name in os.listdir(folder):
+        m = mine.fullmatch(name)
+        if m and not _alive(int(m.group(1))):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:  # another export removed it first
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _never_empty(chunks: Iterable[dict], empty) -> Iterator[dict]:

@@ -21,6 +21,7 @@ from store.copying import merge as merge_stores
 from . import __version__
 from .errors import AttrscopeError, UsageError
 from .options import show_value
+from .outdir import check_output_dir
 from .run.config import declared_options
 
 
@@ -35,6 +36,7 @@ def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, m
         raise AttrscopeError(f"store '{out}' already exists: remove it or choose another OUT")
     if any(os.path.abspath(p) == os.path.abspath(out) for p in paths):
         raise UsageError(f"OUT '{out}' is one of the shards: choose another OUT")
+    check_output_dir(out, "OUT")  # before the shards are read (seconds on large ones)
     shards = [_read_shard(p) for p in paths]
     _check_one_plan(shards)
     shards.sort(key=lambda s: s["plan"]["k"])

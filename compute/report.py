@@ -13,6 +13,7 @@ import io
 import math
 
 from store import open_store
+from store.text import printable_text
 
 from .errors import AttrscopeError
 from .papers import REPORT_TABLES  # the papers' SST-2 tables (compute/papers.py)
@@ -58,7 +59,7 @@ def make_report(path: str, fmt: str = "markdown") -> str:
                 "examples": len(s), "command": " ".join(s.config.get("command", []))}
     if fmt == "csv":
         return _csv(summ, metrics)
-    return _markdown(summ, metrics, info)
+    return printable_text(_markdown(summ, metrics, info))  # names from the store and the user: no escape sequences
 
 
 def _csv(summ, metrics) -> str:
@@ -74,8 +75,8 @@ def _csv(summ, metrics) -> str:
             for p in REPORT_TABLES:
                 if _find(ms, p) == name and method in p["values"]:
                     paper, value = p["paper"], p["values"][method]
-            w.writerow([method, name, sm.get("mean"), sm.get("std"), sm.get("n"), ms[name]["higher_is_better"], paper,
-                        value])
+            w.writerow([printable_text(method), printable_text(name), sm.get("mean"), sm.get("std"), sm.get("n"),
+                        ms[name]["higher_is_better"], paper, value])
     return buf.getvalue()
 
 

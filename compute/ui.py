@@ -7,6 +7,9 @@ import os
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
+
+from store.text import printable_text
 
 from .run.progress import Progress as ProgressBase
 
@@ -37,7 +40,7 @@ class RichProgress(ProgressBase):
 
     def message(self, text):
         if not self.quiet:
-            self.console.print(text, markup=False, highlight=False)
+            self.console.print(printable_text(text), markup=False, highlight=False)
 
     def stop(self):
         if self._p is not None:
@@ -59,12 +62,13 @@ def print_summary(summary: dict) -> None:
     t.add_column()
     t.add_row("examples", f"{summary['examples']} ({summary['examples_this_run']} this run)")
     t.add_row("tokens", str(summary["tokens"]))
-    t.add_row("device", summary["device"])
+    t.add_row("device", Text(printable_text(summary["device"])))
     t.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
     t.add_row("forward pass", f"{summary['forward_seconds']:.2f} s")
     for name, secs in summary["method_seconds"].items():
-        t.add_row(f"  {name}", f"{secs:.2f} s")
-    t.add_row("store", f"{summary['store']} ({_size(summary['store_bytes'])})")
+        t.add_row(Text(f"  {name}"), f"{secs:.2f} s")
+    # the path as data: '-o a[/b].h5' is no markup, and its control characters are escaped
+    t.add_row("store", Text(f"{printable_text(summary['store'])} ({_size(summary['store_bytes'])})"))
     console.print(t)
     rel = os.path.relpath(summary["store"])
-    console.print(f"open it with:  attr-tui {rel}", markup=False, highlight=False)
+    console.print(f"open it with:  attr-tui {printable_text(rel)}", markup=False, highlight=False)

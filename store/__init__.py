@@ -2,7 +2,8 @@
 
 Modules: schema (the layout, the one place that knows it), records (what a writer is given), writer (create,
 append, close), copying (resume, rewrite, merge), metrics (metrics added in place), reader (open_store, Store,
-Example), table (tabular views), scale (view statistics), integrity (safe opening), attrs, h5 (low-level writing).
+Example), verify (read a whole store once), display (names shown on a terminal), table (tabular views), scale (view
+statistics), integrity (safe opening), attrs, h5 (low-level writing).
 """
 
 from .copying import merge, resume
@@ -11,7 +12,9 @@ from .metrics import add_metrics
 from .reader import Example, HeadMask, Store, open_store
 from .records import ExampleData, HeadMaskData, MethodLayout, MetricData
 from .schema import ENCODING_VERSION
+from .verify import verify
 from .writer import StoreWriter
 
 __all__ = ["open_store", "Store", "Example", "StoreError", "StoreWriter", "ExampleData", "MethodLayout",
-           "HeadMask", "HeadMaskData", "MetricData", "add_metrics", "merge", "resume", "ENCODING_VERSION"]
+           "HeadMask", "HeadMaskData", "MetricData", "add_metrics", "merge", "resume", "verify",
+           "ENCODING_VERSION"]

@@ -252,10 +252,10 @@ class Store:
                 self._f.close()
                 self._f = None
                 self._f = open_for_reading(self.path)
-            self._opened = True
+            first, self._opened = not self._opened, True
             with self._reading("/examples/index") as f:
                 n = int(f[schema.INDEX].shape[0])
-            if n != self._n:
+            if n != self._n or first:
                 self._check_extent(n)
                 self._blocks.pop((self._n - 1) // _BLOCK if self._n else 0, None)  # the old partial block
                 self._n = n
@@ -264,9 +264,33 @@ class Store:
             return n
 
     def _check_extent(self, n: int) -> None:
-        """Every flat dataset reaches at least as far as the last committed row says (O(1), at open and refresh)."""
-        if n == 0:
-            return
+        """Every flat dataset reaches at least as far as the last committed row says, and in a complete store exactly
+        that far, as do its metrics' values (a shortened index must not hide examples: O(1), at open and refresh)."""
+        complete = self.complete
+        extent = self._extent_of(n) if n else schema.Extent()
+        with self._reading("the dataset lengths") as f:
+            for d in self._flats:
+                have = f[d.path].shape[0] if d.path in f else -1
+                need = d.length(extent)
+                if have < need or (complete and have != need):
+                    raise damaged(self.path, f"/{d.path}", f"{max(have, 0)} entries where the {n} committed "
+                                                          f"examples of the {'complete ' if complete else ''}store "
+                                                          f"need {need}")
+        if complete:
+            self._check_metric_lengths(n)
+        self._extent = extent
+
+    def _check_metric_lengths(self, n: int) -> None:
+        """Each metric of a complete store has one value per committed example."""
+        for (method, name), (kind, where) in self._metric_catalogue().items():
+            with self._reading(f"metric '{name}' of '{method}'") as f:
+                have = int(where["n"]) if kind == "record" else int(f[f"{where}/values"].shape[0])
+            if have != n:
+                raise damaged(self.path, f"metric '{name}' of '{method}'", f"{have} values for the {n} examples "
+                                                                           "of the complete store")
+
+    def _extent_of(self, n: int) -> schema.Extent:
+        """The Extent of ``n`` committed rows, from the last of them."""
         last = self._index(slice(n - 1, n), 1)[0]
         t_end = int(last["tok_off"]) + int(last["n_tokens"])
         if int(last["n_tokens"]) < 1 or int(last["tok_off"]) < 0:
@@ -277,14 +301,7 @@ class Store:
                 raise damaged(self.path, "/tokens/str_off", "shorter than its committed rows")
         off = self._read(schema.TOKEN_STR_OFF, slice(t_end - 1, t_end), 1)
         ln = self._read(schema.TOKEN_STR_LEN, slice(t_end - 1, t_end), 1)
-        extent = schema.extent_of_last_row(last, n, self._separate_ids, int(off[0]) + int(ln[0]))
-        with self._reading("the dataset lengths") as f:
-            for d in self._flats:
-                have = f[d.path].shape[0] if d.path in f else -1
-                if have < d.length(extent):
-                    raise damaged(self.path, f"/{d.path}", f"{max(have, 0)} entries where the committed examples "
-                                                          f"need {d.length(extent)}")
-        self._extent = extent
+        return schema.extent_of_last_row(last, n, self._separate_ids, int(off[0]) + int(ln[0]))
 
     def _index(self, sel: slice, expect: int) -> np.ndarray:
         """Index rows in the current dtype (a row written before format 1.4 reads with the task fields' defaults)."""

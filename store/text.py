@@ -1,5 +1,5 @@
 """Stored strings as they are shown: tokens and texts are data, so control and invisible characters are escaped
-before any display (a terminal, an HTML page, a figure) sees them. Shared by the TUI and store/render_html.py."""
+before any display (a terminal, an HTML page, a figure) sees them. Shared by the TUI, store/render_html.py and compute/'s messages (names from users and files)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def printable(token: str) -> str:
 
 
 def printable_text(text: str) -> str:
-    """Free text (an example's text, a label name) with line breaks and tabs kept and every other control or
+    """Free text (an example's text, a label name, a path) with line breaks and tabs kept and every other control or
     invisible formatting character escaped, so that no data can send escape sequences to the terminal."""
     return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf") else f"\\u{ord(ch):04x}"
-                   for ch in text)
+                   for ch in str(text))

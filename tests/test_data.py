@@ -119,8 +119,11 @@ def test_pairs_are_auto_detected(tmp_path, first, second):
 
 
 def test_question_context_is_not_a_pair(tmp_path):
+    """Nor the question alone (the context silently dropped): refused unless --text-column names the text."""
     spec = write_jsonl(tmp_path / "d.jsonl", [{"question": "q?", "context": "c"}])
-    ds = load_dataset(spec)
+    with pytest.raises(UsageError, match="pass --task qa"):
+        load_dataset(spec)
+    ds = load_dataset(spec, text_column="question")
     assert ds.columns["text"] == "question" and ds.columns["pair"] is None
 
 

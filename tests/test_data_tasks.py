@@ -726,3 +726,15 @@ def test_dataset_defaults_keep_old_constructors_working():
     ds = Dataset(records=[], source="s", kind="jsonl", columns={}, n_rows=0, sha256=None, label_names=None)
     assert (ds.task, ds.skipped, ds.notes) == ("classification", 0, ())
     assert Record(0, "0", "t", None, 1) == Record(0, "0", "t", None, 1, None, None, None, None, None)
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_a_qa_file_is_not_classified_by_its_question_alone(task):
+    """qa_squad.jsonl's text column would be found as 'question' (context left out): refused, unless named."""
+    spec = str(TASKS_DIR / "qa_squad.jsonl")
+    with pytest.raises(UsageError) as err:
+        load_dataset(spec, task=task)
+    assert str(err.value) == (f"'{spec}' has 'question' and 'context' columns (extractive QA): pass --task qa, or name "
+                              "the text with --text-column (and --pair-column context to classify the pair)")
+    ds = load_dataset(spec, task=task, text_column="question", pair_column="context")
+    assert (ds.records[3].text, ds.records[3].pair[:16]) == ("Who designed the bridge?", "The stone bridge")

@@ -271,3 +271,57 @@ def test_sigterm_stops_at_the_next_chunk_and_leaves_nothing(store_path, tmp_path
     _one_line_error(_cli(store_path, "-o", tmp_path / "s.parquet", "--chunk-size", 2), 130, "interrupted",
                     "run the same command again")
     assert len(calls) == 2 and os.listdir(tmp_path) == []
+
+
+def _killed_export_part(target) -> str:
+    """The part file an export SIGKILLed while writing ``target`` leaves (a child process, killed for real)."""
+    import signal
+    import subprocess
+
+    code = ("import os, signal, sys; from compute.export import _temp_beside; "
+            "print(_temp_beside(sys.argv[1]), flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("ext", ["parquet", "csv"])
+def test_a_later_export_removes_the_parts_killed_exports_left(store_path, tmp_path, ext):
+    """Only the stale parts of this export's own targets go: a live writer's part and another target's stay."""
+    out = tmp_path / f"x.{ext}"
+    stale = [_killed_export_part(out), _killed_export_part(metrics_path(str(out)))]
+    other = _killed_export_part(tmp_path / f"other.{ext}")
+    from compute.export import _temp_beside
+
+    live = tmp_path / os.path.basename(_temp_beside(str(out)))  # this process's: its writer is alive
+    assert all(os.path.exists(p) for p in stale)
+    ok(_cli(store_path, "-o", out, "--metrics"))
+    assert sorted(os.listdir(tmp_path)) == sorted([f"x.{ext}", f"x.metrics.{ext}", os.path.basename(other),
+                                                   live.name])
+
+
+def test_a_store_whose_index_was_shortened_is_refused_not_exported_short(store_path, tmp_path):
+    import h5py
+
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(store_path.read_bytes())
+    with h5py.File(cut, "r+", locking=False) as f:  # still marked complete
+        f["examples/index"].resize((5,))
+    _one_line_error(_cli(cut, "-o", tmp_path / "o.csv"), 1, "cut.h5' is damaged", "the 5 committed examples")
+    _one_line_error(invoke("report", cut), 1, "cut.h5' is damaged")
+    assert os.listdir(tmp_path) == ["cut.h5"]
+
+
+def test_a_store_without_methods_is_one_line_for_export_and_eval(tmp_path):
+    """Not exit 0 with '0 rows' or '1 x 0 methods'."""
+    path = tmp_path / "none.h5"
+    w = StoreWriter.create(str(path), n_layers=L, n_heads=2, labels={0: "neg", 1: "pos"}, methods=[],
+                           provenance={}, attrs={"model_id": "synthetic"})
+    w.append([ExampleData(row=0, id="a", text="a", pair=None, token_ids=np.arange(3), tokens=["[CLS]", "a", "[SEP]"],
+                          spans=np.full((3, 2), -1), segment=np.zeros(3), label=1, pred=1, probs=np.array([0.2, 0.8]),
+                          target=1, explain_pos=0, n_orig_tokens=3, truncated=False, results={})])
+    w.close(complete=True)
+    for args in (("export", path, "-o", tmp_path / "o.csv"), ("eval", path, "--metrics", "comprehensiveness")):
+        _one_line_error(invoke(*args), 1, "none.h5' holds no attribution methods", "--methods LIST")
+    assert os.listdir(tmp_path) == ["none.h5"]

@@ -180,3 +180,22 @@ def test_report_sets_decompx_beside_its_papers_tables(tiny_model_dirs, tmp_path)
     assert "`gxi_l2`" not in section
     assert "DecompX (Modarressi et al. 2023), Table 1, BERT-base SST-2 (AOPC, [MASK], most important) " \
            "(aopc@decompx): the paper ranks `decompx` first" in text
+
+
+def test_eval_refuses_a_damaged_store_before_the_model_loads(tiny_model_dirs, tmp_path):
+    """A flipped byte in the stored metrics (read by nothing eval computes from): eval wrote its metrics into the
+    damaged file and ended in 'internal error: OSError ... filter returned failure' (or hung in HDF5's write path);
+    the store is now read whole first and refused in one line."""
+    import h5py
+
+    write_data(tmp_path / "d.jsonl", n=4)
+    out = tmp_path / "s.h5"
+    ok(invoke("run", tmp_path / "d.jsonl", "--model", tiny_model_dirs["bert"], "-o", out, "--device", "cpu",
+              "--methods", "rollout", "--metrics", "comprehensiveness", "-q"))
+    with h5py.File(out, "r") as f:
+        info = f["metric_records/numbers"].id.get_chunk_info(0)
+    data = bytearray(out.read_bytes())
+    data[info.byte_offset + info.size // 2] ^= 0x10
+    out.write_bytes(bytes(data))
+    line = one_line(invoke("eval", out, "--metrics", "sufficiency", "--device", "cpu", "-q"))
+    assert f"store '{out}' is damaged: /metric_records/numbers cannot be read" in line

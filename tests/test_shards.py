@@ -5,6 +5,7 @@ refuses shards of different plans with one line and leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 
@@ -227,3 +228,20 @@ def test_a_damaged_shard_store_is_named_on_resume(tmp_path):
     (tmp_path / "out.shard-1-of-2.h5").write_bytes(b"not a store")
     line = one_line(invoke(data, "-o", tmp_path / "out.h5", "--shard", "1/2", "--resume"))
     assert "out.shard-1-of-2.h5" in line
+
+
+def test_merge_checks_the_output_directory_first(tmp_path):
+    """A missing (or read-only) directory of OUT is one line naming it, before any shard is read (the shards here
+    are not even stores: reading them would be another error)."""
+    shards = [tmp_path / "a.h5", tmp_path / "b.h5"]
+    for s in shards:
+        s.write_bytes(b"not read")
+    line = one_line(invoke("merge", tmp_path / "missing" / "out.h5", *shards))
+    assert f"output directory '{tmp_path / 'missing'}' does not exist: create it or choose another OUT" in line
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    if os.access(locked, os.W_OK):
+        pytest.skip("running as root: a mode 555 directory stays writable")
+    line = one_line(invoke("merge", locked / "out.h5", *shards))
+    assert f"output directory '{locked}' is not writable: choose another OUT" in line
+    assert list(locked.iterdir()) == []

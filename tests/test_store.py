@@ -1118,3 +1118,55 @@ def test_sequential_reads_give_the_same_arrays_in_a_few_large_reads(tmp_path, mo
         if a is not None:
             np.testing.assert_array_equal(a, b)
     assert n_ahead * 5 < n_plain, (n_ahead, n_plain)
+
+
+# --- a complete store whose index was shortened ---------------------------------------------------------------------
+
+
+def _complete_with_metric(path: Path, n: int) -> None:
+    from store import add_metrics
+
+    w = create(path)
+    w.append([example(i) for i in range(n)])
+    w.close(complete=True, summary={"examples": n})
+    if n == 10:
+        add_metrics(str(path), [_metric("rollout", "aopc", n, seed=1)])
+
+
+def _flat_lengths(path: Path) -> dict[str, int]:
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj.shape[0]) if isinstance(obj, h5py.Dataset)
+                     and obj.maxshape[0] is None and not name.startswith(("metric", "examples/index")) else None)
+    return out
+
+
+@pytest.mark.parametrize("rows", [4, 0])
+def test_a_complete_store_whose_index_was_shortened_is_refused(tmp_path, rows):
+    """Rows cut off the index of a complete store (still marked complete): the examples past it are not silently
+    left out (an export of fewer rows, 4 examples reported beside 10-example metrics); the store is refused."""
+    path = tmp_path / "cut.h5"
+    _complete_with_metric(path, 10)
+    with h5py.File(path, "r+", locking=False) as f:
+        f["examples/index"].resize((rows,))
+    with pytest.raises(StoreError) as err:
+        open_store(path)
+    assert "cut.h5' is damaged" in one_line(str(err.value)) and f"the {rows} committed examples" in str(err.value)
+
+
+def test_a_complete_store_whose_metrics_outnumber_its_examples_is_refused(tmp_path):
+    """Index and every example dataset cut consistently to 5 examples: the 10-example metric still gives it away."""
+    path, five = tmp_path / "cut.h5", tmp_path / "five.h5"
+    _complete_with_metric(path, 10)
+    _complete_with_metric(five, 5)
+    lengths = _flat_lengths(five)
+    with h5py.File(path, "r+", locking=False) as f:
+        f["examples/index"].resize((5,))
+        for name, n in lengths.items():
+            f[name].resize((n,) + f[name].shape[1:])
+    with pytest.raises(StoreError) as err:
+        open_store(path)
+    assert one_line(str(err.value)).startswith(f"store '{path}' is damaged: metric 'aopc' of 'rollout'")
+    assert "10 values for the 5 examples" in str(err.value)
+    with open_store(five) as s:  # the same cut without the metric is a store of 5 examples
+        assert len(s) == 5 and s.complete

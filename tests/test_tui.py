@@ -634,6 +634,47 @@ def test_cli_not_a_store(tmp_path, kind):
     assert "Traceback" not in result.output
 
 
+def _damaged_past_the_first_example(tmp_path) -> Path:
+    """A store whose first read is fine and whose rollout matrices (first read when an example's heatmap is shown)
+    hold a flipped byte: open_store accepts it, a read of the whole store does not."""
+    from store import open_store
+
+    path = tmp_path / "flip.h5"
+    make_store(str(path), n_examples=12)
+    with h5py.File(path, "r") as f:
+        info = f["methods/rollout/matrices"].id.get_chunk_info(0)
+    data = bytearray(path.read_bytes())
+    data[info.byte_offset + info.size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    open_store(path).close()
+    return path
+
+
+def test_cli_refuses_a_store_damaged_past_what_opening_reads(tmp_path, monkeypatch):
+    from tui.app import AttrApp
+    from tui.cli import main
+
+    path = _damaged_past_the_first_example(tmp_path)
+    monkeypatch.setattr(AttrApp, "run", lambda self, *a, **k: None)  # never a terminal app in the test
+    result = CliRunner().invoke(main, [str(path)])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, (result.exit_code, result.stderr)
+    assert lines[0].startswith(f"attr-tui: error: store '{path}' is damaged: /methods/rollout/matrices"), lines[0]
+
+
+@async_test
+async def test_a_store_too_large_to_check_first_is_checked_on_a_worker(tmp_path, color_env):
+    """Above tui.cli.VERIFY_AT_OPEN_BYTES the app opens at once and reads the whole store on a worker: the damage
+    is a notification, not silence."""
+    from tui.app import create_app
+
+    app = create_app(_damaged_past_the_first_example(tmp_path), verify_store=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, rounds=20)
+        notes = [n.message for n in app._notifications]
+        assert any("could not read the whole store" in n and "/methods/rollout/matrices" in n for n in notes), notes
+
+
 def test_cli_debug_shows_traceback(tmp_path):
     from store import StoreError
     from tui.cli import main

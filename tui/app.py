@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.worker import get_current_worker
 
-from store import Store, open_store
+from store import Store, open_store, verify
 
 from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES, Mode, detect_mode
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
@@ -43,6 +43,7 @@ POLL_SECONDS = 2.0
 STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
 UNMOUNT_LOCK_SECONDS = 1.0  # how long quitting waits for a read in progress before it leaves the file to the exit
 CACHE_SIZE = 64
+VERIFY_SLICE_VALUES = 1 << 18  # values per read of the whole-store check (short reads: the app's reads wait less)
 
 
 # ---------------------------------------------------------------- messages posted by the workers
@@ -104,9 +105,10 @@ class AttrApp(App[int]):
     ]
 
     def __init__(self, store: Store, *, color_mode: Mode | None = None, poll_seconds: float = POLL_SECONDS,
-                 owns_store: bool = False, colormap: str = DEFAULT_COLORMAP):
+                 owns_store: bool = False, colormap: str = DEFAULT_COLORMAP, verify_store: bool = False):
         super().__init__()
         self.store = store
+        self.verify_store = verify_store  # read the whole store on a worker (attr-tui: a store too large to before)
         self.store_lock = threading.Lock()
         self.owns_store = owns_store
         self.poll_seconds = poll_seconds
@@ -148,6 +150,14 @@ class AttrApp(App[int]):
         for note in getattr(self.store, "warnings", ()):  # e.g. a newer minor format: parts of it are not shown
             self.notify(note, title="store format", severity="warning", timeout=12, markup=False)
         self._read_header()
+        if self.verify_store:
+            self.run_worker(self._verify, thread=True, group="verify", name="verify store")
+
+    def _verify(self) -> None:
+        try:
+            verify(self.store, slice_values=VERIFY_SLICE_VALUES)
+        except Exception as err:
+            self.post_message(ReadFailed("the whole store", str(err)))
 
     def on_unmount(self) -> None:
         # A read stuck in HDF5 holds the lock: quitting does not wait for it (the process exit closes the file).
@@ -521,7 +531,8 @@ class AttrApp(App[int]):
 
 
 def create_app(path_or_store: str | os.PathLike | Store, *, color_mode: str | None = None,
-               poll_seconds: float = POLL_SECONDS, colormap: str = DEFAULT_COLORMAP) -> AttrApp:
+               poll_seconds: float = POLL_SECONDS, colormap: str = DEFAULT_COLORMAP,
+               verify_store: bool = False) -> AttrApp:
     """Build the browser for a store (a path is opened here and closed when the app ends).
 
     ``color_mode``: None/"auto" detects it from the environment (NO_COLOR, COLORTERM, TERM) the way rich does;
@@ -535,4 +546,5 @@ def create_app(path_or_store: str | os.PathLike | Store, *, color_mode: str | No
     mode = None if color_mode in (None, "auto") else color_mode
     if mode is not None and mode not in MODES:
         raise ValueError(f"unknown colour mode '{color_mode}': use auto or one of {', '.join(MODES)}")
-    return AttrApp(store, color_mode=mode, poll_seconds=poll_seconds, owns_store=owns, colormap=colormap)
+    return AttrApp(store, color_mode=mode, poll_seconds=poll_seconds, owns_store=owns, colormap=colormap,
+                   verify_store=verify_store)

@@ -3,7 +3,7 @@ case-insensitively; and the text, pair, label and id columns of the sequence tas
 
 from __future__ import annotations
 
-from compute.errors import AttrscopeError
+from compute.errors import AttrscopeError, UsageError
 
 # Column names tried, in this order, when the matching --*-column flag is not given (case-insensitive).
 TEXT_CANDIDATES = ("text", "sentence", "sentence1", "premise", "question1", "question", "review", "content", "document")
@@ -11,6 +11,9 @@ TEXT_CANDIDATES = ("text", "sentence", "sentence1", "premise", "question1", "que
 PAIR_FOR_TEXT = {"sentence1": "sentence2", "premise": "hypothesis", "question1": "question2"}
 LABEL_CANDIDATES = ("label", "labels", "gold_label", "target", "class")
 ID_CANDIDATES = ("id", "idx", "guid", "example_id", "uid")
+# Extractive QA's columns (compute/data/qa.py); a classifier found only the question among them
+QUESTION_CANDIDATES = ("question",)
+CONTEXT_CANDIDATES = ("context",)
 
 
 def find_column(columns: list[str], name: str) -> str | None:
@@ -56,6 +59,11 @@ def resolve_columns(find: ColumnFinder, flags: dict, label_candidates=LABEL_CAND
     """The text, pair, label and id columns; ``flags`` holds the --*-column values by column kind."""
     text_column = flags["text"]
     text = find.required(text_column, "--text-column", TEXT_CANDIDATES, "text")
+    context = find.auto(CONTEXT_CANDIDATES)
+    if text_column is None and str(text).strip().lower() in QUESTION_CANDIDATES and context is not None:
+        # an extractive QA layout: the question alone is not what the user meant to classify
+        raise UsageError(f"'{find.spec}' has {text!r} and {context!r} columns (extractive QA): pass --task qa, or "
+                         f"name the text with --text-column (and --pair-column {context} to classify the pair)")
     if flags["pair"] is not None:
         pair = find.explicit(flags["pair"], "--pair-column")
     elif text_column is None and str(text).strip().lower() in PAIR_FOR_TEXT:

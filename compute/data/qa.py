@@ -9,11 +9,9 @@ import numbers
 from compute.errors import AttrscopeError
 
 from .cells import is_blank, show, text_cell
-from .columns import ID_CANDIDATES, ColumnFinder
+from .columns import CONTEXT_CANDIDATES, ID_CANDIDATES, QUESTION_CANDIDATES, ColumnFinder
 from .records import Record
 
-QUESTION_CANDIDATES = ("question",)
-CONTEXT_CANDIDATES = ("context",)
 ANSWERS_CANDIDATES = ("answers",)
 
 

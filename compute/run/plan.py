@@ -16,6 +16,7 @@ from store import open_store
 
 from ..errors import AttrscopeError, UsageError
 from ..methods import parse_methods
+from ..outdir import check_output_dir
 from ..papers import PRESETS
 from ..shards import parse_shard, shard_output
 from .config import RunConfig, declared_options, method_options
@@ -135,11 +136,7 @@ def check_output(output: str, cfg: RunConfig) -> None:
     if cfg.resume:
         # a damaged or truncated store is named (StoreError) before the model loads (minutes on a large model)
         open_store(output).close()
-    parent = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(parent):
-        raise AttrscopeError(f"output directory '{parent}' does not exist: create it or choose another -o")
-    if not os.access(parent, os.W_OK):
-        raise AttrscopeError(f"output directory '{parent}' is not writable: choose another -o")
+    check_output_dir(output, "-o")
 
 
 def bundled_dataset() -> str:
