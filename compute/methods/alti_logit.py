@@ -61,6 +61,13 @@ class AltiLogit(Method):
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
+        block = adapter.block
+        why = None if block is None else ("its MLP reads the layer input in parallel with attention" if block.parallel
+                                          else "norms sit on its sublayers' outputs" if block.attn_out_norm
+                                          else "its norms' gain is 1 + weight" if block.norm_offset else None)
+        if why:
+            raise AttrscopeError(f"method '{self.name}' is not defined for the '{adapter.config.model_type}' block: it "
+                                 f"rebuilds the final state as r + MLP(LN2(r)) through a final norm, and {why}")
         head = adapter.lm_head_parts() if adapter.task in WORD_TASKS else adapter.head_parts()
         known = adapter.mlp(adapter.layers()[0]) is not None if adapter.pre_ln else \
             adapter.ffn_parts(adapter.layers()[0]) is not None
