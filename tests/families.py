@@ -67,3 +67,33 @@ def write_family_dir(path: Path, family: str, seed: int = 0) -> Path:
     model.config.label2id = {"negative": 0, "positive": 1}
     model.save_pretrained(path)
     return path
+
+
+MATRIX_FAMILIES = ("bert", "distilbert", "gpt2", "llama", *NEW_FAMILIES)
+
+
+def family_matrix() -> dict[str, dict[str, str]]:
+    """method -> family -> "Y" or the short reason it is refused (compute.applicability), for a sequence classifier
+    of every family with a block description (tiny random models; what runs depends on the block and head only)."""
+    from conftest import tiny_model
+
+    from compute.adapters import adapter_for
+    from compute.applicability import applicability, short_reason
+
+    out: dict[str, dict[str, str]] = {}
+    for family in MATRIX_FAMILIES:
+        model = tiny_model(family, layers=2) if family in ("bert", "distilbert", "gpt2", "llama") else \
+            family_model(family)
+        ad = adapter_for(model)
+        ad.mask_token_id = 4  # as a checkpoint's tokenizer sets it (integrated gradients' [MASK] baseline)
+        for name, reason in applicability(ad).items():
+            out.setdefault(name, {})[family] = short_reason(reason)
+    return out
+
+
+def matrix_markdown() -> str:
+    """The README's family x method table."""
+    m = family_matrix()
+    lines = ["| method | " + " | ".join(MATRIX_FAMILIES) + " |", "|---|" + "---|" * len(MATRIX_FAMILIES)]
+    lines += [f"| `{name}` | " + " | ".join(row[f] for f in MATRIX_FAMILIES) + " |" for name, row in m.items()]
+    return "\n".join(lines)
