@@ -361,8 +361,8 @@ class Adapter:
 
     def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Position whose row is explained: the token the checkpoint's head pools (``pooling``): the last real token
-        (decoders), else the first ([CLS]; a mean-pooling head also gets position 0, and the methods that read one
-        row are refused for it)."""
+        (decoders), else the first ([CLS]; a mean-pooling head also gets position 0: the row methods then explain
+        that token's row, not the pooled mean)."""
         if self.pooling == "last":
             return last_real_token(mask)
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
