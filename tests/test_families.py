@@ -200,3 +200,39 @@ def test_methods_all_end_to_end(family, tmp_path):
                                        rtol=1e-5, atol=1e-5)
             alti = ex.scores("alti")
             assert (alti >= 0).all() and abs(alti.sum() - 1) < 1e-5
+
+
+@torch.no_grad()
+def test_a_family_without_description_runs_what_needs_none():
+    """OLMo (1) has no block description: its layers and attention come from the model class's own record; the
+    gradient and attention methods run (LogAt = the logit at the last real token), those needing the block are
+    refused in one line naming the missing description."""
+    import transformers
+
+    from conftest import _spread
+    from compute.adapters import SUPPORTED_MODEL_TYPES
+    from compute.adapters.generic import GenericAdapter
+    from compute.applicability import applicability
+
+    assert "olmo" not in SUPPORTED_MODEL_TYPES
+    cfg = transformers.OlmoConfig(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, max_position_embeddings=64, pad_token_id=0, num_labels=2)
+    torch.manual_seed(0)
+    model = _spread(transformers.AutoModelForSequenceClassification.from_config(
+        cfg, attn_implementation="eager")).double().eval()
+    ad = adapter_for(model)
+    ad.mask_token_id = MASK_ID
+    assert isinstance(ad, GenericAdapter) and ad.pooling == "last"
+    found = applicability(ad)
+    runs = {n for n, r in found.items() if r is None}
+    assert {"grad_l2", "ig_l2", "raw_attention", "rollout", "gae", "attcat", "logat"} <= runs
+    assert found["alti"] is not None and "no block description" in found["alti"] and "\n" not in found["alti"]
+    batch = random_batch("bert", LENGTHS)
+    cap = ad.capture(batch, frozenset({"attentions", "hidden_states"}))
+    assert cap.explain_pos.tolist() == [k - 1 for k in LENGTHS]
+    b = torch.arange(len(LENGTHS))
+    lg = get_method("logat").compute(cap, ad, cap.pred).scores
+    torch.testing.assert_close(lg[b, cap.explain_pos], cap.logits[b, cap.pred], rtol=0, atol=1e-10)
+    with torch.enable_grad():
+        res = get_method("ig_l2", steps=64).compute(cap, ad, cap.pred)
+    assert float(res.example_values["ig_delta"].abs().max()) < 1e-5

@@ -95,7 +95,7 @@ def _keep_value(lst, value_of):
 
 def _replace_last(lst):
     def hook(_m, _inp, out):
-        lst[-1] = _first(out)
+        lst[-1] = out if torch.is_tensor(out) else out[0]  # a norm's tensor, or a base model's last hidden state
     return hook
 
 

@@ -56,6 +56,10 @@ class GenericAdapter(Adapter):
     def attention_probs_module(self, layer):
         return next(m for m in layer.modules() if isinstance(m, self._att_cls))
 
+    def final_norm(self):
+        """The base model itself: its output's first part is the last hidden state (after any final norm)."""
+        return self.model.base_model
+
     def ln1(self, layer):
         return None
 
