@@ -237,3 +237,24 @@ def test_a_family_without_description_runs_what_needs_none():
     with torch.enable_grad():
         res = get_method("ig_l2", steps=64).compute(cap, ad, cap.pred)
     assert float(res.example_values["ig_delta"].abs().max()) < 1e-5
+
+
+def test_methods_command_lists_what_runs_for_a_checkpoint(tmp_path):
+    """`attr-compute methods --model PATH`: every method, "runs" or "refused: " and its one-line reason, as the
+    methods' own checks say (compute.applicability)."""
+    from cli_results import invoke
+
+    from compute.applicability import applicability
+    from compute.models import load_model
+
+    model_dir = write_family_dir(tmp_path / "gemma2", "gemma2")
+    res = invoke("methods", "--model", model_dir)
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    found = applicability(load_model(str(model_dir), device=torch.device("cpu")).adapter)
+    assert lines[0].startswith(f"gemma2 (gemma2, --task classification, explained token: last): "
+                               f"{sum(r is None for r in found.values())} of {len(REGISTRY)} methods run")
+    assert [line.split()[0] for line in lines[1:]] == list(REGISTRY)
+    for line, (name, reason) in zip(lines[1:], found.items()):
+        assert line.split(None, 1)[1] == ("runs" if reason is None else f"refused: {reason}")
+    assert found["alti"] is None and "sublayers' outputs" in found["alti_logit"]
