@@ -17,7 +17,7 @@ FAMILIES = {
     "phi3": ("Phi3Config", dict(num_key_value_heads=2), True),
     "gpt_neox": ("GPTNeoXConfig", dict(rotary_pct=0.5), True),
     "olmo2": ("Olmo2Config", dict(num_key_value_heads=2), True),
-    "modernbert": ("ModernBertConfig", dict(local_attention=32, global_attn_every_n_layers=2,
+    "modernbert": ("ModernBertConfig", dict(local_attention=4, global_attn_every_n_layers=2,
                                             cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3), False),
     "deberta-v2": ("DebertaV2Config", dict(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
                                            position_buckets=8), False),

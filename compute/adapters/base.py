@@ -129,8 +129,11 @@ def _ask_for_attentions(_m, args, kwargs):
     return args, {**kwargs, "output_attentions": True}
 
 
-def _zero_nan_rows(_m, _inp, out):
-    return tuple(torch.nan_to_num(t, nan=0.0) if isinstance(t, torch.Tensor) else t for t in out)
+def _finite_mask(_m, args, kwargs):
+    mask = kwargs.get("attention_mask")
+    if mask is None or not torch.is_floating_point(mask):
+        return None
+    return args, {**kwargs, "attention_mask": mask.clamp_min(torch.finfo(torch.float32).min / 2)}
 
 
 def last_real_token(mask: torch.Tensor) -> torch.Tensor:
@@ -171,10 +174,12 @@ class Adapter:
         self.sep_token_id: int | None = None  # Mask-LRP's explanation pass masks [SEP] as a key (METHODS.md 6.5)
         self.task = task  # compute.tasks name: which head the model has (the methods defined for it)
         if self.block is not None and self.block.windowed and not getattr(model, "_attrscope_nan_rows", False):
-            # HF's eager sliding-window attention gives a pad query whose window holds only pads NaN probabilities,
-            # which the next layer spreads to every token through 0 x NaN: those rows are zeroed (pads carry nothing)
+            # HF's eager sliding-window attention (ModernBERT's) takes its softmax in float32: a float64 mask's minimum
+            # becomes -inf there, and a pad query whose window holds only pads gets NaN probabilities, which reach
+            # every token (0 x NaN in the next layer, and in the backward). Half float32's minimum stays finite and
+            # still gives exactly 0 (float32 and half-precision models are unchanged).
             for layer in self.layers():
-                self.attention_probs_module(layer).register_forward_hook(_zero_nan_rows)
+                self.attention_probs_module(layer).register_forward_pre_hook(_finite_mask, with_kwargs=True)
             model._attrscope_nan_rows = True
 
     # --- structure -------------------------------------------------------------------------------------------

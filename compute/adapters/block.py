@@ -41,7 +41,7 @@ class Block:
     extra_norms: tuple[str, ...] = ()  # norms that touch only A (QK-norm) or the MLP's output (Gemma 2, OLMo 2)
     softcap: bool = False  # attention-logit soft-capping (Gemma 2): A only
     final_norm: str | None = None  # a norm after the last layer, whose output is the last hidden state
-    windowed: bool = False  # sliding-window attention: a pad query with no key in its window gets NaN probabilities
+    windowed: bool = False  # sliding-window attention: a pad query may have no key in its window
     attention_flag: bool = False  # the attention module returns probabilities only when asked (DeBERTa's self)
 
     def __post_init__(self):
