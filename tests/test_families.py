@@ -258,3 +258,26 @@ def test_methods_command_lists_what_runs_for_a_checkpoint(tmp_path):
     for line, (name, reason) in zip(lines[1:], found.items()):
         assert line.split(None, 1)[1] == ("runs" if reason is None else f"refused: {reason}")
     assert found["alti"] is None and "sublayers' outputs" in found["alti_logit"]
+
+
+@pytest.mark.parametrize("family", [f for f in NEW_FAMILIES if f in ("qwen2", "qwen3", "mistral", "gemma", "phi3")])
+@torch.no_grad()
+def test_alti_logit_directions_give_the_logit_on_llama_like_blocks(family):
+    """ALTI-Logit where its definition carries over (a sequential pre-LN block, the final norm frozen at its real
+    scale; Gemma's gain 1 + weight): logit_c = <g, r_final>, and each layer's contributions sum to its attention
+    update of the logit."""
+    from compute.methods.alti_logit import at
+
+    model, ad, batch, cap = captured(family)
+    m = get_method("alti_logit")
+    e = cap.explain_pos
+    for c in range(2):
+        target = torch.full_like(cap.pred, c)
+        g = m.directions(cap, ad, target)
+        r = at(m._final_state(cap, ad), e)
+        torch.testing.assert_close((g[:, 0] * r).sum(-1), cap.logits[:, c], rtol=1e-6, atol=1e-7)
+        delta = m.layer_contributions(cap, ad, target)
+        for l in range(ad.n_layers):
+            p = layer_parts(cap, ad, l)
+            update = at(cap.ln2_in[l], e) - at(cap.hidden_states[l], e) - p.b_O
+            torch.testing.assert_close(delta[:, l].sum(-1), (g[:, l] * update).sum(-1), rtol=1e-8, atol=1e-10)
