@@ -375,14 +375,35 @@ def _metrics_table(store: str, methods: list[str]) -> str:
 
 
 @main.command("methods")
-def methods_cmd():
-    """List the attribution methods."""
+@click.option("--model", "model_spec", default=None, metavar="ID_OR_PATH",
+              help="List what runs for this checkpoint (its family and head): each method, or the reason it is refused.")
+@click.option("--task", default="auto", show_default=True, help="The head to load (as for a run).")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def methods_cmd(model_spec, task, debug):
+    """List the attribution methods (with --model: which run for that checkpoint)."""
     from .methods import REGISTRY
 
-    for name, m in REGISTRY.items():
-        kind = "signed" if m.signed else "non-negative"
-        layers = ", layer views" if m.has_layer_views else ""
-        click.echo(f"{name:15s} {m.description} [{kind}{layers}]")
+    if model_spec is None:
+        for name, m in REGISTRY.items():
+            kind = "signed" if m.signed else "non-negative"
+            layers = ", layer views" if m.has_layer_views else ""
+            click.echo(f"{name:15s} {m.description} [{kind}{layers}]")
+        return
+
+    def go():
+        import torch
+
+        from .applicability import applicability
+        from .models import load_model
+
+        lm = load_model(model_spec, device=torch.device("cpu"), task=task)
+        found = applicability(lm.adapter)
+        click.echo(f"{lm.info['model_type']} ({lm.adapter.family}, --task {lm.task.name}, explained token: "
+                   f"{lm.adapter.pooling}): {sum(r is None for r in found.values())} of {len(found)} methods run")
+        for name, reason in found.items():
+            click.echo(f"{name:15s} {'runs' if reason is None else 'refused: ' + reason}")
+
+    _guarded(go, debug)
 
 
 def _run(cfg, quiet: bool) -> None:

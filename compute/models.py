@@ -37,10 +37,13 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def _check_model_type(config, source: str) -> None:
+    """Before the weights load: an encoder-decoder is refused (the other families are checked on the model itself by
+    compute.adapters.adapter_for: a described block, or the generic adapter's needs)."""
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if getattr(config, "is_encoder_decoder", False):
         raise AttrscopeError(
-            f"unsupported architecture '{model_type}' ({source}): attrscope supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+            f"unsupported architecture '{model_type}' ({source}): an encoder-decoder model; attrscope explains "
+            f"encoders and decoders and describes the blocks of {', '.join(SUPPORTED_MODEL_TYPES)}")
 
 
 def load_model(spec: str | None, *, device: torch.device, dtype: str = "float32",

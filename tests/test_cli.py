@@ -296,15 +296,16 @@ def test_gradient_methods_with_attcat_preset(tiny_model_dirs, tmp_path):
 
 @pytest.fixture
 def gpt2_dir(tmp_path):
-    """A saved sequence classifier of an architecture attrscope has no adapter for (Mistral), without a tokenizer."""
-    from transformers import MistralConfig, MistralForSequenceClassification
+    """A saved sequence classifier of an architecture attrscope cannot explain (T5, an encoder-decoder), without a
+    tokenizer."""
+    from transformers import T5Config, T5ForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    cfg = MistralConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=2, vocab_size=50, max_position_embeddings=16, pad_token_id=0)
-    path = tmp_path / "mistral"
-    MistralForSequenceClassification(cfg).save_pretrained(path)
+    cfg = T5Config(d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2, vocab_size=50, pad_token_id=0,
+                   decoder_start_token_id=0)
+    path = tmp_path / "t5"
+    T5ForSequenceClassification(cfg).save_pretrained(path)
     return path
 
 
@@ -325,7 +326,7 @@ def _error_case(case: str, tmp_path: Path, model: Path, gpt2_dir_factory):
     if case == "unsupported architecture":
         from compute.adapters import SUPPORTED_MODEL_TYPES
 
-        return [data, "--model", gpt2_dir_factory()], 1, ["'mistral'", *SUPPORTED_MODEL_TYPES]
+        return [data, "--model", gpt2_dir_factory()], 1, ["'t5'", "encoder-decoder", *SUPPORTED_MODEL_TYPES]
     if case == "no config.json":
         (tmp_path / "noconf").mkdir()
         return [data, "--model", tmp_path / "noconf"], 1, ["config.json", "noconf"]

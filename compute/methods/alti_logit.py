@@ -61,6 +61,13 @@ class AltiLogit(Method):
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
+        block = adapter.block
+        why = None if block is None else ("its MLP reads the layer input in parallel with attention" if block.parallel
+                                          else "norms sit on its sublayers' outputs" if block.attn_out_norm
+                                          else None)
+        if why:
+            raise AttrscopeError(f"method '{self.name}' is not defined for the '{adapter.config.model_type}' block: it "
+                                 f"rebuilds the final state as r + MLP(LN2(r)) through a final norm, and {why}")
         head = adapter.lm_head_parts() if adapter.task in WORD_TASKS else adapter.head_parts()
         known = adapter.mlp(adapter.layers()[0]) is not None if adapter.pre_ln else \
             adapter.ffn_parts(adapter.layers()[0]) is not None
@@ -117,12 +124,12 @@ class AltiLogit(Method):
         if adapter.pre_ln:
             norm = adapter.final_norm()
             r = at(self._final_state(cap, adapter), e)
-            gamma = norm.weight.to(r.dtype)
+            gamma = adapter.norm_gain(norm, r.shape[-1]).to(r.dtype)  # Gemma's 1 + weight
             if isinstance(norm, nn.LayerNorm):
                 sigma = (center(r).square().mean(-1) + norm.eps).sqrt()
                 g = center(gamma * u) / sigma[:, None]
             else:  # RMSNorm: no centring
-                rms = (r.square().mean(-1) + norm.variance_epsilon).sqrt()
+                rms = (r.square().mean(-1) + getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))).sqrt()
                 g = gamma * u / rms[:, None]
             return g[:, None].expand(-1, L, -1)
         # Post-LN: the explained token's path from layer l's pre-LN1 state to the logit, taken backwards. What does

@@ -23,6 +23,8 @@ PASSES = frozenset({"forward", "backward", "lrp"})
 # Tasks with a sequence head read at one token (compute.tasks): the methods that decompose its logit or start
 # relevance at it are defined for these only.
 SEQUENCE_HEAD_TASKS = frozenset({"classification", "regression"})
+# Internals only a block description locates (compute.adapters.block): a model without one runs no method needing them.
+BLOCK_NEEDS = frozenset({"values", "ln1", "ln2", "attn_out"})
 
 
 class Same:
@@ -115,6 +117,11 @@ class Method:
 
     def check_architecture(self, adapter: Adapter) -> None:
         """One-line error where the method is not defined for the model's architecture (never a silent answer)."""
+        if adapter.block is None and self.needs & BLOCK_NEEDS:
+            raise AttrscopeError(
+                f"method '{self.name}' needs the value vectors and norms of a described block, and "
+                f"'{adapter.config.model_type}' has no block description (compute/adapters/): use a gradient or "
+                "attention method (grads, ig_l2, raw_attention, rollout, gae, attcat)")
         if adapter.pre_ln and not self.pre_ln_ok:
             raise AttrscopeError(
                 f"method '{self.name}' is not defined for the pre-LN architecture '{adapter.config.model_type}' "

@@ -30,7 +30,7 @@ import torch
 from ... import interrupts
 from ...adapters import Adapter, Captured
 
-NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
+NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
 
 
 def center(v: torch.Tensor) -> torch.Tensor:
@@ -63,13 +63,22 @@ class LayerWeights:
     beta2: torch.Tensor
     eps1: float  # LayerNorm epsilons (the same in every layer)
     eps2: float
+    # A norm on the attention output before the residual add (Gemma 2, OLMo 2; compute.adapters.block): its gains
+    # [L, d] and epsilon, or None
+    gamma_o: torch.Tensor | None = None
+    eps_o: float = 0.0
     derived: dict = field(default_factory=dict)
     serial: int = field(default_factory=itertools.count().__next__)  # tells results of other weights apart
 
     def kind_weight(self, kind: str) -> torch.Tensor:
-        """[L, d, d]: W_O ("n", "res"), gamma1 P W_O ("resln"), gamma2 P gamma1 P W_O ("enc")."""
+        """[L, d, d]: W_O ("n", "res"; gamma_o W_O behind an attention-output RMSNorm), gamma1 P W_O ("resln"),
+        gamma2 P gamma1 P W_O ("enc")."""
         if kind in ("n", "res"):
-            return self.W_O
+            if self.gamma_o is None:
+                return self.W_O
+            if "o" not in self.derived:
+                self.derived["o"] = self.gamma_o[:, :, None] * self.W_O
+            return self.derived["o"]
         if kind not in self.derived:
             if kind == "resln":
                 self.derived[kind] = self.gamma1[:, :, None] * center_rows(self.W_O)
@@ -105,6 +114,9 @@ def stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device) 
 
 
 def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> LayerWeights:
+    """From the block's modules (compute.adapters.block). A norm that is absent or has no weight (OLMo 2 has none
+    before attention, ModernBERT an identity before its first) gets gain 1 and bias 0; only post-LN blocks, whose
+    norms all exist, are read through LN1 and LN2."""
     layers = adapter.layers()
     outs = [adapter.out_proj(layer) for layer in layers]
     ln1s, ln2s = [adapter.ln1(layer) for layer in layers], [adapter.ln2(layer) for layer in layers]
@@ -113,6 +125,9 @@ def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device)
     def stack(tensors):
         return stack_params(tensors, dtype, device)
 
+    def gains(modules):
+        return stack([adapter.norm_gain(m, d) for m in modules])
+
     def biases(modules):  # Llama's o_proj and RMSNorm have none
         if all(getattr(m, "bias", None) is None for m in modules):
             return torch.zeros(len(modules), d, dtype=dtype, device=device)
@@ -120,14 +135,18 @@ def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device)
                       for m in modules])
 
     def eps(modules):  # sigma is LayerNorm's (centred); RMSNorm models are pre-LN, where no method reads it
-        values = {float(getattr(m, "eps", getattr(m, "variance_epsilon", 0.0))) for m in modules}
-        if len(values) != 1:
+        values = {float(getattr(m, "eps", getattr(m, "variance_epsilon", 0.0))) for m in modules
+                  if m is not None and not isinstance(m, torch.nn.Identity)}
+        if len(values) > 1:
             raise ValueError(f"the layers' norms have different epsilons {sorted(values)}")
-        return values.pop()
+        return values.pop() if values else 0.0
 
+    post = [adapter.attn_out_norm(layer) for layer in layers]
+    has_post = post[0] is not None
     return LayerWeights(W_O=stack([o.weight for o in outs]), b_O=biases(outs),
-                        gamma1=stack([m.weight for m in ln1s]), beta1=biases(ln1s),
-                        gamma2=stack([m.weight for m in ln2s]), beta2=biases(ln2s), eps1=eps(ln1s), eps2=eps(ln2s))
+                        gamma1=gains(ln1s) if ln1s[0] is not None else None, beta1=biases(ln1s),
+                        gamma2=gains(ln2s) if ln2s[0] is not None else None, beta2=biases(ln2s), eps1=eps(ln1s),
+                        eps2=eps(ln2s), gamma_o=gains(post) if has_post else None, eps_o=eps(post) if has_post else 0.0)
 
 
 @dataclass
@@ -165,6 +184,7 @@ class LayerParts:
     y: torch.Tensor  # [*, n, d]    real LN1 output
     t: torch.Tensor  # [*, n, d]    real pre-LN2 state
     y2: torch.Tensor  # [*, n, d]   real LN2 output (the layer output)
+    o: torch.Tensor | None  # [*, n, d] the attention output before a norm on it (where the block has one), or None
     mask: torch.Tensor  # [B, n] bool, True on the real tokens of these examples
     weights: LayerWeights
     layers: int | slice  # which layers of ``weights``: one (int) or a stack (slice)
@@ -235,6 +255,13 @@ class LayerParts:
     def sigma2(self) -> torch.Tensor:
         return ln_sigma(self.t, self.eps2)
 
+    @functools.cached_property
+    def rho(self) -> torch.Tensor | None:
+        """[*, n] the RMS of the real attention output, which the norm on it divides by (None: no such norm)."""
+        if self.weights.gamma_o is None:
+            return None
+        return (self.o.square().mean(-1) + self.weights.eps_o).sqrt()
+
     def ln1_linear(self, v: torch.Tensor) -> torch.Tensor:
         """gamma1 * P v (the linear part of LN1, without 1/sigma1)."""
         return self.gamma1 * center(v)
@@ -251,7 +278,7 @@ class LayerParts:
         """Layer k of a stack as one layer's parts (views)."""
         assert self.stacked
         return LayerParts(A=self.A[k], x=self.x[k], v=self.v[k], s=self.s[k], y=self.y[k], t=self.t[k],
-                          y2=self.y2[k], mask=self.mask, weights=self.weights, layers=self.layers.start + k, rows=self.rows,
+                          y2=self.y2[k], o=None if self.o is None else self.o[k], mask=self.mask, weights=self.weights, layers=self.layers.start + k, rows=self.rows,
                           eps_quirk=self.eps_quirk, memo=self.memo)
 
     def project(self, W: torch.Tensor) -> torch.Tensor:
@@ -289,8 +316,17 @@ def _parts(cap: Captured, adapter: Adapter, layers: int | slice, rows: slice, ep
     A = take("attentions")
     *_, H, n, _ = A.shape
     v = take("values")
-    return LayerParts(A=A, x=take("hidden_states"), v=v.unflatten(-1, (H, v.shape[-1] // H)),
-                      s=take("ln1_in"), y=take("ln1_out"), t=take("ln2_in"), y2=take("ln2_out"),
+    x = take("hidden_states")
+    block = adapter.block
+    o = take("attn_out") if block is not None and block.attn_out_captured else None
+    if block is not None and block.parallel:  # no module reads the residual stream after attention: x + o
+        t = x + o
+    else:
+        t = take("ln2_in")
+    # a block without a norm before attention (OLMo 2) gives its layer input to attention as it is
+    s, y = (take("ln1_in"), take("ln1_out")) if cap.ln1_in else (x, x)
+    return LayerParts(A=A, x=x, v=v.unflatten(-1, (H, v.shape[-1] // H)),
+                      s=s, y=y, t=t, y2=take("ln2_out"), o=o,
                       mask=cap.mask if rows == slice(None) else cap.mask[rows],
                       weights=stacked_weights(adapter, A.dtype, A.device), layers=layers, rows=rows,
                       eps_quirk=eps_quirk, memo=cap.memo)
@@ -347,9 +383,10 @@ def operand_weights(p: LayerParts, kind: str):
 def _operand_weights(p: LayerParts, kind: str):
     W = p.matrix(p.weights.kind_weight(kind))
     if kind == "n":
-        return W, None, None
+        return W, None, p.rho
     if kind == "res":
-        return W, p.x, None
+        # behind an attention-output RMSNorm the vectors are gamma_o z / rho_i (+ x_i): the residual times rho_i
+        return W, p.x if p.rho is None else p.x * p.rho[..., None], p.rho
     if kind == "resln":
         return W, p.ln1_linear(p.x), p.sigma1
     if kind == "enc":

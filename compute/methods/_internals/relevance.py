@@ -136,10 +136,18 @@ def layer_weights(adapter: Adapter, role: str, dtype: torch.dtype) -> _Weights:
 
 # ----------------------------------------------------------------------------------------------------------------
 def check_lrp(adapter: Adapter, method: str) -> None:
+    """The rules (Chefer et al.) are defined for post-LN encoders whose LayerNorms and softmax attention over absolute
+    positions they pass relevance through, with a known head: BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT."""
     if not has_lrp_rules(adapter):
+        block = adapter.block
+        why = ("it has no block description" if block is None
+               else "its norms sit before the sublayers (pre-LN), where the rules' LayerNorm step is undefined"
+               if block.pre_ln else "its attention scores carry relative-position terms the rules do not pass"
+               if block.positions == "relative" else "no rule set is written for its head")
         raise AttrscopeError(
-            f"method '{method}' has no LRP rule set for the '{adapter.config.model_type}' architecture yet: use it with "
-            "a BERT, RoBERTa, ELECTRA or DistilBERT classifier, or choose gae or a gradient method")
+            f"method '{method}' has no LRP rule set for the '{adapter.config.model_type}' architecture: {why}; the "
+            "rules are defined for BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA and DistilBERT: choose gae or a gradient "
+            "method")
 
 
 @dataclass

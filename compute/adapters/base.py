@@ -8,6 +8,7 @@ modelling files; adapters only know module names and how each family's classific
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,11 +16,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .errors import AttrscopeError
-from .tasks.readout import Readout
+from ..errors import AttrscopeError
+from ..tasks.readout import Readout
+from .block import Block
 
-# Internals a method can ask for (Method.needs).
-NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
+# Internals a method can ask for (Method.needs). "attn_out" (the attention output before any norm on it) is captured
+# only where the family's block needs it (Block.attn_out_captured).
+NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Captured:
     ln1_out: list[torch.Tensor] = field(default_factory=list)
     ln2_in: list[torch.Tensor] = field(default_factory=list)
     ln2_out: list[torch.Tensor] = field(default_factory=list)
+    attn_out: list[torch.Tensor] = field(default_factory=list)  # [B, n, d] the out-projection's output
     # Target-independent intermediates shared by several methods of one batch (e.g. the per-layer head logits).
     memo: dict = field(default_factory=dict)
     # The passes the batch's methods declare (Method.passes), set by the runner: the shared gradient pass records
@@ -91,7 +95,7 @@ def _keep_value(lst, value_of):
 
 def _replace_last(lst):
     def hook(_m, _inp, out):
-        lst[-1] = _first(out)
+        lst[-1] = out if torch.is_tensor(out) else out[0]  # a norm's tensor, or a base model's last hidden state
     return hook
 
 
@@ -101,7 +105,7 @@ def _keep_attention(lst):
     return hook
 
 
-STACKED = ("hidden_states", "attentions", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out")  # Captured's layer lists
+STACKED = ("hidden_states", "attentions", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out", "attn_out")  # Captured's layer lists
 
 
 def _stack_and_upcast(cap: Captured) -> None:
@@ -117,16 +121,48 @@ def _stack_and_upcast(cap: Captured) -> None:
                 setattr(cap, name, list(st.unbind(0)))
 
 
+def _ask_for_attentions(_m, args, kwargs):
+    """A forward pre-hook: the attention module's output_attentions argument (its third) set, so that it returns its
+    probabilities (DeBERTa's self-attention returns None otherwise)."""
+    if len(args) > 2:
+        return (*args[:2], True, *args[3:]), kwargs
+    return args, {**kwargs, "output_attentions": True}
+
+
+def _finite_mask(_m, args, kwargs):
+    mask = kwargs.get("attention_mask")
+    if mask is None or not torch.is_floating_point(mask):
+        return None
+    return args, {**kwargs, "attention_mask": mask.clamp_min(torch.finfo(torch.float32).min / 2)}
+
+
+def last_real_token(mask: torch.Tensor) -> torch.Tensor:
+    """[B] position of each row's last real token, which decoder classifiers pool (left or right padding)."""
+    pos = torch.arange(mask.shape[1], device=mask.device)
+    return (mask.long() * (pos + 1)).argmax(dim=-1)
+
+
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+def module_at(root: nn.Module, path: str | None) -> nn.Module | None:
+    """The submodule at a dotted path ("" : root itself; None: none)."""
+    if path is None:
+        return None
+    for name in filter(None, path.split(".")):
+        root = getattr(root, name)
+    return root
+
+
 class Adapter:
-    """Base class: subclasses name the modules of one architecture family."""
+    """Base class: a family's file declares its block (compute.adapters.block) and its heads."""
 
     family: str = ""
     model_types: tuple[str, ...] = ()
-    pre_ln: bool = False  # LayerNorm before attention/MLP (GPT-2, Llama) instead of after the residual add
+    block: Block | None = None
+    pre_ln: bool = False  # no norm on the residual path (Block.pre_ln), set from the block by each family
+    lrp: bool = False  # Chefer's LRP rules are defined for the block (post-LN, LayerNorm, absolute attention)
 
     def __init__(self, model: nn.Module, task: str = "classification"):
         self.model = model
@@ -137,6 +173,14 @@ class Adapter:
         self.special_ids: list[int] | None = None
         self.sep_token_id: int | None = None  # Mask-LRP's explanation pass masks [SEP] as a key (METHODS.md 6.5)
         self.task = task  # compute.tasks name: which head the model has (the methods defined for it)
+        if self.block is not None and self.block.windowed and not getattr(model, "_attrscope_nan_rows", False):
+            # HF's eager sliding-window attention (ModernBERT's) takes its softmax in float32: a float64 mask's minimum
+            # becomes -inf there, and a pad query whose window holds only pads gets NaN probabilities, which reach
+            # every token (0 x NaN in the next layer, and in the backward). Half float32's minimum stays finite and
+            # still gives exactly 0 (float32 and half-precision models are unchanged).
+            for layer in self.layers():
+                self.attention_probs_module(layer).register_forward_pre_hook(_finite_mask, with_kwargs=True)
+            model._attrscope_nan_rows = True
 
     # --- structure -------------------------------------------------------------------------------------------
     @property
@@ -147,37 +191,81 @@ class Adapter:
     def n_heads(self) -> int:
         return int(self.config.num_attention_heads if hasattr(self.config, "num_attention_heads") else self.config.n_heads)
 
+    @property
+    def n_kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+
+    def _base(self) -> nn.Module:
+        return self.model.base_model
+
     def layers(self) -> list[nn.Module]:
-        raise NotImplementedError
+        return list(module_at(self._base(), self.block.layers))
 
     def embeddings(self) -> nn.Module:
-        raise NotImplementedError
+        return module_at(self._base(), self.block.embeddings)
 
     def attention_probs_module(self, layer: nn.Module) -> nn.Module:
         """Module whose forward returns (context, attention_probs)."""
-        raise NotImplementedError
+        return module_at(layer, self.block.attention)
 
     def value_module(self, layer: nn.Module) -> nn.Module:
         """Module whose output holds the value vectors W_V x + b_V (see :meth:`value_of`)."""
-        raise NotImplementedError
+        return module_at(layer, self.block.value)
 
     def value_of(self, out: torch.Tensor) -> torch.Tensor:
-        """The value vectors [B, n, d] in the output of :meth:`value_module` (fused QKV projections slice it)."""
-        return out
+        """The value vectors [B, n, H d_h] in the output of :meth:`value_module`, as the block's layout holds them;
+        value heads shared by several query heads are repeated, so every query head has its own."""
+        layout, H, kv = self.block.qkv, self.n_heads, self.n_kv_heads
+        *lead, width = out.shape
+        if layout == "concat":
+            return out[..., 2 * width // 3:]
+        if layout == "per_head":
+            return out.unflatten(-1, (H, 3, width // (3 * H)))[..., 2, :].flatten(-2)
+        if layout == "concat_gqa":
+            dh = width // (H + 2 * kv)
+            out = out[..., (H + kv) * dh:]
+        dh = out.shape[-1] // kv
+        if kv == H:
+            return out
+        return out.unflatten(-1, (kv, dh)).repeat_interleave(H // kv, dim=-2).flatten(-2)
 
     def final_norm(self) -> nn.Module | None:
         """A norm applied after the last layer whose output is Hugging Face's last hidden state (GPT-2's ln_f)."""
-        return None
+        return module_at(self._base(), self.block.final_norm)
 
     def out_proj(self, layer: nn.Module) -> nn.Linear:
         """W_O, b_O of the attention block."""
-        raise NotImplementedError
+        return module_at(layer, self.block.out_proj)
 
-    def ln1(self, layer: nn.Module) -> nn.LayerNorm:
-        raise NotImplementedError
+    def ln1(self, layer: nn.Module) -> nn.Module | None:
+        return module_at(layer, self.block.ln1)
 
-    def ln2(self, layer: nn.Module) -> nn.LayerNorm:
-        raise NotImplementedError
+    def ln2(self, layer: nn.Module) -> nn.Module | None:
+        return module_at(layer, self.block.ln2)
+
+    def attn_out_norm(self, layer: nn.Module) -> nn.Module | None:
+        """The norm on the attention output before the residual add (Gemma 2, OLMo 2), or None."""
+        return module_at(layer, self.block.attn_out_norm)
+
+    def norm_gain(self, norm: nn.Module | None, d: int) -> torch.Tensor:
+        """The norm's effective gain [d] (Gemma's 1 + weight; ones for an identity or a norm without weight)."""
+        w = getattr(norm, "weight", None)
+        if w is None:
+            return torch.ones(d, dtype=next(self.model.parameters()).dtype, device=next(self.model.parameters()).device)
+        return w + self.block.norm_offset if self.block is not None and self.block.norm_offset else w
+
+    @functools.cached_property
+    def decoder(self) -> bool:
+        """Causal attention (read from the model's attention modules): a decoder."""
+        return any(getattr(m, "is_causal", False) is True for m in self.model.modules())
+
+    @property
+    def pooling(self) -> str:
+        """Which token a sequence head reads, read from the model: "last" (the last real token) where its attention
+        is causal, "mean" where the config pools the mean (ModernBERT's classifier_pooling), else "first"."""
+        if getattr(self.config, "classifier_pooling", "cls") == "mean":
+            return "mean"
+        return "last" if self.decoder else "first"
 
     def head_per_token(self, h: torch.Tensor) -> torch.Tensor:
         """The model's own classification head applied to every token as if it were the pooled one: [..., n, d] ->
@@ -240,7 +328,7 @@ class Adapter:
 
     def mlp(self, layer: nn.Module) -> nn.Module | None:
         """A pre-LN block's MLP as one module: r + mlp(LN2(r)) is the block's output (None for post-LN layers)."""
-        return None
+        return module_at(layer, self.block.mlp) if self.pre_ln and self.block is not None else None
 
     def head_parts(self) -> tuple[nn.Linear, Callable, nn.Linear] | None:
         """(dense, activation, classifier) of the classification head that reads the explained token:
@@ -276,7 +364,11 @@ class Adapter:
         return None
 
     def explain_positions(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Position whose row is explained: [CLS] (position 0) for encoder classifiers."""
+        """Position whose row is explained: the token the checkpoint's head pools (``pooling``): the last real token
+        (decoders), else the first ([CLS]; a mean-pooling head also gets position 0: the row methods then explain
+        that token's row, not the pooled mean)."""
+        if self.pooling == "last":
+            return last_real_token(mask)
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
 
     def special_mask(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -286,7 +378,7 @@ class Adapter:
             ids = torch.as_tensor(self.special_ids, dtype=input_ids.dtype, device=input_ids.device)
             return torch.isin(input_ids, ids) & mask
         special = torch.zeros_like(mask)
-        if not self.pre_ln:
+        if not self.decoder:
             b = torch.arange(mask.shape[0], device=mask.device)
             special[b, 0] = True
             special[b, mask.sum(-1) - 1] = True
@@ -297,7 +389,7 @@ class Adapter:
         if self.sep_token_id is not None:
             return (input_ids == self.sep_token_id) & mask
         sep = torch.zeros_like(mask)
-        if not self.pre_ln:
+        if not self.decoder:
             sep[torch.arange(mask.shape[0], device=mask.device), mask.sum(-1) - 1] = True
         return sep & mask
 
@@ -330,8 +422,13 @@ class Adapter:
                 if "values" in needs:
                     handles.append(self.value_module(layer).register_forward_hook(
                         _keep_value(cap.values, self.value_of)))
+                if "attn_out" in needs and self.block is not None and self.block.attn_out_captured:
+                    handles.append(self.out_proj(layer).register_forward_hook(keep(cap.attn_out)))
+                if self.block is not None and self.block.attention_flag and "attentions" in needs:
+                    handles.append(self.attention_probs_module(layer).register_forward_pre_hook(
+                        _ask_for_attentions, with_kwargs=True))
                 for name, mod in (("ln1", self.ln1(layer)), ("ln2", self.ln2(layer))):
-                    if name in needs:
+                    if name in needs and mod is not None:
                         handles.append(mod.register_forward_hook(
                             keep_in_out(getattr(cap, f"{name}_in"), getattr(cap, f"{name}_out"))))
             if "hidden_states" in needs and self.final_norm() is not None:
@@ -376,277 +473,3 @@ class Adapter:
         if not grad:  # a graph's tensors stay as they are (a copy would not be differentiated)
             _stack_and_upcast(cap)
         return cap
-
-
-class BertAdapter(Adapter):
-    """BERT, RoBERTa and ELECTRA share module names (``attention.self``, ``attention.output.LayerNorm``, ...)."""
-
-    family = "bert"
-    model_types = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
-
-    def _base(self):
-        return self.model.base_model
-
-    def layers(self):
-        return list(self._base().encoder.layer)
-
-    def embeddings(self):
-        return self._base().embeddings
-
-    def attention_probs_module(self, layer):
-        return layer.attention.self
-
-    def value_module(self, layer):
-        return layer.attention.self.value
-
-    def out_proj(self, layer):
-        return layer.attention.output.dense
-
-    def ln1(self, layer):
-        return layer.attention.output.LayerNorm
-
-    def ln2(self, layer):
-        return layer.output.LayerNorm
-
-    def lrp_linears(self, layer):
-        sa = layer.attention.self
-        return {"q": sa.query, "k": sa.key, "v": sa.value, "o": layer.attention.output.dense,
-                "f1": layer.intermediate.dense, "f2": layer.output.dense}
-
-    def ffn_parts(self, layer):
-        return layer.intermediate.dense, layer.intermediate.intermediate_act_fn, layer.output.dense
-
-    def head_parts(self):
-        m = self.model
-        if self.config.model_type == "bert":
-            return m.bert.pooler.dense, m.bert.pooler.activation, m.classifier
-        # RoBERTa's head applies tanh, ELECTRA's its own activation (GELU)
-        return m.classifier.dense, getattr(m.classifier, "activation", torch.tanh), m.classifier.out_proj
-
-    def lm_head_parts(self):
-        m, kind = self.model, self.config.model_type
-        if kind == "bert":
-            t = m.cls.predictions.transform
-            return t.dense, t.transform_act_fn, t.LayerNorm, m.cls.predictions.decoder
-        if kind == "electra":
-            g = m.generator_predictions
-            return g.dense, g.activation, g.LayerNorm, m.generator_lm_head
-        head = m.lm_head  # RoBERTa, XLM-R, CamemBERT: dense -> GELU -> LayerNorm -> decoder
-        return head.dense, torch.nn.functional.gelu, head.layer_norm, head.decoder
-
-    def sequence_lrp_head(self):
-        m = self.model
-        if self.config.model_type == "bert":
-            return [m.bert.pooler.dense, m.classifier]  # pooler dense -> tanh -> dropout -> classifier
-        return [m.classifier.dense, m.classifier.out_proj]  # RoBERTa (tanh) / ELECTRA (GELU) heads
-
-    def lm_lrp_head(self):
-        m, kind = self.model, self.config.model_type
-        if kind == "bert":
-            return [m.cls.predictions.transform.dense, m.cls.predictions.decoder]
-        if kind == "electra":
-            return [m.generator_predictions.dense, m.generator_lm_head]
-        return [m.lm_head.dense, m.lm_head.decoder]
-
-    def _head(self, h):
-        B, n, d = h.shape
-        m = self.model
-        if self.config.model_type == "bert":
-            # BertForSequenceClassification: classifier(dropout(tanh(W_pool h + b_pool))).
-            pooler = m.bert.pooler
-            return m.classifier(m.dropout(pooler.activation(pooler.dense(h))))
-        # RoBERTa/ELECTRA heads read features[:, 0]: feed every token as its own length-1 sequence.
-        return m.classifier(h.reshape(B * n, 1, d)).reshape(B, n, -1)
-
-
-class DistilBertAdapter(Adapter):
-    family = "distilbert"
-    model_types = ("distilbert",)
-
-    def layers(self):
-        return list(self.model.distilbert.transformer.layer)
-
-    def embeddings(self):
-        return self.model.distilbert.embeddings
-
-    def attention_probs_module(self, layer):
-        return layer.attention
-
-    def value_module(self, layer):
-        return layer.attention.v_lin
-
-    def out_proj(self, layer):
-        return layer.attention.out_lin
-
-    def ln1(self, layer):
-        return layer.sa_layer_norm
-
-    def ln2(self, layer):
-        return layer.output_layer_norm
-
-    def lrp_linears(self, layer):
-        at = layer.attention
-        return {"q": at.q_lin, "k": at.k_lin, "v": at.v_lin, "o": at.out_lin, "f1": layer.ffn.lin1, "f2": layer.ffn.lin2}
-
-    def ffn_parts(self, layer):
-        return layer.ffn.lin1, layer.ffn.activation, layer.ffn.lin2
-
-    def head_parts(self):
-        return self.model.pre_classifier, torch.relu, self.model.classifier
-
-    def lm_head_parts(self):
-        m = self.model
-        return m.vocab_transform, m.activation, m.vocab_layer_norm, m.vocab_projector
-
-    def sequence_lrp_head(self):
-        return [self.model.pre_classifier, self.model.classifier]  # -> ReLU -> dropout -> classifier
-
-    def lm_lrp_head(self):
-        return [self.model.vocab_transform, self.model.vocab_projector]  # -> GELU -> LayerNorm -> projector
-
-    def _head(self, h):
-        # DistilBertForSequenceClassification: classifier(dropout(relu(pre_classifier(h)))).
-        m = self.model
-        return m.classifier(m.dropout(torch.relu(m.pre_classifier(h))))
-
-
-def last_real_token(mask: torch.Tensor) -> torch.Tensor:
-    """[B] position of each row's last real token, which decoder classifiers pool (left or right padding)."""
-    pos = torch.arange(mask.shape[1], device=mask.device)
-    return (mask.long() * (pos + 1)).argmax(dim=-1)
-
-
-class _LinearView:
-    """W and b of a GPT-2 Conv1D (y = x W + b) in nn.Linear's convention (weight [out, in])."""
-
-    def __init__(self, conv):
-        self.weight = conv.weight.t()
-        self.bias = conv.bias
-
-
-class GPT2Adapter(Adapter):
-    """GPT-2 (pre-LN, causal): r = x + Attn(ln_1(x)), x' = r + MLP(ln_2(r)); ln_f after the last block. The
-    classifier reads the last real token."""
-
-    family = "gpt2"
-    model_types = ("gpt2",)
-    pre_ln = True
-
-    def layers(self):
-        return list(self.model.transformer.h)
-
-    def embeddings(self):
-        return self.model.transformer.drop  # output = token + position embeddings = hidden_states[0]
-
-    def attention_probs_module(self, layer):
-        return layer.attn
-
-    def value_module(self, layer):
-        return layer.attn.c_attn  # fused [q | k | v], biases included
-
-    def value_of(self, out):
-        d = out.shape[-1] // 3
-        return out[..., 2 * d:]
-
-    def out_proj(self, layer):
-        return _LinearView(layer.attn.c_proj)
-
-    def ln1(self, layer):
-        return layer.ln_1
-
-    def ln2(self, layer):
-        return layer.ln_2
-
-    def final_norm(self):
-        return self.model.transformer.ln_f
-
-    def mlp(self, layer):
-        return layer.mlp
-
-    def head_parts(self):
-        return None, None, self.model.score  # a linear score on the final norm's output
-
-    def _head(self, h):
-        return self.model.score(h)  # per-position logits before HF pools the last real token
-
-    def lm_head_parts(self):
-        return None, None, None, self.model.lm_head  # on ln_f's output
-
-    def explain_positions(self, input_ids, mask):
-        return last_real_token(mask)
-
-
-class LlamaAdapter(Adapter):
-    """Llama (pre-LN with RMSNorm, causal, rotary positions inside attention, grouped-query attention):
-    r = x + Attn(norm_1(x)), x' = r + MLP(norm_2(r)); a final norm after the last layer. The classifier reads the
-    last real token. Value heads shared by several query heads are repeated, so every query head has its own."""
-
-    family = "llama"
-    model_types = ("llama",)
-    pre_ln = True
-
-    def _base(self):
-        return self.model.base_model  # .model, or .transformer for LlamaForQuestionAnswering
-
-    def layers(self):
-        return list(self._base().layers)
-
-    def embeddings(self):
-        return self._base().embed_tokens  # no position embeddings on the residual stream (rotary is in attention)
-
-    def attention_probs_module(self, layer):
-        return layer.self_attn
-
-    def value_module(self, layer):
-        return layer.self_attn.v_proj
-
-    def value_of(self, out):
-        H = self.n_heads
-        kv = int(getattr(self.config, "num_key_value_heads", None) or H)
-        B, n, dkv = out.shape
-        dh = dkv // kv
-        return out.view(B, n, kv, dh).repeat_interleave(H // kv, dim=2).reshape(B, n, H * dh)
-
-    def out_proj(self, layer):
-        return layer.self_attn.o_proj
-
-    def ln1(self, layer):
-        return layer.input_layernorm
-
-    def ln2(self, layer):
-        return layer.post_attention_layernorm
-
-    def final_norm(self):
-        return self._base().norm
-
-    def mlp(self, layer):
-        return layer.mlp
-
-    def head_parts(self):
-        return None, None, self.model.score
-
-    def _head(self, h):
-        return self.model.score(h)
-
-    def lm_head_parts(self):
-        return None, None, None, self.model.lm_head  # on the final norm's output
-
-    def explain_positions(self, input_ids, mask):
-        return last_real_token(mask)
-
-
-ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter, LlamaAdapter)
-SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
-
-
-def adapter_for(model: nn.Module, task: str = "classification") -> Adapter:
-    """The adapter of ``model``'s family, for the head ``task`` (compute.tasks) names."""
-    from .tasks import get_task
-
-    model_type = getattr(model.config, "model_type", "?")
-    for cls in ADAPTERS:
-        if model_type in cls.model_types:
-            get_task(task).check_model(model)
-            return cls(model, task)
-    raise AttrscopeError(
-        f"unsupported architecture '{model_type}': attrscope supports {', '.join(SUPPORTED_MODEL_TYPES)}")

@@ -1,0 +1,57 @@
+"""Architecture adapters: read a model's per-layer internals with forward hooks on the stock Hugging Face modules.
+
+One file per family declares its block (``block.Block``: where the modules are and how they combine) and its heads;
+``base.Adapter`` derives the structure and the capture from the block. A checkpoint of another family runs through
+``generic.GenericAdapter`` (the methods that need no block description). Nothing is copied or patched from the
+modelling files.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import AttrscopeError
+from .base import NEEDS, STACKED, Adapter, Captured, last_real_token, module_at
+from .bert import BertAdapter
+from .block import Block
+from .deberta_v2 import DebertaV2Adapter
+from .distilbert import DistilBertAdapter
+from .gemma import GemmaAdapter
+from .gemma2 import Gemma2Adapter
+from .generic import GenericAdapter, generic_structure
+from .gpt2 import GPT2Adapter
+from .gpt_neox import GPTNeoXAdapter
+from .llama import LlamaAdapter
+from .mistral import MistralAdapter
+from .modernbert import ModernBertAdapter
+from .olmo2 import Olmo2Adapter
+from .phi3 import Phi3Adapter
+from .qwen2 import Qwen2Adapter
+from .qwen3 import Qwen3Adapter
+
+ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter, LlamaAdapter, Qwen2Adapter,
+                                       Qwen3Adapter, MistralAdapter, GemmaAdapter, Gemma2Adapter, Phi3Adapter,
+                                       GPTNeoXAdapter, Olmo2Adapter, ModernBertAdapter, DebertaV2Adapter)
+# The families with a block description (every method defined for the block runs); any other checkpoint runs the
+# methods that need none (GenericAdapter).
+SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
+
+
+def adapter_for(model: nn.Module, task: str = "classification") -> Adapter:
+    """The adapter of ``model``'s family, for the head ``task`` (compute.tasks) names."""
+    from ..tasks import get_task
+
+    model_type = getattr(model.config, "model_type", "?")
+    get_task(task).check_model(model)
+    for cls in ADAPTERS:
+        if model_type in cls.model_types:
+            return cls(model, task)
+    missing = generic_structure(model)
+    if missing is not None:
+        raise AttrscopeError(f"unsupported architecture '{model_type}': {missing}; attrscope describes the blocks of "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    return GenericAdapter(model, task)
+
+
+__all__ = ["ADAPTERS", "NEEDS", "STACKED", "SUPPORTED_MODEL_TYPES", "Adapter", "Block", "Captured", "adapter_for",
+           "last_real_token", "module_at"]

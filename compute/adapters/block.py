@@ -1,0 +1,59 @@
+"""The declarative description of one family's Transformer block: where its modules are and how they combine.
+
+A family's file fills in a :class:`Block`; the adapter's structure (``compute.adapters.base.Adapter``), the capture and
+the decomposition methods (norm family, GlobEnc, ALTI, ALTI-Logit, DecompX, Value Zeroing) read it instead of code per
+architecture. Module paths are dotted attribute names: ``layers``, ``embeddings`` and ``final_norm`` from the model's
+base model, the others from one layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Where the norms sit: "post" (after each residual add: BERT), "pre" (before each sublayer: GPT-2, Llama),
+# "sandwich" (before each sublayer and on its output: Gemma 2), "output" (on each sublayer's output only: OLMo 2).
+NORM_PLACEMENTS = ("post", "pre", "sandwich", "output")
+# How the value vectors sit in the output of the value module: "separate" (a value projection; grouped heads
+# repeated), "concat" ([q | k | v] of equal widths: GPT-2, ModernBERT), "concat_gqa" ([q | k | v] with fewer key/value
+# heads: Phi-3), "per_head" ([q_h k_h v_h] per head: GPT-NeoX).
+QKV_LAYOUTS = ("separate", "concat", "concat_gqa", "per_head")
+
+
+@dataclass(frozen=True)
+class Block:
+    layers: str  # the ModuleList of layers
+    embeddings: str  # the module whose output is the first layer's input
+    attention: str  # the module whose forward returns (output, attention probabilities)
+    value: str  # the module whose output holds the value vectors (with their bias)
+    out_proj: str  # W_O, b_O
+    ln1: str | None  # post: the norm after attention's residual add; else the norm before attention (None: none)
+    ln2: str | None  # a module whose input is the residual stream after attention (post: the norm after the MLP's add)
+    mlp: str  # the feed-forward block as one module
+    norms: str = "post"  # NORM_PLACEMENTS
+    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
+    norm_bias: bool = True
+    norm_offset: float = 0.0  # the gain is offset + weight (Gemma's RMSNorm: 1 + weight)
+    qkv: str = "separate"  # QKV_LAYOUTS
+    attn_out_norm: str | None = None  # a norm on the attention output before the residual add (Gemma 2, OLMo 2)
+    parallel: bool = False  # attention and MLP both read the layer input: x' = x + Attn(LN1 x) + MLP(LN2 x)
+    positions: str = "absolute"  # "absolute" | "rotary" | "relative" (DeBERTa's disentangled terms): A only
+    mlp_kind: str = "plain"  # "plain" act(W1 y) | "gated" act(W_g y) * W_u y (SwiGLU, GeGLU)
+    extra_norms: tuple[str, ...] = ()  # norms that touch only A (QK-norm) or the MLP's output (Gemma 2, OLMo 2)
+    softcap: bool = False  # attention-logit soft-capping (Gemma 2): A only
+    final_norm: str | None = None  # a norm after the last layer, whose output is the last hidden state
+    windowed: bool = False  # sliding-window attention: a pad query may have no key in its window
+    attention_flag: bool = False  # the attention module returns probabilities only when asked (DeBERTa's self)
+
+    def __post_init__(self):
+        assert self.norms in NORM_PLACEMENTS and self.qkv in QKV_LAYOUTS, self
+
+    @property
+    def pre_ln(self) -> bool:
+        """No norm on the residual path between layers (every placement but "post")."""
+        return self.norms != "post"
+
+    @property
+    def attn_out_captured(self) -> bool:
+        """The decomposition needs the attention output itself: to linearise a norm on it, or to rebuild the residual
+        stream after attention of a parallel block (no module reads it)."""
+        return self.attn_out_norm is not None or self.parallel

@@ -1,0 +1,99 @@
+"""Tiny seeded random models of the families beyond the eight of tests/conftest.py (compute/adapters/*.py), built from
+configs (never from a hub), and saved ones usable as --model PATH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# family -> (config class, its arguments beyond the common ones, decoder)
+FAMILIES = {
+    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2), True),
+    "qwen3": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=8), True),
+    "mistral": ("MistralConfig", dict(num_key_value_heads=2), True),
+    "gemma": ("GemmaConfig", dict(num_key_value_heads=1, head_dim=8), True),  # multi-query
+    "gemma2": ("Gemma2Config", dict(num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8), True),
+    "phi3": ("Phi3Config", dict(num_key_value_heads=2), True),
+    "gpt_neox": ("GPTNeoXConfig", dict(rotary_pct=0.5), True),
+    "olmo2": ("Olmo2Config", dict(num_key_value_heads=2), True),
+    "modernbert": ("ModernBertConfig", dict(local_attention=4, global_attn_every_n_layers=2,
+                                            cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3), False),
+    "deberta-v2": ("DebertaV2Config", dict(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
+                                           position_buckets=8), False),
+}
+NEW_FAMILIES = tuple(FAMILIES)
+
+
+def family_config(family: str, num_labels: int = 2, layers: int = 2):
+    import transformers
+
+    name, extra, decoder = FAMILIES[family]
+    ids = dict(pad_token_id=0) if not decoder else dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)
+    ids.update({k: v for k, v in extra.items() if k.endswith("token_id")})
+    extra = {k: v for k, v in extra.items() if not k.endswith("token_id")}
+    return getattr(transformers, name)(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                       num_attention_heads=4, max_position_embeddings=64, num_labels=num_labels,
+                                       attn_implementation="eager", **ids, **extra)
+
+
+def family_model(family: str, task: str = "classification", seed: int = 0, dtype=torch.float64, layers: int = 2,
+                 num_labels: int = 2):
+    """A seeded random model of ``family`` with the head of ``task``, in eval mode (weights spread as conftest's)."""
+    import transformers
+
+    from conftest import TASK_AUTO_CLASSES, _spread
+
+    torch.manual_seed(seed)
+    config = family_config(family, 1 if task == "regression" else num_labels, layers)
+    model = getattr(transformers, TASK_AUTO_CLASSES[task]).from_config(config, attn_implementation="eager")
+    return _spread(model).to(dtype).eval()
+
+
+def is_decoder(family: str) -> bool:
+    return FAMILIES[family][2]
+
+
+def write_family_dir(path: Path, family: str, seed: int = 0) -> Path:
+    """A saved tiny sequence classifier of ``family`` with conftest's WordPiece tokenizer (its [CLS] and [SEP] at ids
+    2 and 3; a decoder's pad token is [PAD] = 0)."""
+    from conftest import write_tiny_model_dir
+
+    write_tiny_model_dir(path, "bert", seed=seed)  # the tokenizer (and a BERT model, replaced below)
+    for f in ("model.safetensors", "config.json"):
+        (path / f).unlink()
+    model = family_model(family, seed=seed, dtype=torch.float32)
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    model.save_pretrained(path)
+    return path
+
+
+MATRIX_FAMILIES = ("bert", "distilbert", "gpt2", "llama", *NEW_FAMILIES)
+
+
+def family_matrix() -> dict[str, dict[str, str]]:
+    """method -> family -> "Y" or the short reason it is refused (compute.applicability), for a sequence classifier
+    of every family with a block description (tiny random models; what runs depends on the block and head only)."""
+    from conftest import tiny_model
+
+    from compute.adapters import adapter_for
+    from compute.applicability import applicability, short_reason
+
+    out: dict[str, dict[str, str]] = {}
+    for family in MATRIX_FAMILIES:
+        model = tiny_model(family, layers=2) if family in ("bert", "distilbert", "gpt2", "llama") else \
+            family_model(family)
+        ad = adapter_for(model)
+        ad.mask_token_id = 4  # as a checkpoint's tokenizer sets it (integrated gradients' [MASK] baseline)
+        for name, reason in applicability(ad).items():
+            out.setdefault(name, {})[family] = short_reason(reason)
+    return out
+
+
+def matrix_markdown() -> str:
+    """The README's family x method table."""
+    m = family_matrix()
+    lines = ["| method | " + " | ".join(MATRIX_FAMILIES) + " |", "|---|" + "---|" * len(MATRIX_FAMILIES)]
+    lines += [f"| `{name}` | " + " | ".join(row[f] for f in MATRIX_FAMILIES) + " |" for name, row in m.items()]
+    return "\n".join(lines)
