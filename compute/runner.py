@@ -14,8 +14,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 
 from store import open_store
+from store.errors import StoreWriteError
 
 from . import interrupts
+from .errors import AttrscopeError
 from .options import DEFAULT_BATCH_TOKENS
 from .run.auto_batch import Batching, auto_batching
 from .run.batches import Tokenized, batches, encode, matrix_bytes, tokenize, tokenized_windows
@@ -46,6 +48,9 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
             return _stages(plan, loaded, progress, t_start, state)
         except KeyboardInterrupt as err:
             raise interrupts.Interrupted(_stopped_message(plan, len(loaded.data.records), state, err)) from None
+        except StoreWriteError as err:  # a full disk: the committed prefix is kept, and resumable
+            again = resume_command(cfg.argv) if cfg.argv else "the same options and --resume"
+            raise AttrscopeError(f"{err}; free space and finish it with: {again}") from None
 
 
 def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, state: dict) -> dict:
@@ -187,6 +192,7 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
                     while len(in_flight) > 1:  # the next batch is queued before the host waits for this one
                         finish()
                 interrupts.check()
+                window_writer.check()  # a failed write stops the run now, not a window later
             t0 = clock()
     while in_flight:
         finish()

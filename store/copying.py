@@ -11,9 +11,9 @@ import numpy as np
 
 from . import schema
 from .attrs import read_attrs, write_attr
-from .h5 import append_metric_records, create_layout, fixed, new_file
+from .h5 import append_metric_records, create_layout, fixed, new_file, write_reason, written
 from .reader import Store, open_store
-from .errors import StoreError
+from .errors import StoreError, StoreWriteError, committed_kept
 from .records import ExampleData, MethodLayout, MetricData, layout_from_dict
 from .scale import ScaleAccumulator
 from .writer import StoreWriter
@@ -56,9 +56,16 @@ def _new_store_like(src: Store, path: str, provenance: dict, attrs: dict | None 
     attributes, and a writer appending to it (no SWMR: nobody reads a file that is still being made)."""
     methods = [layout_from_dict(m) for m in src._method_layouts.values()]
     keep = {k: v for k, v in src.model_info.items() if k not in _SKIP_ATTRS}
-    f = new_file(path)
-    create_layout(f, n_layers=src.n_layers, n_heads=src.n_heads, labels=dict(src.labels), methods=methods,
-                  provenance=provenance, attrs={**keep, **(attrs or {})}, evidence=src.has_evidence, task=src.task)
+    try:
+        f = new_file(path)
+    except OSError as err:  # a full disk already at the file's first bytes
+        raise StoreWriteError(path, write_reason(err)) from None
+    try:
+        create_layout(f, n_layers=src.n_layers, n_heads=src.n_heads, labels=dict(src.labels), methods=methods,
+                      provenance=provenance, attrs={**keep, **(attrs or {})}, evidence=src.has_evidence, task=src.task)
+    except BaseException:
+        with written(f, path):  # closed, or abandoned on a failed write (StoreWriteError)
+            raise
     return f, StoreWriter(path, f)
 
 
@@ -74,7 +81,7 @@ def copy_committed(old: Store, tmp: str, metrics: bool = True) -> dict[str, Scal
     in the current format, with its metrics unless ``metrics`` is False (a resumed run adds examples, which the
     metrics would not cover). Returns the scale statistics of the copied examples."""
     f, w = _new_store_like(old, tmp, old.config)
-    with f:
+    with written(f, tmp):
         write_attr(f, "created", old.model_info["created"])
         _copy_examples(old, w)
         _copy_head_masks(old, f)
@@ -129,7 +136,7 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
             os.remove(tmp)
         try:
             f, w = _new_store_like(first, tmp, provenance, attrs)
-            with f:
+            with written(f, out):
                 for s in stores:
                     _copy_examples(s, w)
                 _copy_head_masks(first, f)
@@ -169,9 +176,11 @@ def resume(path: str) -> StoreWriter:
     with open_store(path) as old:
         try:
             scales = copy_committed(old, tmp, metrics=False)
-        except BaseException:
+        except BaseException as err:
             if os.path.exists(tmp):
                 os.remove(tmp)
+            if isinstance(err, StoreWriteError):  # the copy found the disk full: the store itself is untouched
+                raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
     os.replace(tmp, path)
     f = h5py.File(path, "a", libver="latest", locking=False)

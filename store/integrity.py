@@ -122,6 +122,21 @@ def read_superblock(path: str) -> Superblock | None:
     return Superblock(version, head[11], base + eof)
 
 
+def recorded_end(path: str) -> int | None:
+    """The end of file a version 2/3 superblock records (None for another or an unreadable one)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(48)
+    except OSError:
+        return None
+    if len(head) < 48 or not head.startswith(HDF5_SIGNATURE) or head[8] not in (2, 3) or head[9] != 8:
+        return None
+    if lookup3(head[:44]) != struct.unpack("<I", head[44:48])[0]:
+        return None
+    base, _ext, eof, _root = struct.unpack("<4Q", head[12:44])
+    return base + eof
+
+
 # ------------------------------------------------------------------------------------------------------- opening
 def _libhdf5():
     """The HDF5 library h5py runs on (to cap SWMR read attempts, which h5py does not expose), or None."""

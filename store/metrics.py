@@ -7,7 +7,7 @@ import h5py
 from . import schema
 from .copying import rewrite
 from .errors import StoreError
-from .h5 import append_metric_records
+from .h5 import append_metric_records, written
 from .records import MetricData
 
 
@@ -35,10 +35,8 @@ def add_metrics(path: str, metrics: list[MetricData]) -> None:
             f.close()
         rewrite(path)
         f = h5py.File(path, "r+", libver="latest", locking=False)
-    try:
+    with written(f, path, "its examples and earlier metrics are kept"):  # SWMR appends: a failure cuts none of them
         f.swmr_mode = True
         append_metric_records(f, metrics)
-    finally:
-        f.close()
 
 

@@ -58,12 +58,12 @@ class WindowWriter:
                 t0 = time.perf_counter()
                 self.writer.append(examples)
                 self.write_seconds += time.perf_counter() - t0
-            except OSError as err:  # a full disk, a lost mount: the user's to fix, said in one line
-                self._failed = True
-                self._error = AttrscopeError(f"cannot write store '{self.writer.path}': {_os_reason(err)}: the "
-                                             "windows written before are kept; free space and finish with --resume")
-            except BaseException as err:  # raised in the main thread (submit, finish)
+            except BaseException as err:  # a failed write (StoreWriteError), a bug: raised by the main thread's next call
                 self._error, self._failed = err, True
+
+    def check(self) -> None:
+        """Raise the writer thread's error, if it had one (the store is then abandoned: stop computing)."""
+        self._raise_error()
 
     def submit(self, examples: list[ExampleData]) -> None:
         self._raise_error()
