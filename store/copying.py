@@ -168,14 +168,14 @@ def resume(path: str) -> StoreWriter:
 
     A writer killed in SWMR mode leaves HDF5's "open for write" flag set, so the file cannot be reopened for writing
     in place. The committed prefix is copied (and checked, chunk checksums included) into a fresh file that
-    atomically replaces the old one; uncommitted data past the last index row is dropped. A store written before
-    format 1.3 is rewritten in the current format."""
+    atomically replaces the old one; uncommitted data past the last index row is dropped. A complete store keeps its
+    metrics (no example is added to it). A store written before format 1.3 is rewritten in the current format."""
     tmp = path + ".resume-tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     with open_store(path) as old:
         try:
-            scales = copy_committed(old, tmp, metrics=False)
+            scales = copy_committed(old, tmp, metrics=old.complete)  # complete: no row is added, its metrics hold
         except BaseException as err:
             if os.path.exists(tmp):
                 os.remove(tmp)
