@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from store import open_store
 from store.errors import StoreWriteError
+from store.lock import writer_lock
 
 from . import interrupts
 from .errors import AttrscopeError
@@ -39,6 +40,12 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
     t_start = time.perf_counter()
     plan = make_plan(cfg)  # every check that needs no model; nothing is loaded or written before it
+    with writer_lock(plan.output):  # one writer per store, from before the model loads to the last metric
+        return _locked(plan, progress, t_start)
+
+
+def _locked(plan: RunPlan, progress: Progress, t_start: float) -> dict:
+    cfg = plan.cfg
     loaded = load(plan, progress)
 
     # From here on a stop asked for (Ctrl-C, SIGTERM) is acted on at the next safe point (compute.interrupts).

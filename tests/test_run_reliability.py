@@ -4,12 +4,16 @@ store (a lock file beside it), time-based commits (tiny models from conftest, in
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cli_results import invoke, ok
+from cli_results import invoke, ok, one_line
 from store import open_store
 
 WORDS = "the movie was great but long and boring film good bad not very a plot story loved hated fun dull".split()
@@ -62,3 +66,64 @@ def test_resume_with_metrics_adds_them_and_says_which_are_recomputed(complete_st
     lines = [ln for ln in res.stderr.splitlines() if "recomput" in ln]
     assert len(lines) == 1 and "comprehensiveness" in lines[0] and "sufficiency" not in lines[0] \
         and "aopc" not in lines[0], res.stderr
+
+
+# --- one writer per store ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def live_pid():
+    """A live process of this host (the other writer)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def hold(store: Path, pid: int, host: str | None = None) -> Path:
+    lock = Path(str(store) + ".lock")
+    lock.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname()}))
+    return lock
+
+
+@pytest.fixture(scope="module")
+def small_store(tiny_model_dirs, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lock")
+    data = write_data(tmp / "d.jsonl", 4)
+    args = [data, "--model", tiny_model_dirs["bert"], "--device", "cpu", "--methods", "norm", "-q"]
+    ok(invoke(*args, "-o", tmp / "ref.h5"))
+    return {"args": args, "ref": tmp / "ref.h5"}
+
+
+def test_a_second_writer_is_refused_naming_the_holder(small_store, tmp_path, live_pid):
+    out = tmp_path / "s.h5"
+    shutil.copy(small_store["ref"], out)
+    before = out.read_bytes()
+    lock = hold(out, live_pid)
+    holder = f"is being written by process {live_pid} on {socket.gethostname()} (lock file '{lock}')"
+    for args in ([*small_store["args"], "-o", out, "--overwrite"], [*small_store["args"], "-o", out, "--resume"],
+                 ["eval", out, "--metrics", "sufficiency", "--device", "cpu", "-q"]):
+        line = one_line(invoke(*args))
+        assert f"store '{out.resolve()}' {holder}" in line or f"store '{out}' {holder}" in line, line
+    assert out.read_bytes() == before and lock.exists()  # untouched, the holder's lock kept
+    merged = tmp_path / "m.h5"
+    hold(merged, live_pid)
+    assert "is being written by process" in one_line(invoke("merge", merged, out))
+    assert not merged.exists()
+
+
+def test_a_stale_lock_is_taken_over_and_every_exit_removes_the_lock(small_store, tmp_path, live_pid):
+    out = tmp_path / "s.h5"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock = hold(out, int(dead.stdout))  # its process has ended: stale
+    ok(invoke(*small_store["args"], "-o", out))
+    assert not lock.exists()
+    with open_store(out) as s:
+        assert s.complete and len(s) == 4
+    one_line(invoke(*small_store["args"], "-o", out, "--resume", "--metrics", "nope"), 2)  # refused in the plan
+    assert not lock.exists()
+    one_line(invoke("eval", out, "--metrics", "comprehensiveness", "--device", "cpu", "--model", tmp_path / "none"))
+    assert not lock.exists()  # refused after the lock was taken
+    other_host = hold(out, live_pid, host="elsewhere.example")  # cannot be checked from here: refused, kept
+    assert "process" in one_line(invoke("eval", out, "--metrics", "sufficiency", "--device", "cpu"))
+    assert other_host.exists()
