@@ -13,6 +13,7 @@ from . import schema
 from .attrs import read_attrs, write_attr
 from .h5 import append_metric_records, create_layout, fixed, new_file, write_reason, written
 from .reader import Store, open_store
+from .integrity import open_for_writing
 from .errors import StoreError, StoreWriteError, committed_kept
 from .records import ExampleData, MethodLayout, MetricData, layout_from_dict
 from .scale import ScaleAccumulator
@@ -163,19 +164,21 @@ def copy_group(src: h5py.Group, parent: h5py.Group, name: str) -> None:
             fixed(g, key, obj[()])
 
 
-def resume(path: str) -> StoreWriter:
+def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
     """Reopen an interrupted store for appending.
 
     A writer killed in SWMR mode leaves HDF5's "open for write" flag set, so the file cannot be reopened for writing
     in place. The committed prefix is copied (and checked, chunk checksums included) into a fresh file that
-    atomically replaces the old one; uncommitted data past the last index row is dropped. A complete store keeps its
-    metrics (no example is added to it). A store written before format 1.3 is rewritten in the current format."""
+    atomically replaces the old one; uncommitted data past the last index row is dropped, and so are the metrics
+    (they would not cover the examples appended) unless ``keep_metrics`` and the store is complete (attr-compute
+    --resume of a complete store: it adds no example). A store written before format 1.3 is rewritten in the current
+    format."""
     tmp = path + ".resume-tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     with open_store(path) as old:
         try:
-            scales = copy_committed(old, tmp, metrics=old.complete)  # complete: no row is added, its metrics hold
+            scales = copy_committed(old, tmp, metrics=keep_metrics and old.complete)
         except BaseException as err:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -183,7 +186,7 @@ def resume(path: str) -> StoreWriter:
                 raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
     os.replace(tmp, path)
-    f = h5py.File(path, "a", libver="latest", locking=False)
+    f = open_for_writing(path)
     write_attr(f, "complete", False)
     f.flush()
     f.swmr_mode = True
@@ -202,7 +205,7 @@ def rewrite(path: str) -> None:
         with open_store(path) as old:
             complete, summary = old.complete, old.summary
             copy_committed(old, tmp)
-        with h5py.File(tmp, "r+", libver="latest", locking=False) as f:
+        with open_for_writing(tmp) as f:
             write_attr(f, "complete", bool(complete))
             if summary:
                 write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))

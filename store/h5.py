@@ -97,8 +97,10 @@ def written(f: h5py.File, path: str, kept: str = ""):
     except WRITE_ERRORS as err:
         if f.id.valid:
             abandon(f)
-        if isinstance(err, OSError) and err.errno is None and "errno =" not in str(err):
-            raise  # not a write of this file (a damaged source read): as it came
+        if getattr(err, "errno", None) is None and "errno =" not in str(err):  # no system error: HDF5 could not
+            from .integrity import damaged  # read back what it appends to (a damaged copy)
+
+            raise damaged(path, "the HDF5 file", err) from None
         raise StoreWriteError(path, write_reason(err), kept) from None
     except BaseException:
         if f.id.valid:

@@ -168,6 +168,17 @@ def _capped_swmr_fapl() -> h5py.h5p.PropFAID:
     return fapl
 
 
+def open_for_writing(path: str, swmr: bool = False) -> h5py.File:
+    """Open an existing store read-write (latest format, no file locks) with the metadata read attempts capped as for
+    reading: in SWMR writing, HDF5 retries every failed metadata read up to 100 times with growing sleeps, so an
+    append to a damaged copy hung for half an hour, deaf to SIGTERM (inside HDF5). ``swmr``: opened for SWMR writing
+    (the cap applies only to a file opened so, not to one switched later). OSError as h5py raises it."""
+    fapl = _capped_swmr_fapl()
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    flags = h5py.h5f.ACC_RDWR | (h5py.h5f.ACC_SWMR_WRITE if swmr else 0)
+    return h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
+
+
 def open_for_reading(path: str) -> h5py.File:
     """Open ``path`` read-only: the ordinary way for a closed file, SWMR (capped retries) while it is open for write.
     No file locks: a reader must never stop attr-compute from stamping its store complete."""

@@ -29,7 +29,7 @@ from . import schema
 from .attrs import read_attrs, write_attr
 from .errors import StoreError, StoreWriteError, committed_kept
 from .h5 import WRITE_ERRORS, abandon, append, checked_task, create_layout, fixed, new_file, write_head_masks, write_reason
-from .integrity import one_line
+from .integrity import one_line, open_for_writing
 from .records import ExampleData, HeadMaskData, MethodLayout, layout_from_dict
 from .scale import ScaleAccumulator
 
@@ -266,7 +266,7 @@ class StoreWriter:
         if free < need:
             raise StoreWriteError(self.path, f"{os.strerror(errno.ENOSPC)} ({free:,} bytes free, {need:,} needed to "
                                   "mark it finished)", committed_kept(self.n_committed))
-        f = h5py.File(self.path, "r+", libver="latest", locking=False)
+        f = open_for_writing(self.path)
         try:
             self._stamp(f, complete, summary)
             f.flush()

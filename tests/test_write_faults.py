@@ -188,3 +188,45 @@ def test_run_on_a_full_disk_says_one_line_and_resumes_to_the_same_numbers(run_da
                 np.testing.assert_array_equal(a.scores(m), b.scores(m), err_msg=f"{m} {a.id}")
                 np.testing.assert_array_equal(a.layer_scores(m), b.layer_scores(m), err_msg=f"{m} {a.id}")
             np.testing.assert_array_equal(a.matrices("rollout"), b.matrices("rollout"))
+
+
+# --- appending to a damaged copy ---------------------------------------------------------------------------------------
+
+APPEND_METRIC = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [sys.argv[3], sys.argv[2]]
+    import numpy as np
+    from store import MetricData, StoreError, add_metrics, open_store
+    try:
+        n = len(open_store(sys.argv[1]))
+        add_metrics(sys.argv[1], [MetricData("rollout", "x", np.zeros(n), {}, {}, True, "d")])
+        print("ok")
+    except StoreError as err:
+        print("error:", err)
+""")
+
+
+def test_appending_metrics_to_damaged_copies_ends_in_seconds(tmp_path):
+    """Copy 34 of seed 1 hung in HDF5's SWMR write path (metadata reads retried 100 times with growing sleeps, deaf
+    to SIGTERM); the write open now caps them as reading does. Each copy ends, in a StoreError or with the metric."""
+    from store_fuzz import make_target, mutate
+
+    target = tmp_path / "target.h5"
+    make_target(str(target), n_examples=40)
+    data = target.read_bytes()
+    rng = np.random.default_rng(1)
+    script = tmp_path / "append.py"
+    script.write_text(APPEND_METRIC)
+    for k in range(35):
+        damaged = mutate(data, ("flip", "zero")[k % 2], rng)
+        if k < 30:
+            continue
+        copy = tmp_path / f"copy{k}.h5"
+        copy.write_bytes(damaged)
+        try:
+            out = subprocess.run([sys.executable, str(script), str(copy), str(TESTS), str(REPO)], capture_output=True,
+                                 text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"copy {k}: no end after 20 s") from None
+        assert out.returncode == 0 and out.stderr == "", (k, out.returncode, out.stderr[-2000:])
+        assert out.stdout.strip() == "ok" or out.stdout.startswith("error: store "), (k, out.stdout)

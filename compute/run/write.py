@@ -129,10 +129,10 @@ def open_writer(plan: RunPlan, loaded: Loaded, layouts: list[MethodLayout], prov
     output = plan.output
     if plan.cfg.resume:
         with open_store(output) as old:
-            before = old.config
+            before, complete = old.config, old.complete
         check_resume(before, provenance, output)
         try:
-            writer = resume_store(output)
+            writer = resume_store(output, keep_metrics=complete)  # the same identity: a complete store gains no row
         except OSError as err:
             raise AttrscopeError(f"cannot write store '{output}': {_os_reason(err)}: check the path and its "
                                  "permissions") from None
