@@ -142,9 +142,11 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
                     _copy_examples(s, w)
                 _copy_head_masks(first, f)
             w.stamp(complete=True, summary=summary)
-        except BaseException:
+        except BaseException as err:
             if os.path.exists(tmp):
                 os.remove(tmp)
+            if isinstance(err, StoreWriteError):  # the merged copy found the disk full: nothing is left at out
+                raise StoreWriteError(out, err.reason, "nothing was written there") from None
             raise
         os.replace(tmp, out)
     finally:

@@ -230,3 +230,36 @@ def test_appending_metrics_to_damaged_copies_ends_in_seconds(tmp_path):
             raise AssertionError(f"copy {k}: no end after 20 s") from None
         assert out.returncode == 0 and out.stderr == "", (k, out.returncode, out.stderr[-2000:])
         assert out.stdout.strip() == "ok" or out.stdout.startswith("error: store "), (k, out.stdout)
+
+
+MERGE = textwrap.dedent("""
+    import os, sys
+    sys.path[:0] = [sys.argv[3], sys.argv[2]]
+    from store import StoreError
+    from store.copying import merge
+    try:
+        merge(sys.argv[1], sys.argv[4:], {"merged": True})
+        print("merged")
+    except StoreError as err:
+        print("error:", err)
+""")
+
+
+def test_merge_on_a_full_disk_says_one_line_and_leaves_nothing(tmp_path):
+    shards = []
+    for k, rows in enumerate((range(0, 96), range(96, 192))):
+        path = tmp_path / f"shard{k}.h5"
+        w = create(path)
+        for lo in range(rows.start, rows.stop, BATCH):
+            w.append([example(i) for i in range(lo, lo + BATCH)])
+        w.close(complete=True)
+        shards.append(str(path))
+    script = tmp_path / "merge.py"
+    script.write_text(MERGE)
+    out = tmp_path / "merged.h5"
+    limit = os.path.getsize(shards[0])  # half the merged store
+    done = subprocess.run([sys.executable, str(script), str(out), str(TESTS), str(REPO), *shards], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, preexec_fn=_limited(limit))
+    assert done.returncode == 0 and done.stderr == "", (done.returncode, done.stderr[-3000:])
+    assert done.stdout.strip() == f"error: cannot write store '{out}': File too large: nothing was written there"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merge.py", "shard0.h5", "shard1.h5"]
