@@ -127,3 +127,61 @@ def test_a_stale_lock_is_taken_over_and_every_exit_removes_the_lock(small_store,
     other_host = hold(out, live_pid, host="elsewhere.example")  # cannot be checked from here: refused, kept
     assert "process" in one_line(invoke("eval", out, "--metrics", "sufficiency", "--device", "cpu"))
     assert other_host.exists()
+
+
+# --- commits by time as well as by window -----------------------------------------------------------------------------
+
+COMMIT = ["--device", "cpu", "--methods", "rollout,norm", "--matrices", "all", "--batch-size", "2", "-q"]  # 16-row windows
+
+
+@pytest.fixture(scope="module")
+def window_run(tiny_model_dirs, tmp_path_factory):
+    """A run of 40 rows committed by window only (--commit-seconds far beyond the run), the reference."""
+    tmp = tmp_path_factory.mktemp("commit")
+    data = write_data(tmp / "d.jsonl", 40)
+    args = [data, "--model", tiny_model_dirs["bert"], *COMMIT]
+    ok(invoke(*args, "-o", tmp / "ref.h5", "--commit-seconds", "100000"))
+    return {"args": args, "ref": tmp / "ref.h5"}
+
+
+def assert_same_examples(path: Path, ref: Path) -> None:
+    with open_store(path) as s, open_store(ref) as r:
+        assert s.complete and len(s) == len(r) == 40
+        for a, b in zip(s, r):
+            assert (a.id, a.tokens, a.pred, a.target) == (b.id, b.tokens, b.pred, b.target)
+            np.testing.assert_array_equal(a.probs, b.probs)
+            for m in ("rollout", "norm"):
+                np.testing.assert_array_equal(a.scores(m), b.scores(m), err_msg=f"{m} {a.id}")
+                np.testing.assert_array_equal(a.layer_scores(m), b.layer_scores(m), err_msg=f"{m} {a.id}")
+            np.testing.assert_array_equal(a.matrices("rollout"), b.matrices("rollout"), err_msg=a.id)
+
+
+def test_commit_seconds_commits_inside_a_window_with_the_same_numbers(window_run, tmp_path, monkeypatch):
+    from compute.run.write import WindowWriter
+
+    sizes = []
+    submit = WindowWriter.submit
+    monkeypatch.setattr(WindowWriter, "submit", lambda self, exs: (sizes.append(len(exs)), submit(self, exs))[1])
+    ok(invoke(*window_run["args"], "-o", tmp_path / "s.h5", "--commit-seconds", "0"))  # whenever rows are ready
+    assert sum(sizes) == 40 and len(sizes) > 3 and any(n not in (16, 8) for n in sizes), sizes  # inside windows
+    assert_same_examples(tmp_path / "s.h5", window_run["ref"])
+    sizes.clear()
+    ok(invoke(*window_run["args"], "-o", tmp_path / "w.h5", "--commit-seconds", "100000"))
+    assert sizes == [16, 16, 8]  # by window only
+
+
+@pytest.mark.parametrize("stored", [5, 16, 27])
+def test_resume_mid_window_gives_the_numbers_of_an_uninterrupted_run(window_run, tmp_path, stored):
+    """A store cut inside a window (what a stop after a time-based commit leaves): --resume finishes it with the
+    batches of the uninterrupted run, bit for bit."""
+    from store.copying import _example_data, _new_store_like
+
+    out = tmp_path / "s.h5"
+    with open_store(window_run["ref"]) as ref:
+        f, w = _new_store_like(ref, str(out), ref.config)
+        with f:
+            w.append([_example_data(ref[i], list(w.methods.values())) for i in range(stored)])
+    ok(invoke(*window_run["args"], "-o", out, "--resume", "--commit-seconds", "100000"))
+    with open_store(out) as s:
+        assert s.summary["resumed_from"] == stored
+    assert_same_examples(out, window_run["ref"])
