@@ -14,6 +14,7 @@ import torch
 
 from store import ExampleData, MethodLayout, StoreWriter, open_store
 from store import resume as resume_store
+from store.errors import StoreWriteError, committed_kept
 
 from .. import __version__
 from ..errors import AttrscopeError
@@ -58,6 +59,9 @@ class WindowWriter:
                 t0 = time.perf_counter()
                 self.writer.append(examples)
                 self.write_seconds += time.perf_counter() - t0
+            except OSError as err:  # not HDF5's (the writer turns those into StoreWriteError): said the same way
+                self._failed = True
+                self._error = StoreWriteError(self.writer.path, _os_reason(err), committed_kept(self.writer.n_committed))
             except BaseException as err:  # a failed write (StoreWriteError), a bug: raised by the main thread's next call
                 self._error, self._failed = err, True
 
