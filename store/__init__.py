@@ -2,7 +2,8 @@
 
 Modules: schema (the layout, the one place that knows it), records (what a writer is given), writer (create,
 append, close), copying (resume, rewrite, merge), metrics (metrics added in place), reader (open_store, Store,
-Example), table (tabular views), scale (view statistics), integrity (safe opening), attrs, h5 (low-level writing).
+Example), table (tabular views), scale (view statistics), integrity (safe opening), attrs, h5 (low-level writing),
+lock (one writer per store).
 """
 
 from .copying import merge, resume
