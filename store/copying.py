@@ -188,10 +188,9 @@ def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
                 raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
     os.replace(tmp, path)
-    f = open_for_writing(path)
-    write_attr(f, "complete", False)
-    f.flush()
-    f.swmr_mode = True
+    with open_for_writing(path) as f:
+        write_attr(f, "complete", False)
+    f = open_for_writing(path, swmr=True)  # opened so, not switched: the metadata read retries stay capped
     return StoreWriter(path, f, scales)
 
 

@@ -94,8 +94,8 @@ class StoreWriter:
             create_layout(f, n_layers=n_layers, n_heads=n_heads, labels=labels, methods=methods,
                            provenance=provenance, attrs=attrs or {}, evidence=evidence, task=task)
             write_head_masks(f, head_masks or [])
-            f.flush()
-            f.swmr_mode = True
+            f.close()  # reopened for SWMR writing, not switched to it: only then are metadata read retries capped
+            f = open_for_writing(path, swmr=True)
         except WRITE_ERRORS as err:  # a full disk before the first example: nothing to keep
             abandon(f)
             os.remove(path)
