@@ -263,3 +263,19 @@ def test_merge_on_a_full_disk_says_one_line_and_leaves_nothing(tmp_path):
     assert done.returncode == 0 and done.stderr == "", (done.returncode, done.stderr[-3000:])
     assert done.stdout.strip() == f"error: cannot write store '{out}': File too large: nothing was written there"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merge.py", "shard0.h5", "shard1.h5"]
+
+
+def test_export_on_a_full_disk_says_one_line_and_leaves_nothing(tmp_path):
+    store = tmp_path / "s.h5"
+    w = create(store)
+    w.append([example(i) for i in range(64)])
+    w.close(complete=True)
+    out = tmp_path / "out" / "x.csv"
+    out.parent.mkdir()
+    done = subprocess.run([sys.executable, "-m", "compute.cli", "export", str(store), "-o", str(out), "--layers"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ,
+                          "PYTHONPATH": str(REPO)}, preexec_fn=_limited(20_000))
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    assert done.stderr.strip() == (f"attr-compute: error: cannot write '{out}': File too large: nothing was written "
+                                   f"('{out}' is as it was); free space and export again"), done.stderr[-3000:]
+    assert list(out.parent.iterdir()) == []
