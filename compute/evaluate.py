@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from store import MetricData, add_metrics, open_store
+from store.lock import writer_lock
 
 from . import interrupts
 from .errors import AttrscopeError, UsageError
@@ -179,6 +180,13 @@ def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None =
     attr-compute). ``world`` (compute.distributed.World, under torchrun, with the process group up): this rank
     evaluates its contiguous share of the examples (balanced by tokens), the shares are gathered and rank 0 writes
     them. Returns a summary dict."""
+    if world is not None and world.rank != 0:  # rank 0 writes, and holds the store's lock for them all
+        return _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world)
+    with writer_lock(path):
+        return _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world)
+
+
+def _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world) -> dict:
     from .models import load_model
 
     specs = parse_metric_specs(cfg.metrics)

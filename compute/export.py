@@ -87,6 +87,10 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
             except interrupts.Interrupted:
                 raise interrupts.Interrupted(f"interrupted: nothing was written ('{output}' is as it was); run the "
                                              "same command again") from None
+            except OSError as err:  # a full disk, a file-size limit: the temporary files go, the targets stay
+                raise AttrscopeError(f"cannot write '{temps[-1][1] if temps else output}': "
+                                     f"{err.strerror or err}: nothing was written ('{output}' is as it was); free "
+                                     "space and export again") from None
             finally:
                 for tmp, _ in temps:
                     if os.path.exists(tmp):

@@ -17,6 +17,7 @@ import time
 
 from store import MetricData, add_metrics, open_store
 from store.copying import merge as merge_stores
+from store.lock import writer_lock
 
 from . import __version__
 from .errors import AttrscopeError, UsageError
@@ -37,6 +38,11 @@ def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, m
     if any(os.path.abspath(p) == os.path.abspath(out) for p in paths):
         raise UsageError(f"OUT '{out}' is one of the shards: choose another OUT")
     check_output_dir(out, "OUT")  # before the shards are read (seconds on large ones)
+    with writer_lock(out):  # one writer per store
+        return _merge_locked(out, paths, t0, argv=argv, message=message, extra_provenance=extra_provenance)
+
+
+def _merge_locked(out: str, paths: list[str], t0: float, *, argv, message, extra_provenance) -> dict:
     shards = [_read_shard(p) for p in paths]
     _check_one_plan(shards)
     shards.sort(key=lambda s: s["plan"]["k"])

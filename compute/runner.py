@@ -14,8 +14,11 @@ from contextlib import closing
 from dataclasses import dataclass, field
 
 from store import open_store
+from store.errors import StoreWriteError
+from store.lock import writer_lock
 
 from . import interrupts
+from .errors import AttrscopeError
 from .options import DEFAULT_BATCH_TOKENS
 from .run.auto_batch import Batching, auto_batching
 from .run.batches import Tokenized, batches, encode, matrix_bytes, tokenize, tokenized_windows
@@ -37,6 +40,12 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
     t_start = time.perf_counter()
     plan = make_plan(cfg)  # every check that needs no model; nothing is loaded or written before it
+    with writer_lock(plan.output):  # one writer per store, from before the model loads to the last metric
+        return _locked(plan, progress, t_start)
+
+
+def _locked(plan: RunPlan, progress: Progress, t_start: float) -> dict:
+    cfg = plan.cfg
     loaded = load(plan, progress)
 
     # From here on a stop asked for (Ctrl-C, SIGTERM) is acted on at the next safe point (compute.interrupts).
@@ -46,6 +55,9 @@ def run(cfg: RunConfig, progress: Progress | None = None) -> dict:
             return _stages(plan, loaded, progress, t_start, state)
         except KeyboardInterrupt as err:
             raise interrupts.Interrupted(_stopped_message(plan, len(loaded.data.records), state, err)) from None
+        except StoreWriteError as err:  # a full disk: the committed prefix is kept, and resumable
+            again = resume_command(cfg.argv) if cfg.argv else "the same options and --resume"
+            raise AttrscopeError(f"{err}; free space and finish it with: {again}") from None
 
 
 def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, state: dict) -> dict:
@@ -76,7 +88,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
                              "(use --matrices cls or none for less)")
         progress.start(total=len(loaded.data.records), completed=done)
         window_writer = WindowWriter(writer)  # commits on its own thread while the next window computes
-        _compute_windows(plan, loaded, methods, records, batching, writer.num_labels, timings, window_writer,
+        _compute_windows(plan, loaded, methods, done, batching, writer.num_labels, timings, window_writer,
                          progress)
         with interrupts.critical():
             window_writer.finish()
@@ -119,19 +131,24 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
 
 @dataclass
 class _Window:
-    """A window being computed: its rows (``records``, ``tok``, ``task_rows``: the window's own) and the examples of
-    its finished batches, committed together once all are done."""
+    """A window being computed: its rows (``records``, ``tok``, ``task_rows``: the window's own), how many of its
+    first rows the store holds (``committed``: a resumed run's first window may begin mid-window) and the examples of
+    its finished batches not yet committed (by row)."""
 
     records: list
     tok: Tokenized
     task_rows: TaskRows
+    committed: int = 0
     done: dict = field(default_factory=dict)
 
 
-def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list, batching: Batching,
+def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, batching: Batching,
                      num_labels: int, timings: Timings, window_writer: WindowWriter, progress: Progress) -> None:
-    """Every window of ``records``, tokenised ahead on a worker, its batches queued on the device one ahead of the
-    batch whose results the host waits for, each window submitted to the writer once all its batches are done."""
+    """Every window of the records after the ``done`` the store holds, tokenised ahead on a worker, its batches
+    queued on the device one ahead of the batch whose results the host waits for. A window's finished prefix of rows
+    is submitted to the writer when the window is done, and whenever ``--commit-seconds`` have passed since the last
+    commit. Windows are laid from the dataset's first row, so a run resumed mid-window cuts that window into the same
+    batches as the run it finishes (the same numbers) and computes only the batches holding rows not yet stored."""
     cfg, lm = plan.cfg, loaded.lm
     device = next(lm.model.parameters()).device
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
@@ -141,24 +158,39 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
     # need their own: splitting for them alone cost ALTI more than the padding it saved)
     exponent = max((m.cost_exponent for m in methods.values()), default=1)
     clock = time.perf_counter
+    last_commit = [clock()]
+
+    def commit(window: _Window) -> None:
+        """Submit the window's finished rows after those committed, up to the first unfinished one."""
+        end = window.committed
+        while end in window.done:
+            end += 1
+        if end > window.committed:
+            window_writer.submit([window.done.pop(i) for i in range(window.committed, end)])  # in dataset order
+            window.committed = end
+            last_commit[0] = clock()
 
     def finish() -> None:
         window, rows, pending = in_flight.popleft()
         t0 = clock()
         out = pending.result()
         t1 = clock()
-        window.done.update(zip(rows, examples(out, rows, window.records, window.tok, cfg.matrices,
-                                              lm.tokenizer.convert_ids_to_tokens, window.task_rows)))
+        new = [(i, ex) for i, ex in zip(rows, examples(out, rows, window.records, window.tok, cfg.matrices,
+                                                       lm.tokenizer.convert_ids_to_tokens, window.task_rows))
+               if i >= window.committed]  # a resumed window's batch recomputes the rows the store holds: not kept
+        window.done.update(new)
         timings.add_host("results", t1 - t0)
         timings.add_host("examples", clock() - t1)
-        progress.advance(len(rows))
-        if len(window.done) == len(window.records):
-            window_writer.submit([window.done[i] for i in range(len(window.records))])  # in dataset order
+        progress.advance(len(new))
+        if window.committed + len(window.done) == len(window.records) or \
+                clock() - last_commit[0] >= cfg.commit_seconds:
+            commit(window)
 
+    records = loaded.data.records
     rows_per_window = batching.size * cfg.window
-    tokenized = tokenized_windows(lm, records, loaded.max_length, rows_per_window,
+    w0 = done - done % rows_per_window  # the window that holds the first row to compute
+    tokenized = tokenized_windows(lm, records[w0:], loaded.max_length, rows_per_window,
                                   lambda sec: timings.add_host("tokenize", sec))
-    w0 = 0
     t0 = clock()
     with closing(tokenized):  # an error or a stop ends the tokenizer's worker too
         for tok in tokenized:
@@ -166,9 +198,10 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
             t0 = clock()
             rows_of_window = records[w0:w0 + len(tok)]
             # the task's target and foil tokens, spans (compute.tasks)
-            window = _Window(rows_of_window, tok, lm.task.prepare(lm, rows_of_window, tok))
+            window = _Window(rows_of_window, tok, lm.task.prepare(lm, rows_of_window, tok), committed=max(0, done - w0))
             w0 += len(tok)
-            cut = batches(tok.lengths, batching.size, batching.tokens, exponent)
+            cut = [batch for batch in batches(tok.lengths, batching.size, batching.tokens, exponent)
+                   if max(batch) >= window.committed]  # only batches with rows the store does not hold
             timings.add_host("batches", clock() - t0)
 
             def launch(rows: list[int], window=window) -> PendingBatch:
@@ -189,6 +222,7 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, records: list
                     while len(in_flight) > 1:  # the next batch is queued before the host waits for this one
                         finish()
                 interrupts.check()
+                window_writer.check()  # a failed write stops the run now, not a window later
             t0 = clock()
     while in_flight:
         finish()

@@ -11,9 +11,10 @@ import numpy as np
 
 from . import schema
 from .attrs import read_attrs, write_attr
-from .h5 import append_metric_records, create_layout, fixed, new_file
+from .h5 import append_metric_records, create_layout, fixed, new_file, write_reason, written
 from .reader import Store, open_store
-from .errors import StoreError
+from .integrity import open_for_writing
+from .errors import StoreError, StoreWriteError, committed_kept
 from .records import ExampleData, MethodLayout, MetricData, layout_from_dict
 from .scale import ScaleAccumulator
 from .writer import StoreWriter
@@ -59,10 +60,17 @@ def _new_store_like(src: Store, path: str, provenance: dict, attrs: dict | None 
     attributes, and a writer appending to it (no SWMR: nobody reads a file that is still being made)."""
     methods = [layout_from_dict(m) for m in src._method_layouts.values()]
     keep = {k: v for k, v in src.model_info.items() if k not in _SKIP_ATTRS}
-    f = new_file(path)
-    create_layout(f, n_layers=src.n_layers, n_heads=src.n_heads, labels=dict(src.labels), methods=methods,
-                  provenance=provenance, attrs={**keep, **(attrs or {})}, evidence=src.has_evidence, task=src.task,
-                  heads=src.heads, heads_dtype=src.heads_dtype or "float16")
+    try:
+        f = new_file(path)
+    except OSError as err:  # a full disk already at the file's first bytes
+        raise StoreWriteError(path, write_reason(err)) from None
+    try:
+        create_layout(f, n_layers=src.n_layers, n_heads=src.n_heads, labels=dict(src.labels), methods=methods,
+                      provenance=provenance, attrs={**keep, **(attrs or {})}, evidence=src.has_evidence, task=src.task,
+                      heads=src.heads, heads_dtype=src.heads_dtype or "float16")
+    except BaseException:
+        with written(f, path):  # closed, or abandoned on a failed write (StoreWriteError)
+            raise
     return f, StoreWriter(path, f)
 
 
@@ -78,7 +86,7 @@ def copy_committed(old: Store, tmp: str, metrics: bool = True) -> dict[str, Scal
     in the current format, with its metrics unless ``metrics`` is False (a resumed run adds examples, which the
     metrics would not cover). Returns the scale statistics of the copied examples."""
     f, w = _new_store_like(old, tmp, old.config)
-    with f:
+    with written(f, tmp):
         write_attr(f, "created", old.model_info["created"])
         _copy_examples(old, w)
         _copy_head_masks(old, f)
@@ -136,14 +144,16 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
             os.remove(tmp)
         try:
             f, w = _new_store_like(first, tmp, provenance, attrs)
-            with f:
+            with written(f, out):
                 for s in stores:
                     _copy_examples(s, w)
                 _copy_head_masks(first, f)
             w.stamp(complete=True, summary=summary)
-        except BaseException:
+        except BaseException as err:
             if os.path.exists(tmp):
                 os.remove(tmp)
+            if isinstance(err, StoreWriteError):  # the merged copy found the disk full: nothing is left at out
+                raise StoreWriteError(out, err.reason, "nothing was written there") from None
             raise
         os.replace(tmp, out)
     finally:
@@ -163,28 +173,31 @@ def copy_group(src: h5py.Group, parent: h5py.Group, name: str) -> None:
             fixed(g, key, obj[()])
 
 
-def resume(path: str) -> StoreWriter:
+def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
     """Reopen an interrupted store for appending.
 
     A writer killed in SWMR mode leaves HDF5's "open for write" flag set, so the file cannot be reopened for writing
     in place. The committed prefix is copied (and checked, chunk checksums included) into a fresh file that
-    atomically replaces the old one; uncommitted data past the last index row is dropped. A store written before
-    format 1.3 is rewritten in the current format."""
+    atomically replaces the old one; uncommitted data past the last index row is dropped, and so are the metrics
+    (they would not cover the examples appended) unless ``keep_metrics`` and the store is complete (attr-compute
+    --resume of a complete store: it adds no example). A store written before format 1.3 is rewritten in the current
+    format."""
     tmp = path + ".resume-tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     with open_store(path) as old:
         try:
-            scales = copy_committed(old, tmp, metrics=False)
-        except BaseException:
+            scales = copy_committed(old, tmp, metrics=keep_metrics and old.complete)
+        except BaseException as err:
             if os.path.exists(tmp):
                 os.remove(tmp)
+            if isinstance(err, StoreWriteError):  # the copy found the disk full: the store itself is untouched
+                raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
     os.replace(tmp, path)
-    f = h5py.File(path, "a", libver="latest", locking=False)
-    write_attr(f, "complete", False)
-    f.flush()
-    f.swmr_mode = True
+    with open_for_writing(path) as f:
+        write_attr(f, "complete", False)
+    f = open_for_writing(path, swmr=True)  # opened so, not switched: the metadata read retries stay capped
     return StoreWriter(path, f, scales)
 
 
@@ -200,7 +213,7 @@ def rewrite(path: str) -> None:
         with open_store(path) as old:
             complete, summary = old.complete, old.summary
             copy_committed(old, tmp)
-        with h5py.File(tmp, "r+", libver="latest", locking=False) as f:
+        with open_for_writing(tmp) as f:
             write_attr(f, "complete", bool(complete))
             if summary:
                 write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))

@@ -6,8 +6,12 @@ inside their checksummed object header (store/schema.py, "Integrity").
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import sys
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import h5py
@@ -15,8 +19,97 @@ import numpy as np
 
 from . import schema
 from .attrs import write_attr
-from .errors import StoreError
+from .errors import StoreError, StoreWriteError
 from .records import HeadMaskData, MetricData
+
+
+# What h5py raises when HDF5 cannot write (OSError with the errno; RuntimeError from some flush and close paths).
+WRITE_ERRORS = (OSError, RuntimeError)
+
+
+def write_reason(err: BaseException) -> str:
+    """The system's reason for a failed write (No space left on device), not HDF5's long message around it."""
+    code = getattr(err, "errno", None)
+    if code not in errno.errorcode:
+        found = re.search(r"errno = (\d+)", str(err))
+        code = int(found.group(1)) if found else None
+    if code in errno.errorcode:
+        return os.strerror(code)
+    return " ".join(str(err).split())[:160]
+
+
+def abandon(f: h5py.File) -> None:
+    """Close a file whose write failed without writing to it again. HDF5 flushes its dirty cache on close, into the
+    failure again (tracebacks from h5py's garbage collection, a segfault in HDF5 2.0's error path), so the file's
+    descriptor is first pointed at /dev/null, which takes whatever HDF5 still writes. The file on disk stays as the
+    failure left it: what a killed writer leaves, its committed prefix readable (SWMR)."""
+    path = f.filename
+    try:
+        fd = f.id.get_vfd_handle()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+    except (OSError, RuntimeError, ValueError, AttributeError):
+        pass  # no descriptor to redirect (another driver): the close below may still write, and its errors are kept quiet
+    hook, sys.unraisablehook = sys.unraisablehook, lambda _unraisable: None  # h5py's close-time errors: said once, above
+    try:
+        f.close()
+    except Exception:  # noqa: BLE001 - the failure was reported; the handle is gone either way
+        pass
+    finally:
+        sys.unraisablehook = hook
+    _reach_recorded_end(path)
+
+
+def _reach_recorded_end(path: str) -> None:
+    """The superblock may already record space whose write failed (its end of file past the file's size): grow the
+    file to it with a hole, as a killed writer's file would be, so readers do not take it for a partial copy."""
+    from .integrity import recorded_end
+
+    end = recorded_end(path)
+    if end is None or os.path.getsize(path) >= end:
+        return
+    try:
+        import resource  # a file-size limit (ulimit -f) stopped the writes: a hole needs no more than the hard limit
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        soft = None
+    try:
+        os.truncate(path, end)  # a hole: no space needed
+    except OSError:
+        pass  # readers will call it incomplete, resume too; nothing else to do
+    finally:
+        if soft is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@contextmanager
+def written(f: h5py.File, path: str, kept: str = ""):
+    """``f`` while it is written, flushed and closed at the end. A failed write (HDF5's error carrying the system's
+    errno) abandons it and raises StoreWriteError; any other error closes it as it is and passes on."""
+    try:
+        yield f
+        f.flush()
+    except WRITE_ERRORS as err:
+        if f.id.valid:
+            abandon(f)
+        if getattr(err, "errno", None) is None and "errno =" not in str(err):  # no system error: HDF5 could not
+            from .integrity import damaged  # read back what it appends to (a damaged copy)
+
+            raise damaged(path, "the HDF5 file", err) from None
+        raise StoreWriteError(path, write_reason(err), kept) from None
+    except BaseException:
+        if f.id.valid:
+            try:
+                f.close()
+            except WRITE_ERRORS:
+                abandon(f)
+        raise
+    f.close()
 
 
 def json_bytes(obj) -> np.ndarray:

@@ -122,6 +122,21 @@ def read_superblock(path: str) -> Superblock | None:
     return Superblock(version, head[11], base + eof)
 
 
+def recorded_end(path: str) -> int | None:
+    """The end of file a version 2/3 superblock records (None for another or an unreadable one)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(48)
+    except OSError:
+        return None
+    if len(head) < 48 or not head.startswith(HDF5_SIGNATURE) or head[8] not in (2, 3) or head[9] != 8:
+        return None
+    if lookup3(head[:44]) != struct.unpack("<I", head[44:48])[0]:
+        return None
+    base, _ext, eof, _root = struct.unpack("<4Q", head[12:44])
+    return base + eof
+
+
 # ------------------------------------------------------------------------------------------------------- opening
 def _libhdf5():
     """The HDF5 library h5py runs on (to cap SWMR read attempts, which h5py does not expose), or None."""
@@ -151,6 +166,17 @@ def _capped_swmr_fapl() -> h5py.h5p.PropFAID:
     if _LIB is not None:
         _LIB.H5Pset_metadata_read_attempts(fapl.id, SWMR_READ_ATTEMPTS)
     return fapl
+
+
+def open_for_writing(path: str, swmr: bool = False) -> h5py.File:
+    """Open an existing store read-write (latest format, no file locks) with the metadata read attempts capped as for
+    reading: in SWMR writing, HDF5 retries every failed metadata read up to 100 times with growing sleeps, so an
+    append to a damaged copy hung for half an hour, deaf to SIGTERM (inside HDF5). ``swmr``: opened for SWMR writing
+    (the cap applies only to a file opened so, not to one switched later). OSError as h5py raises it."""
+    fapl = _capped_swmr_fapl()
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    flags = h5py.h5f.ACC_RDWR | (h5py.h5f.ACC_SWMR_WRITE if swmr else 0)
+    return h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
 
 
 def open_for_reading(path: str) -> h5py.File:

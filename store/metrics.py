@@ -7,7 +7,8 @@ import h5py
 from . import schema
 from .copying import rewrite
 from .errors import StoreError
-from .h5 import append_metric_records
+from .h5 import append_metric_records, written
+from .integrity import open_for_writing
 from .records import MetricData
 
 
@@ -27,18 +28,15 @@ def add_metrics(path: str, metrics: list[MetricData]) -> None:
             if len(name.encode("utf-8")) > schema.NAME_BYTES:
                 raise StoreError(f"metric name '{name}' is longer than {schema.NAME_BYTES} bytes")
     try:
-        f = h5py.File(path, "r+", libver="latest", locking=False)
+        f = open_for_writing(path, swmr=True)
     except OSError:
         f = None  # still marked open for write by a killed writer: rewrite it below
     if f is None or schema.METRIC_ROWS not in f:
         if f is not None:
             f.close()
         rewrite(path)
-        f = h5py.File(path, "r+", libver="latest", locking=False)
-    try:
-        f.swmr_mode = True
+        f = open_for_writing(path, swmr=True)
+    with written(f, path, "its examples and earlier metrics are kept"):  # SWMR appends: a failure cuts none of them
         append_metric_records(f, metrics)
-    finally:
-        f.close()
 
 

@@ -7,12 +7,19 @@ twice in a process with different locking flags. attr-compute itself refuses to 
 Commit protocol: for every batch of examples the writer appends all data (strings, tokens, method arrays) and
 flushes, then appends the index rows and flushes. A reader trusts only index rows, so it always sees a consistent
 prefix, also while the writer runs (SWMR) and after the writer was killed.
+
+A failed write (a full disk) ends the writer: the file is abandoned (h5.abandon), never flushed again, so it stays
+what a killed writer leaves, its committed prefix readable and resumable; StoreWriteError says so in one line. The
+datasets stay open for the writer's life: HDF5 writes a dataset's cached chunks when it closes, and a close inside
+h5py's garbage collection would swallow the error (the index committed over data that never reached the disk).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from datetime import datetime, timezone
 
 import h5py
@@ -20,11 +27,13 @@ import numpy as np
 
 from . import schema
 from .attrs import read_attrs, write_attr
-from .errors import StoreError
-from .h5 import append, checked_task, create_layout, fixed, new_file, write_head_masks
-from .integrity import one_line
+from .errors import StoreError, StoreWriteError, committed_kept
+from .h5 import WRITE_ERRORS, abandon, append, checked_task, create_layout, fixed, new_file, write_head_masks, write_reason
+from .integrity import one_line, open_for_writing
 from .records import ExampleData, HeadMaskData, MethodLayout, layout_from_dict
 from .scale import ScaleAccumulator
+
+STAMP_ROOM = 1 << 20  # bytes free before a store is marked finished: its attributes and scale statistics, with room
 
 
 class StoreWriter:
@@ -33,6 +42,7 @@ class StoreWriter:
     def __init__(self, path: str, f: h5py.File, scales: dict[str, ScaleAccumulator] | None = None):
         self.path = path
         self._f = f
+        self._ds: dict[str, h5py.Dataset] = {}  # every dataset written, open until close (see the module's doc)
         self.num_labels = int(read_attrs(f)["num_labels"])
         self.methods: dict[str, MethodLayout] = {m["name"]: layout_from_dict(m) for m in json.loads(read_attrs(f)["methods"])}
         self._evidence = schema.TOKEN_EVIDENCE in f
@@ -48,6 +58,8 @@ class StoreWriter:
         # Scale statistics of every method view, stored when the run completes (a resumed store's are rebuilt).
         self._scales = scales or {name: ScaleAccumulator(schema.scale_views(m.__dict__))
                                   for name, m in self.methods.items()}
+        self._pending_scales: dict = {}
+        self._closed = False
 
     @property
     def n_tokens(self) -> int:
@@ -88,8 +100,12 @@ class StoreWriter:
                            provenance=provenance, attrs=attrs or {}, evidence=evidence, task=task, heads=heads,
                            heads_dtype=heads_dtype)
             write_head_masks(f, head_masks or [])
-            f.flush()
-            f.swmr_mode = True
+            f.close()  # reopened for SWMR writing, not switched to it: only then are metadata read retries capped
+            f = open_for_writing(path, swmr=True)
+        except WRITE_ERRORS as err:  # a full disk before the first example: nothing to keep
+            abandon(f)
+            os.remove(path)
+            raise StoreWriteError(path, write_reason(err)) from None
         except BaseException:
             f.close()
             os.remove(path)
@@ -154,27 +170,38 @@ class StoreWriter:
         problem = schema.task_row_problem(rows, self.task["name"], self.num_labels)
         if problem is not None:  # readers would take the store for damaged
             raise ValueError(f"example {examples[problem[0]].id}: {problem[1]} (task {self.task['name']})")
-        append(f[schema.IDS], np.frombuffer(b"".join(ids), dtype=np.uint8))
-        append(f[schema.STRINGS], np.frombuffer(b"".join(strings), dtype=np.uint8))
-        append(f[schema.TOKEN_STRINGS], np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
-        append(f[schema.TASK_WORDS], np.frombuffer(b"".join(task_words), dtype=np.uint8))
-        for path, values in tok_cols.items():
-            append(f[path], values)
-        for name, layout in self.methods.items():
-            self._append_method(name, layout, examples)
-        if self.heads != "none":
-            self._append_heads(examples, n)
-
-        # Data first, then the rows that make it visible: a reader never sees a row whose data is missing.
-        f.flush()
-        append(f[schema.INDEX], rows)
-        f[schema.INDEX].flush()
+        methods = {name: self._method_arrays(name, layout, examples) for name, layout in self.methods.items()}
+        heads = self._heads_arrays(examples, n) if self.heads != "none" else []
+        try:
+            append(self._d(schema.IDS), np.frombuffer(b"".join(ids), dtype=np.uint8))
+            append(self._d(schema.STRINGS), np.frombuffer(b"".join(strings), dtype=np.uint8))
+            append(self._d(schema.TOKEN_STRINGS), np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
+            append(self._d(schema.TASK_WORDS), np.frombuffer(b"".join(task_words), dtype=np.uint8))
+            for path, values in tok_cols.items():
+                append(self._d(path), values)
+            for path, values in [pair for arrays in methods.values() for pair in arrays] + heads:
+                append(self._d(path), values)
+            # Data first, then the rows that make it visible: a reader never sees a row whose data is missing.
+            f.flush()
+            append(self._d(schema.INDEX), rows)
+            f.flush()
+        except WRITE_ERRORS as err:
+            self._fail(err)
+        for name in self.methods:  # the values as readers will read them
+            self._scales[name].add_batch(self.methods[name].__dict__, *self._pending_scales.pop(name))
         self.n_committed += len(examples)
         self._extent = schema.Extent(examples=self.n_committed, tokens=tok_end, squares=sq_end, ids_bytes=id_end,
                                      string_bytes=str_end, token_string_bytes=tokstr_end, task_bytes=task_end)
 
-    def _append_method(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> None:
-        g = self._f[schema.METHODS][name]
+    def _d(self, path: str) -> h5py.Dataset:
+        ds = self._ds.get(path)
+        if ds is None:
+            ds = self._ds[path] = self._f[path]
+        return ds
+
+    def _method_arrays(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> list[tuple[str, np.ndarray]]:
+        """The method's datasets and the batch's values for each, checked (nothing is written here)."""
+        g = f"{schema.METHODS}/{name}"
         results = []
         for ex in examples:
             res = ex.results.get(name)
@@ -197,18 +224,30 @@ class StoreWriter:
                 raise ValueError(f"method '{name}', example {examples[i].id}: {key} has shape {arrays[i].shape}, "
                                  f"expected {expected[i]}")
             kept[key] = arrays
-        dtypes = {key: g[key].dtype for key in kept}
-        self._scales[name].add_batch(layout.__dict__, kept, dtypes)  # the values as readers will read them
-        for key, arrays in kept.items():
-            append(g[key], np.concatenate(arrays, axis=None).astype(dtypes[key], copy=False))  # each raveled
+        dtypes = {key: self._d(f"{g}/{key}").dtype for key in kept}
+        self._pending_scales[name] = (kept, dtypes)  # added once the batch is committed
+        out = [(f"{g}/{key}", np.concatenate(arrays, axis=None).astype(dtypes[key], copy=False))  # each raveled
+               for key, arrays in kept.items()]
         for key in layout.example_values:
             values = [res.get("example_values", {}).get(key) for res in results]
             if None in values:
                 i = values.index(None)
                 raise ValueError(f"example {examples[i].id}: method '{name}' gave no value '{key}'")
-            append(g[f"example_values/{key}"], np.asarray(values, dtype=np.float32))
+            out.append((f"{g}/example_values/{key}", np.asarray(values, dtype=np.float32)))
+        return out
 
-    def _append_heads(self, examples: list[ExampleData], n: np.ndarray) -> None:
+    def _fail(self, err: BaseException) -> None:
+        """A write failed: abandon the file (its committed prefix stays) and say so in one line."""
+        abandon(self._f)  # before the datasets are let go: their garbage collection would write again
+        self._f, self._ds = None, {}
+        raise StoreWriteError(self.path, write_reason(err), committed_kept(self.n_committed)) from None
+
+    @property
+    def failed(self) -> bool:
+        """True once a write failed (the file is abandoned: nothing more is written, close does nothing)."""
+        return self._f is None and not self._closed
+
+    def _heads_arrays(self, examples: list[ExampleData], n: np.ndarray) -> list[tuple[str, np.ndarray]]:
         L, H = self._model_shape
         arrays = []
         for ex, k in zip(examples, n.tolist()):
@@ -218,41 +257,60 @@ class StoreWriter:
                 raise ValueError(f"example {ex.id}: per-head attention of shape {None if a is None else a.shape}, "
                                  f"expected {expected} (heads {self.heads})")
             arrays.append(a)
-        ds = self._f[schema.HEADS]
-        append(ds, np.concatenate(arrays, axis=None).astype(ds.dtype, copy=False))
+        return [(schema.HEADS, np.concatenate(arrays, axis=None).astype(self._d(schema.HEADS).dtype, copy=False))]
 
     # ------------------------------------------------------------------ closing
     def close(self, *, complete: bool = False, summary: dict | None = None) -> None:
         """Close the file. With ``complete`` (or a summary) reopen it outside SWMR to stamp the final attributes
         (and, when complete, the scale statistics of every method)."""
-        if self._f is None:
+        if self._f is None:  # closed, or abandoned after a failed write (said then): nothing more is written
             return
-        self._f.flush()
+        try:
+            self._f.flush()
+        except WRITE_ERRORS as err:
+            self._fail(err)
+        self._ds = {}
         self._f.close()
-        self._f = None
+        self._f, self._closed = None, True
         if complete or summary:
             self.stamp(complete=complete, summary=summary)
 
     def stamp(self, *, complete: bool, summary: dict | None = None) -> None:
         """Write the final attributes into the closed file (attributes cannot change in SWMR mode; a normal reopen
-        is cheap and clears the open-for-write flag)."""
-        with h5py.File(self.path, "r+", libver="latest", locking=False) as f:
-            if complete:
-                for name, acc in self._scales.items():
-                    g = f[schema.METHODS][name]
-                    if "scale" in g:
-                        del g["scale"]
-                    sg = g.create_group("scale")
-                    fixed(sg, "summary", acc.summary)
-                    fixed(sg, "hist", acc.hist)
-                    write_attr(sg, "views", json.dumps(acc.views))
-            write_attr(f, "complete", bool(complete))
-            write_attr(f, "finished", datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            if summary:
-                write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))
-                for name, secs in (summary.get("method_seconds") or {}).items():
-                    if name in f[schema.METHODS]:
-                        write_attr(f[schema.METHODS][name], "seconds", float(secs))
+        is cheap and clears the open-for-write flag). Outside SWMR a write cut by a full disk could leave the file
+        unreadable, so the room it needs is checked first; a store refused here is closed, whole and resumable."""
+        need = STAMP_ROOM + len(json.dumps(summary or {}, default=str)) + (
+            sum(acc.summary.nbytes + acc.hist.nbytes for acc in self._scales.values()) if complete else 0)
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
+        if free < need:
+            raise StoreWriteError(self.path, f"{os.strerror(errno.ENOSPC)} ({free:,} bytes free, {need:,} needed to "
+                                  "mark it finished)", committed_kept(self.n_committed))
+        f = open_for_writing(self.path)
+        try:
+            self._stamp(f, complete, summary)
+            f.flush()
+        except WRITE_ERRORS as err:
+            abandon(f)
+            raise StoreWriteError(self.path, write_reason(err), committed_kept(self.n_committed)) from None
+        f.close()
+
+    def _stamp(self, f: h5py.File, complete: bool, summary: dict | None) -> None:
+        if complete:
+            for name, acc in self._scales.items():
+                g = f[schema.METHODS][name]
+                if "scale" in g:
+                    del g["scale"]
+                sg = g.create_group("scale")
+                fixed(sg, "summary", acc.summary)
+                fixed(sg, "hist", acc.hist)
+                write_attr(sg, "views", json.dumps(acc.views))
+        write_attr(f, "complete", bool(complete))
+        write_attr(f, "finished", datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        if summary:
+            write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))
+            for name, secs in (summary.get("method_seconds") or {}).items():
+                if name in f[schema.METHODS]:
+                    write_attr(f[schema.METHODS][name], "seconds", float(secs))
 
     def __enter__(self):
         return self

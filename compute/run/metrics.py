@@ -14,4 +14,15 @@ def compute_metrics(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict:
     ecfg = cfg.eval or EvalConfig(metrics=cfg.metrics, preset=cfg.preset)
     if ecfg.preset is None:
         ecfg.preset = cfg.preset
+    if cfg.resume:  # a resumed complete store kept its metrics: say which the new values replace
+        from store import open_store
+
+        from ..evaluate import parse_metric_specs
+
+        with open_store(plan.output) as s:
+            there = {name for m in s.metric_methods for name in s.metric_names(m)}
+        again = [stored for stored, _, _ in parse_metric_specs(ecfg.metrics) if stored in there]
+        if again:
+            progress.message(f"--metrics: recomputing {', '.join(again)}, already in store '{plan.output}' (the new "
+                             "values replace the old)")
     return evaluate_store(plan.output, ecfg, lm=lm, message=progress.message)

@@ -14,6 +14,7 @@ import torch
 
 from store import ExampleData, MethodLayout, StoreWriter, open_store
 from store import resume as resume_store
+from store.errors import StoreWriteError, committed_kept
 
 from .. import __version__
 from ..errors import AttrscopeError
@@ -58,12 +59,15 @@ class WindowWriter:
                 t0 = time.perf_counter()
                 self.writer.append(examples)
                 self.write_seconds += time.perf_counter() - t0
-            except OSError as err:  # a full disk, a lost mount: the user's to fix, said in one line
+            except OSError as err:  # not HDF5's (the writer turns those into StoreWriteError): said the same way
                 self._failed = True
-                self._error = AttrscopeError(f"cannot write store '{self.writer.path}': {_os_reason(err)}: the "
-                                             "windows written before are kept; free space and finish with --resume")
-            except BaseException as err:  # raised in the main thread (submit, finish)
+                self._error = StoreWriteError(self.writer.path, _os_reason(err), committed_kept(self.writer.n_committed))
+            except BaseException as err:  # a failed write (StoreWriteError), a bug: raised by the main thread's next call
                 self._error, self._failed = err, True
+
+    def check(self) -> None:
+        """Raise the writer thread's error, if it had one (the store is then abandoned: stop computing)."""
+        self._raise_error()
 
     def submit(self, examples: list[ExampleData]) -> None:
         self._raise_error()
@@ -129,10 +133,10 @@ def open_writer(plan: RunPlan, loaded: Loaded, layouts: list[MethodLayout], prov
     output = plan.output
     if plan.cfg.resume:
         with open_store(output) as old:
-            before = old.config
+            before, complete = old.config, old.complete
         check_resume(before, provenance, output)
         try:
-            writer = resume_store(output)
+            writer = resume_store(output, keep_metrics=complete)  # the same identity: a complete store gains no row
         except OSError as err:
             raise AttrscopeError(f"cannot write store '{output}': {_os_reason(err)}: check the path and its "
                                  "permissions") from None
