@@ -404,8 +404,14 @@ class AttrApp(App[int]):
         return info.name, self.list_metric_name if self.list_metric_name in names else names[0]
 
     def sync_list_metric(self) -> None:
+        lst = self.example_list
+        if self.view.column and self.view.key is not None:  # the sort key itself (1-ρ), not a stored metric
+            lst.set_metric(None, "")
+            lst.set_key_column(self.view.key, self.view.column)
+            return
+        lst.set_key_column(None, "")
         key = self.list_metric()
-        self.example_list.set_metric(key, short_name(key[1]) if key else "")
+        lst.set_metric(key, short_name(key[1]) if key else "")
 
     def set_method(self, index: int) -> None:
         if self.meta is None or not self.meta.methods:
