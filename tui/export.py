@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,14 +91,41 @@ def to_svg(fig: Figure) -> str:
 # ---------------------------------------------------------------- LaTeX
 _TEX_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
                  "^": r"\textasciicircum{}", "_": r"\_", "~": r"\textasciitilde{}", "%": r"\%"}
+# Combining marks (after NFD) as the LaTeX kernel's accent commands: "é" is e + U+0301 -> \'{e}.
+_TEX_ACCENTS = {"\u0300": "`", "\u0301": "'", "\u0302": "^", "\u0303": "~", "\u0304": "=", "\u0307": ".",
+                "\u0308": '"'}
+_TEX_MARK = r"$\triangleright$"  # the explained token's mark (EXPLAINED_MARK), in the kernel's math symbols
+_TEX_CHAR_EM = 0.75  # em per character of a bold label, a little over Computer Modern's widest lowercase average
+
+
+def _tex_char(ch: str) -> str:
+    if ch in _TEX_SPECIALS:
+        return _TEX_SPECIALS[ch]
+    if " " <= ch <= "~":
+        return ch
+    base, *marks = unicodedata.normalize("NFD", ch)
+    if base.isascii() and base.isalpha() and len(marks) == 1 and marks[0] in _TEX_ACCENTS:
+        return "\\" + _TEX_ACCENTS[marks[0]] + "{" + (r"\i" if base == "i" else base) + "}"
+    folded = unicodedata.normalize("NFKD", ch)  # ligatures and compatibility forms: "ﬁ" -> "fi"
+    if folded.isascii() and folded.isprintable() and folded != ch:
+        return "".join(_tex_char(c) for c in folded)
+    return f"[U+{ord(ch):04X}]"  # pdflatex's default fonts have no glyph for it: its code point, legibly
 
 
 def tex_escape(text: str) -> str:
-    return "".join(_TEX_SPECIALS.get(ch, ch) for ch in text)
+    """``text`` as LaTeX that pdflatex compiles with the kernel's fonts alone: ASCII, specials escaped, accented
+    Latin letters as accent commands, anything else as its code point."""
+    return "".join(_tex_char(ch) for ch in text)
+
+
+def _tex_comment(text: str) -> str:
+    """``text`` inside a % comment: one line (control characters escaped by printable), ASCII."""
+    return tex_escape(printable(text).replace("·", "-"))
 
 
 def to_latex(fig: Figure) -> str:
-    """A LaTeX snippet (xcolor): colours defined once, one line of \\colorbox per method, a colour bar."""
+    """A LaTeX snippet (xcolor): colours defined once, one row per method whose tokens wrap within the line's
+    width, a colour bar; everything inside a group, so that nothing it sets leaks into the document."""
     names: dict[str, str] = {}
 
     def colour_name(hex_colour: str) -> str:
@@ -109,20 +137,25 @@ def to_latex(fig: Figure) -> str:
     for name, row in fig.cells():
         boxes = []
         for k, (text, joined, colour, dark) in enumerate(row):
-            body = tex_escape(("▸" if k == fig.explained else "") + text)
+            body = (_TEX_MARK if k == fig.explained else "") + tex_escape(text)
             if not dark:
                 body = r"\textcolor{white}{" + body + "}"
-            boxes.append(("" if joined or not boxes else r"\,") + r"\colorbox{" + colour_name(colour) + "}{"
+            # a space between words is where a line may break; a word's pieces stay together
+            boxes.append(("" if joined or not boxes else " ") + r"\colorbox{" + colour_name(colour) + "}{"
                          + r"\strut " + body + "}")
-        lines.append(r"\textbf{" + tex_escape(name) + r"} & " + "".join(boxes) + r" \\")
+        lines.append(r"\textbf{" + tex_escape(name) + r"} & \raggedright " + "".join(boxes) + r" \tabularnewline")
     scale = fig.rows[0][1]
     bar = "".join(r"\colorbox{" + colour_name(c) + r"}{\strut\hspace{0.6em}}" for _, c in fig.bar(scale))
     lines.append(r"\multicolumn{2}{l}{\small " + tex_escape(format_score(scale.lo)) + r"\," + bar + r"\,"
-                 + tex_escape(format_score(scale.hi)) + r"} \\")
+                 + tex_escape(format_score(scale.hi)) + r"} \tabularnewline")
     defs = [r"\definecolor{" + n + "}{HTML}{" + c.lstrip("#").upper() + "}" for c, n in names.items()]
-    return ("% attr-tui figure: " + tex_escape(fig.example_id) + (" (" + tex_escape(fig.note) + ")" if fig.note else "")
-            + "\n% needs \\usepackage{xcolor}\n" + "\n".join(defs) + "\n\\setlength{\\fboxsep}{1pt}\n"
-            + "\\begin{tabular}{@{}ll@{}}\n" + "\n".join(lines) + "\n\\end{tabular}\n")
+    label_em = _TEX_CHAR_EM * max(len(tex_escape(name)) for name, _ in fig.rows)
+    columns = (f"@{{}}p{{{label_em:.1f}em}}@{{\\hspace{{0.5em}}}}"
+               f"p{{\\dimexpr\\linewidth-{label_em + 0.5:.1f}em\\relax}}@{{}}")
+    return ("% attr-tui figure: " + _tex_comment(fig.example_id) + (" (" + _tex_comment(fig.note) + ")" if fig.note
+                                                                     else "")
+            + "\n% needs \\usepackage{xcolor}\n\\begingroup\n" + "\n".join(defs) + "\n\\setlength{\\fboxsep}{1pt}\n"
+            + "\\noindent\\begin{tabular}{" + columns + "}\n" + "\n".join(lines) + "\n\\end{tabular}\\par\n\\endgroup\n")
 
 
 # ---------------------------------------------------------------- HTML
