@@ -246,6 +246,26 @@ async def test_q_quits(store_path, color_env):
 
 
 @async_test
+async def test_ctrl_c_quits_from_every_screen_and_the_prompt(store_path, color_env):
+    """Ctrl-C quits as in any terminal program (Textual's default only says to press Ctrl-Q), also from a modal
+    screen and with the search prompt focused; the README names both keys."""
+    from tui.app import create_app
+
+    for keys in ((), ("question_mark",), ("c",), ("slash",)):
+        app = create_app(store_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            if keys:
+                await pilot.press(*keys)
+                await settle(pilot)
+            await pilot.press("ctrl+c")
+            await pilot.pause()
+            assert not app.is_running, keys
+    readme = (ROOT / "README.md").read_text()
+    assert "| `q`, `ctrl+c`, `ctrl+q` | quit |" in readme
+
+
+@async_test
 async def test_help_screen(store_path, color_env):
     from tui.app import create_app
     from tui.screens.help import HelpScreen

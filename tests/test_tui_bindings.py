@@ -65,7 +65,8 @@ BROWSE = {
     "j": lambda a: a.current, "k": lambda a: a.current,
 }
 EXAMPLE_LIST = {key: (lambda a: a.current) for key in ("j", "k", "down", "up", "pagedown", "pageup", "home", "end")}
-APP = {"h": screen_name, "f": screen_name, "question_mark": screen_name, "q": lambda a: a.is_running}
+APP = {"h": screen_name, "f": screen_name, "question_mark": screen_name, "q": lambda a: a.is_running,
+       "ctrl+c": lambda a: a.is_running}
 COMPARE = {
     "j": lambda a: a.screen.index, "k": lambda a: a.screen.index, "s": lambda a: a.screen.shared,
     "d": lambda a: a.screen.difference, "plus": lambda a: a.screen.top, "equals_sign": lambda a: a.screen.top,

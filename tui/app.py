@@ -100,6 +100,8 @@ class AttrApp(App[int]):
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
         Binding("q", "quit", "quit", id="quit"),
+        # Ctrl-C quits as in every terminal program (Textual's own only says to press Ctrl-Q), wherever the focus is
+        Binding("ctrl+c", "quit", "quit", id="quit.ctrl_c", show=False, priority=True),
     ]
 
     def __init__(self, store: Store, *, color_mode: Mode | None = None, poll_seconds: float = POLL_SECONDS,

@@ -23,7 +23,7 @@ KEYS = (
     ("c", "compare methods", "x", "token-to-token matrix"),
     ("e", "figure: SVG, TeX, HTML", "s", "scale: view/ex./store"),
     ("/  n N", "search texts, next / prev.", "r", "reset sort and filter"),
-    ("ctrl+p", "command palette", "q  esc", "quit; close a screen"),
+    ("ctrl+p", "command palette", "q ^c  esc", "quit; close a screen"),
 )
 
 _H = Style(bold=True, underline=True)
