@@ -36,17 +36,14 @@ def test_quits_in_tmux(tmp_path, key):
     make_store(str(store), n_examples=4)
     sock = f"attr-tui-test-{uuid.uuid4().hex[:8]}"
     env = f"env PYTHONPATH={ROOT} TERM=xterm-256color"
-    cmd = f"{env} {sys.executable} -m tui.cli {store}"
+    status = tmp_path / "status"
+    cmd = f"sh -c '{env} {sys.executable} -m tui.cli {store}; echo $? > {status}'"
     try:
         _tmux(sock, "-f", os.devnull, "new-session", "-d", "-x", "80", "-y", "24", "-c", str(ROOT), cmd)
-        _tmux(sock, "set-option", "-g", "remain-on-exit", "on")
         assert _wait(lambda: "ex0" in _tmux(sock, "capture-pane", "-p")), _tmux(sock, "capture-pane", "-p")
         time.sleep(0.5)
         _tmux(sock, "send-keys", key)
-        state = lambda: _tmux(sock, "display-message", "-p",  # noqa: E731
-                              "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}").strip()
-        # ended, with its exit status or the signal that ended it known
-        assert _wait(lambda: state().startswith("1:") and state() != "1::", 20), _tmux(sock, "capture-pane", "-p")
-        assert state() == "1:0:"
+        assert _wait(status.exists, 20), _tmux(sock, "capture-pane", "-p")
+        assert _wait(lambda: status.read_text().strip() != "", 5) and status.read_text().strip() == "0"
     finally:
         _tmux(sock, "kill-server")
