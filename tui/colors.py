@@ -28,6 +28,13 @@ NORMALISATIONS: tuple[str, ...] = ("view", "example", "global")
 NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example": "per example (all its layers)",
                        "global": "global (the whole store, this layer)"}
 
+#: Which tokens set a colour scale: every one, or the content tokens (all but the special tokens and the explained
+#: one, whose score is often the model's own output: rollout's [CLS] 0.66 next to words of 0.02-0.04). Tokens outside
+#: the scale are drawn at its ends.
+SCALE_TOKENS: tuple[str, ...] = ("content", "all")
+SCALE_TOKEN_NAMES = {"content": "w/o specials", "all": "all tokens"}
+DOMINANCE = 3.0  # a token outside the content this many times larger than every content token dominates the scale
+
 #: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
 GLYPHS = " ░▒▓█"
 
@@ -90,11 +97,24 @@ class Scale:
     signed: bool
 
 
-def normalize(scores: np.ndarray, signed: bool) -> Scale:
-    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale."""
+def explained_dominates(scores: np.ndarray, content: np.ndarray) -> bool:
+    """True when a token outside ``content`` (a bool mask) has DOMINANCE times the largest |score| of the content
+    tokens: a scale over every token would then give all the content one colour."""
+    s = np.abs(np.nan_to_num(np.asarray(scores, np.float64), nan=0.0, posinf=0.0, neginf=0.0))
+    content = np.asarray(content, bool)[: len(s)]
+    if not content.any() or content.all():
+        return False
+    return bool(s[~content].max() >= DOMINANCE * s[content].max())
+
+
+def normalize(scores: np.ndarray, signed: bool, keep: np.ndarray | None = None) -> Scale:
+    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale; neither do the tokens
+    ``keep`` (a bool mask) leaves out, which are drawn at the scale's ends."""
     s = np.asarray(scores, dtype=np.float64)
     finite = np.isfinite(s)
     s = np.where(finite, s, 0.0)
+    if keep is not None and (finite & np.asarray(keep, bool)[: len(s)]).any():
+        finite = finite & np.asarray(keep, bool)[: len(s)]
     if signed:
         m = float(np.abs(s[finite]).max()) if finite.any() else 0.0
         values = s / m if m > 0 else np.zeros_like(s)

@@ -76,6 +76,24 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
     return cells
 
 
+def token_info(tokens: list[str], scores: np.ndarray, i: int, signed: bool) -> str:
+    """One line on token ``i``: its position, its piece (and the word its pieces make), its score in the shown view
+    and its rank (1: the largest score, or |score| for signed methods; ties share the better rank)."""
+    s = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+    key = np.abs(s) if signed else s
+    rank = 1 + int((key > key[i]).sum())
+    start, end = i, i + 1
+    while start > 0 and tokens[start].startswith("##"):
+        start -= 1
+    while end < len(tokens) and tokens[end].startswith("##") and len(tokens[end]) > 2:
+        end += 1
+    word = tokens[start] + "".join(t[2:] for t in tokens[start + 1:end]) if end - start > 1 else ""
+    value = float(scores[i])
+    shown = ("+" if signed and value > 0 else "") + format_score(value)
+    return (f"{i + 1}/{len(tokens)} {printable(tokens[i])}" + (f" (of {printable(word)})" if word else "")
+            + f"  {shown}  rank {rank}/{len(tokens)}")
+
+
 class TokenLayout:
     """Tokens laid out in lines of the available width, breaking only between tokens."""
 
@@ -125,6 +143,8 @@ class ColorBar:
         if self.scope:  # a scale wider than the view: say so before anything else
             note = f"  {self.scope}" + note
         room = width - len(left) - len(right) - 2
+        if room - len(note) < 11:  # the scope is what matters most: the top-k note goes first
+            note = f"  {self.scope}" if self.scope else ""
         if room - len(note) < 11:
             note = ""
         cells = max(5, min(31, room - len(note)))

@@ -128,7 +128,7 @@ class CompareScreen(ModalScreen[None]):
         methods = [m for m in self.methods if m in ex.scores]
         signed = self._signed()
         raw = {m: ex.scores[m] for m in methods}
-        sc = scales(raw, signed, self.shared)
+        sc = scales(raw, signed, self.shared, app.scale_keep(ex, methods))
         k = self.top
         first = raw[methods[0]]
         table = Table(box=None, pad_edge=False, padding=(0, 1), header_style=Style(bold=True))
