@@ -11,7 +11,7 @@ import pytest
 from synthetic import make_store
 from test_tui import async_test, set_color_env, settle
 
-from tui.colors import normalize
+from tui.colors import format_score, normalize
 from tui.export import Figure, tex_escape, to_html, to_latex, to_svg
 
 TOKENS = ["[CLS]", "<b>&", "{50%}", "un", "##bel", "$x_1^2#~\\", "[SEP]"]
@@ -53,7 +53,7 @@ def test_html_parses_and_escapes():
     p.feed(out)
     assert p.tags.count("b") == 1  # only the title's <b>: the token "<b>&" is text
     assert "<b>&" in "".join(p.data) and "{50%}" in "".join(p.data)
-    assert out.count("<tr>") == 3  # two methods and the colour bar
+    assert out.count("<tr>") == 4  # two methods and their colour bars (one scale each)
 
 
 _MARK = r"$\triangleright$"
@@ -64,7 +64,7 @@ def test_latex_structure():
     body = out.split("\\begin{tabular}", 1)[1]
     assert body.count("{") == body.count("}")  # every brace balanced (escaped ones are \{ \} pairs)
     rows = [line for line in body.splitlines() if line.endswith("\\tabularnewline")]
-    assert len(rows) == 3 and rows[0].startswith("\\textbf{rollout}") and rows[1].startswith("\\textbf{normxlogit}")
+    assert len(rows) == 4 and rows[0].startswith("\\textbf{rollout}") and rows[1].startswith("\\textbf{normxlogit}")
     used = set(re.findall(r"\\colorbox\{(attr\d+)\}", out))
     defined = set(re.findall(r"\\definecolor\{(attr\d+)\}\{HTML\}\{[0-9A-F]{6}\}", out))
     assert used and used == defined
@@ -108,7 +108,7 @@ async def test_e_writes_the_figure_and_the_screenshot_avoids_a_missing_downloads
 TEX_DECLARED = {"definecolor", "colorbox", "textcolor", "textbf", "strut", "setlength", "fboxsep", "begingroup",
                 "endgroup", "noindent", "begin", "end", "hspace", "dimexpr", "linewidth", "relax", "raggedright",
                 "tabularnewline", "multicolumn", "small", "textbackslash", "textasciicircum", "textasciitilde",
-                "triangleright", "triangleleft", "usepackage", "par", "i"}
+                "triangleright", "triangleleft", "usepackage", "par", "i", "quad"}
 TEX_ACCENTS = set("'`^\"~=.") | {",", "{", "}", "$", "&", "#", "_", "%", "\\"}
 
 
@@ -150,3 +150,48 @@ def test_latex_compiles_in_a_plain_article_without_overfull_lines(tmp_path):
     log = (tmp_path / "doc.log").read_text(errors="replace")
     assert run.returncode == 0, log[-2000:]
     assert "Overfull" not in log and "Unicode character" not in log and (tmp_path / "doc.pdf").exists()
+
+
+def _svg_texts(root):
+    return ["".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_svg_wraps_marks_fit_title_is_separated_and_control_characters_stay_out():
+    """Issue 28, item 6: 44 tokens wrap within the figure's width; every method's scale has its own bar with its
+    numbers; "▸[CLS]" fits its box; the title separates the id from the note; a control character in the id gives
+    valid XML and never reaches the HTML title raw."""
+    from tui.export import MAX_WIDTH, _CHAR_W
+
+    fig = long_figure(example_id="17\x07\x1b[31m")
+    svg = to_svg(fig)
+    root = ET.fromstring(svg)  # valid XML despite the control characters
+    assert float(root.get("width")) <= MAX_WIDTH
+    texts = _svg_texts(root)
+    assert texts[0].startswith("17\\u0007\\u001b[31m") and "·" in texts[0] and "17all" not in texts[0]
+    # every token is there, in order, on more than one line per method
+    for name, _ in fig.rows:
+        assert texts.count(name) == 2  # its row and its colour bar
+    ys = {float(r.get("y")) for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("height") == "20"}
+    assert len(ys) >= 2 * len(fig.rows)
+    # the explained token's box holds its mark and text
+    boxes = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("height") == "20"]
+    assert float(boxes[0].get("width")) >= len("▸[CLS]") * _CHAR_W
+    # one bar per method, each with its own ends
+    for _, scale in fig.rows:
+        lo, hi = format_score(scale.lo), format_score(scale.hi)
+        assert any(t.strip() == lo for t in texts) and any(t.strip() in (hi, "+" + hi) for t in texts)
+    out = to_html(fig)
+    assert "\x07" not in out and "\x1b" not in out
+    assert "<title>17\\u0007\\u001b[31m" in out
+    assert out.count('class="bar"') == len(fig.rows)
+
+
+def test_one_bar_when_the_scale_is_shared():
+    from tui.render.compare import scales
+
+    rng = np.random.default_rng(0)
+    raw = {"a": rng.random(8), "b": rng.random(8)}
+    sc = scales(raw, {"a": False, "b": False}, True)
+    fig = Figure("x", [f"t{i}" for i in range(8)], [(m, sc[m]) for m in raw], note="shared scale")
+    assert to_html(fig).count('class="bar"') == 1
+    assert to_latex(fig).count(r"\multicolumn") == 1

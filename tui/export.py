@@ -45,6 +45,11 @@ class Figure:
             out.append((name, row))
         return out
 
+    def bars(self) -> list[tuple[str, Scale]]:
+        """The colour bars to draw: one when every row has the same scale, else one per method, named."""
+        ends = {(float(sc.lo), float(sc.hi), sc.signed) for _, sc in self.rows}
+        return [("", self.rows[0][1])] if len(ends) == 1 else list(self.rows)
+
     def bar(self, scale: Scale) -> list[tuple[float, str]]:
         """(value, colour) steps of the colour bar of ``scale`` from its low end to its high end."""
         vs = np.linspace(-1.0 if scale.signed else 0.0, 1.0, BAR_STEPS)
@@ -53,36 +58,60 @@ class Figure:
 
 # ---------------------------------------------------------------- SVG
 _CHAR_W, _LINE_H, _FONT = 8.4, 22, 14
+MAX_WIDTH = 960  # px: the tokens of a row wrap onto more lines within it (a page's width at 100 dpi)
+
+
+def _svg_text(text: str) -> str:
+    """Text for an SVG (XML) text node: control characters escaped as shown on screen (XML 1.0 forbids most)."""
+    return html.escape(printable(text))
 
 
 def to_svg(fig: Figure) -> str:
-    """A standalone SVG: a label column, one line of token boxes per method, the colour bar of the first row."""
+    """A standalone SVG: a label column, each method's tokens in lines of at most MAX_WIDTH px (a word's pieces stay
+    together), then the colour bars (one per scale) with their ends."""
     label_w = max(len(name) for name, _ in fig.rows) * _CHAR_W + 16
+    limit = MAX_WIDTH - 8
     parts, width = [], 0.0
     y = 34
-    parts.append(f'<text x="8" y="18" font-weight="bold">{html.escape(fig.example_id)}'
-                 f'<tspan font-weight="normal" fill="#666"> {html.escape(fig.note)}</tspan></text>')
+    # U+00A0 around the separator: XML collapses an ordinary space at the start of the tspan
+    parts.append(f'<text x="8" y="18" font-weight="bold">{_svg_text(fig.example_id)}'
+                 f'<tspan font-weight="normal" fill="#666">\u00a0·\u00a0{_svg_text(fig.note)}</tspan></text>')
     for name, row in fig.cells():
         x = label_w
-        parts.append(f'<text x="8" y="{y + 15}" font-weight="bold">{html.escape(name)}</text>')
-        for k, (text, joined, colour, dark) in enumerate(row):
-            w = max(len(text), 1) * _CHAR_W + 6
-            x += 0 if joined else 4
+        parts.append(f'<text x="8" y="{y + 15}" font-weight="bold">{html.escape(printable(name))}</text>')
+        shown = [(("▸" if k == fig.explained else "") + text, joined, colour, dark)
+                 for k, (text, joined, colour, dark) in enumerate(row)]
+        widths = [max(len(text), 1) * _CHAR_W + 6 for text, *_ in shown]
+        for k, (text, joined, colour, dark) in enumerate(shown):
+            if not joined:
+                end = k + 1  # the word: this token and the pieces joined to it
+                while end < len(shown) and shown[end][1]:
+                    end += 1
+                word = 4 + sum(widths[k:end])
+                if x > label_w and x + word > limit:  # the next line, under the first token
+                    width = max(width, x)
+                    x = label_w
+                    y += _LINE_H
+                x += 4
+            w = widths[k]
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{_LINE_H - 2}" fill="{colour}"/>')
-            mark = "▸" if k == fig.explained else ""
             parts.append(f'<text x="{x + 3:.1f}" y="{y + 15}" fill="{"#000" if dark else "#fff"}">'
-                         f'{html.escape(mark + text)}</text>')
+                         f'{html.escape(text)}</text>')
             x += w
         width = max(width, x)
         y += _LINE_H + 4
-    scale = fig.rows[0][1]
-    parts.append(f'<text x="8" y="{y + 14}">{html.escape(format_score(scale.lo))}</text>')
-    for j, (_, colour) in enumerate(fig.bar(scale)):
-        parts.append(f'<rect x="{label_w + 4 + j * 18}" y="{y + 2}" width="18" height="14" fill="{colour}"/>')
-    parts.append(f'<text x="{label_w + 8 + BAR_STEPS * 18}" y="{y + 14}">'
-                 f'{html.escape(format_score(scale.hi))}</text>')
-    height = y + 26
-    width = max(width, label_w + 80 + BAR_STEPS * 18) + 8
+    for name, scale in fig.bars():
+        if name:
+            parts.append(f'<text x="8" y="{y + 14}" fill="#666">{html.escape(printable(name))}</text>')
+        lo = format_score(scale.lo)
+        hi = ("+" if scale.signed and scale.hi > 0 else "") + format_score(scale.hi)
+        parts.append(f'<text x="{label_w + 4 - len(lo) * _CHAR_W - 4:.1f}" y="{y + 14}">{html.escape(lo)}</text>')
+        for j, (_, colour) in enumerate(fig.bar(scale)):
+            parts.append(f'<rect x="{label_w + 4 + j * 18}" y="{y + 2}" width="18" height="14" fill="{colour}"/>')
+        parts.append(f'<text x="{label_w + 8 + BAR_STEPS * 18}" y="{y + 14}">{html.escape(hi)}</text>')
+        y += 20
+    height = y + 6
+    width = min(max(width, label_w + 80 + BAR_STEPS * 18) + 8, MAX_WIDTH)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
             f'viewBox="0 0 {width:.0f} {height}" font-family="DejaVu Sans Mono, monospace" font-size="{_FONT}">\n'
             f'<rect width="100%" height="100%" fill="#ffffff"/>\n' + "\n".join(parts) + "\n</svg>\n")
@@ -144,10 +173,11 @@ def to_latex(fig: Figure) -> str:
             boxes.append(("" if joined or not boxes else " ") + r"\colorbox{" + colour_name(colour) + "}{"
                          + r"\strut " + body + "}")
         lines.append(r"\textbf{" + tex_escape(name) + r"} & \raggedright " + "".join(boxes) + r" \tabularnewline")
-    scale = fig.rows[0][1]
-    bar = "".join(r"\colorbox{" + colour_name(c) + r"}{\strut\hspace{0.6em}}" for _, c in fig.bar(scale))
-    lines.append(r"\multicolumn{2}{l}{\small " + tex_escape(format_score(scale.lo)) + r"\," + bar + r"\,"
-                 + tex_escape(format_score(scale.hi)) + r"} \tabularnewline")
+    for bar_name, scale in fig.bars():  # one bar per scale
+        bar = "".join(r"\colorbox{" + colour_name(c) + r"}{\strut\hspace{0.6em}}" for _, c in fig.bar(scale))
+        hi = ("+" if scale.signed and scale.hi > 0 else "") + format_score(scale.hi)
+        lines.append(r"\multicolumn{2}{l}{\small " + (tex_escape(bar_name) + r"\quad " if bar_name else "")
+                     + tex_escape(format_score(scale.lo)) + r"\," + bar + r"\," + tex_escape(hi) + r"} \tabularnewline")
     defs = [r"\definecolor{" + n + "}{HTML}{" + c.lstrip("#").upper() + "}" for c, n in names.items()]
     label_em = _TEX_CHAR_EM * max(len(tex_escape(name)) for name, _ in fig.rows)
     columns = (f"@{{}}p{{{label_em:.1f}em}}@{{\\hspace{{0.5em}}}}"
@@ -167,15 +197,16 @@ def to_html(fig: Figure) -> str:
             sep = "" if joined or not spans else " "
             spans.append(f'{sep}<span style="background:{colour};color:{"#000" if dark else "#fff"}">'
                          f'{html.escape(("▸" if k == fig.explained else "") + text)}</span>')
-        rows.append(f"<tr><th>{html.escape(name)}</th><td>{''.join(spans)}</td></tr>")
-    scale = fig.rows[0][1]
-    bar = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
-    rows.append(f"<tr><th></th><td class=\"bar\">{html.escape(format_score(scale.lo))} {bar} "
-                f"{html.escape(format_score(scale.hi))}</td></tr>")
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(fig.example_id)
+        rows.append(f"<tr><th>{html.escape(printable(name))}</th><td>{''.join(spans)}</td></tr>")
+    for bar_name, scale in fig.bars():  # one bar per scale
+        bar = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
+        hi = ("+" if scale.signed and scale.hi > 0 else "") + format_score(scale.hi)
+        rows.append(f"<tr><th>{html.escape(printable(bar_name))}</th><td class=\"bar\">"
+                    f"{html.escape(format_score(scale.lo))} {bar} {html.escape(hi)}</td></tr>")
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + _svg_text(fig.example_id)
             + "</title><style>body{font-family:monospace} th{text-align:left;padding-right:1em} "
             + "span{padding:1px 2px;line-height:1.9} .bar span{padding:0}</style></head><body>\n<p><b>"
-            + html.escape(fig.example_id) + "</b> " + html.escape(fig.note) + "</p>\n<table>\n" + "\n".join(rows)
+            + _svg_text(fig.example_id) + "</b> " + _svg_text(fig.note) + "</p>\n<table>\n" + "\n".join(rows)
             + "\n</table>\n</body></html>\n")
 
 
