@@ -131,14 +131,17 @@ class ColorBar:
     """The scale of the current view with its numbers: ``-M [cold..0..warm] +M`` or ``min [ramp] max``."""
 
     def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0, scope: str = "",
-                 cmap: str = DEFAULT_COLORMAP):
+                 cmap: str = DEFAULT_COLORMAP, ends: tuple[str, str] | None = None):
+        """``ends``: words in place of the scale's numbers (a bar that stands for several scales)."""
         self.scale, self.mode, self.glyphs, self.top_k, self.scope = scale, mode, glyphs, top_k, scope
-        self.cmap = cmap
+        self.cmap, self.ends = cmap, ends
 
     def render(self, width: int) -> Text:
         s = self.scale
         left = format_score(s.lo)
         right = ("+" if s.signed and s.hi > 0 else "") + format_score(s.hi)
+        if self.ends is not None:
+            left, right = self.ends
         note = f"  top-{self.top_k} underlined" if self.top_k else ""
         if self.scope:  # a scale wider than the view: say so before anything else
             note = f"  {self.scope}" + note
