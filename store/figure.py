@@ -46,6 +46,11 @@ class Figure:
             out.append((name, row))
         return out
 
+    def bars(self) -> list[tuple[str, Scale]]:
+        """The colour bars to draw: one when every row has the same scale, else one per method, named."""
+        ends = {(float(sc.lo), float(sc.hi), sc.signed) for _, sc in self.rows}
+        return [("", self.rows[0][1])] if len(ends) == 1 else list(self.rows)
+
     def bar(self, scale: Scale) -> list[tuple[float, str]]:
         """(value, colour) steps of the colour bar of ``scale`` from its low end to its high end."""
         vs = np.linspace(-1.0 if scale.signed else 0.0, 1.0, BAR_STEPS)

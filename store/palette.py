@@ -101,11 +101,14 @@ class Scale:
     signed: bool
 
 
-def normalize(scores: np.ndarray, signed: bool) -> Scale:
-    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale."""
+def normalize(scores: np.ndarray, signed: bool, keep: np.ndarray | None = None) -> Scale:
+    """Normalise one view's scores. Non-finite scores count as 0 and never set the scale; neither do the tokens
+    ``keep`` (a bool mask) leaves out, which are drawn at the scale's ends."""
     s = np.asarray(scores, dtype=np.float64)
     finite = np.isfinite(s)
     s = np.where(finite, s, 0.0)
+    if keep is not None and (finite & np.asarray(keep, bool)[: len(s)]).any():
+        finite = finite & np.asarray(keep, bool)[: len(s)]
     if signed:
         m = float(np.abs(s[finite]).max()) if finite.any() else 0.0
         values = s / m if m > 0 else np.zeros_like(s)

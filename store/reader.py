@@ -240,14 +240,15 @@ class Store:
         return bool(self.method_info(name)["signed"])
 
     # ------------------------------------------------------------------ committed rows
-    def refresh(self) -> int:
+    def refresh(self, reopen: bool = False) -> int:
         """Pick up examples committed since the store was opened (or last refreshed). Returns the new length.
+        ``reopen``: open the file again even when it is complete (a metric record added to it since, by eval).
 
         The file is reopened rather than refreshed dataset by dataset: h5py's Dataset.refresh() on several
         datasets of one file made later reads of the index return stale chunks (seen with h5py 3.16 / HDF5 1.14),
         and a fresh open is cheap and always sees the last flushed state."""
         with self._lock:
-            if self._opened and not self.complete:
+            if self._opened and (reopen or not self.complete):
                 # Close first: a handle opened while another is still open shares its cached (stale) view.
                 self._f.close()
                 self._f = None

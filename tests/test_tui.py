@@ -246,6 +246,26 @@ async def test_q_quits(store_path, color_env):
 
 
 @async_test
+async def test_ctrl_c_quits_from_every_screen_and_the_prompt(store_path, color_env):
+    """Ctrl-C quits as in any terminal program (Textual's default only says to press Ctrl-Q), also from a modal
+    screen and with the search prompt focused; the README names both keys."""
+    from tui.app import create_app
+
+    for keys in ((), ("question_mark",), ("c",), ("slash",)):
+        app = create_app(store_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            if keys:
+                await pilot.press(*keys)
+                await settle(pilot)
+            await pilot.press("ctrl+c")
+            await pilot.pause()
+            assert not app.is_running, keys
+    readme = (ROOT / "README.md").read_text()
+    assert "| `q`, `ctrl+c`, `ctrl+q` | quit |" in readme
+
+
+@async_test
 async def test_help_screen(store_path, color_env):
     from tui.app import create_app
     from tui.screens.help import HelpScreen
@@ -824,7 +844,8 @@ async def test_s_cycles_the_colour_normalisation(store_path, color_env):
     async with app.run_test(size=(100, 30)) as pilot:
         await settle(pilot)
         def bar() -> str:
-            return next(line for line in screen_text(app).splitlines() if "underlined" in line)
+            # the colour bar names the tokens its scale is over (colors.SCALE_TOKENS): random scores, all of them
+            return next(line for line in screen_text(app).splitlines() if "all tokens" in line)
 
         assert app.norm == "view" and f"{final.min():.3g}" in bar() and f"{final.max():.3g}" in bar()
         await pilot.press("s")
@@ -903,3 +924,39 @@ async def test_colormap_from_the_palette_and_the_cli(store_path, color_env, tmp_
         assert "#ffffff" in svg.lower()
     result = CliRunner().invoke(main, [str(store_path), "--colormap", "nope"])
     assert result.exit_code == 2 and "nope" in result.output
+
+
+@async_test
+async def test_token_cursor_shows_each_tokens_value_rank_and_piece(store_path, color_env):
+    """. and , move a cursor over the tokens; the token pane's title gives the token, its piece, its value in the
+    shown view and its rank (by |score| for signed methods); the cursor's token is drawn reversed."""
+    from store import open_store
+    from tui.app import create_app
+    from tui.colors import format_score
+
+    with open_store(store_path) as s:
+        ex = s[0]
+        tokens, final = list(ex.tokens), np.asarray(ex.scores("rollout"), np.float64)
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        pane = app.query_one("#tokens")
+        assert app.token is None and not pane.border_title
+        for i in range(len(tokens)):
+            await pilot.press("full_stop")
+            await pilot.pause()
+            assert app.token == i
+            rank = 1 + int((final > final[i]).sum())
+            title = str(pane.border_title)
+            assert f"{i + 1}/{len(tokens)}" in title and tokens[i] in title, title
+            assert format_score(float(np.float32(final[i]))) in title and f"rank {rank}/{len(tokens)}" in title
+            assert token_cells(app)[i].style.reverse and not any(c.style.reverse for k, c in
+                                                                 enumerate(token_cells(app)) if k != i)
+            assert f"rank {rank}/" in screen_text(app)
+        await pilot.press("full_stop")  # stays on the last token
+        assert app.token == len(tokens) - 1
+        await pilot.press("comma")
+        assert app.token == len(tokens) - 2
+        await pilot.press("j")  # another example: the cursor goes
+        await settle(pilot)
+        assert app.token is None and not pane.border_title

@@ -59,13 +59,16 @@ BROWSE = {
     "left_square_bracket": lambda a: a.layer, "right_square_bracket": lambda a: a.layer,
     "m": lambda a: a.method_index, "M": lambda a: a.method_index,
     "g": lambda a: a.glyphs, "l": lambda a: a.show_strip, "s": lambda a: a.norm,
+    "t": lambda a: a.scale_tokens.get(a.method.name),
+    "full_stop": lambda a: a.token, "comma": lambda a: a.token,
     "c": screen_name, "x": screen_name, "a": screen_name, "e": files,
     "slash": prompt_open, "escape": prompt_open,
     "n": lambda a: a.current, "N": lambda a: a.current, "r": lambda a: a.view.matches is None,
     "j": lambda a: a.current, "k": lambda a: a.current,
 }
 EXAMPLE_LIST = {key: (lambda a: a.current) for key in ("j", "k", "down", "up", "pagedown", "pageup", "home", "end")}
-APP = {"h": screen_name, "f": screen_name, "question_mark": screen_name, "q": lambda a: a.is_running}
+APP = {"h": screen_name, "f": screen_name, "question_mark": screen_name, "q": lambda a: a.is_running,
+       "ctrl+c": lambda a: a.is_running}
 COMPARE = {
     "j": lambda a: a.screen.index, "k": lambda a: a.screen.index, "s": lambda a: a.screen.shared,
     "d": lambda a: a.screen.difference, "plus": lambda a: a.screen.top, "equals_sign": lambda a: a.screen.top,
@@ -167,7 +170,8 @@ async def test_browse_and_list_keys(full_store, env):
     app = create_app(full_store)
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        for key in ("right_square_bracket", "left_square_bracket", "m", "M", "g", "l", "s"):
+        for key in ("right_square_bracket", "left_square_bracket", "m", "M", "g", "l", "s", "t", "full_stop",
+                    "full_stop", "comma"):  # the token cursor: none -> 0 -> 1 -> 0
             await press_and_check(pilot, BROWSE, key)
         for key in ("c", "x", "a"):
             await press_and_check(pilot, BROWSE, key)

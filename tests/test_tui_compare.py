@@ -162,3 +162,56 @@ async def test_per_example_metrics_keep_small_values_visible(tmp_path, monkeypat
             await settle(pilot)
             await pilot.pause()
     assert fmt(4.1e-05) == "4.1e-05" and fmt(-2.0e-04) == "-2.0e-04" and fmt(np.nan) == "—"
+
+
+@pytest.fixture
+def long_store(tmp_path):
+    """One example of 70 tokens, three methods (one signed) of different ranges."""
+    from store import ExampleData, MethodLayout, StoreWriter
+
+    path = tmp_path / "long.h5"
+    words = "quiet charm craft films moves".split()  # five letters each: a block fills the line to its last cell
+    tokens = ["[CLS]"] + [words[i % len(words)] for i in range(68)] + ["[SEP]"]
+    n = len(tokens)
+    rng = np.random.default_rng(5)
+    res = {"alpha": {"scores": rng.random(n)}, "beta": {"scores": 10 + 5 * rng.random(n)},
+           "gamma": {"scores": rng.normal(size=n)}}
+    w = StoreWriter.create(str(path), n_layers=2, n_heads=2, labels={0: "neg", 1: "pos"},
+                           methods=[MethodLayout("alpha", signed=False), MethodLayout("beta", signed=False),
+                                    MethodLayout("gamma", signed=True)], provenance={})
+    w.append([ExampleData(row=0, id="long", text=" ".join(tokens[1:-1]), pair=None, token_ids=np.arange(n),
+                          tokens=tokens, spans=np.full((n, 2), -1), segment=np.zeros(n), label=1, pred=1,
+                          probs=np.array([0.1, 0.9]), target=1, explain_pos=0, n_orig_tokens=n, truncated=False,
+                          results=res)])
+    w.close(complete=True)
+    return path, res
+
+
+@async_test
+async def test_compare_at_80x24_labels_every_token_line_and_shows_every_methods_scale(long_store, monkeypatch):
+    """Issue 28, item 7: no token line without its method label (a long example at 80 columns), and under
+    "scale per method" every method's ends are shown, not only the first one's."""
+    from tui.colors import format_score
+    from tui.render.compare import scales
+
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    path, res = long_store
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_compare(pilot)
+        assert screen.methods == ["alpha", "beta", "gamma"]
+        rows = screen.query_one("#compare-rows")
+        lines = [line for line in screen_text(app).splitlines()[rows.region.y:rows.region.bottom]]
+        body = [line[rows.region.x:rows.region.right].strip() for line in lines]
+        body = [line for line in body if line and line[0] not in "▁▂▃▄▅▆▇█"]
+        assert len(body) >= 6  # the 70 tokens take more blocks than the screen shows of three lines
+        assert all(line.split()[0] in ("alpha", "beta", "gamma") for line in body), body
+        sc = scales({m: r["scores"] for m, r in res.items()}, {"alpha": False, "beta": False, "gamma": True}, False)
+        text = screen_text(app)
+        for m in screen.methods:
+            line = next(line for line in text.splitlines() if line.strip().startswith(m + " ") and "…" in line)
+            lo = format_score(sc[m].lo)
+            hi = ("+" if sc[m].signed else "") + format_score(sc[m].hi)
+            assert f"{lo}…{hi}" in line, (m, line)

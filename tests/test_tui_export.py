@@ -7,10 +7,11 @@ import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pytest
 from synthetic import make_store
 from test_tui import async_test, set_color_env, settle
 
-from tui.colors import normalize
+from tui.colors import format_score, normalize
 from tui.export import Figure, tex_escape, to_html, to_latex, to_svg
 
 TOKENS = ["[CLS]", "<b>&", "{50%}", "un", "##bel", "$x_1^2#~\\", "[SEP]"]
@@ -52,21 +53,24 @@ def test_html_parses_and_escapes():
     p.feed(out)
     assert p.tags.count("b") == 1  # only the title's <b>: the token "<b>&" is text
     assert "<b>&" in "".join(p.data) and "{50%}" in "".join(p.data)
-    assert out.count("<tr>") == 4  # two methods, each followed by its colour bar (their scales differ)
+    assert out.count("<tr>") == 4  # two methods and their colour bars (one scale each)
+
+
+_MARK = r"$\triangleright$"
 
 
 def test_latex_structure():
     out = to_latex(figure())
     body = out.split("\\begin{tabular}", 1)[1]
     assert body.count("{") == body.count("}")  # every brace balanced (escaped ones are \{ \} pairs)
-    rows = [line for line in body.splitlines() if line.endswith("\\\\")]
-    assert len(rows) == 3 and rows[0].startswith("\\textbf{rollout}") and rows[1].startswith("\\textbf{normxlogit}")
+    rows = [line for line in body.splitlines() if line.endswith("\\tabularnewline")]
+    assert len(rows) == 4 and rows[0].startswith("\\textbf{rollout}") and rows[1].startswith("\\textbf{normxlogit}")
     used = set(re.findall(r"\\colorbox\{(attr\d+)\}", out))
     defined = set(re.findall(r"\\definecolor\{(attr\d+)\}\{HTML\}\{[0-9A-F]{6}\}", out))
     assert used and used == defined
     assert tex_escape("{50%}") == r"\{50\%\}" and r"\$x\_1\textasciicircum{}2\#\textasciitilde{}\textbackslash{}" in out
     # nothing special left once the commands, escapes and the column separators " & " are taken out
-    plain = re.sub(r"\\[a-zA-Z]+|\\[{}$&#_%]", "", body.replace(" & ", " "))
+    plain = re.sub(r"\\[a-zA-Z]+|\\[{}$&#_%]", "", body.replace(" & ", " ").replace("@{}", "").replace(_MARK, ""))
     assert not re.search(r"[$&#_%^~]", plain), plain
 
 
@@ -98,3 +102,96 @@ async def test_e_writes_the_figure_and_the_screenshot_avoids_a_missing_downloads
         shots = [p for p in out.glob("*.svg") if p.name != "s-ex0.svg"]
         assert len(shots) == 1
         ET.fromstring(shots[0].read_text())
+
+
+# Every control word the exported .tex may use: the LaTeX kernel's and xcolor's (\usepackage{xcolor}), nothing else.
+TEX_DECLARED = {"definecolor", "colorbox", "textcolor", "textbf", "strut", "setlength", "fboxsep", "begingroup",
+                "endgroup", "noindent", "begin", "end", "hspace", "dimexpr", "linewidth", "relax", "raggedright",
+                "tabularnewline", "multicolumn", "small", "textbackslash", "textasciicircum", "textasciitilde",
+                "triangleright", "triangleleft", "usepackage", "par", "i", "quad"}
+TEX_ACCENTS = set("'`^\"~=.") | {",", "{", "}", "$", "&", "#", "_", "%", "\\"}
+
+
+def long_figure(example_id="ex\n\\end{tabular}\\input{/etc/passwd}% evil"):
+    """44 tokens (the issue's example length), non-ASCII pieces and the explained mark on [CLS]."""
+    words = "the film 's élan , naïve charm and 🎬 moments make it a réussite ; un ##bel ##ievably {50%} fun".split()
+    tokens = ["[CLS]"] + [words[i % len(words)] for i in range(42)] + ["[SEP]"]
+    rng = np.random.default_rng(1)
+    rows = [("rollout", normalize(rng.random(44), False)), ("normxlogit", normalize(rng.normal(size=44), True)),
+            ("attcat", normalize(rng.normal(size=44), True))]
+    return Figure(example_id, tokens, rows, explained=0, note="sst2.h5 · scale per method")
+
+
+def test_latex_is_ascii_with_declared_commands_and_the_id_stays_in_its_comment():
+    out = to_latex(long_figure())
+    assert out.isascii()
+    assert set(re.findall(r"\\([A-Za-z]+)", out)) <= TEX_DECLARED
+    assert set(re.findall(r"\\([^A-Za-z])", out)) <= TEX_ACCENTS
+    # the id's newline and commands cannot leave the header comment
+    code = [line for line in out.splitlines() if not line.startswith("%")]
+    assert not any("evil" in line or "passwd" in line for line in code)
+    assert r"\'{e}lan" in out and r"na\"{\i}ve" in out and "[U+1F3AC]" in out
+    assert r"$\triangleright$[CLS]" in out
+    # tokens wrap: a paragraph column of the line's width, not one unbreakable line per method
+    assert r"p{\dimexpr\linewidth" in out and r"\raggedright" in out
+
+
+def test_latex_compiles_in_a_plain_article_without_overfull_lines(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed")
+    (tmp_path / "fig.tex").write_text(to_latex(long_figure()), encoding="utf-8")
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{xcolor}\\begin{document}\n"
+                                      "\\input{fig}\n\n\\input{fig}\nText after the figures.\n\\end{document}\n")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "doc.log").read_text(errors="replace")
+    assert run.returncode == 0, log[-2000:]
+    assert "Overfull" not in log and "Unicode character" not in log and (tmp_path / "doc.pdf").exists()
+
+
+def _svg_texts(root):
+    return ["".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_svg_wraps_marks_fit_title_is_separated_and_control_characters_stay_out():
+    """Issue 28, item 6: 44 tokens wrap within the figure's width; every method's scale has its own bar with its
+    numbers; "▸[CLS]" fits its box; the title separates the id from the note; a control character in the id gives
+    valid XML and never reaches the HTML title raw."""
+    from tui.export import MAX_WIDTH, _CHAR_W
+
+    fig = long_figure(example_id="17\x07\x1b[31m")
+    svg = to_svg(fig)
+    root = ET.fromstring(svg)  # valid XML despite the control characters
+    assert float(root.get("width")) <= MAX_WIDTH
+    texts = _svg_texts(root)
+    assert texts[0].startswith("17\\u0007\\u001b[31m") and "·" in texts[0] and "17all" not in texts[0]
+    # every token is there, in order, on more than one line per method
+    for name, _ in fig.rows:
+        assert texts.count(name) == 2  # its row and its colour bar
+    ys = {float(r.get("y")) for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("height") == "20"}
+    assert len(ys) >= 2 * len(fig.rows)
+    # the explained token's box holds its mark and text
+    boxes = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("height") == "20"]
+    assert float(boxes[0].get("width")) >= len("▸[CLS]") * _CHAR_W
+    # one bar per method, each with its own ends
+    for _, scale in fig.rows:
+        lo, hi = format_score(scale.lo), format_score(scale.hi)
+        assert any(t.strip() == lo for t in texts) and any(t.strip() in (hi, "+" + hi) for t in texts)
+    out = to_html(fig)
+    assert "\x07" not in out and "\x1b" not in out
+    assert "<title>17\\u0007\\u001b[31m" in out
+    assert out.count('class="bar"') == len(fig.rows)
+
+
+def test_one_bar_when_the_scale_is_shared():
+    from tui.render.compare import scales
+
+    rng = np.random.default_rng(0)
+    raw = {"a": rng.random(8), "b": rng.random(8)}
+    sc = scales(raw, {"a": False, "b": False}, True)
+    fig = Figure("x", [f"t{i}" for i in range(8)], [(m, sc[m]) for m in raw], note="shared scale")
+    assert to_html(fig).count('class="bar"') == 1
+    assert to_latex(fig).count(r"\multicolumn") == 1

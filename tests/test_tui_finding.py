@@ -171,3 +171,40 @@ def test_sort_filter_search_in_the_app(store, monkeypatch):
             await pilot.pause()
 
     asyncio.run(run())
+
+
+def test_disagreement_sort_shows_one_minus_spearman_in_the_list(store, monkeypatch):
+    """The list's value column under a disagreement sort is 1-ρ of that row, as scipy computes it with the
+    explained token left out (not the length, nor a metric)."""
+    import asyncio
+
+    from scipy.stats import spearmanr
+    from test_tui import screen_text, set_color_env
+
+    from tui.app import create_app
+    from tui.widgets.example_list import metric_cell
+
+    set_color_env(monkeypatch)
+
+    async def run():
+        app = create_app(store.path)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await _idle(pilot)
+            app.view.sort_by_disagreement("a", "b")
+            await _idle(pilot)
+            lst = app.example_list
+            header = lst.header_text(60)
+            assert header.split()[-3:] == ["1-ρ(a,", "b)", "↓"] and "1-ρ " in header
+            expected = {}
+            for row in range(6):
+                ex = store[row]
+                expected[row] = 1.0 - spearmanr(np.delete(ex.scores("a"), 0), np.delete(ex.scores("b"), 0))[0]
+            text = screen_text(app)
+            for pos in range(lst.row_count):
+                row = lst.row_at(pos)
+                line, _ = lst._row_text(pos, 60)
+                assert line.split()[-1] == metric_cell(expected[row]).strip()
+                assert f"e{row} " in text and line.split()[0] == f"e{row}"
+            assert [lst.row_at(p) for p in range(6)] == sorted(range(6), key=lambda r: -expected[r])
+
+    asyncio.run(run())

@@ -808,3 +808,30 @@ async def test_metrics_screen_is_kept_and_not_read_again(metrics_store, color_en
             counts.append(sum(issubclass(type(o), Widget) for o in gc.get_objects()))
         assert len(reads) == 1
         assert counts[-1] == counts[0], counts
+
+
+@async_test
+async def test_curve_chart_at_80x24_keeps_its_legend_off_the_curves(metrics_store, color_env):
+    """Issue 28, item 9: at 80x24 the legend is the chart's title line, not a box over the curves, and every
+    curve has its own numbered marker, so each one can be told apart (also without colour)."""
+    from tui.widgets.curve_chart import CurveChart
+
+    app = create_app_for(metrics_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_metrics(pilot)
+        await pilot.press("p")
+        await settle(pilot)
+        while screen.sort_name != "aopc@attcat":
+            await pilot.press("right")
+        await settle(pilot)
+        chart = screen.query_one(CurveChart)
+        assert len(chart.series) >= 2
+        region = chart.region
+        lines = screen_text(app).splitlines()
+        title = lines[region.y + 1][region.x:region.right]  # under the chart's top border
+        plot = [line[region.x:region.right] for line in lines[region.y + 2:region.bottom]]
+        for k, s in enumerate(chart.series):
+            assert f"{k + 1} {s.method}" in title, title
+            assert not any(s.method in line for line in plot), plot  # no legend box over the curves
+        # the stored curves are equal here: the last one drawn shows its number right of the y axis
+        assert any(str(len(chart.series)) in line.split("┤", 1)[-1] for line in plot)

@@ -22,8 +22,9 @@ from textual.worker import get_current_worker
 
 from store import Store, open_store, verify
 
-from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES, Mode, detect_mode
+from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES, SCALE_TOKEN_NAMES, Mode, detect_mode, explained_dominates
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
+from .live import file_state, writer_alive
 from .render.metric_table import short_name
 from .render.task import list_cells
 from .render.tokens import printable
@@ -39,8 +40,11 @@ from .widgets import ExampleList
 from .widgets.example_list import BLOCK as ROW_BLOCK
 from .widgets.example_list import RowBlock
 
-POLL_SECONDS = 2.0
-STALL_SECONDS = 60.0  # an incomplete store that has not grown for this long is shown as "incomplete", not "writing"
+POLL_SECONDS = 2.0  # how often the app looks at its store's file (one stat; more only when it changed)
+# An incomplete store that has not grown for this long is asked whether a process still writes it (live.py): none
+# does, or that cannot be told, and it is shown as "incomplete", not "writing".
+STALL_SECONDS = 60.0
+ALIVE_SECONDS = 10.0  # how often a stalled store asks again (a /proc scan: about 16 ms for 124 processes)
 UNMOUNT_LOCK_SECONDS = 1.0  # how long quitting waits for a read in progress before it leaves the file to the exit
 CACHE_SIZE = 64
 VERIFY_SLICE_VALUES = 1 << 18  # values per read of the whole-store check (short reads: the app's reads wait less)
@@ -77,9 +81,14 @@ class ExampleLoaded(Message):
 
 
 class StoreRefreshed(Message):
-    def __init__(self, meta: StoreMeta):
+    """The store's header after a poll; ``writer_alive`` (live.writer_alive) when it was asked, ``metrics`` when the
+    file changed and its metric records were read again."""
+
+    def __init__(self, meta: StoreMeta, writer_alive: bool | None = None, metrics: MetricsData | None = None):
         super().__init__()
         self.meta = meta
+        self.writer_alive = writer_alive
+        self.metrics = metrics
 
 
 class ReadFailed(Message):
@@ -102,6 +111,8 @@ class AttrApp(App[int]):
         Binding("f", "metrics", "metrics", id="metrics"),
         Binding("question_mark", "help", "help", id="help"),
         Binding("q", "quit", "quit", id="quit"),
+        # Ctrl-C quits as in every terminal program (Textual's own only says to press Ctrl-Q), wherever the focus is
+        Binding("ctrl+c", "quit", "quit", id="quit.ctrl_c", show=False, priority=True),
     ]
 
     def __init__(self, store: Store, *, color_mode: Mode | None = None, poll_seconds: float = POLL_SECONDS,
@@ -123,6 +134,7 @@ class AttrApp(App[int]):
         self.method_index = 0
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
+        self.token: int | None = None  # the browse screen's token cursor (None: none; another example clears it)
         self.metrics_cache: tuple | None = None  # the metrics screen's full read, per state of the store
         self.compare_methods: list[str] | None = None  # the compare screen's choice, kept across examples
         self.view = ListView(self)  # sort, filter and search of the example list
@@ -131,8 +143,13 @@ class AttrApp(App[int]):
         self.colormap = colormap  # colors.COLORMAPS
         self.list_metric_name: str | None = None  # the example list's metric column (its method: the current one)
         self.global_scales: dict[str, dict] = {}  # method -> store-wide scale statistics (read once)
+        self.scale_tokens: dict[str, str] = {}  # method -> the tokens that set its colour scale (colors.SCALE_TOKENS)
         self.metrics = MetricsData()  # per-example metric values for the method bar (read after the header)
         self._poll_timer = None
+        self._file_state = None  # live.file_state of the store when it was last read
+        self.store_generation = 0  # counts the changes of the store's file seen (the metrics screen reads again)
+        self._writer_alive: bool | None = None  # live.writer_alive, asked once the store stopped growing
+        self._alive_asked = -ALIVE_SECONDS  # when it was last asked (monotonic)
         self._last_growth = time.monotonic()
         self._last_error: tuple[str, float] = ("", 0.0)
 
@@ -190,7 +207,7 @@ class AttrApp(App[int]):
         what = f"{n} example{'s' if n != 1 else ''}"
         if meta.complete:
             state = what
-        elif time.monotonic() - self._last_growth > STALL_SECONDS:
+        elif time.monotonic() - self._last_growth > STALL_SECONDS and self._writer_alive is not True:
             state = f"{what}, incomplete"  # a killed run (attr-compute --resume finishes it)
         else:
             state = f"writing… {what}"
@@ -202,6 +219,7 @@ class AttrApp(App[int]):
     # ---------------------------------------------------------------- workers (HDF5 reads happen only here)
     @work(thread=True, group="meta", name="read store header")
     def _read_header(self) -> None:
+        self._file_state = file_state(self.store.path)  # before the read: a change during it is seen at the next poll
         try:
             with self.store_lock:
                 meta = read_meta(self.store)
@@ -279,14 +297,32 @@ class AttrApp(App[int]):
         self.run_worker(self._refresh_store, thread=True, exclusive=True, group="refresh", name="refresh store")
 
     def _refresh_store(self) -> None:
+        """A poll: one stat of the file; when it changed, the header again (the new rows are read when they are
+        shown) and, for a complete store, its metric names and summaries (attr-compute eval adds them). The cost of a
+        poll does not grow with the store."""
+        state = file_state(self.store.path)
+        changed = state != self._file_state
+        stalled = time.monotonic() - self._last_growth > STALL_SECONDS
+        if not changed and (self.meta is None or self.meta.complete or not stalled):
+            return
+        metrics = None
         try:
             with self.store_lock:
-                self.store.refresh()
-                meta = read_meta(self.store)  # the header only: the new rows are read when they are shown
+                self.store.refresh(reopen=changed)
+                meta = read_meta(self.store)
+                if changed and meta.complete:
+                    metrics, _ = read_metrics(self.store, curves=False)
         except Exception as err:
             self.post_message(ReadFailed("new examples", str(err)))
             return
-        self.post_message(StoreRefreshed(meta))
+        self._file_state = state
+        alive = None
+        if stalled and not meta.complete:
+            alive = self._writer_alive
+            if time.monotonic() - self._alive_asked >= ALIVE_SECONDS:
+                self._alive_asked = time.monotonic()
+                alive = writer_alive(self.store.path)
+        self.post_message(StoreRefreshed(meta, alive, metrics))
 
     # ---------------------------------------------------------------- messages from the workers
     def on_meta_loaded(self, message: MetaLoaded) -> None:
@@ -297,7 +333,7 @@ class AttrApp(App[int]):
         self.example_list.set_size(self.meta.n, self.meta.labels, self.meta.task)
         self._set_subtitle()
         self.refresh_bindings()
-        if not self.meta.complete and self._poll_timer is None:
+        if self._poll_timer is None:  # a complete store too: eval may add metrics to it while it is open
             self._poll_timer = self.set_interval(self.poll_seconds, self._poll, name="poll store")
         if not self.meta.n:
             self._show_empty()
@@ -312,14 +348,24 @@ class AttrApp(App[int]):
             return
         old = self.meta
         self.meta = message.meta
+        self._writer_alive = message.writer_alive
         if old is None or message.meta.n != old.n:
             self._last_growth = time.monotonic()
             self.example_list.set_size(message.meta.n, message.meta.labels, message.meta.task)
             self._render_current()  # the detail header's "i/N" follows the growing store
         self._set_subtitle()
-        if message.meta.complete and self._poll_timer is not None:
-            self._poll_timer.stop()
-            self._poll_timer = None
+        if message.metrics is not None and self._metric_state(message.metrics) != self._metric_state(self.metrics):
+            self.store_generation += 1
+            self.on_metric_values_loaded(MetricValuesLoaded(message.metrics))
+            screen = self.screen
+            if isinstance(screen, MetricsScreen):
+                screen.on_screen_resume()  # it reads them again (its key counts the store's changes)
+
+    @staticmethod
+    def _metric_state(data: MetricsData) -> tuple:
+        """What tells two reads of the metric records apart: names and summaries (a metric computed again)."""
+        return tuple((m, n, tuple(sorted((k, str(v)) for k, v in info.summary.items())))
+                     for m, row in (data.table or {}).items() for n, info in row.items())
 
     def on_metric_values_loaded(self, message: MetricValuesLoaded) -> None:
         if not self._alive():
@@ -351,6 +397,8 @@ class AttrApp(App[int]):
             self.browse.show_message(f"could not read {message.what}")
 
     def on_example_list_highlighted(self, message: ExampleList.Highlighted) -> None:
+        if message.index != self.current:
+            self.token = None
         self.current = message.index
         self.browse.query_one("#tokens").scroll_home(animate=False)
         if isinstance(self.screen, MetricsScreen):  # its line of the current example's values follows
@@ -398,6 +446,26 @@ class AttrApp(App[int]):
             if redraw is not None:
                 redraw()
 
+    def scale_tokens_of(self, method: str, ex: LoadedExample) -> str:
+        """The tokens that set ``method``'s colour scale: as chosen, else "content" when its explained token (or a
+        special one) dominates the first example shown, "all" otherwise; kept for the session."""
+        if method not in self.scale_tokens:
+            self.scale_tokens[method] = "content" if explained_dominates(ex.scores[method], ex.content) else "all"
+        return self.scale_tokens[method]
+
+    def scale_keep(self, ex: LoadedExample, methods: list[str]) -> dict[str, np.ndarray | None]:
+        """The tokens that set each method's colour scale on ``ex`` (None: all), for render.compare.scales."""
+        return {m: ex.content if self.scale_tokens_of(m, ex) == "content" and ex.content.any() else None
+                for m in methods}
+
+    def set_scale_tokens(self, method: str, tokens: str) -> None:
+        self.scale_tokens[method] = tokens
+        self.notify(f"scale of {printable(method)}: {SCALE_TOKEN_NAMES[tokens]}", timeout=3, markup=False)
+        for screen in self.screen_stack:
+            redraw = getattr(screen, "redraw", None)
+            if redraw is not None:
+                redraw()
+
     def set_layer(self, layer: int | None) -> None:
         """Show layer view ``layer`` (0-based) of the current method, or its final scores (None)."""
         self.layer = layer
@@ -415,8 +483,14 @@ class AttrApp(App[int]):
         return info.name, self.list_metric_name if self.list_metric_name in names else names[0]
 
     def sync_list_metric(self) -> None:
+        lst = self.example_list
+        if self.view.column and self.view.key is not None:  # the sort key itself (1-ρ), not a stored metric
+            lst.set_metric(None, "")
+            lst.set_key_column(self.view.key, self.view.column)
+            return
+        lst.set_key_column(None, "")
         key = self.list_metric()
-        self.example_list.set_metric(key, short_name(key[1]) if key else "")
+        lst.set_metric(key, short_name(key[1]) if key else "")
 
     def set_method(self, index: int) -> None:
         if self.meta is None or not self.meta.methods:
@@ -490,7 +564,7 @@ class AttrApp(App[int]):
 
         signed = {m.name: m.signed for m in self.meta.methods}
         methods = [m for m in methods if m in ex.scores]
-        sc = scales({m: ex.scores[m] for m in methods}, signed, shared)
+        sc = scales({m: ex.scores[m] for m in methods}, signed, shared, self.scale_keep(ex, methods))
         note = f"{self.meta.name} · {'shared scale' if shared else 'scale per method'}"
         fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note, self.colormap)
         directory = export_directory(getattr(self.store, "path", None))

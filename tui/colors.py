@@ -32,6 +32,13 @@ NORMALISATIONS: tuple[str, ...] = ("view", "example", "global")
 NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example": "per example (all its layers)",
                        "global": "global (the whole store, this layer)"}
 
+#: Which tokens set a colour scale: every one, or the content tokens (all but the special tokens and the explained
+#: one, whose score is often the model's own output: rollout's [CLS] 0.66 next to words of 0.02-0.04). Tokens outside
+#: the scale are drawn at its ends.
+SCALE_TOKENS: tuple[str, ...] = ("content", "all")
+SCALE_TOKEN_NAMES = {"content": "w/o specials", "all": "all tokens"}
+DOMINANCE = 3.0  # a token outside the content this many times larger than every content token dominates the scale
+
 #: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
 GLYPHS = " ░▒▓█"
 
@@ -45,6 +52,16 @@ def detect_mode(no_color: bool, color_system: str | None) -> Mode:
     if color_system == "256":
         return "256"
     return "16"
+
+
+def explained_dominates(scores: np.ndarray, content: np.ndarray) -> bool:
+    """True when a token outside ``content`` (a bool mask) has DOMINANCE times the largest |score| of the content
+    tokens: a scale over every token would then give all the content one colour."""
+    s = np.abs(np.nan_to_num(np.asarray(scores, np.float64), nan=0.0, posinf=0.0, neginf=0.0))
+    content = np.asarray(content, bool)[: len(s)]
+    if not content.any() or content.all():
+        return False
+    return bool(s[~content].max() >= DOMINANCE * s[content].max())
 
 
 def top_k(scores: np.ndarray, signed: bool, k: int) -> set[int]:

@@ -12,7 +12,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.content import Content
 from textual.markup import escape
 
-from .colors import COLORMAPS, NORMALISATION_NAMES
+from .colors import COLORMAPS, NORMALISATION_NAMES, SCALE_TOKEN_NAMES
 
 from .render.metric_table import SORT_MARKS, arrow, higher_is_better, short_name
 from .render.tokens import printable
@@ -71,6 +71,12 @@ class BrowseCommands(_ListedCommands):
         for norm, what in NORMALISATION_NAMES.items():
             if norm != app.norm:
                 out.append((f"scale: {norm}", partial(screen.set_normalisation, norm), f"colours scaled {what} (s)"))
+        if info is not None:
+            for tokens, what in SCALE_TOKEN_NAMES.items():
+                if app.scale_tokens.get(info.name) != tokens:
+                    out.append((f"scale: {what}", partial(app.set_scale_tokens, info.name, tokens),
+                                "the colour scale set by " + ("every token" if tokens == "all" else
+                                                              "the tokens but the special and explained ones") + " (t)"))
         if app.color_mode != "mono":
             out.append(("glyphs: " + ("off" if app.glyphs else "on"), screen.action_toggle_glyphs,
                         "sign marks and the ' ░▒▓█' ramp before every token (g)"))
@@ -109,15 +115,19 @@ class BrowseCommands(_ListedCommands):
         async for hit in super().search(query):
             yield hit
         q = query.strip()
+        kind = None  # a query may be a hit's own text: "example: ID" or "row: N"
+        for prefix in ("example:", "row:"):
+            if q.casefold().startswith(prefix):
+                kind, q = prefix[:-1], q[len(prefix):].strip()
         if not q:
             return
         app = self.app
-        row = await asyncio.to_thread(_find_row, app, q)  # never an HDF5 read on the UI thread
+        row = await asyncio.to_thread(_find_row, app, q) if kind != "row" else None  # never HDF5 on the UI thread
         if row is not None:
             text = f"example: {printable(q)}"
             yield Hit(1.0, Content(text), partial(app.example_list.move_to_row, row), text=text,
                       help=f"example {row + 1}")
-        if q.isdigit() and 1 <= int(q) <= app.example_list.store_rows:
+        if kind != "example" and q.isdigit() and 1 <= int(q) <= app.example_list.store_rows:
             text = f"row: {int(q)}"
             yield Hit(0.8, Content(text), partial(app.example_list.move_to_row, int(q) - 1), text=text,
                       help=f"the {int(q)}th example of the store")

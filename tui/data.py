@@ -76,6 +76,16 @@ class LoadedExample:
     # qa spans), and for qa the gold answer span (first and last evidence token); None for a classifier.
     task: dict | None = None
     gold_span: tuple[int, int] | None = None
+    special: np.ndarray | None = None  # [n] bool: the tokenizer's special tokens ([CLS], [SEP], <s>, ...)
+
+    @property
+    def content(self) -> np.ndarray:
+        """[n] bool: the tokens that are neither special nor the explained one (colors.SCALE_TOKENS)."""
+        keep = np.ones(len(self.tokens), bool) if self.special is None else ~np.asarray(self.special, bool)
+        if 0 <= self.explain_pos < len(keep):
+            keep = keep.copy()
+            keep[self.explain_pos] = False
+        return keep
 
     @property
     def correct(self) -> bool | None:
@@ -344,7 +354,8 @@ def read_example(store: Store, i: int, methods: tuple[str, ...],
     return LoadedExample(index=i, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
                          explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values,
-                         metric_values=metric_values, task=task, gold_span=gold_span)
+                         metric_values=metric_values, task=task, gold_span=gold_span,
+                         special=np.asarray(ex.segment) < 0)
 
 
 def read_matrices(store: Store, i: int, method: str) -> np.ndarray | None:

@@ -12,44 +12,70 @@ from __future__ import annotations
 import html
 import os
 import re
+import unicodedata
 
 from store.figure import BAR_STEPS, Figure
 from store.render_html import to_html  # one HTML renderer: the notebooks' views are the same figure
+from store.text import printable
 
 from .colors import format_score
 
 # ---------------------------------------------------------------- SVG
 _CHAR_W, _LINE_H, _FONT = 8.4, 22, 14
+MAX_WIDTH = 960  # px: the tokens of a row wrap onto more lines within it (a page's width at 100 dpi)
+
+
+def _svg_text(text: str) -> str:
+    """Text for an SVG (XML) text node: control characters escaped as shown on screen (XML 1.0 forbids most)."""
+    return html.escape(printable(text))
 
 
 def to_svg(fig: Figure) -> str:
-    """A standalone SVG: a label column, one line of token boxes per method, the colour bar of the first row."""
+    """A standalone SVG: a label column, each method's tokens in lines of at most MAX_WIDTH px (a word's pieces stay
+    together), then the colour bars (one per scale) with their ends."""
     label_w = max(len(name) for name, _ in fig.rows) * _CHAR_W + 16
+    limit = MAX_WIDTH - 8
     parts, width = [], 0.0
     y = 34
-    parts.append(f'<text x="8" y="18" font-weight="bold">{html.escape(fig.example_id)}'
-                 f'<tspan font-weight="normal" fill="#666"> {html.escape(fig.note)}</tspan></text>')
+    # U+00A0 around the separator: XML collapses an ordinary space at the start of the tspan
+    parts.append(f'<text x="8" y="18" font-weight="bold">{_svg_text(fig.example_id)}'
+                 f'<tspan font-weight="normal" fill="#666">\u00a0·\u00a0{_svg_text(fig.note)}</tspan></text>')
     for name, row in fig.cells():
         x = label_w
-        parts.append(f'<text x="8" y="{y + 15}" font-weight="bold">{html.escape(name)}</text>')
-        for k, (text, joined, colour, dark) in enumerate(row):
-            w = max(len(text), 1) * _CHAR_W + 6
-            x += 0 if joined else 4
+        parts.append(f'<text x="8" y="{y + 15}" font-weight="bold">{html.escape(printable(name))}</text>')
+        shown = [(("▸" if k == fig.explained else "") + text, joined, colour, dark)
+                 for k, (text, joined, colour, dark) in enumerate(row)]
+        widths = [max(len(text), 1) * _CHAR_W + 6 for text, *_ in shown]
+        for k, (text, joined, colour, dark) in enumerate(shown):
+            if not joined:
+                end = k + 1  # the word: this token and the pieces joined to it
+                while end < len(shown) and shown[end][1]:
+                    end += 1
+                word = 4 + sum(widths[k:end])
+                if x > label_w and x + word > limit:  # the next line, under the first token
+                    width = max(width, x)
+                    x = label_w
+                    y += _LINE_H
+                x += 4
+            w = widths[k]
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{_LINE_H - 2}" fill="{colour}"/>')
-            mark = "▸" if k == fig.explained else ""
             parts.append(f'<text x="{x + 3:.1f}" y="{y + 15}" fill="{"#000" if dark else "#fff"}">'
-                         f'{html.escape(mark + text)}</text>')
+                         f'{html.escape(text)}</text>')
             x += w
         width = max(width, x)
         y += _LINE_H + 4
-    scale = fig.rows[0][1]
-    parts.append(f'<text x="8" y="{y + 14}">{html.escape(format_score(scale.lo))}</text>')
-    for j, (_, colour) in enumerate(fig.bar(scale)):
-        parts.append(f'<rect x="{label_w + 4 + j * 18}" y="{y + 2}" width="18" height="14" fill="{colour}"/>')
-    parts.append(f'<text x="{label_w + 8 + BAR_STEPS * 18}" y="{y + 14}">'
-                 f'{html.escape(format_score(scale.hi))}</text>')
-    height = y + 26
-    width = max(width, label_w + 80 + BAR_STEPS * 18) + 8
+    for name, scale in fig.bars():
+        if name:
+            parts.append(f'<text x="8" y="{y + 14}" fill="#666">{html.escape(printable(name))}</text>')
+        lo = format_score(scale.lo)
+        hi = ("+" if scale.signed and scale.hi > 0 else "") + format_score(scale.hi)
+        parts.append(f'<text x="{label_w + 4 - len(lo) * _CHAR_W - 4:.1f}" y="{y + 14}">{html.escape(lo)}</text>')
+        for j, (_, colour) in enumerate(fig.bar(scale)):
+            parts.append(f'<rect x="{label_w + 4 + j * 18}" y="{y + 2}" width="18" height="14" fill="{colour}"/>')
+        parts.append(f'<text x="{label_w + 8 + BAR_STEPS * 18}" y="{y + 14}">{html.escape(hi)}</text>')
+        y += 20
+    height = y + 6
+    width = min(max(width, label_w + 80 + BAR_STEPS * 18) + 8, MAX_WIDTH)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
             f'viewBox="0 0 {width:.0f} {height}" font-family="DejaVu Sans Mono, monospace" font-size="{_FONT}">\n'
             f'<rect width="100%" height="100%" fill="#ffffff"/>\n' + "\n".join(parts) + "\n</svg>\n")
@@ -58,14 +84,41 @@ def to_svg(fig: Figure) -> str:
 # ---------------------------------------------------------------- LaTeX
 _TEX_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
                  "^": r"\textasciicircum{}", "_": r"\_", "~": r"\textasciitilde{}", "%": r"\%"}
+# Combining marks (after NFD) as the LaTeX kernel's accent commands: "é" is e + U+0301 -> \'{e}.
+_TEX_ACCENTS = {"\u0300": "`", "\u0301": "'", "\u0302": "^", "\u0303": "~", "\u0304": "=", "\u0307": ".",
+                "\u0308": '"'}
+_TEX_MARK = r"$\triangleright$"  # the explained token's mark (EXPLAINED_MARK), in the kernel's math symbols
+_TEX_CHAR_EM = 0.75  # em per character of a bold label, a little over Computer Modern's widest lowercase average
+
+
+def _tex_char(ch: str) -> str:
+    if ch in _TEX_SPECIALS:
+        return _TEX_SPECIALS[ch]
+    if " " <= ch <= "~":
+        return ch
+    base, *marks = unicodedata.normalize("NFD", ch)
+    if base.isascii() and base.isalpha() and len(marks) == 1 and marks[0] in _TEX_ACCENTS:
+        return "\\" + _TEX_ACCENTS[marks[0]] + "{" + (r"\i" if base == "i" else base) + "}"
+    folded = unicodedata.normalize("NFKD", ch)  # ligatures and compatibility forms: "ﬁ" -> "fi"
+    if folded.isascii() and folded.isprintable() and folded != ch:
+        return "".join(_tex_char(c) for c in folded)
+    return f"[U+{ord(ch):04X}]"  # pdflatex's default fonts have no glyph for it: its code point, legibly
 
 
 def tex_escape(text: str) -> str:
-    return "".join(_TEX_SPECIALS.get(ch, ch) for ch in text)
+    """``text`` as LaTeX that pdflatex compiles with the kernel's fonts alone: ASCII, specials escaped, accented
+    Latin letters as accent commands, anything else as its code point."""
+    return "".join(_tex_char(ch) for ch in text)
+
+
+def _tex_comment(text: str) -> str:
+    """``text`` inside a % comment: one line (control characters escaped by printable), ASCII."""
+    return tex_escape(printable(text).replace("·", "-"))
 
 
 def to_latex(fig: Figure) -> str:
-    """A LaTeX snippet (xcolor): colours defined once, one line of \\colorbox per method, a colour bar."""
+    """A LaTeX snippet (xcolor): colours defined once, one row per method whose tokens wrap within the line's
+    width, a colour bar; everything inside a group, so that nothing it sets leaks into the document."""
     names: dict[str, str] = {}
 
     def colour_name(hex_colour: str) -> str:
@@ -77,20 +130,26 @@ def to_latex(fig: Figure) -> str:
     for name, row in fig.cells():
         boxes = []
         for k, (text, joined, colour, dark) in enumerate(row):
-            body = tex_escape(("▸" if k == fig.explained else "") + text)
+            body = (_TEX_MARK if k == fig.explained else "") + tex_escape(text)
             if not dark:
                 body = r"\textcolor{white}{" + body + "}"
-            boxes.append(("" if joined or not boxes else r"\,") + r"\colorbox{" + colour_name(colour) + "}{"
+            # a space between words is where a line may break; a word's pieces stay together
+            boxes.append(("" if joined or not boxes else " ") + r"\colorbox{" + colour_name(colour) + "}{"
                          + r"\strut " + body + "}")
-        lines.append(r"\textbf{" + tex_escape(name) + r"} & " + "".join(boxes) + r" \\")
-    scale = fig.rows[0][1]
-    bar = "".join(r"\colorbox{" + colour_name(c) + r"}{\strut\hspace{0.6em}}" for _, c in fig.bar(scale))
-    lines.append(r"\multicolumn{2}{l}{\small " + tex_escape(format_score(scale.lo)) + r"\," + bar + r"\,"
-                 + tex_escape(format_score(scale.hi)) + r"} \\")
+        lines.append(r"\textbf{" + tex_escape(name) + r"} & \raggedright " + "".join(boxes) + r" \tabularnewline")
+    for bar_name, scale in fig.bars():  # one bar per scale
+        bar = "".join(r"\colorbox{" + colour_name(c) + r"}{\strut\hspace{0.6em}}" for _, c in fig.bar(scale))
+        hi = ("+" if scale.signed and scale.hi > 0 else "") + format_score(scale.hi)
+        lines.append(r"\multicolumn{2}{l}{\small " + (tex_escape(bar_name) + r"\quad " if bar_name else "")
+                     + tex_escape(format_score(scale.lo)) + r"\," + bar + r"\," + tex_escape(hi) + r"} \tabularnewline")
     defs = [r"\definecolor{" + n + "}{HTML}{" + c.lstrip("#").upper() + "}" for c, n in names.items()]
-    return ("% attr-tui figure: " + tex_escape(fig.example_id) + (" (" + tex_escape(fig.note) + ")" if fig.note else "")
-            + "\n% needs \\usepackage{xcolor}\n" + "\n".join(defs) + "\n\\setlength{\\fboxsep}{1pt}\n"
-            + "\\begin{tabular}{@{}ll@{}}\n" + "\n".join(lines) + "\n\\end{tabular}\n")
+    label_em = _TEX_CHAR_EM * max(len(tex_escape(name)) for name, _ in fig.rows)
+    columns = (f"@{{}}p{{{label_em:.1f}em}}@{{\\hspace{{0.5em}}}}"
+               f"p{{\\dimexpr\\linewidth-{label_em + 0.5:.1f}em\\relax}}@{{}}")
+    return ("% attr-tui figure: " + _tex_comment(fig.example_id) + (" (" + _tex_comment(fig.note) + ")" if fig.note
+                                                                     else "")
+            + "\n% needs \\usepackage{xcolor}\n\\begingroup\n" + "\n".join(defs) + "\n\\setlength{\\fboxsep}{1pt}\n"
+            + "\\noindent\\begin{tabular}{" + columns + "}\n" + "\n".join(lines) + "\n\\end{tabular}\\par\n\\endgroup\n")
 
 
 WRITERS = {"svg": to_svg, "tex": to_latex, "html": to_html}

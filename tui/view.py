@@ -22,6 +22,7 @@ class ListView:
         self.key: np.ndarray | None = None  # sort key per store row
         self.key_name = ""
         self.metric: tuple[str, str] | None = None  # (method, metric) when the key is a per-example metric
+        self.column = ""  # the head of the list's value column when it shows the key itself (disagreement)
         self.descending = False
         self.filter = finding.Filter()
         self.matches: np.ndarray | None = None  # store rows matching the last search
@@ -102,14 +103,17 @@ class ListView:
     def sort_by_disagreement(self, a: str, b: str) -> None:
         self.ask(("disagreement", a, b), f"ranking {a} against {b}",
                  lambda store, progress, cancel: finding.disagreement(store, a, b, progress, cancel),
-                 lambda d: self._set_key(d, f"1-ρ({a}, {b})", True))
+                 lambda d: self._set_key(d, f"1-ρ({a}, {b})", True, column="1-ρ"))
 
     def sort_by_store_order(self) -> None:
         self._set_key(None, "", False)
 
-    def _set_key(self, key, name: str, descending: bool, metric: tuple[str, str] | None = None) -> None:
-        self.key, self.key_name, self.descending, self.metric = key, name, descending, metric
-        self.app.sync_list_metric()  # a metric sort shows that metric in the list's column
+    def _set_key(self, key, name: str, descending: bool, metric: tuple[str, str] | None = None,
+                 column: str = "") -> None:
+        """``column``: the list shows ``key`` itself in its value column under that head (a key that is no column
+        of the list and no stored metric)."""
+        self.key, self.key_name, self.descending, self.metric, self.column = key, name, descending, metric, column
+        self.app.sync_list_metric()  # a metric sort shows that metric in the list's column, a disagreement sort 1-ρ
         self.show()
 
     def set_filter(self, f: finding.Filter) -> None:
@@ -118,7 +122,7 @@ class ListView:
 
     def reset(self) -> None:
         self.key, self.key_name, self.filter, self.matches, self.query = None, "", finding.Filter(), None, ""
-        self.metric = None
+        self.metric, self.column = None, ""
         self.app.sync_list_metric()
         self.show()
 

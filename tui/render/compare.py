@@ -27,12 +27,17 @@ class Row:
     raw: np.ndarray  # the scores before normalisation (top-k marks come from them)
 
 
-def scales(rows: dict[str, np.ndarray], signed: dict[str, bool], shared: bool) -> dict[str, Scale]:
+def scales(rows: dict[str, np.ndarray], signed: dict[str, bool], shared: bool,
+           keep: dict[str, np.ndarray | None] | None = None) -> dict[str, Scale]:
     """One :class:`Scale` per method: each by its own range, or (``shared``) all by the largest |score| of them
-    (when any is signed) or their joint min..max, so that colours compare across methods of the same units."""
+    (when any is signed) or their joint min..max, so that colours compare across methods of the same units.
+    ``keep[m]``: the tokens that set method m's scale (colors.SCALE_TOKENS; None: all)."""
+    keep = keep or {}
     if not shared:
-        return {m: normalize(s, signed[m]) for m, s in rows.items()}
-    finite = [np.asarray(s, np.float64)[np.isfinite(s)] for s in rows.values()]
+        return {m: normalize(s, signed[m], keep.get(m)) for m, s in rows.items()}
+    kept = [np.asarray(s, np.float64)[: len(keep[m])][keep[m][: len(s)]] if keep.get(m) is not None
+            else np.asarray(s, np.float64) for m, s in rows.items()]
+    finite = [s[np.isfinite(s)] for s in kept]
     every = np.concatenate(finite) if finite else np.zeros(0)
     if any(signed.values()):
         big = float(np.abs(every).max()) if every.size else 0.0

@@ -4,7 +4,7 @@ layer marked (pure: numpy and rich only).
 Every line is drawn on one scale (the strip's own, over all its lines), so a token that brightens from layer to layer
 shows as a column that brightens. When the tokens do not fit the width, columns are block means of neighbouring
 tokens (the heatmap's downsampling); when they fit easily, each token gets up to three cells. With more lines than
-room, the lines around the current one are shown.
+room, the lines around the current one are shown, with ↑ / ↓ after the label where lines are left out.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ def strip_text(lines: np.ndarray, labels: list[str], current: int | None, signed
     for k, r in enumerate(shown):
         cur = r == current
         label = f"{CURRENT_MARK if cur else ' '}{labels[r]}"
-        out.append(label[:label_w - 1].ljust(label_w - 1) + " ", Style(bold=True) if cur else _DIM)
+        # lines left out above or below the window: marked after the first or the last label shown
+        above, below = k == 0 and shown.start > 0, k == len(shown) - 1 and shown.stop < V
+        mark = "↕" if above and below else "↑" if above else "↓" if below else " "
+        out.append(label[:label_w - 1].ljust(label_w - 1), Style(bold=True) if cur else _DIM)
+        out.append(mark, Style(bold=True) if mark != " " else _DIM)
         for x in vals[r]:
             if mode == "mono":
                 out.append(glyph(x) * cw, Style(bold=cur))

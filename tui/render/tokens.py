@@ -54,6 +54,24 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
     return cells
 
 
+def token_info(tokens: list[str], scores: np.ndarray, i: int, signed: bool) -> str:
+    """One line on token ``i``: its position, its piece (and the word its pieces make), its score in the shown view
+    and its rank (1: the largest score, or |score| for signed methods; ties share the better rank)."""
+    s = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+    key = np.abs(s) if signed else s
+    rank = 1 + int((key > key[i]).sum())
+    start, end = i, i + 1
+    while start > 0 and tokens[start].startswith("##"):
+        start -= 1
+    while end < len(tokens) and tokens[end].startswith("##") and len(tokens[end]) > 2:
+        end += 1
+    word = tokens[start] + "".join(t[2:] for t in tokens[start + 1:end]) if end - start > 1 else ""
+    value = float(scores[i])
+    shown = ("+" if signed and value > 0 else "") + format_score(value)
+    return (f"{i + 1}/{len(tokens)} {printable(tokens[i])}" + (f" (of {printable(word)})" if word else "")
+            + f"  {shown}  rank {rank}/{len(tokens)}")
+
+
 class TokenLayout:
     """Tokens laid out in lines of the available width, breaking only between tokens."""
 
@@ -91,18 +109,23 @@ class ColorBar:
     """The scale of the current view with its numbers: ``-M [cold..0..warm] +M`` or ``min [ramp] max``."""
 
     def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0, scope: str = "",
-                 cmap: str = DEFAULT_COLORMAP):
+                 cmap: str = DEFAULT_COLORMAP, ends: tuple[str, str] | None = None):
+        """``ends``: words in place of the scale's numbers (a bar that stands for several scales)."""
         self.scale, self.mode, self.glyphs, self.top_k, self.scope = scale, mode, glyphs, top_k, scope
-        self.cmap = cmap
+        self.cmap, self.ends = cmap, ends
 
     def render(self, width: int) -> Text:
         s = self.scale
         left = format_score(s.lo)
         right = ("+" if s.signed and s.hi > 0 else "") + format_score(s.hi)
+        if self.ends is not None:
+            left, right = self.ends
         note = f"  top-{self.top_k} underlined" if self.top_k else ""
         if self.scope:  # a scale wider than the view: say so before anything else
             note = f"  {self.scope}" + note
         room = width - len(left) - len(right) - 2
+        if room - len(note) < 11:  # the scope is what matters most: the top-k note goes first
+            note = f"  {self.scope}" if self.scope else ""
         if room - len(note) < 11:
             note = ""
         cells = max(5, min(31, room - len(note)))

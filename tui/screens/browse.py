@@ -11,17 +11,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from rich.style import Style
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from ..colors import NORMALISATION_NAMES, NORMALISATIONS, default_k, normalize, normalize_within, top_k
+from ..colors import (NORMALISATION_NAMES, NORMALISATIONS, SCALE_TOKEN_NAMES, SCALE_TOKENS, default_k, normalize,
+                      normalize_within, top_k)
 from ..commands import BrowseCommands, ViewCommands
 from ..data import LoadedExample
 from ..render.metric_table import MetricLine
-from ..render.tokens import TokenLayout, token_cells
+from ..render.tokens import TokenLayout, token_cells, token_info
 from ..widgets.footer import FittedFooter
 from ..widgets import ColorBarView, ExampleList, InfoPanel, LayerStrip, MethodBar, TextPanel, TokenView
 
@@ -44,12 +47,15 @@ class BrowseScreen(Screen[None]):
         Binding("m", "method(1)", "method", id="method.next"),
         Binding("M", "method(-1)", "previous method", id="method.previous", show=False),
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
+        Binding("full_stop", "token(1)", "next token", id="token.next", show=False),
+        Binding("comma", "token(-1)", "previous token", id="token.previous", show=False),
         Binding("l", "toggle_strip", "layer strip", id="strip", show=False),
         Binding("c", "app.compare", "compare", id="compare"),
         Binding("x", "app.matrix", "matrix", id="matrix", show=False),  # in help and the palette: 80 columns are full
         Binding("a", "app.attention", "attention", id="attention", show=False),  # likewise
         Binding("e", "app.export", "export figure", id="export", show=False),
         Binding("s", "normalisation", "scale", id="normalisation", show=False),
+        Binding("t", "scale_tokens", "scale tokens", id="scale.tokens", show=False),
         Binding("slash", "search", "search", id="search", show=False),
         Binding("n", "next_match(1)", "next match", id="search.next", show=False),
         Binding("N", "next_match(-1)", "previous match", id="search.previous", show=False),
@@ -112,13 +118,21 @@ class BrowseScreen(Screen[None]):
                                        ex.values.get(info.name), metrics, ladder=not strip)
         self.query_one(LayerStrip).show(views, ex.scores[info.name], app.layer, info.signed, app.color_mode,
                                         rows=self._strip_rows(), cmap=app.colormap)
-        scope = {"view": "", "example": "per example", "global": "global"}[app.norm]
+        scope = {"view": "", "example": "per example, ", "global": "global, "}[app.norm]
         if app.norm == "global" and info.name not in app.global_scales:
-            scope = "global: reading…"
+            scope = "global: reading…, "
+        # the store's statistics are over every token
+        scope += SCALE_TOKEN_NAMES["all" if app.norm == "global" else app.scale_tokens_of(info.name, ex)]
         self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap)
         cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
                             explained_end=ex.explained_end, cmap=app.colormap)
-        self.query_one(TokenView).show_tokens(TokenLayout(cells))
+        view = self.query_one(TokenView)
+        if app.token is not None and 0 <= app.token < len(cells):  # the token cursor: reversed, its numbers above
+            cells[app.token] = replace(cells[app.token], style=cells[app.token].style + Style(reverse=True))
+            view.border_title = Text(token_info(ex.tokens, scores, app.token, info.signed))
+        else:
+            view.border_title = None
+        view.show_tokens(TokenLayout(cells))
 
     def redraw(self) -> None:
         self.draw()
@@ -131,10 +145,12 @@ class BrowseScreen(Screen[None]):
     def scale(self, ex: LoadedExample, info, scores: np.ndarray):
         """The colour scale of the shown view under the chosen normalisation (NORMALISATIONS)."""
         app = self.app
+        keep = app.scale_keep(ex, [info.name])[info.name]
         if app.norm == "example":  # every view of this example's method on one scale
             layer_views = ex.layer_scores.get(info.name)
             views = [ex.scores[info.name]] + ([] if layer_views is None else list(layer_views))
-            every = np.concatenate([np.asarray(v, np.float64).ravel() for v in views])
+            every = np.concatenate([np.asarray(v, np.float64)[: len(keep)][keep[: len(v)]] if keep is not None
+                                    else np.asarray(v, np.float64).ravel() for v in views])
             finite = every[np.isfinite(every)]
             if finite.size:
                 return normalize_within(scores, info.signed, None if info.signed else float(finite.min()),
@@ -145,7 +161,7 @@ class BrowseScreen(Screen[None]):
             if view is not None and view.count:
                 return normalize_within(scores, info.signed, None if info.signed else view.min,
                                         view.max_abs if info.signed else view.max)
-        return normalize(scores, info.signed)
+        return normalize(scores, info.signed, keep)
 
     # ---------------------------------------------------------------- keys
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -184,6 +200,15 @@ class BrowseScreen(Screen[None]):
         self.app.show_strip = not self.app.show_strip
         self.draw()
 
+    def action_scale_tokens(self) -> None:
+        """t: the colour scale set by the content tokens (special and explained ones left out) or by all tokens."""
+        app = self.app
+        ex = app.cache.get(app.current) if app.current is not None else None
+        if app.method is None or ex is None:
+            return
+        now = app.scale_tokens_of(app.method.name, ex)
+        app.set_scale_tokens(app.method.name, SCALE_TOKENS[(SCALE_TOKENS.index(now) + 1) % len(SCALE_TOKENS)])
+
     def action_normalisation(self) -> None:
         """s: colours scaled per view (this example's view), per example (all its views), or over the whole store."""
         app = self.app
@@ -195,6 +220,18 @@ class BrowseScreen(Screen[None]):
         app.notify(f"scale: {NORMALISATION_NAMES[norm]}", timeout=3, markup=False)
         if norm == "global" and app.method is not None and app.method.name not in app.global_scales:
             app.read_global_scale(app.method.name)
+        self.draw()
+
+    def action_token(self, step: int) -> None:
+        """. / ,: the token cursor to the next / previous token (from none: the first / the last)."""
+        app = self.app
+        ex = app.cache.get(app.current) if app.current is not None else None
+        if ex is None or not ex.tokens:
+            return
+        if app.token is None:
+            app.token = 0 if step > 0 else len(ex.tokens) - 1
+        else:
+            app.token = max(0, min(len(ex.tokens) - 1, app.token + step))
         self.draw()
 
     def action_example(self, step: int) -> None:

@@ -23,7 +23,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Header, SelectionList, Static
 
 from ..agreement import spearman, top_k_overlap
-from ..colors import default_k
+from ..colors import default_k, format_score
 from ..commands import CompareCommands
 from ..widgets.footer import FittedFooter
 from ..render.compare import Row, aligned_blocks, difference, scales
@@ -128,7 +128,7 @@ class CompareScreen(ModalScreen[None]):
         methods = [m for m in self.methods if m in ex.scores]
         signed = self._signed()
         raw = {m: ex.scores[m] for m in methods}
-        sc = scales(raw, signed, self.shared)
+        sc = scales(raw, signed, self.shared, app.scale_keep(ex, methods))
         k = self.top
         first = raw[methods[0]]
         table = Table(box=None, pad_edge=False, padding=(0, 1), header_style=Style(bold=True))
@@ -136,6 +136,7 @@ class CompareScreen(ModalScreen[None]):
         table.add_column("ρ vs 1st", justify="right")
         table.add_column(f"top-{k} ∩", justify="right")
         metric_names = list(app.metrics.names)[:3] if app.metrics.names else []
+        table.add_column("scale")  # each method's ends: the colour bar's numbers when the scales differ
         for name in metric_names:
             table.add_column(name.replace("comprehensiveness", "compr.").replace("sufficiency", "suff."),
                              justify="right")
@@ -143,12 +144,16 @@ class CompareScreen(ModalScreen[None]):
             rho = 1.0 if j == 0 else spearman(first, raw[m], skip=ex.explain_pos)
             ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos)
             values = [fmt(ex.metric_values.get((m, n))) for n in metric_names]  # as the metrics screen: 4e-05 stays visible
-            table.add_row(Text(m), _fmt(rho), _fmt(ov), *values)
+            ends = format_score(sc[m].lo) + "…" + ("+" if sc[m].signed and sc[m].hi > 0 else "") + format_score(sc[m].hi)
+            table.add_row(Text(m), _fmt(rho), _fmt(ov), ends, *values)
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(printable(ex.id), Style(bold=True))
         head.append(f"  {ex.index + 1}/{app.example_list.store_rows}  {len(ex.tokens)} tokens  "
                     f"{'shared scale' if self.shared else 'scale per method'}", _DIM)
-        width = max(self.size.width - 2, 20)
+        # the rows' own width, less their padding and a vertical scrollbar (always counted: a long example has one,
+        # and a block that filled the line to its last cell would wrap its end onto a line without a method label)
+        pane = self.query_one("#compare-rows")
+        width = max((pane.size.width or self.size.width) - 2 - pane.styles.scrollbar_size_vertical, 20)
         if self.difference and len(methods) >= 2:
             d = difference(sc[methods[0]], sc[methods[1]])
             rows = [Row(methods[0], sc[methods[0]], raw[methods[0]]), Row(methods[1], sc[methods[1]], raw[methods[1]]),
@@ -159,10 +164,16 @@ class CompareScreen(ModalScreen[None]):
             rows = [Row(m, sc[m], raw[m]) for m in methods]
             bar_scale = sc[methods[0]]
         self.query_one("#compare-table").update(Group(head, table))
-        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k, cmap=app.colormap))
+        per_method = not self.shared and not self.difference and len({(sc[m].lo, sc[m].hi) for m in methods}) > 1
+        # scales per method: the bar is the ramp, each method's ends are in the table's "scale" column
+        ends = ("min", "max") if not bar_scale.signed else ("−max", "+max")
+        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k,
+                                                       cmap=app.colormap, ends=ends if per_method else None))
         lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
                                explained=ex.explain_pos, explained_end=ex.explained_end, cmap=app.colormap)
-        self.query_one("#compare-tokens").update(Text("\n").join(lines))
+        tokens = Text("\n").join(lines)
+        tokens.no_wrap, tokens.overflow = True, "crop"  # join() takes the separator's wrapping: never wrap a row
+        self.query_one("#compare-tokens").update(tokens)
         self.sub_title = "compare · " + ", ".join(methods)
 
     # ---------------------------------------------------------------- actions

@@ -18,12 +18,12 @@ KEYS = (
     ("j ↓  k ↑", "next / previous example", "PgDn PgUp", "a page of examples"),
     ("]  [", "next / previous layer", "Home End", "first / last example"),
     ("m  M", "next / previous method", "g  l", "glyphs, layer strip"),
-    ("tab", "focus tokens, arrows scroll", "?  esc", "this help"),
+    ("tab  . ,", "scroll tokens; token cursor", "?  esc", "this help"),
     ("h  a", "head masks / attention", "f", "metrics (p: curves)"),
     ("c", "compare methods", "x", "token-to-token matrix"),
-    ("e", "figure: SVG, TeX, HTML", "s", "scale: view/ex./store"),
+    ("e", "figure: SVG, TeX, HTML", "s  t", "scale: range, tokens"),
     ("/  n N", "search texts, next / prev.", "r", "reset sort and filter"),
-    ("ctrl+p", "command palette", "q  esc", "quit; close a screen"),
+    ("ctrl+p", "command palette", "q ^c  esc", "quit; close a screen"),
 )
 
 _H = Style(bold=True, underline=True)

@@ -128,7 +128,7 @@ class MetricsScreen(ModalScreen[None]):
 
     def _store_key(self):
         meta = getattr(self.app, "meta", None)
-        return None if meta is None else (meta.n, meta.complete)
+        return None if meta is None else (meta.n, meta.complete, self.app.store_generation)
 
     # ---------------------------------------------------------------- worker (the only HDF5 read of this screen)
     def _read_metrics(self) -> None:
@@ -137,7 +137,8 @@ class MetricsScreen(ModalScreen[None]):
     def _cached_metrics(self, store):
         """The metrics with their values and mean curves, read once per state of the store (its examples and metric
         records) and kept by the app: opening the screen again reads and allocates nothing."""
-        key = (len(store), tuple((m, tuple(store.metric_names(m))) for m in (store.metric_methods or ())))
+        key = (len(store), tuple((m, tuple(store.metric_names(m))) for m in (store.metric_methods or ())),
+               self.app.store_generation)
         cached = getattr(self.app, "metrics_cache", None)
         if cached is None or cached[0] != key:
             cached = (key, read_metrics(store))

@@ -2,8 +2,8 @@
 for chosen methods, mean over the examples, as a terminal line chart drawn by plotext (textual-plotext).
 
 The curves come from the metrics screen's data (``MetricsData``: ``MetricInfo.curve`` and ``curve_levels``, read in
-a worker); this widget only draws. Each method gets its own marker glyph as well as its own colour, so the chart
-stays readable with NO_COLOR.
+a worker); this widget only draws. Each method gets its own numbered marker as well as its own colour, named in the
+title line, so the chart stays readable with NO_COLOR and no legend covers the curves.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from textual_plotext import PlotextPlot
 
-MARKERS = ("•", "x", "+", "o", "*", "#")  # one per method (compare and metrics screens show at most six)
+# One per method (the metrics screen shows at most six): digits, which the title's legend names ("1 rollout"), tell
+# the curves apart where they cross and without colour; plotext's own legend would be a box over the curves.
+MARKERS = ("1", "2", "3", "4", "5", "6")
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,12 @@ class CurveChart(PlotextPlot):
         if not self.series:
             plt.title(f"{metric}: no per-level curves stored")
         else:
-            plt.title(f"{metric}: mean curve over the examples")
+            legend = "  ".join(f"{MARKERS[k % len(MARKERS)]} {s.method}" for k, s in enumerate(self.series))
+            title = f"{metric}: mean curve over the examples · {legend}"
+            if len(title) > max(self.size.width, 1) - 2:  # narrow: the legend matters more than the words
+                title = f"{metric} · {legend}"
+            plt.title(title)
             for k, s in enumerate(self.series):
-                plt.plot(s.x.tolist(), s.y.tolist(), label=s.method,
-                         marker=MARKERS[k % len(MARKERS)])
+                plt.plot(s.x.tolist(), s.y.tolist(), marker=MARKERS[k % len(MARKERS)])
             plt.xlabel(self.x_label)
         self.refresh()

@@ -6,6 +6,7 @@ Like every widget here they only format what the screen hands them; they never r
 
 from __future__ import annotations
 
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
@@ -60,9 +61,28 @@ class InfoPanel(Static):
         self.update(Text(message, style=_DIM))
 
 
-class TextPanel(Static):
-    """The example's text (and pair text), literally, cropped to a few lines."""
+class Clipped:
+    """Text wrapped to the width and cut to ``lines`` lines, the last one ending with "…" when anything is cut."""
 
+    def __init__(self, text: Text, lines: int):
+        self.text, self.lines = text, lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(options.max_width, 2)
+        wrapped = self.text.wrap(console, width)
+        if len(wrapped) > self.lines:
+            last = wrapped[self.lines - 1].copy()
+            last.rstrip()
+            last.truncate(width - 1)
+            last.append("…")
+            wrapped = [*wrapped[: self.lines - 1], last]
+        yield Text("\n").join(wrapped)
+
+
+class TextPanel(Static):
+    """The example's text (and pair text), literally, cut to TEXT_LINES lines (marked "…")."""
+
+    TEXT_LINES = 3
     DEFAULT_CSS = "TextPanel { height: auto; max-height: 3; color: $text-muted; }"
 
     def show_example(self, ex: LoadedExample | None) -> None:
@@ -73,4 +93,4 @@ class TextPanel(Static):
             if ex.pair is not None:
                 t.append("\npair ", _BOLD)
                 t.append(printable_text(ex.pair))
-        self.update(t)
+        self.update(Clipped(t, self.TEXT_LINES))

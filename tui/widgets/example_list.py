@@ -121,6 +121,8 @@ class ExampleList(ScrollView, can_focus=True):
         self._id_w = 4  # widest id seen so far (cells)
         self.metric_key: tuple[str, str] | None = None  # the metric column's (method, metric); None: no column
         self._metric_head = ""
+        # a sort key the list holds already (two methods' disagreement), shown in the value column instead of a metric
+        self._key_values: np.ndarray | None = None
 
     # ---------------------------------------------------------------- data
     @property
@@ -206,6 +208,19 @@ class ExampleList(ScrollView, can_focus=True):
         self._asked = {b for b in self._asked if isinstance(b, int)}
         self.refresh()
 
+    def set_key_column(self, values: np.ndarray | None, head: str) -> None:
+        """Show ``values`` (one per store row: a sort key computed over the store) in the value column headed
+        ``head``, in place of the metric column; None gives the column back to the metric."""
+        self._key_values = None if values is None else np.asarray(values, np.float64)
+        if values is not None:
+            self._metric_head = head
+        self.refresh()
+
+    @property
+    def shows_value(self) -> bool:
+        """The value column is shown (a metric's, or a sort key's)."""
+        return self.metric_key is not None or self._key_values is not None
+
     def set_note(self, note: str) -> None:
         """The note at the right of the header (the view, or the progress of a pass over the store)."""
         self._order_note = note
@@ -257,7 +272,7 @@ class ExampleList(ScrollView, can_focus=True):
     def _columns(self, width: int) -> tuple[int, int]:
         """Widths of the id and label columns for a row of ``width`` cells: ids first (up to 16 cells), labels
         share the rest (3 to 8 cells each, cut with '…'); the metric column takes METRIC_W + 1 when it is shown."""
-        avail = width - 2 - 5 - 2 - (METRIC_W + 1 if self.metric_key else 0)  # mark, " len", separators
+        avail = width - 2 - 5 - 2 - (METRIC_W + 1 if self.shows_value else 0)  # mark, " len", separators
         want_id = min(self._id_w, 16)
         lw = min(self._label_w, max(3, (avail - want_id) // 2))
         id_w = max(3, min(want_id, avail - 2 * lw))
@@ -280,7 +295,9 @@ class ExampleList(ScrollView, can_focus=True):
             mark = (_MONO_MARKS if self.monochrome else _MARKS)[None if label < 0 else label == pred]
             cols = [_fit(ex_id, id_w), _fit(self._label_name(label), lw), _fit(self._label_name(pred), lw)]
         cols.append(f"{int(blk.n_tokens[k]):>4}")
-        if self.metric_key:
+        if self._key_values is not None:
+            cols.append(metric_cell(self._key_values[row] if row < len(self._key_values) else None))
+        elif self.metric_key:
             v = blk.metric[k] if blk.metric_key == self.metric_key and blk.metric is not None else None
             cols.append(metric_cell(v))
         return " ".join(cols), mark
@@ -289,7 +306,7 @@ class ExampleList(ScrollView, can_focus=True):
         id_w, lw = self._columns(width)
         right = self._heads != ("label", "pred")  # numbers: their heads right-aligned above them
         cols = [set_cell_size("id", id_w)] + [_fit(h.rjust(lw) if right else h, lw) for h in self._heads] + [" len"]
-        if self.metric_key:
+        if self.shows_value:
             head = self._metric_head
             cols.append(head.rjust(METRIC_W) if cell_len(head) <= METRIC_W else _fit(head, METRIC_W))
         head = "  " + " ".join(cols)
