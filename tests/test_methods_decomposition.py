@@ -104,6 +104,27 @@ def test_inner_products_and_squared_norms_without_vectors_equal_the_materialised
 
 
 @torch.no_grad()
+def test_a_captured_stack_is_made_once_and_remade_only_for_a_replaced_list(captured):
+    """Captured.stack copies the layer list once: a second call returns the same tensor without a copy (it once made
+    a new one on every call, the layer views' base being the concatenation rather than its reshaped view), and a list
+    replaced since (a copy with other tensors) is stacked again from its new entries."""
+    import dataclasses
+
+    from op_counting import count
+
+    _, _, _, _, cap = captured
+    for name in ("attentions", "values", "hidden_states"):
+        first = cap.stack(name)
+        assert count(lambda: cap.stack(name)).total == 0
+        assert cap.stack(name) is first
+        for l, layer in enumerate(getattr(cap, name)):
+            assert layer.data_ptr() == first[l].data_ptr()
+    other = dataclasses.replace(cap, attentions=[a * 2 for a in cap.attentions], stacks=dict(cap.stacks))
+    torch.testing.assert_close(other.stack("attentions"), 2 * cap.stack("attentions"))
+    assert other.stack("attentions").data_ptr() != cap.stack("attentions").data_ptr()
+
+
+@torch.no_grad()
 def test_a_stack_of_layers_equals_its_layers_one_by_one(captured):
     """Every function on a stack of all layers ([L, B, ...], weights broadcast over the batch) gives each layer's own
     numbers, and so does a stack of some layers for some examples."""

@@ -68,7 +68,9 @@ class Captured:
         become views of it, so the layers are not held twice."""
         st = self.stacks.get(name)
         layers = getattr(self, name)
-        if st is None or layers[0]._base is not st:  # not made yet, or the list was replaced since (a copy's)
+        # made already when the list's entries are views of it (their base is the stack's own base: it is a view of
+        # the concatenation); else not made yet, or the list was replaced since (a copy's)
+        if st is None or layers[0]._base is not (st if st._base is None else st._base):
             st = self.stacks[name] = torch.cat(layers).view(len(layers), *layers[0].shape)
             setattr(self, name, list(st.unbind(0)))
         return st

@@ -286,6 +286,19 @@ class LayerParts:
         over (layer, example, head): [n, dh] x [dh, d]."""
         *lead, n, H, dh = self.v.shape
         Wh = W.unflatten(-1, (H, dh)).movedim(-2, -3)  # [*, H, d, dh]
+        d = Wh.shape[-2]
+        # The weights are shared by the batch's examples: their rows are folded into each head's product (a
+        # broadcast matmul would copy the weights once per example), and U is returned contiguous, so the Gram
+        # products that read it need no copy of their own.
+        if self.stacked and W.dim() == 4 and W.shape[1] == 1:  # v [K, B, n, H, dh], W [K, 1, d, d]
+            K, B = lead
+            rows = self.v.permute(0, 3, 1, 2, 4).reshape(K, H, B * n, dh)
+            U = torch.matmul(rows, Wh[:, 0].transpose(-1, -2))  # [K, H, B n, d]
+            return U.view(K, H, B, n, d).permute(0, 2, 3, 1, 4).contiguous()
+        if W.dim() == 2:  # one layer: v [*, n, H, dh], W [d, d]
+            rows = self.v.movedim(-2, 0).reshape(H, -1, dh)
+            U = torch.matmul(rows, Wh.transpose(-1, -2))  # [H, (* n), d]
+            return U.view(H, *lead, n, d).movedim(0, -2).contiguous()
         return torch.matmul(self.v.transpose(-3, -2), Wh.transpose(-1, -2)).transpose(-3, -2)
 
 
