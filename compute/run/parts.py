@@ -11,12 +11,13 @@ import dataclasses
 import torch
 
 from ..adapters import Captured
+from ..adapters.base import STACKED
 
 # How each field of a Captured is cut: [B, n] | [B, ...] | lists of [B, n, ...] | lists of [B, H, n, n] | as is
 _TOKEN_FIELDS = frozenset({"input_ids", "mask", "special", "sep"})
 _ROW_FIELDS = frozenset({"lengths", "explain_pos", "logits", "foil"})
-_TOKEN_LISTS = frozenset({"hidden_states", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out"})
 _PAIR_LISTS = frozenset({"attentions"})
+_TOKEN_LISTS = frozenset(STACKED) - _PAIR_LISTS  # every other captured layer list is [B, n, ...]
 _KEPT = frozenset({"passes", "readout"})
 
 
