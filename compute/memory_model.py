@@ -212,7 +212,10 @@ _add("rollout w_fixedres", Formula("capture", lambda m, r: _mats(m, r, 3) + r.n 
                                    "capture [L,H,n,n]; 3 [L,n,n] (mean, +I, normalised)", ATTN))
 _add("norm_n norm_fixedres norm_res norm_resln globenc w_res", Formula("capture", layerwise,
      "capture [L,H,n,n] + 5 L n d; a stack of K layers' [n,H,d] + 3 [H,n,n]; 2 [L,n,n]; L d^2", DECOMP))
-_add("alti alti_l2 alti_logit", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.alti,
+_add("alti", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32 + r.budgets.alti,
+     "capture [L,H,n,n]; 2 [L,n,n]; ALTI's [n,k,d] blocks (budget): its proximities need no stack of [H,n,n]",
+     DECOMP))
+_add("alti_l2 alti_logit", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.alti,
      "as the norm family, and ALTI's [n,k,d] blocks (budget)", DECOMP))
 _add("value_zeroing", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
      "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP))

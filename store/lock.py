@@ -67,8 +67,10 @@ def _take(lock: str, path: str, me: dict) -> None:
             raise StoreError(f"store '{path}' is being written by {_who(holder)} (lock file '{lock}'): wait for it "
                              "to finish, or remove the lock file if that process is gone") from None
         except OSError as err:
-            raise StoreError(f"cannot write store '{path}': its lock file '{lock}' cannot be made "
-                             f"({err.strerror or err}): check the directory and its permissions") from None
+            doing = "write" if os.path.exists(path) else "create"
+            raise StoreError(f"cannot {doing} store '{path}': its lock file '{lock}' cannot be made "
+                             f"({err.strerror or err}): check the directory and its permissions, or choose another "
+                             f"output (-o, OUT)") from None
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(me))
         return

@@ -28,7 +28,7 @@ def _text(value) -> str:
 
 def _bar_row(fig: Figure, scale: Scale) -> str:
     steps = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
-    return (f"<tr><th {_TH}></th><td>{_text(format_score(scale.lo))} {steps} "
+    return (f"<tr><th {_TH}></th><td class=\"bar\">{_text(format_score(scale.lo))} {steps} "
             f"{_text(format_score(scale.hi))}</td></tr>")
 
 
