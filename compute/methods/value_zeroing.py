@@ -85,7 +85,7 @@ class ValueZeroing(LayerwiseProduct):
         # a block of k zeroed tokens holds [K, k, B, n, d_ff] activations and a few [K, k, B, n, d] states
         budget = work_bytes(s.device, CPU_BLOCK_BYTES, self.params["memory_mb"])
         k = tokens_per_block(K * B, n, d_ff + 4 * d, s.element_size(), budget)
-        sources = SourceBlocks(flat(A, 3), flat(p.project(p.W_O), 3))  # z_{i<-j} = sum_h A_ij^h W_O^h v_j^h
+        sources = SourceBlocks(flat(A, 3), p.project(p.W_O, source_major=True))  # z_{i<-j} = sum_h A_ij^h W_O^h v_j^h
         out = s.new_empty(K, B, n, n)
         for j0 in range(0, n, k):
             interrupts.check()  # a stop asked for: between blocks of zeroed tokens

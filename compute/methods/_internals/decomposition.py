@@ -88,6 +88,29 @@ class LayerWeights:
                 raise ValueError(kind)
         return self.derived[kind]
 
+    def gram_blocks(self, kind: str, H: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The upper block triangle of ``kind_gram`` by block columns: blocks[g] = P[head g's rows, heads 0..g]
+        [L, dh, (g + 1) dh], contiguous; and the index [H, H] of pair (h, g) in the heads' triangle packed column by
+        column (so G[h, g] = packed[index[h, g]] = packed[index[g, h]])."""
+        key = ("gram_blocks", kind, H)
+        if key not in self.derived:
+            P = self.kind_gram(kind)
+            dh = P.shape[-1] // H
+            blocks = [P[:, g * dh:(g + 1) * dh, :(g + 1) * dh].contiguous() for g in range(H)]
+            h, g = torch.meshgrid(torch.arange(H), torch.arange(H), indexing="ij")
+            lo, hi = torch.minimum(h, g), torch.maximum(h, g)
+            self.derived[key] = (blocks, (hi * (hi + 1) // 2 + lo).to(P.device))
+        return self.derived[key]
+
+    def kind_gram(self, kind: str) -> torch.Tensor:
+        """[L, d_in, d_in]: P = W^T W of ``kind_weight`` (<W^h a, W^g b> = a^T P^{hg} b), formed in float64 once per
+        weights so that the head Gram matrices read from it lose nothing to the product."""
+        key = ("gram", kind)
+        if key not in self.derived:
+            W = self.kind_weight(kind)
+            self.derived[key] = (W.double().transpose(-1, -2) @ W.double()).to(W.dtype)
+        return self.derived[key]
+
 
 def parameters_stamp(model: torch.nn.Module) -> tuple:
     """The identity and version of every parameter: it changes when a weight is replaced or modified in place."""
@@ -281,25 +304,40 @@ class LayerParts:
                           y2=self.y2[k], o=None if self.o is None else self.o[k], mask=self.mask, weights=self.weights, layers=self.layers.start + k, rows=self.rows,
                           eps_quirk=self.eps_quirk, memo=self.memo)
 
-    def project(self, W: torch.Tensor) -> torch.Tensor:
-        """U_j^h = W^h v_j^h for an output projection W [*, d, d] split by heads: [*, n, H, d]. One batched product
-        over (layer, example, head): [n, dh] x [dh, d]."""
+    def per_head(self, F: torch.Tensor) -> torch.Tensor | None:
+        """v_j^h @ F^h for every token and head, laid out head-major: [K, H, B, n, X] for a stack, [H, B, n, X] for one
+        layer; F: [K, H, dh, X] or [H, dh, X] (the same for every example). The examples' rows are folded into each
+        head's product (a broadcast matmul would copy F once per example). None for any other shape of F."""
+        *lead, n, H, dh = self.v.shape
+        if self.stacked and F.dim() == 4:  # v [K, B, n, H, dh]
+            K, B = lead
+            rows = self.v.permute(0, 3, 1, 2, 4).reshape(K, H, B * n, dh)
+            return torch.matmul(rows, F).view(K, H, B, n, F.shape[-1])
+        if not self.stacked and F.dim() == 3:  # v [B, n, H, dh]
+            rows = self.v.movedim(-2, 0).reshape(H, -1, dh)
+            return torch.matmul(rows, F).view(H, *lead, n, F.shape[-1])
+        return None
+
+    def project(self, W: torch.Tensor, source_major: bool = False) -> torch.Tensor:
+        """U_j^h = W^h v_j^h for an output projection W [*, d, d] split by heads: [*, n, H, d] contiguous, or with
+        ``source_major`` [n, N, H, d] contiguous (N = layers x examples flattened: the layout ``SourceBlocks`` reads).
+        One batched product over (layer, head) of every example's tokens, [B n, dh] x [dh, d], and one copy into the
+        layout asked for."""
         *lead, n, H, dh = self.v.shape
         Wh = W.unflatten(-1, (H, dh)).movedim(-2, -3)  # [*, H, d, dh]
         d = Wh.shape[-2]
-        # The weights are shared by the batch's examples: their rows are folded into each head's product (a
-        # broadcast matmul would copy the weights once per example), and U is returned contiguous, so the Gram
-        # products that read it need no copy of their own.
-        if self.stacked and W.dim() == 4 and W.shape[1] == 1:  # v [K, B, n, H, dh], W [K, 1, d, d]
-            K, B = lead
-            rows = self.v.permute(0, 3, 1, 2, 4).reshape(K, H, B * n, dh)
-            U = torch.matmul(rows, Wh[:, 0].transpose(-1, -2))  # [K, H, B n, d]
-            return U.view(K, H, B, n, d).permute(0, 2, 3, 1, 4).contiguous()
-        if W.dim() == 2:  # one layer: v [*, n, H, dh], W [d, d]
-            rows = self.v.movedim(-2, 0).reshape(H, -1, dh)
-            U = torch.matmul(rows, Wh.transpose(-1, -2))  # [H, (* n), d]
-            return U.view(H, *lead, n, d).movedim(0, -2).contiguous()
-        return torch.matmul(self.v.transpose(-3, -2), Wh.transpose(-1, -2)).transpose(-3, -2)
+        shared = self.stacked and W.dim() == 4 and W.shape[1] == 1 or not self.stacked and W.dim() == 2
+        if not shared:  # a weight per example (not used by the methods): a broadcast product
+            U = torch.matmul(self.v.transpose(-3, -2), Wh.transpose(-1, -2)).transpose(-3, -2)  # [*, n, H, d]
+            return U.reshape(-1, n, H, d).transpose(0, 1).contiguous() if source_major else U.contiguous()
+        U = self.per_head((Wh[:, 0] if self.stacked else Wh).transpose(-1, -2))  # [(K,) H, B, n, d]
+        if not self.stacked:
+            U = U[None]
+        order = (3, 0, 2, 1, 4) if source_major else (0, 2, 3, 1, 4)  # [n, K, B, H, d] or [K, B, n, H, d]
+        U = U.permute(*order).contiguous()
+        if source_major:
+            return U.view(n, -1, H, d)
+        return U if self.stacked else U[0]
 
 
 def _key(index):
@@ -428,17 +466,37 @@ def decomposed_sq_norms(p: LayerParts, kind: str, scaled: bool = True, diagonal:
     """||decomposed vector_{i<-j}||_2^2 [*, n, n] (divided by scale_i^2 unless ``scaled`` is False), clamped at 0.
     Without ``diagonal`` the residual term is left out, so entries i = j are wrong (callers that overwrite them)."""
     W, diag, scale = operand_weights(p, kind)
-    G, cross = head_gram(p, W, diag if diagonal else None)
+    G, cross = head_gram(p, kind, diag if diagonal else None)
     q = gram_quadratic(p.A, G, diag if diagonal else None, cross).clamp_min_(0)
     return q / scale[..., None].square() if scaled and scale is not None else q
 
 
-def head_gram(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None = None):
-    """G_j[h, h'] = <U_j^h, U_j^h'> [*, n, H, H] and cross_i[h] = <U_i^h, diag_i> [*, n, H] (or None), U_j^h = W^h v_j^h:
-    the projected vectors' Gram matrices, one product over every layer, example and token."""
-    U = p.project(W)  # [*, n, H, d]
-    G = torch.matmul(U, U.transpose(-1, -2))
-    cross = None if diag is None else torch.matmul(U, diag[..., None])[..., 0]
+def head_gram(p: LayerParts, kind: str, diag: torch.Tensor | None = None):
+    """G_j[h, g] = <U_j^h, U_j^g> [*, n, H, H] and cross_i[h] = <U_i^h, diag_i> [*, n, H] (or None), U_j^h = W^h v_j^h
+    for the operand weight W of ``kind``, without the projected vectors.
+
+    <W^h a, W^g b> = a^T P^{hg} b with P = W^T W (``LayerWeights.kind_gram``), so for each head g one product of
+    every layer's and example's tokens, [N, dh] x [dh, (g + 1) dh], gives P^{hg} v^g for the heads h <= g, and one
+    pass contracts it with v^h: the upper triangle, mirrored. Half the arithmetic of projecting the values, and
+    no [*, n, H, d] tensor (building and reordering that one cost 3.5x this on the CPU, whose caches it overflows).
+    cross: v^h . (W^T diag)^h, one [n, d] x [d, d] product."""
+    *lead, n, H, dh = p.v.shape
+    v = p.v if p.stacked else p.v[None]  # [K, B, n, H, dh]
+    K = v.shape[0]
+    blocks, packed_index = p.weights.gram_blocks(kind, H)
+    rows = v.permute(3, 0, 1, 2, 4).reshape(H, K, -1, dh).unbind(0)  # per head: [K, N, dh] contiguous
+    vt = v.reshape(K, -1, H * dh)  # [K, N, H dh]
+    upper = []  # for each head g: <v^h, P^{hg} v^g> of the heads h <= g, [K, N, g + 1]
+    for g in range(H):  # H products; one product into a whole [N, H, d] tensor instead cost 3.5x on the CPU
+        Pg = blocks[g][p.layers] if p.stacked else blocks[g][p.layers, None]  # [K, dh, (g + 1) dh]
+        R = torch.bmm(rows[g], Pg)  # [K, N, (g + 1) dh]
+        upper.append(R.mul_(vt[..., :(g + 1) * dh]).view(K, -1, g + 1, dh).sum(-1))
+    G = torch.cat(upper, -1)[..., packed_index]  # [K, N, H, H], each pair from its upper-triangle entry
+    G = G.view(*lead, n, H, H)
+    cross = None
+    if diag is not None:
+        W = operand_weights(p, kind)[0]
+        cross = torch.linalg.vecdot(torch.matmul(diag, W).unflatten(-1, (H, dh)), p.v)  # [*, n, H]
     return G, cross
 
 
@@ -498,7 +556,7 @@ def attention_vectors(p: LayerParts, rows: slice, U: torch.Tensor, diag: torch.T
     """(sum_h A_ij^h U_j^h + [i=j] diag_i) / scale_i for the query rows ``rows`` of one layer: [B, rows, n, d] (tests and
     identities; the methods use the blocks of ``SourceBlocks``)."""
     n = p.A.shape[-1]
-    Z = SourceBlocks(p.A, U).block(slice(0, n)).permute(1, 2, 0, 3)  # [B, i, j, d]
+    Z = SourceBlocks(p.A, U.transpose(0, 1)).block(slice(0, n)).permute(1, 2, 0, 3)  # [B, i, j, d]
     if diag is not None:
         Z.diagonal(dim1=1, dim2=2).add_(diag.transpose(1, 2))
     Z = Z[:, rows]
@@ -517,9 +575,9 @@ class SourceBlocks:
     block's operands are contiguous slices."""
 
     def __init__(self, A: torch.Tensor, U: torch.Tensor):
-        """A [N, H, n, n], U [N, n, H, d]."""
+        """A [N, H, n, n], U [j, N, H, d] source-major (``LayerParts.project(W, source_major=True)``)."""
         self.A = A.permute(3, 0, 2, 1).contiguous()  # [j, N, i, H]
-        self.U = U.transpose(0, 1).contiguous()  # [j, N, H, d]
+        self.U = U.contiguous()  # [j, N, H, d]
 
     def block(self, cols: slice, out: torch.Tensor | None = None) -> torch.Tensor:
         """[k, N, n, d] for the sources in ``cols`` (source-major). ``out``: a buffer of at least [k * N, n, d]

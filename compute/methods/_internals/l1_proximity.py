@@ -81,12 +81,12 @@ def dense_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | No
     ([k, N, n, d] within ``memory_bytes``, N = layers x examples; heads contracted in the product); the diagonal, where
     the residual enters, from the tokens' own vectors (one [n, d] x [d, d] product)."""
     lead = a.shape[:-2]
-    A, U, a_flat = flat(p.A, 3), flat(p.project(W), 3), flat(a, 2)
+    A, a_flat = flat(p.A, 3), flat(a, 2)
     N, n, d = a_flat.shape
     a_abs = a_flat.abs()
     cols = tokens_per_block(N, n, d, a.element_size(), memory_bytes)
     c = torch.empty(N, n, n, dtype=a.dtype, device=a.device)
-    sources = SourceBlocks(A, U)
+    sources = SourceBlocks(A, p.project(W, source_major=True))
     buffer = a.new_empty(cols * N, n, d)  # one for every block
     for j0 in range(0, n, cols):
         interrupts.check()  # a stop asked for: between source blocks
