@@ -205,6 +205,51 @@ def test_writer_refuses_existing_path_and_bad_shapes(tmp_path):
         create(path)
 
 
+def test_writer_names_the_example_whose_array_has_the_wrong_shape_in_a_batch(tmp_path):
+    """The writer joins each key's arrays of a batch at once; a wrong shape is still named per example, also where
+    two wrong lengths add up to the batch's tokens or only a leading dimension is wrong. Lists are taken as arrays."""
+    def attempt(change):
+        exs = [example(i) for i in range(6)]
+        change(exs)
+        path = tmp_path / f"bad{len(list(tmp_path.iterdir()))}.h5"
+        w = create(path)
+        try:
+            w.append(exs)
+        finally:
+            w.close()
+
+    def longer_and_shorter(exs):  # the batch's total length is right
+        for i, d in ((2, 1), (4, -1)):
+            a = exs[i].results["logat"]["layer_scores"]
+            exs[i].results["logat"]["layer_scores"] = np.zeros((a.shape[0], a.shape[1] + d))
+
+    with pytest.raises(ValueError, match=r"method 'logat', example ex-2\S*: layer_scores has shape \(3, \d+\)"):
+        attempt(longer_and_shorter)
+
+    def one_view_more(exs):
+        a = exs[3].results["rollout"]["layer_scores"]
+        exs[3].results["rollout"]["layer_scores"] = np.zeros((a.shape[0] + 1, a.shape[1]))
+
+    with pytest.raises(ValueError, match=r"method 'rollout', example ex-3\S*: layer_scores has shape \(4, "):
+        attempt(one_view_more)
+
+    def square_cut(exs):
+        exs[5].results["rollout"]["matrices"] = exs[5].results["rollout"]["matrices"][:, :-1]
+
+    with pytest.raises(ValueError, match=r"method 'rollout', example ex-5\S*: matrices has shape"):
+        attempt(square_cut)
+
+    def as_lists(exs):
+        for ex in exs:
+            ex.results["logat"]["scores"] = ex.results["logat"]["scores"].tolist()
+            ex.results["logat"]["layer_scores"] = ex.results["logat"]["layer_scores"].tolist()
+
+    attempt(as_lists)
+    with open_store(tmp_path / "bad3.h5") as s:
+        for i in range(6):
+            assert_example(s[i], example(i))
+
+
 # --- versions and bad files -----------------------------------------------------------------------------------------
 
 
