@@ -382,10 +382,11 @@ def _token_strings(tokens: list[str]) -> tuple[bytes, np.ndarray]:
     """The tokens' strings in UTF-8 end to end, and each one's length in bytes."""
     text = "".join(tokens)
     blob = text.encode("utf-8")
-    if len(blob) == len(text):  # ASCII: each token's bytes are its characters
-        return blob, np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
-    pieces = [t.encode("utf-8") for t in tokens]
-    return b"".join(pieces), np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))  # ASCII: a byte per character
+    if len(blob) != len(text):  # the others' lengths in bytes
+        wide = np.flatnonzero(~np.fromiter(map(str.isascii, tokens), dtype=bool, count=len(tokens)))
+        lengths[wide] = [len(tokens[i].encode("utf-8")) for i in wide.tolist()]
+    return blob, lengths
 
 
 def _offsets(pieces: list[bytes], start: int) -> tuple[np.ndarray, np.ndarray, int]:
