@@ -21,6 +21,8 @@ import json
 import os
 import shutil
 from datetime import datetime, timezone
+from itertools import chain
+from operator import attrgetter
 
 import h5py
 import numpy as np
@@ -33,6 +35,8 @@ from .integrity import one_line, open_for_writing
 from .records import ExampleData, HeadMaskData, MethodLayout, layout_from_dict
 from .scale import ScaleAccumulator
 
+_ROW_FIELDS = ("row", "label", "pred", "target", "explain_pos", "n_orig_tokens", "target_token", "foil_token",
+               "span_end", "pred_end", "output", "gold_value")  # index fields copied from ExampleData as they are
 STAMP_ROOM = 1 << 20  # bytes free before a store is marked finished: its attributes and scale statistics, with room
 
 
@@ -143,12 +147,16 @@ class StoreWriter:
                 str_end += len(b)
         for key, values in cols.items():
             rows[key] = values
-        tok_strings = [t.encode("utf-8") for ex in examples for t in ex.tokens]
-        str_off, str_len, tokstr_end = _offsets(tok_strings, e.token_string_bytes)
-        tok_cols = {schema.TOKEN_IDS: np.concatenate([np.asarray(ex.token_ids) for ex in examples]).astype(np.int32),
-                    schema.TOKEN_SPANS: np.concatenate([np.asarray(ex.spans).reshape(-1, 2) for ex in examples]
-                                                       ).astype(np.int32),
-                    schema.TOKEN_SEGMENT: np.concatenate([np.asarray(ex.segment) for ex in examples]).astype(np.int8),
+        tok_strings, str_len = _token_strings(list(chain.from_iterable(ex.tokens for ex in examples)))
+        str_ends = e.token_string_bytes + np.cumsum(str_len)
+        str_off, tokstr_end = str_ends - str_len, int(str_ends[-1])
+        try:  # each example's [n, 2] (or flat [2n]) spans at once
+            spans = np.concatenate([ex.spans for ex in examples]).reshape(-1, 2)
+        except ValueError:
+            spans = np.concatenate([np.asarray(ex.spans).reshape(-1, 2) for ex in examples])
+        tok_cols = {schema.TOKEN_IDS: np.concatenate([ex.token_ids for ex in examples]).astype(np.int32),
+                    schema.TOKEN_SPANS: spans.astype(np.int32),
+                    schema.TOKEN_SEGMENT: np.concatenate([ex.segment for ex in examples]).astype(np.int8),
                     schema.TOKEN_STR_OFF: str_off, schema.TOKEN_STR_LEN: str_len.astype(np.int32)}
         if self._evidence:
             tok_cols[schema.TOKEN_EVIDENCE] = np.concatenate([
@@ -159,9 +167,8 @@ class StoreWriter:
         sq_ends = np.cumsum(n * n)
         rows["sq_off"] = e.squares + sq_ends - n * n
         tok_end, sq_end = e.tokens + int(ends[-1]), e.squares + int(sq_ends[-1])
-        for key in ("row", "label", "pred", "target", "explain_pos", "n_orig_tokens", "target_token", "foil_token",
-                    "span_end", "pred_end", "output", "gold_value"):
-            rows[key] = [getattr(ex, key) for ex in examples]
+        for key, values in zip(_ROW_FIELDS, zip(*map(attrgetter(*_ROW_FIELDS), examples))):
+            rows[key] = values
         rows["flags"] = [schema.FLAG_TRUNCATED if ex.truncated else 0 for ex in examples]
         rows["probs"] = np.stack([np.asarray(ex.probs, dtype=np.float32) for ex in examples])
         task_words = [task_json(ex.task_info) for ex in examples]
@@ -170,12 +177,13 @@ class StoreWriter:
         problem = schema.task_row_problem(rows, self.task["name"], self.num_labels)
         if problem is not None:  # readers would take the store for damaged
             raise ValueError(f"example {examples[problem[0]].id}: {problem[1]} (task {self.task['name']})")
-        methods = {name: self._method_arrays(name, layout, examples) for name, layout in self.methods.items()}
+        order: dict = {}  # rows -> _block_order(rows, n), shared by the methods
+        methods = {name: self._method_arrays(name, layout, examples, n, order) for name, layout in self.methods.items()}
         heads = self._heads_arrays(examples, n) if self.heads != "none" else []
         try:
             append(self._d(schema.IDS), np.frombuffer(b"".join(ids), dtype=np.uint8))
             append(self._d(schema.STRINGS), np.frombuffer(b"".join(strings), dtype=np.uint8))
-            append(self._d(schema.TOKEN_STRINGS), np.frombuffer(b"".join(tok_strings), dtype=np.uint8))
+            append(self._d(schema.TOKEN_STRINGS), np.frombuffer(tok_strings, dtype=np.uint8))
             append(self._d(schema.TASK_WORDS), np.frombuffer(b"".join(task_words), dtype=np.uint8))
             for path, values in tok_cols.items():
                 append(self._d(path), values)
@@ -188,7 +196,7 @@ class StoreWriter:
         except WRITE_ERRORS as err:
             self._fail(err)
         for name in self.methods:  # the values as readers will read them
-            self._scales[name].add_batch(self.methods[name].__dict__, *self._pending_scales.pop(name))
+            self._scales[name].add_joined(self.methods[name].__dict__, self._pending_scales.pop(name))
         self.n_committed += len(examples)
         self._extent = schema.Extent(examples=self.n_committed, tokens=tok_end, squares=sq_end, ids_bytes=id_end,
                                      string_bytes=str_end, token_string_bytes=tokstr_end, task_bytes=task_end)
@@ -199,35 +207,46 @@ class StoreWriter:
             ds = self._ds[path] = self._f[path]
         return ds
 
-    def _method_arrays(self, name: str, layout: MethodLayout, examples: list[ExampleData]) -> list[tuple[str, np.ndarray]]:
-        """The method's datasets and the batch's values for each, checked (nothing is written here)."""
+    def _method_arrays(self, name: str, layout: MethodLayout, examples: list[ExampleData], n: np.ndarray,
+                       order: dict) -> list[tuple[str, np.ndarray]]:
+        """The method's datasets and the batch's values for each, checked (nothing is written here). Each key's
+        arrays are joined side by side at once ([rows, tokens], the scale statistics' layout) and laid out per
+        example from there (each example's [rows, n] block, the store's layout) by one gather."""
         g = f"{schema.METHODS}/{name}"
-        results = []
-        for ex in examples:
-            res = ex.results.get(name)
-            if res is None:
-                raise ValueError(f"example {ex.id}: no result for method '{name}'")
-            results.append(res)
-        n = [len(ex.token_ids) for ex in examples]
-        shapes = {"scores": [(k,) for k in n]}
+        results = [ex.results.get(name) for ex in examples]
+        if any(res is None for res in results):
+            i = next(i for i, res in enumerate(results) if res is None)
+            raise ValueError(f"example {examples[i].id}: no result for method '{name}'")
+        leading = {"scores": ()}  # each example's array: leading + (n,)
         if layout.n_layer_views:
-            shapes["layer_scores"] = [(layout.n_layer_views, k) for k in n]
+            leading["layer_scores"] = (layout.n_layer_views,)
         if layout.matrices != "none":
-            shapes["matrices"] = [(layout.n_matrix_layers, k if layout.matrices == "all" else 1, k) for k in n]
+            leading["matrices"] = (layout.n_matrix_layers, 1) if layout.matrices == "cls" else None  # None: [L, n, n]
         if layout.class_scores:
-            shapes["class_scores"] = [(self.num_labels, k) for k in n]
-        kept = {}  # key -> one array per example, as readers will read them
-        for key, expected in shapes.items():
-            arrays = [np.asarray(res[key]) for res in results]
-            if [a.shape for a in arrays] != expected:  # one comparison for the batch; the culprit named
-                i = next(i for i, a in enumerate(arrays) if a.shape != expected[i])
-                raise ValueError(f"method '{name}', example {examples[i].id}: {key} has shape {arrays[i].shape}, "
-                                 f"expected {expected[i]}")
-            kept[key] = arrays
-        dtypes = {key: self._d(f"{g}/{key}").dtype for key in kept}
-        self._pending_scales[name] = (kept, dtypes)  # added once the batch is committed
-        out = [(f"{g}/{key}", np.concatenate(arrays, axis=None).astype(dtypes[key], copy=False))  # each raveled
-               for key, arrays in kept.items()]
+            leading["class_scores"] = (self.num_labels,)
+        out, views = [], {}
+        for key, lead in leading.items():
+            arrays = [res[key] for res in results]
+            dtype = self._d(f"{g}/{key}").dtype
+            if lead is None:  # [L, n, n] each: as they come, and per layer for the scale statistics
+                rows = layout.n_matrix_layers
+                arrays = self._checked(name, key, arrays, [(rows, k, k) for k in n.tolist()], examples)
+                flat = np.concatenate(arrays, axis=None).astype(dtype, copy=False)
+                joined = np.concatenate([a.reshape(rows, -1) for a in arrays], axis=1).astype(dtype, copy=False)
+                sizes = n * n
+            else:
+                rows = int(np.prod(lead, dtype=np.int64))
+                joined = self._joined(name, key, arrays, lead, n, examples).reshape(rows, -1).astype(dtype, copy=False)
+                if rows == 1:
+                    flat = joined.reshape(-1)
+                else:
+                    if rows not in order:
+                        order[rows] = _block_order(rows, n)
+                    flat = joined.reshape(-1)[order[rows]]
+                sizes = n
+            out.append((f"{g}/{key}", flat))
+            views[key] = (joined, sizes)
+        self._pending_scales[name] = views  # the values as readers will read them, added once the batch is committed
         for key in layout.example_values:
             values = [res.get("example_values", {}).get(key) for res in results]
             if None in values:
@@ -235,6 +254,27 @@ class StoreWriter:
                 raise ValueError(f"example {examples[i].id}: method '{name}' gave no value '{key}'")
             out.append((f"{g}/example_values/{key}", np.asarray(values, dtype=np.float32)))
         return out
+
+    def _joined(self, name: str, key: str, arrays: list, lead: tuple, n: np.ndarray,
+                examples: list[ExampleData]) -> np.ndarray:
+        """The examples' arrays, each of shape lead + (n_i,), side by side: lead + (sum of n_i,)."""
+        try:
+            x = np.concatenate(arrays, axis=-1)  # every array's leading dims equal, or an error
+            lengths = np.fromiter((a.shape[-1] for a in arrays), dtype=np.int64, count=len(arrays))
+            if x.shape == lead + (int(n.sum()),) and np.array_equal(lengths, n):
+                return x
+        except (AttributeError, IndexError, ValueError):
+            pass
+        return np.concatenate(self._checked(name, key, arrays, [lead + (k,) for k in n.tolist()], examples), axis=-1)
+
+    @staticmethod
+    def _checked(name: str, key: str, arrays: list, expected: list[tuple], examples: list[ExampleData]) -> list:
+        arrays = [np.asarray(a) for a in arrays]
+        if [a.shape for a in arrays] != expected:  # one comparison for the batch; the culprit named
+            i = next(i for i, a in enumerate(arrays) if a.shape != expected[i])
+            raise ValueError(f"method '{name}', example {examples[i].id}: {key} has shape {arrays[i].shape}, "
+                             f"expected {expected[i]}")
+        return arrays
 
     def _fail(self, err: BaseException) -> None:
         """A write failed: abandon the file (its committed prefix stays) and say so in one line."""
@@ -324,6 +364,29 @@ def task_json(words: dict | None) -> bytes:
     if not words:
         return b""
     return json.dumps(words, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _block_order(rows: int, n: np.ndarray) -> np.ndarray:
+    """Where each value of the examples' [rows, n_i] blocks, laid one after the other, sits in the same values joined
+    side by side ([rows, sum of n_i], raveled)."""
+    total = int(n.sum())
+    starts = np.cumsum(n) - n
+    example = np.repeat(np.arange(len(n)), rows * n)
+    local = np.arange(rows * total) - rows * starts[example]  # position inside the example's block
+    k = n[example]
+    row = local // k
+    return row * total + starts[example] + (local - row * k)
+
+
+def _token_strings(tokens: list[str]) -> tuple[bytes, np.ndarray]:
+    """The tokens' strings in UTF-8 end to end, and each one's length in bytes."""
+    text = "".join(tokens)
+    blob = text.encode("utf-8")
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))  # ASCII: a byte per character
+    if len(blob) != len(text):  # the others' lengths in bytes
+        wide = np.flatnonzero(~np.fromiter(map(str.isascii, tokens), dtype=bool, count=len(tokens)))
+        lengths[wide] = [len(tokens[i].encode("utf-8")) for i in wide.tolist()]
+    return blob, lengths
 
 
 def _offsets(pieces: list[bytes], start: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -205,6 +205,51 @@ def test_writer_refuses_existing_path_and_bad_shapes(tmp_path):
         create(path)
 
 
+def test_writer_names_the_example_whose_array_has_the_wrong_shape_in_a_batch(tmp_path):
+    """The writer joins each key's arrays of a batch at once; a wrong shape is still named per example, also where
+    two wrong lengths add up to the batch's tokens or only a leading dimension is wrong. Lists are taken as arrays."""
+    def attempt(change):
+        exs = [example(i) for i in range(6)]
+        change(exs)
+        path = tmp_path / f"bad{len(list(tmp_path.iterdir()))}.h5"
+        w = create(path)
+        try:
+            w.append(exs)
+        finally:
+            w.close()
+
+    def longer_and_shorter(exs):  # the batch's total length is right
+        for i, d in ((2, 1), (4, -1)):
+            a = exs[i].results["logat"]["layer_scores"]
+            exs[i].results["logat"]["layer_scores"] = np.zeros((a.shape[0], a.shape[1] + d))
+
+    with pytest.raises(ValueError, match=r"method 'logat', example ex-2\S*: layer_scores has shape \(3, \d+\)"):
+        attempt(longer_and_shorter)
+
+    def one_view_more(exs):
+        a = exs[3].results["rollout"]["layer_scores"]
+        exs[3].results["rollout"]["layer_scores"] = np.zeros((a.shape[0] + 1, a.shape[1]))
+
+    with pytest.raises(ValueError, match=r"method 'rollout', example ex-3\S*: layer_scores has shape \(4, "):
+        attempt(one_view_more)
+
+    def square_cut(exs):
+        exs[5].results["rollout"]["matrices"] = exs[5].results["rollout"]["matrices"][:, :-1]
+
+    with pytest.raises(ValueError, match=r"method 'rollout', example ex-5\S*: matrices has shape"):
+        attempt(square_cut)
+
+    def as_lists(exs):
+        for ex in exs:
+            ex.results["logat"]["scores"] = ex.results["logat"]["scores"].tolist()
+            ex.results["logat"]["layer_scores"] = ex.results["logat"]["layer_scores"].tolist()
+
+    attempt(as_lists)
+    with open_store(tmp_path / "bad3.h5") as s:
+        for i in range(6):
+            assert_example(s[i], example(i))
+
+
 # --- versions and bad files -----------------------------------------------------------------------------------------
 
 
@@ -660,6 +705,76 @@ def test_scale_statistics_of_a_batch_equal_those_of_its_examples_one_by_one_bitw
             batched.add_batch(layout, {k: [r[k] for r in results[a:b]] for k in results[0]})
         assert batched.summary.tobytes() == one.summary.tobytes() and np.array_equal(batched.hist, one.hist)
     assert one.summary[0, 0] == sum(len(r["scores"]) for r in results) - 5  # five NaN left out
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN payloads and overflows cast on purpose
+def test_histogram_bins_looked_up_equal_the_formula_on_adversarial_values():
+    """hist_bins looks bins up in a table built from the formula (floor of 8 log10|x|): the same bin for every
+    float16, for every float32 and float64 within 4096 steps of a bin edge (and of a table range's ends), for zeros,
+    subnormals, infinities, NaNs of both signs and random bit patterns (benchmarks/hist_bins_exhaustive.py checks
+    all 2**32 float32 values)."""
+    from store import schema
+    from store.scale import _bin_tables, _bins_by_formula, hist_bins
+
+    def same(x):
+        x = np.asarray(x, dtype=np.float64)
+        got, want = hist_bins(x), _bins_by_formula(x)
+        assert got.shape == x.shape and got.dtype == np.int64
+        bad = np.flatnonzero(got.ravel() != want.ravel())
+        assert not bad.size, f"{x.ravel()[bad[0]]!r}: {got.ravel()[bad[0]]} != {want.ravel()[bad[0]]}"
+
+    same(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16))  # every float16
+    edge, _ = _bin_tables()
+    near = np.arange(-4096, 4097)
+    steps = edge[edge & 0xFFFF_FFFF_FFFF != 0xFFFF_FFFF_FFFF]  # where a range's bin changes: the bin edges
+    assert len(steps) == schema.SCALE_N_BINS  # 145 edges from 1e-12 to 1e6, and inf to NaN
+    starts = np.arange(1 << 15, dtype=np.int64) << 48  # each table range's first, second and last value
+    ends = np.concatenate([starts, starts + 1, starts + (1 << 48) - 1])
+    bits64 = np.concatenate([(steps[:, None] + near).ravel(), ends]).clip(0)
+    same(np.concatenate([bits64, bits64 | np.int64(-(1 << 63))]).view(np.float64))  # both signs
+    f32 = steps.view(np.float64).astype(np.float32)  # the float32 nearest each edge, and its neighbourhood
+    bits32 = (f32[np.isfinite(f32)].view(np.int32).astype(np.int64)[:, None] + near).ravel()
+    same(bits32[(bits32 >= 0) & (bits32 < 1 << 31)].astype(np.uint32).view(np.float32))
+    rng = np.random.default_rng(0)
+    same(rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32))
+    same(rng.integers(-(1 << 63), (1 << 63) - 1, 1 << 20, dtype=np.int64).view(np.float64))
+    same(np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 5e-324, 2.2250738585072014e-308, 1e-12, 1e6,
+                   np.nextafter(1e-12, 0), np.nextafter(1e6, 0), np.finfo(np.float64).max]))
+    same(rng.normal(size=(3, 5, 7)) * 10.0 ** rng.integers(-14, 8, size=(3, 5, 7)))  # any shape
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN payloads and overflows cast on purpose
+def test_scale_statistics_of_clean_and_non_finite_views_equal_a_direct_computation_bitwise():
+    """add_views takes a shortcut for views without NaN or inf (their bounds are finite): each statistic equals the
+    direct one, bit for bit: the count, the finite values' min, max and max |x| (+0.0 for zeros), each example's
+    float64 sum and sum of squares added in example order, and the histogram of the formula's bins. (The sign of a
+    zero minimum or maximum is numpy's: its reductions pick either of -0.0 and 0.0, as they did before the shortcut.)"""
+    from store import schema
+    from store.scale import ScaleAccumulator, _bins_by_formula
+
+    rng = np.random.default_rng(1)
+    for case in range(40):
+        k, sizes = int(rng.integers(1, 4)), rng.integers(1, 200, int(rng.integers(1, 12)))
+        x = rng.normal(size=(k, int(sizes.sum()))) * 10.0 ** rng.integers(-14, 8, size=(k, 1))
+        if case % 4 == 1:
+            x[rng.random(x.shape) < 0.3] = 0.0
+            x[rng.random(x.shape) < 0.1] = -0.0
+        if case % 4 == 2:
+            x[rng.random(x.shape) < 0.05] = rng.choice([np.nan, np.inf, -np.inf])
+        x = x.astype(rng.choice([np.float16, np.float32, np.float64]))
+        acc = ScaleAccumulator([f"v{i}" for i in range(k)])
+        acc.add_views(0, x, sizes)
+        for row, values in enumerate(x.astype(np.float64)):
+            ok = values[np.isfinite(values)]
+            total = total_sq = 0.0
+            for part in np.split(np.where(np.isfinite(values), values, 0.0), np.cumsum(sizes)[:-1]):
+                total += np.add.reduceat(part, [0])[0]  # the example's sum (reduceat's order of additions)
+                total_sq += np.add.reduceat(part * part, [0])[0]
+            want = np.array([ok.size, ok.min(), ok.max(), np.abs(ok).max(), total, total_sq])
+            got = acc.summary[row]
+            assert got[[0, 3, 4, 5]].tobytes() == want[[0, 3, 4, 5]].tobytes(), (case, row, got, want)
+            assert np.array_equal(got[1:3], want[1:3]), (case, row, got, want)  # a zero's sign is numpy's choice
+            assert np.array_equal(acc.hist[row], np.bincount(_bins_by_formula(ok), minlength=schema.SCALE_N_BINS))
 
 
 def test_scale_statistics_are_computed_incrementally_for_a_growing_store(tmp_path):
