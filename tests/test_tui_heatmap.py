@@ -1,12 +1,13 @@
-"""Heatmap drawing (tui/heatmap.py): block means keep the mean, half blocks carry two rows per line."""
+"""Heatmap drawing (tui/render/heatmap.py): block means keep the mean, half blocks carry two rows per line, full cells
+one."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tui.colors import background
-from tui.render.heatmap import UPPER_HALF, block_factor, block_mean, half_block_lines
+from tui.colors import background, token_style
+from tui.render.heatmap import CURSOR_MARK, UPPER_HALF, block_factor, block_mean, half_block_lines, heatmap_lines
 
 
 @pytest.mark.parametrize("shape,f", [((7, 7), (2, 2)), ((12, 5), (3, 2)), ((512, 512), (20, 9)), ((1, 40), (1, 3))])
@@ -42,3 +43,16 @@ def test_half_blocks_without_colour_use_one_row_per_line_and_glyphs():
     lines = half_block_lines(v, "mono", cursor=(1, 1))
     assert len(lines) == 2 and lines[0].plain == " █" and lines[1].plain[0] == "-"
     assert any(s.style.reverse for s in lines[1].spans)
+
+
+def test_full_cells_one_row_per_line_with_the_cursor_marked_on_its_colour():
+    v = np.array([[0.0, 1.0], [1.0, 0.5], [0.25, 0.0]])
+    lines = heatmap_lines(v, "truecolor", per_line=1, cursor=(1, 1), cell_width=3)
+    assert len(lines) == 3 and [line.plain for line in lines[::2]] == [" " * 6, " " * 6]
+    assert [s.style.bgcolor for s in lines[2].spans] == [background(0.25, "truecolor"), background(0.0, "truecolor")]
+    assert lines[1].plain == "   " + CURSOR_MARK.center(3)
+    cur = lines[1].spans[1].style
+    assert cur.bgcolor == background(0.5, "truecolor") and cur.color == token_style(0.5, "truecolor").color
+    # two rows a line and mono are the half blocks' and the glyphs'
+    assert [t.plain for t in heatmap_lines(v, "truecolor", per_line=2)] == [UPPER_HALF * 2] * 2
+    assert len(heatmap_lines(v, "mono", per_line=1)) == 3 and len(heatmap_lines(v, "mono", per_line=2)) == 3

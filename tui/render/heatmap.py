@@ -2,9 +2,10 @@
 
 A matrix is first block-averaged down to the cells available (:func:`block_mean`: each output cell is the mean of
 the entries of its block; blocks at the edges may be smaller, and the count-weighted mean of the cells equals the
-mean of the matrix). It is then drawn two matrix rows per terminal line with the upper half block "▀": the
-foreground colour is the upper row, the background the lower one (:func:`half_block_lines`). Without colour a line
-holds one row, drawn with the glyph ramp.
+mean of the matrix). When its rows fit the lines, each line draws one row: a cell is its colour as a background
+(:func:`full_cell_lines`). Otherwise a line draws two rows with the upper half block "▀": the foreground colour is
+the upper row, the background the lower one (:func:`half_block_lines`). Without colour a line holds one row, drawn
+with the glyph ramp. :func:`heatmap_lines` picks one of these.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, sign_mark
+from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, sign_mark, token_style
 
 UPPER_HALF = "▀"
+CURSOR_MARK = "●"  # the cursor's cell when a line draws one row: the mark on the cell's own colour
 CURSOR_STYLE = Style(reverse=True, bold=True)
 
 
@@ -74,3 +76,31 @@ def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] 
             t.append(UPPER_HALF * cell_width, style)
         lines.append(t)
     return lines
+
+
+def full_cell_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] | None = None, cell_width: int = 1,
+                    cmap: str = DEFAULT_COLORMAP) -> list[Text]:
+    """Lines drawing normalised ``values`` [R, C] one row per line in a colour mode: each cell its colour as the
+    background of ``cell_width`` blanks; the cell at ``cursor`` keeps its colour and shows :data:`CURSOR_MARK` in
+    black or white, whichever reads on it."""
+    v = np.asarray(values, dtype=np.float64)
+    R, C = v.shape if v.ndim == 2 else (0, 0)
+    lines = []
+    for r in range(R):
+        t = Text(no_wrap=True, overflow="crop")
+        for c in range(C):
+            if cursor == (r, c):
+                t.append(CURSOR_MARK.center(cell_width), token_style(v[r, c], mode, cmap=cmap) + Style(bold=True))
+            else:
+                t.append(" " * cell_width, Style(bgcolor=background(v[r, c], mode, cmap)))
+        lines.append(t)
+    return lines
+
+
+def heatmap_lines(values: np.ndarray, mode: Mode, *, per_line: int, cursor: tuple[int, int] | None = None,
+                  cell_width: int = 1, signed: bool = True, cmap: str = DEFAULT_COLORMAP) -> list[Text]:
+    """The heatmap's lines: ``per_line`` rows a line in colour (1: full cells, 2: half blocks); one row a line with
+    glyphs without colour."""
+    if mode != "mono" and per_line == 1:
+        return full_cell_lines(values, mode, cursor=cursor, cell_width=cell_width, cmap=cmap)
+    return half_block_lines(values, mode, cursor=cursor, cell_width=cell_width, signed=signed, cmap=cmap)

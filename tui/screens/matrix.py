@@ -1,9 +1,14 @@
 """The matrix screen (``x``): the current example's token-to-token matrix of one layer, and its layer strip.
 
 Top to bottom: a line naming the example, method, layer, size, block factor and normalisation; the layer strip (one
-line per layer view, one coloured cell per token, the current layer marked ▶); the colour bar; the heatmap (rows:
-the token that receives, columns: the token it takes from; two matrix rows per line with half blocks, averaged over
-blocks when the matrix is larger than the space); a status line with the cursor's row and column tokens and value.
+line per layer view, one coloured cell per token, the current layer marked ▶); the colour bar; the column header
+(each column's token written top to bottom, a position ruler over it when the columns are one cell wide); the heatmap
+(rows: the token that receives, columns: the token it takes from); a status line with the cursor's row and column
+tokens, positions and value. Every heatmap line is labelled in the gutter left of it: while the rows fit, one row a
+line (full cells) named by its token; else two rows a line (half blocks, "upper/lower"), averaged over blocks when
+even that does not fit (a block named by its range and first token). The cursor's row and column labels are
+reversed. The strip, the header and the heatmap share the gutter and the columns (tui/render/matrix_axes.py lays
+them out; the layout follows the terminal's size).
 A store made with ``--matrices cls`` keeps only the explained token's row: that row is drawn and the screen says why
 the rest is absent. The matrix is read on a worker (never on the UI thread); the global scale comes from the
 store's precomputed statistics, or is computed once on a worker and cached by the store.
@@ -12,7 +17,6 @@ store's precomputed statistics, or is computed once on a worker and cached by th
 from __future__ import annotations
 
 import numpy as np
-from rich.cells import set_cell_size
 from rich.style import Style
 from rich.text import Text
 from textual import work
@@ -26,14 +30,15 @@ from ..colors import normalize_within as scale_of
 from ..commands import MatrixCommands
 from ..data import read_matrices
 from ..widgets.footer import FittedFooter
-from ..render.heatmap import block_factor, block_mean, half_block_lines
+from ..render.heatmap import block_mean, heatmap_lines
 from ..render.layer_strip import strip_text
+from ..render.matrix_axes import Geometry, header_lines, label_text
+from ..render.matrix_axes import geometry as axes_geometry
 from ..render.tokens import ColorBar, printable
 
 NORMALISATIONS = ("layer", "example", "global")
 _DIM = Style(dim=True)
-_LABEL_W = 9  # cells for a row's token label
-_STRIP_MAX = 8  # layer-strip lines at most (more layers: the ones around the current layer)
+_FIXED_LINES = 5  # the title, info, colour bar, status and footer lines: the rest is the strip's, header's and map's
 
 
 class MatrixScreen(ModalScreen[None]):
@@ -56,7 +61,7 @@ class MatrixScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     MatrixScreen { background: $background; }
     MatrixScreen #matrix-info, MatrixScreen #matrix-bar, MatrixScreen #matrix-status { height: 1; padding: 0 1; }
-    MatrixScreen #matrix-strip { height: auto; padding: 0 1; }
+    MatrixScreen #matrix-strip, MatrixScreen #matrix-cols { height: auto; padding: 0 1; }
     MatrixScreen #matrix-map { height: 1fr; padding: 0 1; }
     """
 
@@ -71,12 +76,14 @@ class MatrixScreen(ModalScreen[None]):
         self.matrices: np.ndarray | None = None  # [L, rows, n] of (index, method)
         self.loaded_key: tuple[int, str] | None = None
         self.global_scale: dict | None = None
+        self.geometry: Geometry | None = None  # how the last draw laid the screen out
 
     def compose(self) -> ComposeResult:
         yield Header(icon="◆")
         yield Static(Text("reading the matrices…", style=_DIM), id="matrix-info")
         yield Static(id="matrix-strip")
         yield Static(id="matrix-bar")
+        yield Static(id="matrix-cols")
         yield Static(id="matrix-map")
         yield Static(id="matrix-status")
         yield FittedFooter()
@@ -155,46 +162,60 @@ class MatrixScreen(ModalScreen[None]):
             return
         L, rows, n = m.shape
         lm = m[self.view_layer]
-        width = max(self.size.width - 2 - _LABEL_W, 8)
-        height = max(self.query_one("#matrix-map").size.height, 2)
-        mono = app.color_mode == "mono"
-        fr = 1 if rows == 1 else block_factor(rows, height * (1 if mono else 2))
-        fc = block_factor(n, width)
-        cw = max(1, min(3, width // max(n, 1))) if fc == 1 else 1  # small matrices get wider cells
-        cells, _ = block_mean(lm, fr, fc)
+        explained = ex.explain_pos if ex is not None and rows == 1 else None
+        views = None if ex is None else ex.layer_scores.get(self.method)
+        geom, labels = axes_geometry(tokens, rows, n, explained, width=max(self.size.width - 2, 16),
+                                     height=max(self.size.height - _FIXED_LINES, 4), mono=app.color_mode == "mono",
+                                     views=0 if views is None else len(views))
+        self.geometry = geom
+        cells, _ = block_mean(lm, geom.fr, geom.fc)
         sc = self._scale(lm)
         cell_scale = self._scale(cells) if self.norm == "layer" else Scale(
             np.clip(scale_of(cells, sc.signed, None if sc.signed else sc.lo, sc.hi).values, -1, 1), sc.lo, sc.hi,
             sc.signed)
         r, c = min(self.cell[0], cells.shape[0] - 1), min(self.cell[1], cells.shape[1] - 1)
         self.cell = (r, c)
+        info.update(self._info(ex, L, rows, n, geom))
+        self.query_one("#matrix-strip").update(self._strip(views, geom))
+        self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=app.color_mode == "mono",
+                                                      cmap=app.colormap))
+        self.query_one("#matrix-cols").update(Text("\n").join(header_lines(tokens, n, geom, c)))
+        self.query_one("#matrix-map").update(self._map(cell_scale, cells.shape, sc.signed, geom, labels, rows))
+        self.query_one("#matrix-status").update(self._status(tokens, explained, cells, rows, n, geom))
+        self.sub_title = f"matrix · {self.method}"
+
+    def _info(self, ex, L: int, rows: int, n: int, geom) -> Text:
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(printable(ex.id if ex else str(self.index)), Style(bold=True))
         head.append(f"  {self.method} · layer {self.view_layer + 1}/{L} · {rows}×{n}", _DIM)
-        if fr > 1 or fc > 1:
-            head.append(f" · blocks {fr}×{fc} averaged", Style(bold=True))
+        if geom.fr > 1 or geom.fc > 1:
+            head.append(f" · blocks {geom.fr}×{geom.fc} averaged", Style(bold=True))
         head.append(f" · scale: {self.norm}", _DIM)
-        info.update(head)
-        self.query_one("#matrix-strip").update(self._strip(ex, fc, cw))
-        self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=mono, cmap=app.colormap))
-        lines = half_block_lines(cell_scale.values.reshape(cells.shape), app.color_mode, cursor=(r, c), cell_width=cw,
-                                 signed=sc.signed, cmap=app.colormap)
-        step = 1 if mono else 2
+        return head
+
+    def _map(self, scale: Scale, shape: tuple[int, int], signed: bool, geom, labels, rows: int) -> Text:
+        """The heatmap's lines, each after its label (the cursor's row reversed)."""
+        app = self.app
+        r, c = self.cell
+        lines = heatmap_lines(scale.values.reshape(shape), app.color_mode, per_line=geom.per_line, cursor=(r, c),
+                              cell_width=geom.cw, signed=signed, cmap=app.colormap)
         out = []
-        for k, line in enumerate(lines):
-            q = k * step * fr
-            label = printable(tokens[q]) if rows > 1 and q < len(tokens) else (
-                printable(tokens[ex.explain_pos]) if ex is not None and rows == 1 else "")
-            t = Text(set_cell_size(label, _LABEL_W - 1) + " ", style=_DIM)
+        for parts, line in zip(labels, lines):
+            t = label_text(parts, geom.gutter, r * geom.fr)
             t.append_text(line)
             out.append(t)
         if rows == 1:
             out.append(Text(""))
             out.append(Text("only the explained token's row is stored (--matrices cls): run attr-compute with "
                             "--matrices all for the full matrix", style=_DIM))
-        self.query_one("#matrix-map").update(Text("\n").join(out))
+        return Text("\n").join(out)
+
+    def _status(self, tokens: list[str], explained: int | None, cells: np.ndarray, rows: int, n: int, geom) -> Text:
+        """The cursor's row and column: tokens, 1-based positions (ranges for blocks), the value."""
+        r, c = self.cell
+        fr, fc = geom.fr, geom.fc
         q0, k0 = r * fr, c * fc
-        q_tok = tokens[ex.explain_pos] if rows == 1 and ex is not None else (tokens[q0] if q0 < len(tokens) else "?")
+        q_tok = tokens[explained] if explained is not None else (tokens[q0] if q0 < len(tokens) else "?")
         k_tok = tokens[k0] if k0 < len(tokens) else "?"
         status = Text(no_wrap=True, overflow="ellipsis")
         status.append(f"{printable(q_tok)}", Style(bold=True))
@@ -202,19 +223,21 @@ class MatrixScreen(ModalScreen[None]):
         status.append(f"{printable(k_tok)}", Style(bold=True))
         status.append(f" ({k0 + 1}{'' if fc == 1 else f'-{min(k0 + fc, n)}'})  ", _DIM)
         status.append(format_score(float(cells[r, c])) + ("" if fr == fc == 1 else " (block mean)"))
-        self.query_one("#matrix-status").update(status)
-        self.sub_title = f"matrix · {self.method}"
+        return status
 
-    def _strip(self, ex, f: int, cw: int) -> Text:
+    def _strip(self, views, geom) -> Text:
         """Layers x tokens: one line per layer view of the method, the current layer marked; its columns are the
-        heatmap's (same blocks, same widths), so a column of the strip lies above the same tokens."""
-        views = None if ex is None else ex.layer_scores.get(self.method)
+        heatmap's (same blocks, same widths, same gutter), so a column of the strip lies above the same tokens."""
         if views is None or not len(views):
             return Text("no layer views for this method", style=_DIM)
         labels = [f"L{i + 1}" for i in range(len(views))]
         return strip_text(views, labels, self.view_layer, self._signed(), self.app.color_mode,
-                          width=self.size.width - 2, rows=_STRIP_MAX, label_w=_LABEL_W, f=f, cw=cw,
+                          width=self.size.width - 2, rows=geom.strip, label_w=geom.gutter, f=geom.fc, cw=geom.cw,
                           cmap=self.app.colormap)
+
+    def on_resize(self, event) -> None:
+        if self.loaded_key is not None:
+            self._draw()  # the layout follows the terminal's size
 
     # ---------------------------------------------------------------- actions
     def action_layer(self, step: int) -> None:
