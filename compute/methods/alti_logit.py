@@ -164,7 +164,7 @@ class AltiLogit(Method):
         p = layer_stack(cap, adapter)
         L, B, n, H, dh = p.v.shape
         e = cap.explain_pos
-        Yt = torch.matmul(G[:, :, None], p.W_O[:, 0, None]).view(L, B, H, 1, dh)  # (W_O^h)^T g per head
+        Yt = torch.bmm(G, p.W_O[:, 0]).view(L, B, H, 1, dh)  # (W_O^h)^T g per head: [L, B, d] x [L, d, d]
         S = torch.matmul(Yt, p.v.movedim(2, -1))[..., 0, :]  # [L, B, H, j]
         A_e = p.A[:, torch.arange(B, device=e.device), :, e]  # [B, L, H, j]: the explained row of every head
         return (S.transpose(0, 1) * A_e).sum(2).mul_(cap.mask[:, None])  # [B, L, j]

@@ -340,6 +340,16 @@ class LayerParts:
         return U if self.stacked else U[0]
 
 
+def shared_matmul(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """X [*, n, a] @ W for a weight shared by the examples: W [a, b] (one layer) or [K, 1, a, b] (a stack, X
+    [K, B, n, a]). The examples' rows are folded into each layer's product: a broadcast matmul would copy the
+    weights once per example (on the CPU that copy cost more than the product)."""
+    if W.dim() == 4 and W.shape[1] == 1 and X.dim() == 4:
+        K, B, n, a = X.shape
+        return torch.matmul(X.reshape(K, B * n, a), W[:, 0]).view(K, B, n, W.shape[-1])
+    return torch.matmul(X, W)
+
+
 def _key(index):
     return (index.start, index.stop) if isinstance(index, slice) else index
 
@@ -496,7 +506,7 @@ def head_gram(p: LayerParts, kind: str, diag: torch.Tensor | None = None):
     cross = None
     if diag is not None:
         W = operand_weights(p, kind)[0]
-        cross = torch.linalg.vecdot(torch.matmul(diag, W).unflatten(-1, (H, dh)), p.v)  # [*, n, H]
+        cross = torch.linalg.vecdot(shared_matmul(diag, W).unflatten(-1, (H, dh)), p.v)  # [*, n, H]
     return G, cross
 
 
@@ -531,7 +541,7 @@ def attention_inner(p: LayerParts, W: torch.Tensor, y: torch.Tensor) -> torch.Te
     [n, d] x [d, d] product and per head an [n, dh] x [dh, n] one (O(n d^2 + n^2 d) instead of the O(n^2 H d) of
     building the vectors)."""
     *_, n, H, dh = p.v.shape
-    Yt = torch.matmul(y, W).unflatten(-1, (H, dh)).transpose(-3, -2)  # [*, H, n, dh]: (W^h)^T y_i
+    Yt = shared_matmul(y, W).unflatten(-1, (H, dh)).transpose(-3, -2)  # [*, H, n, dh]: (W^h)^T y_i
     S = torch.matmul(Yt, p.v.movedim(-3, -1))  # [*, H, i, j] = <y_i, U_j^h>
     return S.mul_(p.A).sum(-3)  # sum over heads: [*, i, j]
 
@@ -546,7 +556,7 @@ def diagonal_vectors(p: LayerParts, kind: str) -> torch.Tensor:
 def own_vectors(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None) -> torch.Tensor:
     """sum_h A_ii^h W^h v_i^h + diag_i [*, n, d] (unscaled) = W (a_ii * v_i) + diag_i: one [n, d] x [d, d] product."""
     a_ii = torch.diagonal(p.A, dim1=-2, dim2=-1).transpose(-1, -2)  # [*, n, H]
-    own = torch.matmul((a_ii[..., None] * p.v).flatten(-2), W.transpose(-1, -2))
+    own = shared_matmul((a_ii[..., None] * p.v).flatten(-2), W.transpose(-1, -2))
     return own if diag is None else own + diag
 
 
