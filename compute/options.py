@@ -161,9 +161,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Reference conventions of a paper (recorded in the store)."),
     Option("window", 8, type=int, cli=False, resume=True),  # batches per window (sort-by-length scope, commit unit)
     Option("commit_seconds", 60.0, type=float, show_default=True, metavar="S", check=at_least(0),
-           help="Commit the examples finished so far at least every S seconds of compute, not only at the end of "
-                "each window, so a stop keeps all but the last S seconds (a resumed run continues mid-window with "
-                "the same batches, so the same numbers)."),
+           help="Every S seconds of compute, also commit the rows of the window in progress that are finished in "
+                "dataset order, not only whole windows. A window's batches run longest first, so its finished prefix "
+                "often grows only near the window's end: a stop can lose up to one window (--batch-size x 8 rows). A "
+                "resumed run continues mid-window with the same batches, so the same numbers."),
 )
 
 # After the methods' options.

@@ -519,3 +519,43 @@ def test_label_cuts_and_vertical_columns():
     # blocks: the line's positions (1-based, both blocks of a line) and its first token
     assert [parts[0][0] for parts in row_labels([f"w{i}" for i in range(11)], 11, 3, 2)] == ["1-6 w0", "7-11 w6"]
     assert [parts[0][0] for parts in row_labels([f"w{i}" for i in range(7)], 7, 3, 1)] == ["1-3 w0", "4-6 w3", "7 w6"]
+
+
+def status_ranges(grid) -> tuple[range, range]:
+    """The rows and the columns (0-based) of the cursor's block, as the status line names them."""
+    import re
+
+    m = re.search(r"\((\d+)(?:-(\d+))?\) ← .*\((\d+)(?:-(\d+))?\)", status_of(grid))
+    a, b, c, d = (int(x) if x else None for x in m.groups())
+    return range(a - 1, b or a), range(c - 1, d or c)
+
+
+@async_test
+async def test_the_cursor_stays_on_its_tokens_when_the_blocks_change(tmp_path, monkeypatch):
+    """The cursor is kept in token positions: a resize that changes the block factor keeps it on the block holding
+    the same tokens, and resizing back returns it to the same cell."""
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    n = 90
+    toks = ["[CLS]"] + [f"w{i}" for i in range(1, n - 1)] + ["[SEP]"]
+    make_matrix_store(tmp_path / "resize.h5", toks)
+    app = create_app(tmp_path / "resize.h5")
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_matrix(pilot)
+        await pilot.press(*["down"] * 12, *["right"] * 12)
+        await pilot.pause()
+        big = screen.geometry
+        rows0, cols0 = status_ranges(screen_cells(app))
+        assert rows0 == range(12 * big.fr, 13 * big.fr) and cols0 == range(12 * big.fc, 13 * big.fc)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.pause()
+        small = screen.geometry
+        assert (small.fr, small.fc) != (big.fr, big.fc)  # the blocks did change
+        rows1, cols1 = status_ranges(screen_cells(app))
+        assert rows0[0] in rows1 and cols0[0] in cols1, (rows0, cols0, rows1, cols1)
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        await pilot.pause()
+        assert status_ranges(screen_cells(app)) == (rows0, cols0)

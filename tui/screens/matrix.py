@@ -72,7 +72,8 @@ class MatrixScreen(ModalScreen[None]):
         self.index = index
         self.view_layer = layer
         self.norm = "layer"
-        self.cell = (0, 0)  # (row, column) in downsampled cells
+        self.pos = (0, 0)  # the cursor's (row, column) token positions: kept across block sizes and examples
+        self.cell = (0, 0)  # the cell that holds them in the last draw's blocks (clamped to the matrix)
         self.matrices: np.ndarray | None = None  # [L, rows, n] of (index, method)
         self.loaded_key: tuple[int, str] | None = None
         self.global_scale: dict | None = None
@@ -173,7 +174,7 @@ class MatrixScreen(ModalScreen[None]):
         cell_scale = self._scale(cells) if self.norm == "layer" else Scale(
             np.clip(scale_of(cells, sc.signed, None if sc.signed else sc.lo, sc.hi).values, -1, 1), sc.lo, sc.hi,
             sc.signed)
-        r, c = min(self.cell[0], cells.shape[0] - 1), min(self.cell[1], cells.shape[1] - 1)
+        r, c = min(self.pos[0] // geom.fr, cells.shape[0] - 1), min(self.pos[1] // geom.fc, cells.shape[1] - 1)
         self.cell = (r, c)
         info.update(self._info(ex, L, rows, n, geom))
         self.query_one("#matrix-strip").update(self._strip(views, geom))
@@ -281,7 +282,9 @@ class MatrixScreen(ModalScreen[None]):
         self._read(self.index, self.method)
 
     def action_move(self, dr: int, dc: int) -> None:
-        self.cell = (max(0, self.cell[0] + dr), max(0, self.cell[1] + dc))
+        """One cell of the drawn blocks; the cursor is kept as the first token position of its new cell."""
+        fr, fc = (self.geometry.fr, self.geometry.fc) if self.geometry is not None else (1, 1)
+        self.pos = (max(0, self.cell[0] + dr) * fr, max(0, self.cell[1] + dc) * fc)
         self._draw()
 
     def action_close(self) -> None:
