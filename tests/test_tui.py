@@ -278,7 +278,8 @@ async def test_ctrl_c_quits_from_every_screen_and_the_prompt(store_path, color_e
             await pilot.pause()
             assert not app.is_running, keys
     readme = (ROOT / "README.md").read_text()
-    assert "| `q`, `ctrl+c`, `ctrl+q` | quit |" in readme
+    assert "| `q` | quit (on a screen opened from the browse screen: close it) |" in readme
+    assert "| `ctrl+c`, `ctrl+q` | quit, from any screen |" in readme
 
 
 @async_test
