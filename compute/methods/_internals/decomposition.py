@@ -304,35 +304,24 @@ class LayerParts:
                           y2=self.y2[k], o=None if self.o is None else self.o[k], mask=self.mask, weights=self.weights, layers=self.layers.start + k, rows=self.rows,
                           eps_quirk=self.eps_quirk, memo=self.memo)
 
-    def per_head(self, F: torch.Tensor) -> torch.Tensor | None:
-        """v_j^h @ F^h for every token and head, laid out head-major: [K, H, B, n, X] for a stack, [H, B, n, X] for one
-        layer; F: [K, H, dh, X] or [H, dh, X] (the same for every example). The examples' rows are folded into each
-        head's product (a broadcast matmul would copy F once per example). None for any other shape of F."""
-        *lead, n, H, dh = self.v.shape
-        if self.stacked and F.dim() == 4:  # v [K, B, n, H, dh]
-            K, B = lead
-            rows = self.v.permute(0, 3, 1, 2, 4).reshape(K, H, B * n, dh)
-            return torch.matmul(rows, F).view(K, H, B, n, F.shape[-1])
-        if not self.stacked and F.dim() == 3:  # v [B, n, H, dh]
-            rows = self.v.movedim(-2, 0).reshape(H, -1, dh)
-            return torch.matmul(rows, F).view(H, *lead, n, F.shape[-1])
-        return None
-
     def project(self, W: torch.Tensor, source_major: bool = False) -> torch.Tensor:
         """U_j^h = W^h v_j^h for an output projection W [*, d, d] split by heads: [*, n, H, d] contiguous, or with
         ``source_major`` [n, N, H, d] contiguous (N = layers x examples flattened: the layout ``SourceBlocks`` reads).
         One batched product over (layer, head) of every example's tokens, [B n, dh] x [dh, d], and one copy into the
         layout asked for."""
-        *lead, n, H, dh = self.v.shape
+        *_, n, H, dh = self.v.shape
         Wh = W.unflatten(-1, (H, dh)).movedim(-2, -3)  # [*, H, d, dh]
         d = Wh.shape[-2]
         shared = self.stacked and W.dim() == 4 and W.shape[1] == 1 or not self.stacked and W.dim() == 2
         if not shared:  # a weight per example (not used by the methods): a broadcast product
             U = torch.matmul(self.v.transpose(-3, -2), Wh.transpose(-1, -2)).transpose(-3, -2)  # [*, n, H, d]
             return U.reshape(-1, n, H, d).transpose(0, 1).contiguous() if source_major else U.contiguous()
-        U = self.per_head((Wh[:, 0] if self.stacked else Wh).transpose(-1, -2))  # [(K,) H, B, n, d]
-        if not self.stacked:
-            U = U[None]
+        # the examples' rows folded into each head's product (a broadcast matmul would copy W once per example)
+        v = self.v if self.stacked else self.v[None]  # [K, B, n, H, dh]
+        K, B = v.shape[:2]
+        rows = v.permute(0, 3, 1, 2, 4).reshape(K, H, B * n, dh)
+        Wt = (Wh[:, 0] if self.stacked else Wh[None]).transpose(-1, -2)  # [K, H, dh, d]
+        U = torch.matmul(rows, Wt).view(K, H, B, n, d)
         order = (3, 0, 2, 1, 4) if source_major else (0, 2, 3, 1, 4)  # [n, K, B, H, d] or [K, B, n, H, d]
         U = U.permute(*order).contiguous()
         if source_major:
