@@ -720,11 +720,21 @@ def test_cli_debug_shows_traceback(tmp_path):
     assert result.exit_code == 1 and isinstance(result.exception, StoreError)
 
 
-def test_cli_usage_errors_exit_2():
+def test_cli_usage_errors_exit_2_in_one_line():
+    """Usage errors are one line like attr-compute's (click's own are usage, hint and error over four lines)."""
     from tui.cli import main
 
-    assert CliRunner().invoke(main, []).exit_code == 2
-    assert CliRunner().invoke(main, ["x.h5", "--color", "purple"]).exit_code == 2
+    cases = {(): "Missing argument 'STORE.h5'.",
+             ("x.h5", "--color", "purple"): "Invalid value for '--color-system' / '--color': 'purple' is not one of",
+             ("x.h5", "--bogus"): "No such option '--bogus'",
+             ("x.h5", "--port", "8000"): "--host and --port go with --serve"}
+    for args, message in cases.items():
+        result = CliRunner().invoke(main, list(args))
+        assert result.exit_code == 2, (args, result.output)
+        lines = result.output.splitlines()  # CliRunner mixes stderr into output
+        assert len(lines) == 1, (args, result.output)
+        assert lines[0].startswith("attr-tui: error: ") and lines[0].endswith(" (see attr-tui --help)"), lines
+        assert message in lines[0], (message, lines[0])
 
 
 def test_import_hygiene():

@@ -43,7 +43,22 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineUsageErrors(click.Command):
+    """Usage errors in one line, exit 2, like attr-compute's (click's default prints usage and a hint over four)."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        extra.pop("standalone_mode", None)
+        try:
+            return super().main(args, prog_name or "attr-tui", standalone_mode=False, **extra)
+        except click.UsageError as err:
+            click.echo(f"attr-tui: error: {printable_text(' '.join(err.format_message().split()))} "
+                       "(see attr-tui --help)", err=True)
+            sys.exit(2)
+        except click.exceptions.Abort:  # Ctrl-C before the app started
+            sys.exit(130)
+
+
+@click.command(cls=OneLineUsageErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("store", metavar="STORE.h5")
 @click.option("--color-system", "--color", "color", type=click.Choice(("auto",) + MODES), default="auto",
               show_default=True,
