@@ -252,3 +252,16 @@ def test_only_the_servers_own_page_opens_an_app():
         assert not tab_allowed(origin, host, loopback_only=True), origin
     assert tab_allowed("http://box.lan:8000", "box.lan:8000", loopback_only=False)  # --host 0.0.0.0: its own name
     assert not tab_allowed("http://evil.example", "box.lan:8000", loopback_only=False)
+
+
+def test_a_tabs_app_gets_the_servers_options_and_debug(tmp_path):
+    """Each tab runs `attr-tui STORE` with the server's --color, --colormap and, when the server has it, --debug."""
+    import shlex
+
+    from tui.serve import app_command
+
+    store = tmp_path / "s.h5"
+    for debug in (False, True):
+        argv = shlex.split(app_command(str(store), "256", "light", debug))
+        assert argv[0] == "exec" and argv[1] == sys.executable and argv[2] == "-c"
+        assert argv[4:] == [str(store), "--color", "256", "--colormap", "light"] + (["--debug"] if debug else [])

@@ -35,12 +35,15 @@ def tab_allowed(origin: str | None, host: str, *, loopback_only: bool) -> bool:
     return not loopback_only or urlsplit("//" + host).hostname in LOOPBACK
 
 
-def app_command(store: str, color: str, colormap: str) -> str:
+def app_command(store: str, color: str, colormap: str, debug: bool = False) -> str:
     """The shell command that runs the app of one tab: this interpreter, the ``tui`` package this process imported
-    (not whichever one the working directory holds), the store by its absolute path."""
+    (not whichever one the working directory holds), the store by its absolute path, and ``--debug`` if the server
+    was given it (a tab's errors then show their tracebacks)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = f"import sys; sys.path.insert(0, {root!r}); from tui.cli import main; main()"
     args = [sys.executable, "-c", code, os.path.abspath(store), "--color", color, "--colormap", colormap]
+    if debug:
+        args.append("--debug")
     return "exec " + shlex.join(args)  # exec: the app is the shell's process, so stopping it leaves no shell behind
 
 
@@ -94,7 +97,7 @@ def serve(store: str, host: str, port: int, *, color: str, colormap: str, debug:
             self.public_url = f"{request.scheme}://{request.host}"
             return await super().handle_index(request)
 
-    server = _Server(app_command(store, color, colormap), host=host, port=port,
+    server = _Server(app_command(store, color, colormap, debug), host=host, port=port,
                      title=f"attr-tui {os.path.basename(store)}")
     if debug:
         server.initialize_logging()
