@@ -29,6 +29,7 @@ import numpy as np
 
 from . import schema
 from .attrs import read_attrs, write_attr
+from .compact import compact
 from .errors import StoreError, StoreWriteError, committed_kept
 from .h5 import WRITE_ERRORS, abandon, append, checked_task, create_layout, fixed, new_file, write_head_masks, write_reason
 from .integrity import one_line, open_for_writing
@@ -333,6 +334,8 @@ class StoreWriter:
             abandon(f)
             raise StoreWriteError(self.path, write_reason(err), committed_kept(self.n_committed)) from None
         f.close()
+        if complete:  # finished: no writer will append again, so the dead space SWMR writing left can go
+            compact(self.path)
 
     def _stamp(self, f: h5py.File, complete: bool, summary: dict | None) -> None:
         if complete:
