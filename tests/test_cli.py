@@ -521,7 +521,7 @@ def _poll(proc: Proc, until: int, timeout: float = 120.0, on_store=None, interva
     raise AssertionError(f"no {until} committed examples in {proc.out} after {timeout} s")
 
 
-N_LONG = 3000  # rows of the run that is killed and resumed: it cannot finish between its first commit and the kill
+N_LONG = 1200  # rows of the run that is killed and resumed: it cannot finish between its first commit and the kill
 N_HUGE = 3000  # rows of runs that are only interrupted: they cannot finish before the signal
 
 
@@ -575,7 +575,7 @@ def test_consistent_prefix_while_writing(tiny_model_dirs, tmp_path):
 
 @pytest.fixture(scope="module")
 def interrupted_runs(tiny_model_dirs, tmp_path_factory):
-    """Three runs started together (their start-up is most of the time): one on 3000 rows (batch size 16, so a commit
+    """Three runs started together (their start-up is most of the time): one on N_LONG rows (batch size 16, so a commit
     every 128 examples) killed with SIGKILL, one each stopped with SIGTERM and SIGINT, as soon as each has committed."""
     tmp = tmp_path_factory.mktemp("interrupted")
     write_jsonl(tmp / "long.jsonl", N_LONG, lengths=lambda i: 1 + (i * 7) % 13, ids=False)
