@@ -37,7 +37,8 @@ def _objects(path) -> dict:
     """Every dataset's values and storage settings and every object's attributes (the finish time aside)."""
     out = {}
     with h5py.File(path, "r", locking=False) as f:
-        out["/"] = {k: (v, f.attrs.get_id(k).dtype) for k, v in read_attrs(f).items() if k not in ("created", "finished")}
+        times = ("created", "finished")
+        out["/"] = {k: (v, f.attrs.get_id(k).dtype) for k, v in read_attrs(f).items() if k not in times}
 
         def visit(name, obj):
             attrs = {k: (v, obj.attrs.get_id(k).dtype) for k, v in read_attrs(obj).items()}
