@@ -7,7 +7,6 @@ import os
 
 import h5py
 import numpy as np
-import pytest
 
 import store.compact as compact_module
 from store import open_store
