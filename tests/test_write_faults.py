@@ -30,7 +30,7 @@ BATCH, N_BATCHES = 32, 8
 
 # Writes the batches of test_store.example under whatever limit the parent set, and says how it ended.
 FILL = textwrap.dedent("""
-    import sys
+    import os, sys
     sys.path[:0] = [sys.argv[3], sys.argv[2]]
     from store import StoreError
     from test_store import create, example
@@ -40,8 +40,9 @@ FILL = textwrap.dedent("""
         w = create(sys.argv[1])
         for b in range(n_batches):
             w.append([example(i) for i in range(b * batch, (b + 1) * batch)])
+        peak = os.path.getsize(sys.argv[1])  # before the finished store is compacted (store/compact.py)
         w.close(complete=True)
-        print("complete")
+        print("complete", peak)
     except StoreError as err:
         print("error:", err)
         if w is not None:
@@ -96,11 +97,14 @@ def finish_and_compare(path: Path, n: int) -> None:
 
 @pytest.fixture(scope="module")
 def full_size(tmp_path_factory) -> int:
-    """The bytes of the uninterrupted store."""
+    """The bytes of the uninterrupted store as the writing left it: what a limit must cut (the finished store is
+    compacted to less, store/compact.py)."""
     tmp = tmp_path_factory.mktemp("full")
     out = fill(tmp / "full.h5", tmp)
-    assert out.stdout.strip() == "complete" and out.stderr == "", out.stderr[-3000:]
-    return os.path.getsize(tmp / "full.h5")
+    status, peak = out.stdout.split()
+    assert status == "complete" and out.stderr == "", out.stderr[-3000:]
+    assert os.path.getsize(tmp / "full.h5") < int(peak)
+    return int(peak)
 
 
 @pytest.mark.parametrize("share", [0.3, 0.55, 0.8])
@@ -193,7 +197,7 @@ def test_run_on_a_full_disk_says_one_line_and_resumes_to_the_same_numbers(run_da
 # --- appending to a damaged copy ---------------------------------------------------------------------------------------
 
 APPEND_METRIC = textwrap.dedent("""
-    import sys
+    import os, sys
     sys.path[:0] = [sys.argv[3], sys.argv[2]]
     import numpy as np
     from store import MetricData, StoreError, add_metrics, open_store
