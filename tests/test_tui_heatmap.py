@@ -41,8 +41,12 @@ def test_half_blocks_two_rows_per_line():
 def test_half_blocks_without_colour_use_one_row_per_line_and_glyphs():
     v = np.array([[0.0, 1.0], [-1.0, 0.5]])
     lines = half_block_lines(v, "mono", cursor=(1, 1))
-    assert len(lines) == 2 and lines[0].plain == " █" and lines[1].plain[0] == "-"
-    assert any(s.style.reverse for s in lines[1].spans)
+    assert len(lines) == 2 and lines[0].plain == " █" and lines[1].plain == "-" + CURSOR_MARK
+    assert [(s.start, s.end) for s in lines[1].spans if s.style.reverse] == [(1, 2)]  # the cursor's cell only
+    # the mark, not the cell's glyph, so the cursor shows on a blank cell and where reverse video does not
+    # (a terminal without it, a plain-text capture): a reversed blank among blanks read as nothing in tmux's capture
+    blank = half_block_lines(np.zeros((2, 3)), "mono", cursor=(0, 1), cell_width=3, signed=False)
+    assert [t.plain for t in blank] == [" " * 3 + CURSOR_MARK.center(3) + " " * 3, " " * 9]
 
 
 def test_full_cells_one_row_per_line_with_the_cursor_marked_on_its_colour():

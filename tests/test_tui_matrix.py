@@ -231,8 +231,10 @@ def check_heatmap_line(cells, x0: int, values: np.ndarray, cw: int, mono: bool, 
 
     C = len(values)
     blank = cells[0][1].bgcolor  # the screen's own background (the padding cell left of the gutter)
-    if mono:
-        want = "".join(glyph(v) * cw for v in values)
+    if mono:  # each cell's glyph; the cursor's cell the mark, reversed
+        from tui.render.heatmap import CURSOR_MARK
+
+        want = "".join(CURSOR_MARK.center(cw) if j == cursor_col else glyph(v) * cw for j, v in enumerate(values))
         assert line_text(cells, x0, x0 + C * cw) == want
         assert line_text(cells, x0 + C * cw).strip() == ""
         if cursor_col is not None:

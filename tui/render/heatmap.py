@@ -19,7 +19,7 @@ from rich.text import Text
 from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, sign_mark, token_style
 
 UPPER_HALF = "▀"
-CURSOR_MARK = "●"  # the cursor's cell when a line draws one row: the mark on the cell's own colour
+CURSOR_MARK = "●"  # the cursor's cell when a line draws one row: on the cell's own colour, or reversed without colour
 CURSOR_STYLE = Style(reverse=True, bold=True)
 
 
@@ -46,7 +46,8 @@ def block_mean(m: np.ndarray, fr: int, fc: int) -> tuple[np.ndarray, np.ndarray]
 def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] | None = None,
                      cell_width: int = 1, signed: bool = True, cmap: str = DEFAULT_COLORMAP) -> list[Text]:
     """Lines drawing normalised ``values`` [R, C] (in [-1, 1] or [0, 1]): two rows per line in colour modes, one
-    per line (glyphs) without colour. The cell at ``cursor`` (row, column) is drawn in reverse video."""
+    per line (glyphs) without colour. The cell at ``cursor`` (row, column) is a bright marker in colour, and
+    :data:`CURSOR_MARK` in reverse video without."""
     v = np.asarray(values, dtype=np.float64)
     R, C = v.shape if v.ndim == 2 else (0, 0)
     lines: list[Text] = []
@@ -59,7 +60,10 @@ def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] 
                     ch = sign_mark(x) if x < 0 else glyph(x)  # a negative cell shows its sign, not its size
                 else:
                     ch = sign_mark(x) + glyph(x) if signed else glyph(x) * cell_width
-                t.append(ch.ljust(cell_width)[:cell_width], CURSOR_STYLE if cursor == (r, c) else Style())
+                if cursor == (r, c):  # the mark: a reversed blank shows nothing where reverse video does not
+                    t.append(CURSOR_MARK.center(cell_width), CURSOR_STYLE)
+                else:
+                    t.append(ch.ljust(cell_width)[:cell_width])
             lines.append(t)
         return lines
     for r0 in range(0, R, 2):
