@@ -44,7 +44,7 @@ def compact(path: str | os.PathLike) -> bool:
     """Copy the closed store at ``path`` into a compact file that replaces it, if its dead space is worth it and the
     disk has room for the copy. Returns whether it did. A copy that fails (a full disk) is removed and the store is
     left as it was: it is whole, only larger."""
-    path = os.fspath(path)
+    path = os.path.realpath(path)  # through a symlink: the file it points to is replaced, the link stays
     tmp = path + TMP_SUFFIX
     if os.path.exists(tmp):  # left by a process killed while compacting
         os.remove(tmp)

@@ -181,8 +181,9 @@ def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
     atomically replaces the old one; uncommitted data past the last index row is dropped, and so are the metrics
     (they would not cover the examples appended) unless ``keep_metrics`` and the store is complete (attr-compute
     --resume of a complete store: it adds no example). A store written before format 1.3 is rewritten in the current
-    format."""
-    tmp = path + ".resume-tmp"
+    format. Through a symlink, the file it points to is replaced and the link stays."""
+    real = os.path.realpath(path)
+    tmp = real + ".resume-tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     with open_store(path) as old:
@@ -194,7 +195,7 @@ def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
             if isinstance(err, StoreWriteError):  # the copy found the disk full: the store itself is untouched
                 raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
-    os.replace(tmp, path)
+    os.replace(tmp, real)
     with open_for_writing(path) as f:
         write_attr(f, "complete", False)
     f = open_for_writing(path, swmr=True)  # opened so, not switched: the metadata read retries stay capped
@@ -202,10 +203,12 @@ def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
 
 
 def rewrite(path: str) -> None:
-    """Copy the store's committed content (checked) into the current format; the copy replaces it atomically."""
+    """Copy the store's committed content (checked) into the current format; the copy replaces it atomically (through
+    a symlink: the file it points to)."""
     from .reader import open_store
 
-    tmp = path + ".rewrite-tmp"
+    real = os.path.realpath(path)
+    tmp = real + ".rewrite-tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     complete = False
@@ -221,4 +224,4 @@ def rewrite(path: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    os.replace(tmp, path)
+    os.replace(tmp, real)

@@ -104,3 +104,30 @@ def test_a_failed_copy_is_removed_and_the_store_kept(tmp_path, monkeypatch):
         assert s.complete and len(s) == N
         assert_example(s[3], exs[3])
     np.testing.assert_array_less(0, _sizes(path))
+
+
+def test_a_store_reached_through_a_symlink_is_resumed_and_compacted_where_it_lies(tmp_path):
+    """Resume and compaction replace the file the link points to; the link stays a link."""
+    from store import resume
+
+    (tmp_path / "data").mkdir()
+    target = tmp_path / "data" / "s.h5"
+    link = tmp_path / "link.h5"
+    link.symlink_to(target)
+    exs = [example(i) for i in range(N)]
+    w = create(target)
+    for k in range(0, N // 2, WINDOW):
+        w.append(exs[k:k + WINDOW])
+    w.close()  # interrupted: resumed through the link
+    w = resume(str(link))
+    for k in range(N // 2, N, WINDOW):
+        w.append(exs[k:k + WINDOW])
+    w.close(complete=True)
+    assert link.is_symlink() and os.path.samefile(link, target)
+    size, live = _sizes(target)
+    assert size <= live + METADATA_BYTES, (size, live)
+    assert sorted(os.listdir(tmp_path / "data")) == ["s.h5"]
+    with open_store(link) as s:
+        assert s.complete and len(s) == N
+        for i in (0, N // 2 - 1, N // 2, N - 1):
+            assert_example(s[i], exs[i])
