@@ -41,9 +41,9 @@ def free_bytes(path: str) -> int:
 
 
 def compact(path: str | os.PathLike) -> bool:
-    """Copy the closed store at ``path`` into a compact file that replaces it, if its dead space is worth it and the
-    disk has room for the copy. Returns whether it did. A copy that fails (a full disk) is removed and the store is
-    left as it was: it is whole, only larger."""
+    """Copy the closed store at ``path`` into a compact file that replaces it (with its permissions), if its dead
+    space is worth it and the disk has room for the copy. Returns whether it did. A copy that cannot be made (a
+    read-only directory) or fails (a full disk) is removed and the store is left as it was: whole, only larger."""
     path = os.path.realpath(path)  # through a symlink: the file it points to is replaced, the link stays
     tmp = path + TMP_SUFFIX
     if os.path.exists(tmp):  # left by a process killed while compacting
@@ -65,12 +65,12 @@ def compact(path: str | os.PathLike) -> bool:
                 dst.flush()
             finally:
                 dst.close()
-        except WRITE_ERRORS:
-            os.remove(tmp)
-            return False
-        except BaseException:
-            if os.path.exists(tmp):
+            shutil.copymode(path, tmp)
+        except BaseException as err:
+            if os.path.exists(tmp):  # not there when the directory refused it
                 os.remove(tmp)
+            if isinstance(err, WRITE_ERRORS):
+                return False
             raise
     os.replace(tmp, path)
     return True

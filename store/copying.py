@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import h5py
 import numpy as np
@@ -195,6 +196,7 @@ def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
             if isinstance(err, StoreWriteError):  # the copy found the disk full: the store itself is untouched
                 raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
+    shutil.copymode(real, tmp)
     os.replace(tmp, real)
     with open_for_writing(path) as f:
         write_attr(f, "complete", False)
@@ -224,4 +226,5 @@ def rewrite(path: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    shutil.copymode(real, tmp)
     os.replace(tmp, real)

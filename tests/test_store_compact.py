@@ -131,3 +131,38 @@ def test_a_store_reached_through_a_symlink_is_resumed_and_compacted_where_it_lie
         assert s.complete and len(s) == N
         for i in (0, N // 2 - 1, N // 2, N - 1):
             assert_example(s[i], exs[i])
+
+
+def test_a_directory_where_the_copy_cannot_be_made_leaves_the_store_whole(tmp_path, monkeypatch):
+    """new_file fails before the copy exists (a read-only directory): nothing to remove, the store stays as it is."""
+    def refused(path):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(compact_module, "new_file", refused)
+    path = tmp_path / "s.h5"
+    exs = _write(path)  # raised FileNotFoundError removing the copy that was never made
+    size, live = _sizes(path)
+    assert size > live + METADATA_BYTES and not os.path.exists(str(path) + TMP_SUFFIX)
+    with open_store(path) as s:
+        assert s.complete and len(s) == N
+        assert_example(s[N - 1], exs[N - 1])
+
+
+def test_the_compacted_store_keeps_its_permissions(tmp_path):
+    from store import resume
+
+    path = tmp_path / "s.h5"
+    exs = [example(i) for i in range(N)]
+    w = create(path)
+    for k in range(0, N // 2, WINDOW):
+        w.append(exs[k:k + WINDOW])
+    w.close()
+    os.chmod(path, 0o640)
+    w = resume(str(path))  # resume's copy replaces the file
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    for k in range(N // 2, N, WINDOW):
+        w.append(exs[k:k + WINDOW])
+    w.close(complete=True)  # and compaction's
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    size, live = _sizes(path)
+    assert size <= live + METADATA_BYTES, (size, live)
