@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 from .h5 import WRITE_ERRORS, new_file
+from .replace import copy_beside, discard, replace_with
 
 # Compact only when the dead space is worth a copy: at least this many bytes (more than a store's own metadata,
 # object headers and chunk indices, which the estimate counts as dead: 27 KB for SST-2 dev), and this share of the file.
@@ -44,10 +45,7 @@ def compact(path: str | os.PathLike) -> bool:
     """Copy the closed store at ``path`` into a compact file that replaces it (with its permissions), if its dead
     space is worth it and the disk has room for the copy. Returns whether it did. A copy that cannot be made (a
     read-only directory) or fails (a full disk) is removed and the store is left as it was: whole, only larger."""
-    path = os.path.realpath(path)  # through a symlink: the file it points to is replaced, the link stays
-    tmp = path + TMP_SUFFIX
-    if os.path.exists(tmp):  # left by a process killed while compacting
-        os.remove(tmp)
+    path, tmp = copy_beside(path, TMP_SUFFIX)
     size = os.path.getsize(path)
     with h5py.File(path, "r", locking=False) as src:
         live = live_bytes(src)
@@ -65,14 +63,12 @@ def compact(path: str | os.PathLike) -> bool:
                 dst.flush()
             finally:
                 dst.close()
-            shutil.copymode(path, tmp)
         except BaseException as err:
-            if os.path.exists(tmp):  # not there when the directory refused it
-                os.remove(tmp)
+            discard(tmp)  # not there when the directory refused it
             if isinstance(err, WRITE_ERRORS):
                 return False
             raise
-    os.replace(tmp, path)
+    replace_with(tmp, path)
     return True
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import h5py
 import numpy as np
@@ -15,6 +14,7 @@ from .attrs import read_attrs, write_attr
 from .h5 import append_metric_records, create_layout, fixed, new_file, write_reason, written
 from .reader import Store, open_store
 from .integrity import open_for_writing
+from .replace import copy_beside, discard, replace_with
 from .errors import StoreError, StoreWriteError, committed_kept
 from .records import ExampleData, MethodLayout, MetricData, layout_from_dict
 from .scale import ScaleAccumulator
@@ -140,9 +140,8 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
                     raise StoreError(f"shard '{path}' starts at source row {int(rows[0])}, not after {last_row}: "
                                      "shards overlap or are out of order")
                 last_row = int(rows[-1])
-        tmp = out + ".merge-tmp"
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        tmp = out + ".merge-tmp"  # a new store: nothing to follow or keep the permissions of
+        discard(tmp)
         try:
             f, w = _new_store_like(first, tmp, provenance, attrs)
             with written(f, out):
@@ -151,8 +150,7 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
                 _copy_head_masks(first, f)
             w.stamp(complete=True, summary=summary)
         except BaseException as err:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            discard(tmp)
             if isinstance(err, StoreWriteError):  # the merged copy found the disk full: nothing is left at out
                 raise StoreWriteError(out, err.reason, "nothing was written there") from None
             raise
@@ -183,21 +181,16 @@ def resume(path: str, keep_metrics: bool = False) -> StoreWriter:
     (they would not cover the examples appended) unless ``keep_metrics`` and the store is complete (attr-compute
     --resume of a complete store: it adds no example). A store written before format 1.3 is rewritten in the current
     format. Through a symlink, the file it points to is replaced and the link stays."""
-    real = os.path.realpath(path)
-    tmp = real + ".resume-tmp"
-    if os.path.exists(tmp):
-        os.remove(tmp)
+    real, tmp = copy_beside(path, ".resume-tmp")
     with open_store(path) as old:
         try:
             scales = copy_committed(old, tmp, metrics=keep_metrics and old.complete)
         except BaseException as err:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            discard(tmp)
             if isinstance(err, StoreWriteError):  # the copy found the disk full: the store itself is untouched
                 raise StoreWriteError(path, err.reason, committed_kept(len(old))) from None
             raise
-    shutil.copymode(real, tmp)
-    os.replace(tmp, real)
+    replace_with(tmp, real)
     with open_for_writing(path) as f:
         write_attr(f, "complete", False)
     f = open_for_writing(path, swmr=True)  # opened so, not switched: the metadata read retries stay capped
@@ -209,10 +202,7 @@ def rewrite(path: str) -> None:
     a symlink: the file it points to)."""
     from .reader import open_store
 
-    real = os.path.realpath(path)
-    tmp = real + ".rewrite-tmp"
-    if os.path.exists(tmp):
-        os.remove(tmp)
+    real, tmp = copy_beside(path, ".rewrite-tmp")
     complete = False
     try:
         with open_store(path) as old:
@@ -223,8 +213,6 @@ def rewrite(path: str) -> None:
             if summary:
                 write_attr(f, "summary", json.dumps(summary, sort_keys=True, default=str))
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        discard(tmp)
         raise
-    shutil.copymode(real, tmp)
-    os.replace(tmp, real)
+    replace_with(tmp, real)
