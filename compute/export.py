@@ -16,6 +16,8 @@ import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 
+from store.text import spreadsheet_cell
+
 from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .outdir import check_output_dir
@@ -208,7 +210,8 @@ def _parquet_writer():
 
 
 def _write_csv(path: str, chunks: Iterable[dict]) -> int:
-    """RFC 4180 CSV with a header row; floats in their shortest exact form, NaN as an empty cell."""
+    """RFC 4180 CSV with a header row; floats in their shortest exact form, NaN as an empty cell; text cells that a
+    spreadsheet would run as a formula start with ' and control characters are escaped (Parquet keeps them exact)."""
     rows = 0
     with open(path, "w", newline="", encoding="utf-8") as fh:
         out = csv.writer(fh)
@@ -228,7 +231,9 @@ def _csv_cells(col):
     import numpy as np
 
     if col.dtype == object:
-        return col.tolist()
+        # tokens and ids repeat row after row: each distinct string made safe once
+        safe: dict[str, str] = {}
+        return [safe[c] if c in safe else safe.setdefault(c, spreadsheet_cell(c)) for c in col.tolist()]
     if col.dtype.kind == "f":  # float32 -> its shortest round-trip digits (the bulk of the CSV's time)
         return np.where(np.isnan(col), "", col.astype(str)).tolist()
     return col.tolist()

@@ -3,6 +3,7 @@ before any display (a terminal, an HTML page, a figure) sees them. Shared by the
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -30,3 +31,18 @@ def printable_text(text: str) -> str:
     invisible formatting character escaped, so that no data can send escape sequences to the terminal."""
     return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf") else f"\\u{ord(ch):04x}"
                    for ch in str(text))
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP's CSV-injection rule).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# C0 and C1 controls but the tab and line breaks a CSV cell quotes: an ESC would reach the terminal of whoever cats it.
+_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def spreadsheet_cell(text: str) -> str:
+    """A text cell as CSV writes it: a leading ' before a formula start, control characters escaped as \\uXXXX."""
+    if text[:1] in _FORMULA_STARTS:
+        text = "'" + text
+    if not text.isprintable():  # a fast test first: the bulk of cells are plain
+        text = _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text

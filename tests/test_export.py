@@ -325,3 +325,35 @@ def test_a_store_without_methods_is_one_line_for_export_and_eval(tmp_path):
     for args in (("export", path, "-o", tmp_path / "o.csv"), ("eval", path, "--metrics", "comprehensiveness")):
         _one_line_error(invoke(*args), 1, "none.h5' holds no attribution methods", "--methods LIST")
     assert os.listdir(tmp_path) == ["none.h5"]
+
+
+# Cells a spreadsheet would run as a formula (OWASP's CSV-injection list), and a terminal escape.
+HOSTILE = ["=1+1", "+cmd|' /C calc'!A0", "-", "@SUM(A1)", "\tx", "\rx", "a\x1b[31mred", "-2", "safe", "mid=dle"]
+
+
+def test_csv_cells_never_start_a_formula_and_parquet_keeps_the_strings(tmp_path):
+    path = tmp_path / "h.h5"
+    w = StoreWriter.create(str(path), n_layers=L, n_heads=2, labels={0: "neg", 1: "pos"},
+                           methods=[MethodLayout("norm", signed=False, description="norm")],
+                           provenance={}, attrs={"model_id": "synthetic"})
+    n = len(HOSTILE)
+    w.append([ExampleData(row=i, id=HOSTILE[i], text=" ".join(HOSTILE), pair=None, token_ids=np.arange(n),
+                          tokens=HOSTILE, spans=np.full((n, 2), -1), segment=np.zeros(n), label=0, pred=1,
+                          probs=np.array([0.4, 0.6]), target=0, explain_pos=0, n_orig_tokens=n, truncated=False,
+                          results={"norm": {"scores": -np.arange(n, dtype=float) - 0.5}}) for i in range(2)])
+    w.close(complete=True)
+    add_metrics(str(path), [MetricData("norm", "comprehensiveness", np.array([-1.0, 2.0]), {}, {}, True, "c")])
+    ok(_cli(path, "-o", tmp_path / "h.csv", "--metrics"))
+    ok(_cli(path, "-o", tmp_path / "h.parquet", "--metrics"))
+    neutral = ["'=1+1", "'+cmd|' /C calc'!A0", "'-", "'@SUM(A1)", "'\tx", "'\rx", "a\\u001b[31mred", "'-2", "safe",
+               "mid=dle"]
+    csv_rows, pq_rows = _read(tmp_path / "h.csv"), _read(tmp_path / "h.parquet")
+    assert csv_rows["token"] == neutral * 2 and pq_rows["token"] == HOSTILE * 2
+    assert csv_rows["id"] == [neutral[0]] * n + [neutral[1]] * n and pq_rows["id"] == [HOSTILE[0]] * n + [HOSTILE[1]] * n
+    # numbers stay numbers: a negative score is not text to neutralise
+    np.testing.assert_array_equal(csv_rows["score"], np.tile(-np.arange(n, dtype=np.float32) - 0.5, 2))
+    metrics = _read(tmp_path / "h.metrics.csv")
+    assert metrics["id"] == neutral[:2] and metrics["comprehensiveness"] == [-1.0, 2.0]
+    assert _read(tmp_path / "h.metrics.parquet")["id"] == HOSTILE[:2]
+    raw = (tmp_path / "h.csv").read_bytes()
+    assert b"\x1b" not in raw and b"\n=" not in raw and b",=" not in raw and b",+" not in raw and b",@" not in raw
