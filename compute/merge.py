@@ -18,6 +18,7 @@ import time
 from store import MetricData, add_metrics, open_store
 from store.copying import merge as merge_stores
 from store.lock import writer_lock
+from store.replace import copy_beside, discard, replace_with
 
 from . import __version__
 from .errors import AttrscopeError, UsageError
@@ -35,7 +36,7 @@ def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, m
         raise UsageError("merge needs the shard stores: attr-compute merge OUT.h5 SHARD.h5...")
     if os.path.exists(out) and not replace:
         raise AttrscopeError(f"store '{out}' already exists: remove it or choose another OUT")
-    if any(os.path.abspath(p) == os.path.abspath(out) for p in paths):
+    if any(os.path.realpath(p) == os.path.realpath(out) for p in paths):
         raise UsageError(f"OUT '{out}' is one of the shards: choose another OUT")
     check_output_dir(out, "OUT")  # before the shards are read (seconds on large ones)
     with writer_lock(out):  # one writer per store
@@ -67,14 +68,12 @@ def _merge_locked(out: str, paths: list[str], t0: float, *, argv, message, extra
     }
     summary = {"examples": n_examples, "tokens": sum(s["plan"]["tokens"] for s in shards), "shards": len(shards),
                "shard_wall_seconds": [(s["summary"] or {}).get("wall_seconds") for s in shards]}
-    tmp = out + ".merging"
-    for leftover in (tmp, tmp + ".merge-tmp"):
-        if os.path.exists(leftover):
-            os.remove(leftover)
+    real, tmp = copy_beside(out, ".merging")  # through a symlink: beside the file it names, which it replaces
+    discard(tmp + ".merge-tmp")
     try:
         merge_stores(tmp, [s["path"] for s in shards], provenance, summary=summary)
         add_metrics(tmp, metrics)
-        os.replace(tmp, out)
+        replace_with(tmp, real)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -1,4 +1,4 @@
-"""One writer per store: a lock file beside it (``STORE.h5.lock``), made with O_EXCL and holding the holder's pid
+"""One writer per store: a lock file beside it (``STORE.h5.lock``, beside the file a symlink points to), made with O_EXCL and holding the holder's pid
 and host, removed when the holder ends by any path but SIGKILL. A lock whose holder is gone (its pid dead on this
 host) is stale and taken over; a lock of another host cannot be checked and is named in the refusal.
 
@@ -18,18 +18,20 @@ from .errors import StoreError
 SUFFIX = ".lock"
 UNWRITTEN_STALE_SECONDS = 30.0  # a lock file still empty after this long: its maker died between open and write
 
-_held: dict[str, int] = {}  # the locks this process holds (absolute store path -> depth): a run's own eval nests
+_held: dict[str, int] = {}  # the locks this process holds (resolved store path -> depth): a run's own eval nests
 
 
 def lock_path(path: str) -> str:
-    return os.path.abspath(path) + SUFFIX
+    """The lock of the file ``path`` names: beside the file a symlink points to, so that every path to one store
+    (a link, the target, a relative spelling) takes the same lock."""
+    return os.path.realpath(path) + SUFFIX
 
 
 @contextmanager
 def writer_lock(path: str):
     """Hold the lock of the store ``path`` for the duration (re-entrant in one process); StoreError naming the holder
     when another process writes it."""
-    key = os.path.abspath(path)
+    key = os.path.realpath(path)
     if key in _held:
         _held[key] += 1
         try:

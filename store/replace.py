@@ -24,6 +24,7 @@ def discard(tmp: str) -> None:
 
 
 def replace_with(tmp: str, real: str) -> None:
-    """The copy ``tmp``, with the permissions of the file ``real``, atomically in its place."""
-    shutil.copymode(real, tmp)
+    """The copy ``tmp``, with the permissions of the file ``real`` where there is one, atomically in its place."""
+    if os.path.exists(real):
+        shutil.copymode(real, tmp)
     os.replace(tmp, real)

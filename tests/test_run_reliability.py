@@ -4,6 +4,7 @@ store (a lock file beside it), time-based commits (tiny models from conftest, in
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -127,6 +128,45 @@ def test_a_stale_lock_is_taken_over_and_every_exit_removes_the_lock(small_store,
     other_host = hold(out, live_pid, host="elsewhere.example")  # cannot be checked from here: refused, kept
     assert "process" in one_line(invoke("eval", out, "--metrics", "sufficiency", "--device", "cpu"))
     assert other_host.exists()
+
+
+def test_the_lock_is_the_file_s_whatever_path_names_it(small_store, tmp_path, live_pid):
+    """A store reached through a symlink is locked as the file it points to: a writer of the target refuses one of
+    the link and the other way round; --overwrite and merge through a link write the target and keep the link."""
+    (tmp_path / "data").mkdir()
+    target, link = tmp_path / "data" / "s.h5", tmp_path / "link.h5"
+    shutil.copy(small_store["ref"], target)
+    link.symlink_to(target)
+    before = target.read_bytes()
+    lock = hold(target, live_pid)  # the target's writer is another process
+    for args in ([*small_store["args"], "-o", link, "--overwrite"], [*small_store["args"], "-o", link, "--resume"],
+                 ["eval", link, "--metrics", "sufficiency", "--device", "cpu", "-q"]):
+        assert "is being written by process" in one_line(invoke(*args))
+    assert target.read_bytes() == before and link.is_symlink() and lock.exists()
+    lock.unlink()
+    # the lock taken through the link is the target's: a writer of the target is refused while it is held
+    from store.lock import lock_path, writer_lock
+
+    assert lock_path(str(link)) == lock_path(str(target)) == str(target.resolve()) + ".lock"
+    probe = ("import sys; from store.lock import writer_lock\n"
+             "try:\n    with writer_lock(sys.argv[1]): print('taken')\n"
+             "except Exception as e: print(type(e).__name__)")
+    with writer_lock(str(link)):
+        got = subprocess.run([sys.executable, "-c", probe, str(target)], capture_output=True, text=True, check=True)
+        assert got.stdout.strip() == "StoreError"
+    ok(invoke(*small_store["args"], "-o", link, "--overwrite", "--methods", "rollout"))
+    assert link.is_symlink() and os.path.samefile(link, target)
+    assert sorted(os.listdir(tmp_path / "data")) == ["s.h5"]
+    with open_store(target) as s:
+        assert s.complete and len(s) == 4 and s.methods == ["rollout"]
+    merged_target, merged_link = tmp_path / "data" / "m.h5", tmp_path / "m.h5"
+    merged_link.symlink_to(merged_target)  # dangling until the merge writes its target
+    shard = tmp_path / "shard.h5"
+    ok(invoke(*small_store["args"], "-o", shard, "--shard", "0/1"))
+    ok(invoke("merge", merged_link, tmp_path / "shard.shard-0-of-1.h5"))
+    assert merged_link.is_symlink() and os.path.samefile(merged_link, merged_target)
+    with open_store(merged_target) as s:
+        assert s.complete and len(s) == 4
 
 
 # --- commits by time as well as by window -----------------------------------------------------------------------------

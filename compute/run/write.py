@@ -142,9 +142,10 @@ def open_writer(plan: RunPlan, loaded: Loaded, layouts: list[MethodLayout], prov
                                  "permissions") from None
         return writer, writer.n_committed
     try:
-        if plan.cfg.overwrite and os.path.exists(output):
-            os.remove(output)
-        return _create_writer(plan, loaded, layouts, provenance, head_masks), 0
+        real = os.path.realpath(output)  # through a symlink the file it points to is replaced, the link kept
+        if plan.cfg.overwrite and os.path.exists(real):
+            os.remove(real)
+        return _create_writer(real, plan, loaded, layouts, provenance, head_masks), 0
     except OSError as err:
         raise AttrscopeError(f"cannot create store '{output}': {_os_reason(err)}: choose another -o") from None
 
@@ -158,13 +159,13 @@ def _os_reason(err: OSError) -> str:
     return " ".join(str(err).split())[:200]
 
 
-def _create_writer(plan: RunPlan, loaded: Loaded, layouts, provenance, head_masks) -> StoreWriter:
+def _create_writer(path: str, plan: RunPlan, loaded: Loaded, layouts, provenance, head_masks) -> StoreWriter:
     lm = loaded.lm
     attrs = {"model_id": lm.info["model_id"], "model_revision": str(lm.info.get("revision")),
              "tokenizer": lm.info.get("tokenizer", ""), "attn_implementation": "eager",
              "torch_version": torch.__version__, "transformers_version": provenance["versions"]["transformers"],
              "attrscope_version": __version__, "dataset": provenance["dataset"]["source"]}
-    return StoreWriter.create(plan.output, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
+    return StoreWriter.create(path, n_layers=lm.adapter.n_layers, n_heads=lm.adapter.n_heads,
                               labels=lm.task.labels(lm.info["id2label"]), methods=layouts, provenance=provenance,
                               attrs=attrs, head_masks=list(head_masks), evidence=has_evidence(plan, loaded),
                               task={"name": lm.task.name, "options": dict(lm.task.options)}, heads=plan.heads,
