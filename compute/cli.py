@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import shlex
 import sys
+from contextlib import contextmanager
 
 import click
 
 from .errors import AttrscopeError
 from .export import CHUNK_ROWS as EXPORT_CHUNK_ROWS
+from . import interrupts
 from .interrupts import Interrupted
 from .papers import PRESET_NAMES
 
@@ -412,16 +414,28 @@ def _run(cfg, quiet: bool) -> None:
     from .ui import RichProgress, print_summary
 
     world = world_from_env()
-    if world is None:
-        summary = run(cfg, RichProgress(quiet=quiet))
-    else:  # torchrun: rank 0 shows its progress and the merged store; the others work quietly
-        summary = run_distributed(cfg, RichProgress(quiet=quiet or world.rank != 0), world)
-        if world.rank != 0:
-            return
-    if not quiet:
-        print_summary(summary)
-    else:
-        _say(summary["store"], err=False)
+    with interrupts.on_signals(defer=False):  # the run defers a stop to its safe points; here one raises at once
+        if world is None:
+            summary = run(cfg, RichProgress(quiet=quiet))
+        else:  # torchrun: rank 0 shows its progress and the merged store; the others work quietly
+            summary = run_distributed(cfg, RichProgress(quiet=quiet or world.rank != 0), world)
+            if world.rank != 0:
+                return
+        with _after_the_run(summary["store"]):
+            if not quiet:
+                print_summary(summary)
+            else:
+                _say(summary["store"], err=False)
+
+
+@contextmanager
+def _after_the_run(store: str):
+    """Output once the store is complete: a stop there (or one still pending from the run's last moments) says so."""
+    try:
+        yield
+        interrupts.check()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after the run finished: store '{store}' is already complete") from None
 
 
 def _guarded(fn, debug: bool) -> None:

@@ -5,7 +5,10 @@ h5py and torch run all the time) or cut a store commit in half. So the first sig
 ``check()`` raises :class:`Interrupted` at the next safe point: between batches and windows, between chunks of
 integrated gradients, ALTI blocks, LRP layers and metric batches, and at every encoder layer of every forward pass
 (``layer_checks``: a forward pre-hook, so it never raises inside autograd's backward). A second signal raises at
-once, except inside ``critical()`` (a store commit), where it waits for the next check.
+once, except inside ``critical()`` (a store commit), where it waits for the next check. Around a run a command
+installs the handler with ``defer=False`` (a signal raises where it lands, as Python's own would), so that a stop
+while the finished run's summary is printed is still one line that says what was kept, and SIGTERM never kills the
+process without a word.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from contextlib import contextmanager
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _pending: list[int] = []  # signals received and not yet acted on
-_state = {"installed": False, "critical": 0}
+_state = {"installed": False, "critical": 0, "deferred": 0}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -32,26 +35,34 @@ def check() -> None:
 
 def _handler(signum, frame):
     _pending.append(signum)
-    if len(_pending) > 1 and not _state["critical"]:
-        raise Interrupted()  # the second signal: at once
+    if _state["critical"]:
+        return
+    if len(_pending) > 1 or not _state["deferred"]:
+        raise Interrupted()  # the second signal, or any outside a deferring section: at once
 
 
 @contextmanager
-def on_signals():
-    """Install the handler for SIGINT and SIGTERM (main thread only; nested uses share the outer one)."""
-    if _state["installed"] or threading.current_thread() is not threading.main_thread():
+def on_signals(defer: bool = True):
+    """Install the handler for SIGINT and SIGTERM (main thread only; nested uses share the outer one). Inside a
+    ``defer`` section the first signal waits for the next ``check()``; elsewhere it raises at once."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _pending.clear()
-    before = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
-    _state["installed"] = True
+    outer = not _state["installed"]
+    if outer:
+        _pending.clear()
+        before = {sig: signal.signal(sig, _handler) for sig in SIGNALS}
+        _state["installed"] = True
+    _state["deferred"] += defer
     try:
         yield
     finally:
-        for sig, old in before.items():
-            signal.signal(sig, old)
-        _state["installed"] = False
-        _pending.clear()
+        _state["deferred"] -= defer
+        if outer:
+            for sig, old in before.items():
+                signal.signal(sig, old)
+            _state["installed"] = False
+            _pending.clear()
 
 
 @contextmanager

@@ -319,3 +319,40 @@ def test_eval_stops_inside_a_metric_keeps_the_finished_ones(eval_stores, tmp_pat
         assert sorted(s.metrics("norm")) == ["aopc", "spearman"]
         for k in ("aopc", "spearman"):
             np.testing.assert_array_equal(s.metrics("norm")[k], ref.metrics("norm")[k])
+
+
+# The run's summary printed by a process that signals itself while printing it, once or twice: every stop after the
+# store is complete says so (exit 130), never "nothing was written", never a silent kill.
+_SIGNAL_IN_SUMMARY = """
+import os, signal, sys, time
+import compute.ui
+
+SIG, TIMES = int(sys.argv[1]), int(sys.argv[2])
+
+def summary_then_signals(summary):
+    print("summary begins", flush=True)
+    for _ in range(TIMES):
+        os.kill(os.getpid(), SIG)
+        time.sleep(0.2)
+    print("summary ends", flush=True)
+
+compute.ui.print_summary = summary_then_signals
+from compute.cli import main
+sys.argv = ["attr-compute", *sys.argv[3:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("sig,times", [(signal.SIGINT, 2), (signal.SIGTERM, 2), (signal.SIGTERM, 1)],
+                         ids=["SIGINT-twice", "SIGTERM-twice", "SIGTERM-once"])
+def test_a_stop_during_the_final_summary_says_the_store_is_complete(ig_data, tmp_path, sig, times):
+    out = tmp_path / "run.h5"
+    args = [ig_data["data"], "--model", ig_data["model"], "-o", out, "--methods", "rollout", "--device", "cpu"]
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_SUMMARY, str(int(sig)), str(times), *map(str, args)],
+                       capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert p.returncode == 130, (p.returncode, p.stdout[-1000:], p.stderr[-2000:])
+    assert "summary begins" in p.stdout and "Traceback" not in p.stderr, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == f"attr-compute: error: interrupted after the run finished: store '{out}' is already complete", lines
+    with open_store(out) as s:
+        assert s.complete and len(s) == ig_data["n"]
