@@ -243,18 +243,20 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
         world = world_from_env()  # torchrun: each rank its share of the examples (compute.distributed)
-        try:
-            with process_group(world, device) as dev:
-                summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(dev),
-                                         message=(lambda m: None) if quiet or (world and world.rank) else _say,
-                                         allow_random_head=allow_random_head, world=world)
-        except Interrupted as err:
-            raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays valid; "
-                              f"compute the rest with: {shlex.join([PROG, *sys.argv[1:]])}") from None
-        if world is not None and world.rank != 0:
-            return
-        if not quiet:
-            _say(_metrics_table(store, summary["methods"]))
+        with interrupts.on_signals(defer=False):  # eval defers a stop to its safe points; here one raises at once
+            try:
+                with process_group(world, device) as dev:
+                    summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(dev),
+                                             message=(lambda m: None) if quiet or (world and world.rank) else _say,
+                                             allow_random_head=allow_random_head, world=world)
+            except Interrupted as err:
+                raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays "
+                                  f"valid; compute the rest with: {shlex.join([PROG, *sys.argv[1:]])}") from None
+            if world is not None and world.rank != 0:
+                return
+            with _after_finishing("eval", store, "holds every metric asked for"):
+                if not quiet:
+                    _say(_metrics_table(store, summary["methods"]))
 
     _guarded(go, debug)
 
@@ -421,7 +423,7 @@ def _run(cfg, quiet: bool) -> None:
             summary = run_distributed(cfg, RichProgress(quiet=quiet or world.rank != 0), world)
             if world.rank != 0:
                 return
-        with _after_the_run(summary["store"]):
+        with _after_finishing("the run", summary["store"], "is already complete"):
             if not quiet:
                 print_summary(summary)
             else:
@@ -429,13 +431,13 @@ def _run(cfg, quiet: bool) -> None:
 
 
 @contextmanager
-def _after_the_run(store: str):
-    """Output once the store is complete: a stop there (or one still pending from the run's last moments) says so."""
+def _after_finishing(what: str, store: str, kept: str):
+    """Output once the work is stored: a stop there (or one still pending from the work's last moments) says so."""
     try:
         yield
         interrupts.check()
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted after the run finished: store '{store}' is already complete") from None
+        raise Interrupted(f"interrupted after {what} finished: store '{store}' {kept}") from None
 
 
 def _guarded(fn, debug: bool) -> None:

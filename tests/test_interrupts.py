@@ -356,3 +356,18 @@ def test_a_stop_during_the_final_summary_says_the_store_is_complete(ig_data, tmp
     assert lines[-1] == f"attr-compute: error: interrupted after the run finished: store '{out}' is already complete", lines
     with open_store(out) as s:
         assert s.complete and len(s) == ig_data["n"]
+
+
+def test_a_stop_while_eval_prints_its_table_says_the_metrics_are_kept(eval_stores, tmp_path):
+    out = tmp_path / "e.h5"
+    shutil.copy(eval_stores["plain"], out)
+    code = _SIGNAL_IN_SUMMARY.replace("compute.ui.print_summary = summary_then_signals",
+                                      "import compute.cli\ncompute.cli._metrics_table = lambda *a: summary_then_signals(a)")
+    p = subprocess.run([sys.executable, "-c", code, str(int(signal.SIGTERM)), "2", "eval", str(out),
+                        "--metrics", "sufficiency", "--device", "cpu"],
+                       capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert p.returncode == 130 and "summary begins" in p.stdout, (p.returncode, p.stdout[-1000:], p.stderr[-2000:])
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == f"attr-compute: error: interrupted after eval finished: store '{out}' holds every metric asked for"
+    with open_store(out) as s:
+        assert "sufficiency" in s.metric_names(s.metric_methods[0])
