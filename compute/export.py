@@ -232,8 +232,9 @@ def _csv_cells(col):
 
     if col.dtype == object:
         # tokens and ids repeat row after row: each distinct string made safe once
-        safe: dict[str, str] = {}
-        return [safe[c] if c in safe else safe.setdefault(c, spreadsheet_cell(c)) for c in col.tolist()]
+        cells = col.tolist()
+        safe = {c: spreadsheet_cell(c) for c in set(cells)}
+        return [safe[c] for c in cells]
     if col.dtype.kind == "f":  # float32 -> its shortest round-trip digits (the bulk of the CSV's time)
         return np.where(np.isnan(col), "", col.astype(str)).tolist()
     return col.tolist()
