@@ -254,17 +254,6 @@ def test_max_sessions_caps_the_tabs(serve):
     assert status == 200
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--serve", "--max-sessions", "0"), "Invalid value for '--max-sessions': 0 is not in the range x>=1."),
-    (("--max-sessions", "2"), "--host, --port and --max-sessions go with --serve"),
-])
-def test_max_sessions_usage_errors(tmp_path, args, message):
-    r = subprocess.run([sys.executable, "-m", "tui.cli", str(tmp_path / "none.h5"), *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == f"attr-tui: error: {message} (see attr-tui --help)\n"
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_server_within_5_s_with_apps_in_any_state(serve, sig):
     """Tabs open: one app running, one frozen (SIGSTOP), two still starting. SIGTERM (or SIGINT, Ctrl-C) ends the
@@ -289,3 +278,39 @@ def test_a_signal_stops_the_server_within_5_s_with_apps_in_any_state(serve, sig)
     assert rc == 0 and took < REAP_SECONDS, (rc, took, err)
     assert "Traceback" not in err, err
     assert [p for p in apps if alive(p)] == []
+
+
+def test_only_the_servers_own_page_opens_an_app():
+    from tui.serve import tab_allowed
+
+    assert tab_allowed(None, "127.0.0.1:8000")  # no Origin: no browser page
+    for origin, host in (("http://127.0.0.1:8000", "127.0.0.1:8000"), ("http://localhost:9000", "localhost:9000"),
+                         ("http://[::1]:8000", "[::1]:8000"), ("http://box.lan:8000", "box.lan:8000")):
+        assert tab_allowed(origin, host), origin
+    for origin, host in (("http://evil.example", "127.0.0.1:8000"), ("null", "127.0.0.1:8000"),
+                         ("http://127.0.0.1:8001", "127.0.0.1:8000"), ("http://evil.example", "box.lan:8000")):
+        assert not tab_allowed(origin, host), origin
+
+
+def test_which_names_and_binds_are_loopback():
+    """Loopback names only reach this machine; a bind is loopback when every address it takes is (no DNS asked)."""
+    from tui.serve import host_name, loopback_bind, loopback_name
+
+    assert [host_name(h) for h in ("127.0.0.1:8000", "[::1]:8000", "LocalHost", "[::1", "a.b:x")] == \
+        ["127.0.0.1", "::1", "localhost", None, "a.b"]
+    for name in ("127.0.0.1", "127.0.0.2", "127.255.0.9", "::1", "localhost", "app.localhost"):
+        assert loopback_name(name), name
+    for name in (None, "", "0.0.0.0", "::", "10.0.0.1", "evil.example", "localhost.evil.example", "128.0.0.1"):
+        assert not loopback_name(name), name
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert loopback_bind(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.1"):
+        assert not loopback_bind(host), host
+
+
+def test_tokens_are_compared_whole():
+    from tui.serve import token_matches
+
+    assert token_matches("abc-_9", "abc-_9")
+    for given in (None, "", "abc-_", "abc-_90", "ABC-_9", "é", "abc-_9\x00"):
+        assert not token_matches(given, "abc-_9"), given

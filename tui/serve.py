@@ -1,8 +1,10 @@
 """``attr-tui STORE --serve``: the same app in a browser, through textual-serve.
 
 The server listens on ``host:port`` (127.0.0.1 unless the user says otherwise: the app reads the store for anyone
-who reaches the port) and starts one ``attr-tui STORE`` process per browser tab, which textual-serve's web driver
-connects to the page over a websocket. SIGINT/SIGTERM stop the server, which closes every tab's app.
+who reaches the port; off loopback only with the token in the URL it prints) and starts one ``attr-tui STORE``
+process per browser tab, at most ``max_sessions`` at once, which textual-serve's web driver connects to the page
+over a websocket. A tab's app is reaped within 5 s of its tab closing; SIGINT/SIGTERM stop the server, and every
+tab's app, within 5 s.
 """
 
 from __future__ import annotations
