@@ -41,9 +41,9 @@ def alive(pid: int) -> bool:
 
 
 def handshake(port: int, origin: str | None, host: str, *, address: str = "127.0.0.1", path: str = "/ws",
-              headers: dict[str, str] | None = None) -> int:
-    """The status of a websocket handshake to the server's ``path`` as a browser page of ``origin`` sends it (the
-    connection is closed at once: a 101's app is reaped then)."""
+              headers: dict[str, str] | None = None, with_body: bool = False) -> int | tuple[int, str]:
+    """The status (and with_body, the body) of a websocket handshake to the server's ``path`` as a browser page of
+    ``origin`` sends it (the connection is closed at once: a 101's app is reaped then)."""
     assert address.startswith("127.") or address == "::1"  # loopback only
     c = http.client.HTTPConnection(address, port, timeout=10)
     try:
@@ -52,6 +52,7 @@ def handshake(port: int, origin: str | None, host: str, *, address: str = "127.0
                                         "Sec-WebSocket-Version": "13",
                                         "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(),
                                         **(headers or {})})
-        return c.getresponse().status
+        r = c.getresponse()
+        return (r.status, r.read().decode() if r.status != 101 else "") if with_body else r.status
     finally:
         c.close()

@@ -95,9 +95,12 @@ def test_a_page_of_another_site_is_refused_on_any_loopback_bind(serve):
     """127.0.0.2 is loopback as 127.0.0.1 is: a site that points its name at it (DNS rebinding) gets no app."""
     s = serve("--host", "127.0.0.2")
     p = s.port
-    for origin, host in ((f"http://evil.example:{p}", f"evil.example:{p}"), ("http://evil.example", f"127.0.0.2:{p}"),
-                         (None, f"evil.example:{p}")):
-        assert handshake(p, origin, host, address="127.0.0.2") == 403, (origin, host)
+    rebinding = "attr-tui: this server answers to a loopback name only, such as 127.0.0.1 or localhost\n"
+    for origin, host, text in ((f"http://evil.example:{p}", f"evil.example:{p}", rebinding),
+                               ("http://evil.example", f"127.0.0.2:{p}",
+                                "attr-tui: a page of another site may not open this app\n"),
+                               (None, f"evil.example:{p}", rebinding)):
+        assert handshake(p, origin, host, address="127.0.0.2", with_body=True) == (403, text), (origin, host)
     assert get(f"http://127.0.0.2:{p}/", {"Host": f"evil.example:{p}"})[0] == 403  # not even the page
     assert s.apps() == []  # no app was started for them
     assert s.line == f"attr-tui: serving {s.store} on http://127.0.0.2:{p} to at most 4 tabs at once " \
@@ -243,6 +246,9 @@ def test_max_sessions_caps_the_tabs(serve):
         async with aiohttp.ClientSession() as session:
             held, refused = await _open_tabs(session, s.port, 2)
             assert len(held) == 1 and refused == [503] and wait_until(lambda: len(s.apps()) == 1, 10)
+            host = f"127.0.0.1:{s.port}"
+            assert await asyncio.to_thread(handshake, s.port, f"http://{host}", host, with_body=True) == \
+                (503, "attr-tui: 1 tab open already (--max-sessions 1): close one, then reload this page\n")
             await held[0].close()  # a tab reloaded: its app is reaped, the next one gets in
             again, refused = await _open_tabs(session, s.port, 1)
             assert len(again) == 1 and refused == [] and wait_until(lambda: len(s.apps()) == 1, 10)

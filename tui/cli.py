@@ -26,12 +26,12 @@ SERVE_MAX_SESSIONS = 4
 
 
 def _serve(store: str, host: str, port: int, max_sessions: int, color: str, colormap: str, debug: bool) -> None:
-    from .serve import serve
+    from .serve import serve, tab_count
 
     def listening(url: str, token: bool) -> None:
-        tabs = f"{max_sessions} tab{'s' if max_sessions > 1 else ''}"
         only = ", only with this token" if token else ""
-        click.echo(f"attr-tui: serving {store} on {url} to at most {tabs} at once{only} (Ctrl-C stops it)", err=True)
+        click.echo(f"attr-tui: serving {store} on {url} to at most {tab_count(max_sessions)} at once{only} "
+                   "(Ctrl-C stops it)", err=True)
 
     try:
         serve(store, host, port, color=color, colormap=colormap, debug=debug, max_sessions=max_sessions,

@@ -77,6 +77,10 @@ def token_matches(given: str | None, token: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode())
 
 
+def tab_count(n: int) -> str:
+    return f"{n} tab{'s' if n != 1 else ''}"
+
+
 def app_command(store: str, color: str, colormap: str, debug: bool = False) -> str:
     """The shell command that runs the app of one tab: this interpreter, the ``tui`` package this process imported
     (not whichever one the working directory holds), the store by its absolute path, and ``--debug`` if the server
@@ -187,9 +191,9 @@ class TabServer(Server):
         try:  # a reloaded tab's new socket may come before its old app is reaped: it waits for the place
             await asyncio.wait_for(self.places.acquire(), SLOT_WAIT_SECONDS)
         except asyncio.TimeoutError:
-            n = self.max_sessions
-            raise web.HTTPServiceUnavailable(text=f"attr-tui: {n} tab{'s' if n > 1 else ''} open already "
-                                                  f"(--max-sessions {n}): close one, then reload this page\n")
+            raise web.HTTPServiceUnavailable(text=f"attr-tui: {tab_count(self.max_sessions)} open already "
+                                                  f"(--max-sessions {self.max_sessions}): close one, then reload "
+                                                  "this page\n")
         try:
             return await super().handle_websocket(request)  # returns once the tab's app is reaped
         finally:
