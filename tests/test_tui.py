@@ -727,7 +727,10 @@ def test_cli_usage_errors_exit_2_in_one_line():
     cases = {(): "Missing argument 'STORE.h5'.",
              ("x.h5", "--color", "purple"): "Invalid value for '--color-system' / '--color': 'purple' is not one of",
              ("x.h5", "--bogus"): "No such option '--bogus'",
-             ("x.h5", "--port", "8000"): "--host and --port go with --serve"}
+             ("x.h5", "--port", "8000"): "--host, --port and --max-sessions go with --serve",
+             ("x.h5", "--max-sessions", "2"): "--host, --port and --max-sessions go with --serve",
+             ("x.h5", "--serve", "--max-sessions", "0"): "Invalid value for '--max-sessions': 0 is not in the range "
+                                                         "x>=1."}
     for args, message in cases.items():
         result = CliRunner().invoke(main, list(args))
         assert result.exit_code == 2, (args, result.output)

@@ -6,7 +6,6 @@ by a hook in the page and read back through a terminal emulator (pyte), the way 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from serve_helpers import alive, children, free_port, handshake
 from synthetic import make_store
 
 pyte = pytest.importorskip("pyte", reason="the browser test needs pyte (pip install 'attrscope[test]')")
@@ -56,48 +56,6 @@ window.WebSocket = function (url, protocols) {
 };
 window.WebSocket.prototype = Native.prototype;
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc)."""
-    kids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == p:
-                    kids.append(int(entry.name))
-                    todo.append(int(entry.name))
-    return kids
-
-
-def _handshake(port: int, origin: str, host: str) -> int:
-    """The status of a websocket handshake to the server's /ws as a browser page of ``origin`` sends it."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        c.request("GET", "/ws", headers={"Host": host, "Origin": origin, "Connection": "Upgrade",
-                                         "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-                                         "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode()})
-        return c.getresponse().status
-    finally:
-        c.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Page:
@@ -144,7 +102,7 @@ def test_serve_in_headless_chromium(tmp_path):
 
     store = tmp_path / "web <b>.h5"  # the page's title carries the store's name: escaped by the template
     make_store(str(store), n_examples=6, L=3, seed=4)
-    port = _free_port()
+    port = free_port()
     # its own process group, stopped below as Ctrl-C in a terminal stops one: SIGINT to the whole group
     server = subprocess.Popen([sys.executable, "-m", "tui.cli", str(store), "--serve", "--port", str(port)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -158,7 +116,8 @@ def test_serve_in_headless_chromium(tmp_path):
     apps: list[int] = []
     try:
         line = server.stderr.readline()  # once listening
-        assert line.strip() == f"attr-tui: serving {store} on http://127.0.0.1:{port} (Ctrl-C stops it)", line
+        assert line.strip() == f"attr-tui: serving {store} on http://127.0.0.1:{port} to at most 4 tabs at once " \
+                               "(Ctrl-C stops it)", line
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
         driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": HOOK})
         driver.get(f"http://127.0.0.1:{port}/")
@@ -175,7 +134,7 @@ def test_serve_in_headless_chromium(tmp_path):
         # focused, as a user's click makes it: Textual shows the footer's keys only then
         driver.execute_script("document.querySelector('.xterm-helper-textarea').focus()")
         assert "q quit" in page.wait(lambda t: "q quit" in t.splitlines()[-1], 15).splitlines()[-1]
-        apps = _children(server.pid)
+        apps = children(server.pid)
         assert apps, "no app process for the tab"
         shot = os.environ.get(SCREENSHOT) or str(tmp_path / "page.png")
         assert driver.save_screenshot(shot) and Path(shot).read_bytes().startswith(b"\x89PNG")
@@ -192,8 +151,8 @@ def test_serve_in_headless_chromium(tmp_path):
         # a page of another site (or one that points its name at 127.0.0.1) may not open an app
         for origin, host in (("http://evil.example", f"127.0.0.1:{port}"),
                              (f"http://evil.example:{port}", f"evil.example:{port}")):
-            assert _handshake(port, origin, host) == 403
-        assert _children(server.pid) == apps  # no app started for them
+            assert handshake(port, origin, host) == 403
+        assert children(server.pid) == apps  # no app started for them
     finally:
         os.killpg(server.pid, signal.SIGINT)  # as Ctrl-C in the server's terminal, with the tab still open
         try:
@@ -207,7 +166,7 @@ def test_serve_in_headless_chromium(tmp_path):
     assert rc == 0, (rc, err)
     assert "Traceback" not in err + out and "KeyboardInterrupt" not in err + out, (out, err)
     time.sleep(0.5)
-    left = [p for p in apps if _alive(p)]
+    left = [p for p in apps if alive(p)]
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"app processes left after the server stopped: {left}"
@@ -215,7 +174,7 @@ def test_serve_in_headless_chromium(tmp_path):
 
 def test_serve_refuses_a_bad_store_before_listening(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tui.cli", str(tmp_path / "none.h5"), "--serve", "--port",
-                        str(_free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60)
+                        str(free_port())], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("attr-tui: error: store ") and "not found" in r.stderr
 
@@ -223,7 +182,7 @@ def test_serve_refuses_a_bad_store_before_listening(tmp_path):
 def test_serve_options_need_serve(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tui.cli", str(tmp_path / "none.h5"), "--port", "8000"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--host and --port go with --serve" in r.stderr
+    assert r.returncode == 2 and "--host, --port and --max-sessions go with --serve" in r.stderr
 
 
 def test_serve_reports_a_taken_port_in_one_line(tmp_path):
@@ -238,20 +197,6 @@ def test_serve_reports_a_taken_port_in_one_line(tmp_path):
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"attr-tui: error: cannot listen on 127.0.0.1:{port}: ")
     assert r.stderr.rstrip().endswith("choose another --port or --host")
-
-
-def test_only_the_servers_own_page_opens_an_app():
-    from tui.serve import tab_allowed
-
-    assert tab_allowed(None, "127.0.0.1:8000", loopback_only=True)  # no Origin: no browser page
-    for origin, host in (("http://127.0.0.1:8000", "127.0.0.1:8000"), ("http://localhost:9000", "localhost:9000"),
-                         ("http://[::1]:8000", "[::1]:8000")):
-        assert tab_allowed(origin, host, loopback_only=True), origin
-    for origin, host in (("http://evil.example", "127.0.0.1:8000"), ("null", "127.0.0.1:8000"),
-                         ("http://127.0.0.1:8001", "127.0.0.1:8000"), ("http://evil.example:8000", "evil.example:8000")):
-        assert not tab_allowed(origin, host, loopback_only=True), origin
-    assert tab_allowed("http://box.lan:8000", "box.lan:8000", loopback_only=False)  # --host 0.0.0.0: its own name
-    assert not tab_allowed("http://evil.example", "box.lan:8000", loopback_only=False)
 
 
 def test_a_tabs_app_gets_the_servers_options_and_debug(tmp_path):

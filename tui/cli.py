@@ -21,16 +21,21 @@ VERIFY_AT_OPEN_BYTES = 32 * 1000 * 1000
 
 #: Where --serve listens by default: this machine only (reach it from another through an SSH tunnel).
 SERVE_HOST, SERVE_PORT = "127.0.0.1", 8000
+#: How many browser tabs' apps --serve runs at once by default (each is a process of 40 MB or more).
+SERVE_MAX_SESSIONS = 4
 
 
-def _serve(store: str, host: str, port: int, color: str, colormap: str, debug: bool) -> None:
-    from .serve import serve
+def _serve(store: str, host: str, port: int, max_sessions: int, color: str, colormap: str, debug: bool) -> None:
+    from .serve import serve, tab_count
 
-    def listening(url: str) -> None:
-        click.echo(f"attr-tui: serving {store} on {url} (Ctrl-C stops it)", err=True)
+    def listening(url: str, token: bool) -> None:
+        only = ", only with this token" if token else ""
+        click.echo(f"attr-tui: serving {store} on {url} to at most {tab_count(max_sessions)} at once{only} "
+                   "(Ctrl-C stops it)", err=True)
 
     try:
-        serve(store, host, port, color=color, colormap=colormap, debug=debug, listening=listening)
+        serve(store, host, port, color=color, colormap=colormap, debug=debug, max_sessions=max_sessions,
+              listening=listening)
     except OSError as err:  # the address is taken, or not this machine's
         if debug:
             raise
@@ -71,12 +76,15 @@ class OneLineUsageErrors(click.Command):
 @click.option("--host", metavar="H", help=f"With --serve: the address to listen on  [default: {SERVE_HOST}].")
 @click.option("--port", metavar="P", type=click.IntRange(1, 65535),
               help=f"With --serve: the port to listen on  [default: {SERVE_PORT}].")
+@click.option("--max-sessions", metavar="N", type=click.IntRange(min=1),
+              help=f"With --serve: how many browser tabs' apps run at once; another tab is refused until one "
+                   f"closes  [default: {SERVE_MAX_SESSIONS}].")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 def main(store: str, color: str, colormap: str, serve: bool, host: str | None, port: int | None,
-         debug: bool) -> None:
+         max_sessions: int | None, debug: bool) -> None:
     """Browse the token attributions in STORE.h5 (written by attr-compute; it may still be writing)."""
-    if not serve and (host is not None or port is not None):
-        raise click.UsageError("--host and --port go with --serve")
+    if not serve and (host is not None or port is not None or max_sessions is not None):
+        raise click.UsageError("--host, --port and --max-sessions go with --serve")
 
     try:
         with warnings.catch_warnings():  # a newer-format note is shown inside the app (Store.warnings)
@@ -99,7 +107,8 @@ def main(store: str, color: str, colormap: str, serve: bool, host: str | None, p
         _fail(f"cannot open '{store}': {type(err).__name__}: {err}")
     if serve:  # the store opened: each tab's app opens it again
         s.close()
-        _serve(store, host or SERVE_HOST, port or SERVE_PORT, color, colormap, debug)
+        _serve(store, host or SERVE_HOST, port or SERVE_PORT, max_sessions or SERVE_MAX_SESSIONS, color, colormap,
+               debug)
         return
     from .app import create_app  # after argument parsing: `attr-tui --help` stays fast
 
