@@ -206,10 +206,12 @@ TOKENIZER_FILE = "tokenizer.json"  # the fast tokenizer's one file, which every 
 
 def _missing_tokenizer_files(directory: str, tokenizer_class: type) -> str | None:
     """None when ``directory`` holds a tokenizer: tokenizer.json, or every vocabulary file of ``tokenizer_class``
-    (vocab.txt; vocab.json and merges.txt; a sentencepiece model); else what it needs, for the message."""
-    if os.path.isfile(os.path.join(directory, TOKENIZER_FILE)):
+    (vocab.txt; vocab.json and merges.txt; a sentencepiece model), or the class reads none (bytes or characters,
+    ByT5, CANINE); else what it needs, for the message."""
+    files = list((getattr(tokenizer_class, "vocab_files_names", None) or {}).values())
+    if not files or os.path.isfile(os.path.join(directory, TOKENIZER_FILE)):
         return None
-    own = [f for f in (getattr(tokenizer_class, "vocab_files_names", None) or {}).values() if f != TOKENIZER_FILE]
+    own = [f for f in files if f != TOKENIZER_FILE]
     if own and all(os.path.isfile(os.path.join(directory, f)) for f in own):
         return None
     return TOKENIZER_FILE + (f", or {' and '.join(own)}" if own else "")

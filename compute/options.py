@@ -106,6 +106,7 @@ def existing_file(flag: str, value) -> Exception | None:
 # the store.
 DEFAULT_BATCH_SIZE = 32  # --batch-size's default, and auto's on CPU (memory is not probed there)
 DEFAULT_BATCH_TOKENS = 8192  # --batch-tokens' default: padded tokens per batch (examples x the longest)
+UNKNOWN_SAMPLE = 256  # --max-unknown-share: the first examples whose tokens it counts (about the first batches)
 
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("output", flags=("-o", "--output"), metavar="STORE.h5",
@@ -186,10 +187,10 @@ RUN_OPTIONS_AFTER_METHODS: tuple[Option, ...] = (
                 "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics."),
     # Not part of the resume identity: it changes no number, only whether the run is refused.
     Option("max_unknown_share", 0.5, type=float, show_default=True, metavar="S", check=between(0, 1),
-           help="Refuse a run where more than this share of the tokens of the first examples' texts are the "
-                "tokenizer's unknown token (a tokenizer that does not fit the model or the data, e.g. a model "
-                "directory without its tokenizer files); 1: never refused. Tokenizers without an unknown token "
-                "(byte-level BPE) are never refused."),
+           help=f"Refuse a run where more than this share of the tokens of the first {UNKNOWN_SAMPLE} examples' "
+                "texts are the tokenizer's unknown token (a tokenizer that does not fit the model or the data, e.g. "
+                "a model directory without its tokenizer files); 1: never refused. Tokenizers without an unknown "
+                "token (byte-level BPE) are never refused."),
     Option("allow_random_head", False, type=bool,
            help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
                 "random; refused otherwise). For testing only; recorded in the store."),

@@ -54,8 +54,9 @@ def test_a_model_directory_without_its_tokenizer_files_is_refused(tiny_model_dir
 
 
 def test_the_tokenizer_files_check_accepts_every_kind_of_saved_tokenizer(tmp_path):
-    """tokenizer.json alone, or the class's own vocabulary files (vocab.txt; vocab.json with merges.txt)."""
-    from transformers import BertTokenizer, GPT2Tokenizer
+    """tokenizer.json alone, or the class's own vocabulary files (vocab.txt; vocab.json with merges.txt), or none
+    for a class that reads none."""
+    from transformers import BertTokenizer, CanineTokenizer, GPT2Tokenizer
 
     from compute.models import _missing_tokenizer_files
 
@@ -70,6 +71,9 @@ def test_the_tokenizer_files_check_accepts_every_kind_of_saved_tokenizer(tmp_pat
     gpt2.mkdir()
     (gpt2 / "vocab.json").write_text("{}")
     assert _missing_tokenizer_files(str(gpt2), GPT2Tokenizer) == "tokenizer.json, or vocab.json and merges.txt"
+    (tmp_path / "empty").mkdir()
+    assert _missing_tokenizer_files(str(tmp_path / "empty"), CanineTokenizer) is None  # reads characters: no file
+    assert _missing_tokenizer_files(str(tmp_path / "empty"), BertTokenizer) == "tokenizer.json, or vocab.txt"
     (gpt2 / "merges.txt").write_text("")
     assert _missing_tokenizer_files(str(gpt2), GPT2Tokenizer) is None
     (gpt2 / "vocab.json").unlink()
@@ -98,9 +102,10 @@ def test_data_the_tokenizer_reads_as_unknown_tokens_is_refused(tiny_model_dirs, 
 
 
 def test_the_unknown_share_is_counted_on_the_first_examples_only(tiny_model_dirs, tmp_path):
-    from compute.models import load_model
-    from compute.run.load import UNKNOWN_SAMPLE, unknown_share_error
     from compute.data import Record
+    from compute.models import load_model
+    from compute.options import UNKNOWN_SAMPLE
+    from compute.run.load import unknown_share_error
 
     lm = load_model(str(tiny_model_dirs["bert"]), device=torch.device("cpu"))
     known = [Record(row=i, id=str(i), text="the movie", pair=None, label=0) for i in range(UNKNOWN_SAMPLE)]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from ..data import Dataset, load_dataset
 from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
+from ..options import UNKNOWN_SAMPLE
 from ..shards import ShardPlan, plan_shard, token_lengths
 from .plan import RunPlan
 from .progress import Progress
@@ -51,9 +52,6 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
         shard = plan_shard(cfg.shard, run_records, token_lengths(lm.tokenizer, run_records, limit))
         data = replace(data, records=run_records[shard.start:shard.stop])
     return Loaded(lm=lm, data=data, max_length=limit, shard=shard, run_records=run_records)
-
-
-UNKNOWN_SAMPLE = 256  # the first examples whose tokens --max-unknown-share counts (about the first batches)
 
 
 def unknown_share_error(tokenizer, records: list, max_share: float, max_length: int) -> AttrscopeError | None:
