@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .adapters import SUPPORTED_MODEL_TYPES, Adapter, adapter_for
 from .errors import AttrscopeError, UsageError
@@ -156,9 +159,23 @@ def _load_hf(spec: str, allow_random_head: bool = False, task: str = "auto"):
     auto_class = getattr(transformers, TASKS[task].auto_class)
     try:
         model, loading = auto_class.from_pretrained(spec, attn_implementation="eager", output_loading_info=True)
+    except (OSError, ValueError) as err:
+        raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        # a damaged or unsafe weights file: named if it is one of the directory's (else an internal error stays one)
+        bad = _bad_weights(spec if local else _hub_snapshot(spec))
+        if bad is None:
+            raise
+        raise bad from None
+    try:
         tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
+    needed = _missing_tokenizer_files(spec, type(tokenizer)) if local else None
+    if needed is not None:  # transformers then makes a tokenizer of the special tokens alone: every word [UNK]
+        raise AttrscopeError(
+            f"model directory '{spec}' lacks its tokenizer files (it needs {needed}): every word would be the "
+            "unknown token: save the tokenizer into it too (tokenizer.save_pretrained) or copy its files there")
     random_weights = _newly_initialised(loading)
     if random_weights and not allow_random_head:
         raise AttrscopeError(
@@ -182,6 +199,72 @@ def _load_hf(spec: str, allow_random_head: bool = False, task: str = "auto"):
         "random_head": random_weights or None,
     }
     return model, tokenizer, info, task
+
+
+TOKENIZER_FILE = "tokenizer.json"  # the fast tokenizer's one file, which every tokenizer class reads
+
+
+def _missing_tokenizer_files(directory: str, tokenizer_class: type) -> str | None:
+    """None when ``directory`` holds a tokenizer: tokenizer.json, or every vocabulary file of ``tokenizer_class``
+    (vocab.txt; vocab.json and merges.txt; a sentencepiece model), or the class reads none (bytes or characters,
+    ByT5, CANINE); else what it needs, for the message."""
+    files = list((getattr(tokenizer_class, "vocab_files_names", None) or {}).values())
+    if not files or os.path.isfile(os.path.join(directory, TOKENIZER_FILE)):
+        return None
+    own = [f for f in files if f != TOKENIZER_FILE]
+    if own and all(os.path.isfile(os.path.join(directory, f)) for f in own):
+        return None
+    return TOKENIZER_FILE + (f", or {' and '.join(own)}" if own else "")
+
+
+WEIGHTS_RULE = "attrscope loads only safetensors files or weights-only pickles"
+
+
+def _hub_snapshot(spec: str) -> str | None:
+    """The local directory of a hub model's downloaded files (None: not downloaded)."""
+    from transformers.utils import cached_file
+
+    try:
+        config = cached_file(spec, "config.json", local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    return os.path.dirname(config) if config else None
+
+
+def _bad_weights(directory: str | None) -> AttrscopeError | None:
+    """The error for the first of the directory's weights files that does not load as safetensors or as a
+    weights-only pickle (transformers reads the safetensors files when there are any), else None. A pickle is read
+    by torch's weights-only unpickler onto the meta device: nothing in it is run, no tensor is read."""
+    from safetensors import safe_open
+
+    if directory is None:
+        return None
+    here = Path(directory)
+    files = sorted(here.glob("model*.safetensors")) or sorted(here.glob("pytorch_model*.bin"))
+    for path in files:
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(path, framework="pt"):  # the header, checked against the file's size
+                    pass
+            else:
+                torch.load(path, map_location="meta", weights_only=True)
+        except pickle.UnpicklingError as err:
+            called = re.search(r"GLOBAL (\S+)", str(err))
+            if called is None:  # not a refused global: a damaged pickle
+                return _damaged(path, "a weights pickle", err)
+            return AttrscopeError(
+                f"weights file '{path}' is a pickle that would call {called.group(1)} when loaded, not only "
+                f"weights: refused, nothing in it was run; {WEIGHTS_RULE}: convert a checkpoint you trust to "
+                "safetensors (save_pretrained), or use the model's safetensors release")
+        except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as err:
+            return _damaged(path, "a safetensors file" if path.suffix == ".safetensors" else "a weights pickle", err)
+    return None
+
+
+def _damaged(path: Path, kind: str, err: Exception) -> AttrscopeError:
+    reason = _one_line(err).split(". ")[0][:120]  # torch's advice after the first sentence is not for the user
+    return AttrscopeError(f"weights file '{path}' is damaged (cut short, or not {kind}: {reason}); "
+                          f"{WEIGHTS_RULE}: save or download the model again")
 
 
 def _newly_initialised(loading: dict) -> list[str]:

@@ -66,6 +66,15 @@ def at_least(n: int, why: str = "") -> Callable[[str, Any], Exception | None]:
     return check
 
 
+def between(lo: float, hi: float) -> Callable[[str, Any], Exception | None]:
+    def check(flag: str, value):
+        if value is not None and not lo <= value <= hi:
+            return UsageError(f"{flag} must be between {lo} and {hi}, not {value}")
+        return None
+
+    return check
+
+
 def batch_size_value(text: str) -> int | str:
     """--batch-size N or auto."""
     if str(text).strip().lower() == "auto":
@@ -97,6 +106,7 @@ def existing_file(flag: str, value) -> Exception | None:
 # the store.
 DEFAULT_BATCH_SIZE = 32  # --batch-size's default, and auto's on CPU (memory is not probed there)
 DEFAULT_BATCH_TOKENS = 8192  # --batch-tokens' default: padded tokens per batch (examples x the longest)
+UNKNOWN_SAMPLE = 256  # --max-unknown-share: the first examples whose tokens it counts (about the first batches)
 
 RUN_OPTIONS: tuple[Option, ...] = (
     Option("output", flags=("-o", "--output"), metavar="STORE.h5",
@@ -175,6 +185,12 @@ RUN_OPTIONS_AFTER_METHODS: tuple[Option, ...] = (
     Option("metrics", metavar="LIST",
            help="Faithfulness metrics computed after the run (name or name@preset, e.g. "
                 "comprehensiveness,sufficiency,aopc@attcat); see attr-compute metrics."),
+    # Not part of the resume identity: it changes no number, only whether the run is refused.
+    Option("max_unknown_share", 0.5, type=float, show_default=True, metavar="S", check=between(0, 1),
+           help=f"Refuse a run where more than this share of the tokens of the first {UNKNOWN_SAMPLE} examples' "
+                "texts are the tokenizer's unknown token (a tokenizer that does not fit the model or the data, e.g. "
+                "a model directory without its tokenizer files); 1: never refused. Tokenizers without an unknown "
+                "token (byte-level BPE) are never refused."),
     Option("allow_random_head", False, type=bool,
            help="Run a checkpoint whose classification head is not trained (transformers initialises it at "
                 "random; refused otherwise). For testing only; recorded in the store."),

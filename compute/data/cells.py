@@ -20,7 +20,19 @@ def text_cell(row: dict, column: str, where: str) -> str:
             f"{where} has a value of type {type(value).__name__} in text column {column!r}, not text: "
             "pass --text-column with a text column"
         )
-    return value  # exactly as in the source: tokenizers and offsets depend on it
+    return clean_text(value)
+
+
+# C0 controls but tab, newline and carriage return (whitespace already), DEL and C1: BERT's tokenizers drop them,
+# fusing the words on either side ("nul\x00inside" -> nu ##lins ##ide). One space for one character, so that every
+# character offset of the source (evidence, answers, word indices) still points at the same text.
+_CONTROLS = {c: " " for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\t\n\r"}
+
+
+def clean_text(text: str) -> str:
+    """``text`` as in the source, its control characters made spaces: what is tokenised and what the store records
+    (its tokens' offsets are into it)."""
+    return text.translate(_CONTROLS)
 
 
 def record_id(row: dict, column: str | None, row_no: int) -> str:

@@ -8,7 +8,7 @@ import numbers
 
 from compute.errors import AttrscopeError
 
-from .cells import is_blank, show, text_cell
+from .cells import clean_text, is_blank, show, text_cell
 from .columns import CONTEXT_CANDIDATES, ID_CANDIDATES, QUESTION_CANDIDATES, ColumnFinder
 from .records import Record
 
@@ -63,6 +63,7 @@ def answer_cell(value, where: str, context: str) -> tuple[str | None, tuple[tupl
     if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, numbers.Integral):
         raise AttrscopeError(f"{where}: the first answer {show(text)} at {show(start)} is not an answer text and "
                              f"a whole number: {shape}")
+    text = clean_text(text)  # as its context was
     start = int(start)
     found = context[start:start + len(text)] if start >= 0 else ""
     if found != text:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from ..data import Dataset, load_dataset
 from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
+from ..options import UNKNOWN_SAMPLE
 from ..shards import ShardPlan, plan_shard, token_lengths
 from .plan import RunPlan
 from .progress import Progress
@@ -42,12 +43,36 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
     limit = max_length(cfg.max_length, lm)
+    unknown = unknown_share_error(lm.tokenizer, data.records, cfg.max_unknown_share, limit)
+    if unknown is not None:
+        raise unknown
     shard, run_records = None, None
     if cfg.shard is not None:  # cut after --limit, from the lengths the run will compute with
         run_records = data.records
         shard = plan_shard(cfg.shard, run_records, token_lengths(lm.tokenizer, run_records, limit))
         data = replace(data, records=run_records[shard.start:shard.stop])
     return Loaded(lm=lm, data=data, max_length=limit, shard=shard, run_records=run_records)
+
+
+def unknown_share_error(tokenizer, records: list, max_share: float, max_length: int) -> AttrscopeError | None:
+    """The error when more than ``max_share`` of the tokens of the first UNKNOWN_SAMPLE records' texts (and pair
+    texts) are the tokenizer's unknown token: a tokenizer that does not know the words is a wrong setup, not a result
+    (every example would read as [UNK]s). None for a tokenizer without an unknown token (byte-level BPE)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or max_share >= 1 or not records:
+        return None
+    sample = records[:UNKNOWN_SAMPLE]
+    texts = [r.text for r in sample] + [r.pair for r in sample if r.pair is not None]
+    ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=max_length, verbose=False)["input_ids"]
+    total = sum(map(len, ids))
+    unknown = sum(x.count(unk) for x in ids)
+    if total == 0 or unknown / total <= max_share:
+        return None
+    return AttrscopeError(
+        f"{unknown} of the {total} tokens ({unknown / total:.0%}) of the first {len(sample)} examples' texts are the "
+        f"unknown token '{tokenizer.unk_token}', more than --max-unknown-share allows (at most {max_share}): the "
+        "tokenizer does not know the data's words (is it the model's own, with its files?): fix the model directory "
+        "or the data, or pass --max-unknown-share 1 to run anyway")
 
 
 def task_options(cfg, task: str) -> dict:
