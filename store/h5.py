@@ -230,10 +230,13 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
                        compression="gzip", compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
     flat(f, schema.METRIC_NUMBERS, np.float32, schema.CHUNK_FLAT)
     flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
-    for d in (schema.example_datasets(True, True) + schema.token_datasets(evidence)
-              + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]
-              + schema.head_datasets(heads, n_layers, n_heads, heads_dtype)):
+    flats = schema.store_datasets(separate_ids=True, task_words=True, evidence=evidence,
+                                  layouts=[m.__dict__ for m in methods], num_labels=len(labels), heads=heads,
+                                  n_layers=n_layers, n_heads=n_heads, heads_dtype=heads_dtype)
+    for d in flats:
         flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
+    digests = flat(f, schema.DIGESTS, np.dtype(schema.DIGEST_DTYPE), schema.CHUNK_ROWS * len(flats), len(flats))
+    write_attr(digests, "datasets", json.dumps([d.path for d in flats]))  # the columns' order
 
 
 def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
