@@ -19,6 +19,7 @@ import numpy as np
 
 from . import schema
 from .attrs import write_attr
+from .digests import crcs
 from .errors import StoreError, StoreWriteError
 from .records import HeadMaskData, MetricData
 
@@ -269,8 +270,10 @@ def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
             parts.append(a.astype(np.float32).ravel())
             off += a.size
         r["k"] = k
+        digest = int(crcs(np.concatenate(parts), [off - num_end])[0])  # the record's numbers, one run (1.6)
         text = json.dumps({"settings": m.settings, "summary": m.summary, "higher_is_better": bool(m.higher_is_better),
-                           "description": m.description}, sort_keys=True, default=str).encode("utf-8")
+                           "description": m.description, "digest": digest}, sort_keys=True,
+                          default=str).encode("utf-8")
         r["text_off"], r["text_len"] = text_end, len(text)
         chunks += parts
         blobs.append(text)

@@ -277,8 +277,9 @@ class Store:
         complete = self.complete
         extent = self._extent_of(n) if n else schema.Extent()
         with self._reading("the dataset lengths") as f:
-            lengths = [(d.path, d.length(extent)) for d in self._flats] + ([(schema.DIGESTS, n)] if self._digest_col
-                                                                           else [])
+            lengths = [(d.path, d.length(extent)) for d in self._flats]
+            if self._digest_col:
+                lengths.append((schema.DIGESTS, n))
             for path, need in lengths:
                 have = f[path].shape[0] if path in f else -1
                 if have < need or (complete and have != need):
@@ -470,7 +471,7 @@ class Store:
         t1 = int(rows["tok_off"][-1]) + int(rows["n_tokens"][-1])
         path = schema.method_path(method, "scores")
         out = self._read(path, slice(t0, t1), t1 - t0)
-        self.check_digests(path, lo, rows["n_tokens"], out)
+        self.check_digests(path, max(lo, 0), rows["n_tokens"], out)
         return out
 
     def ids_range(self, lo: int, hi: int) -> list[str]:
@@ -641,14 +642,40 @@ class Store:
                     "summary": self._json_attr(a, "summary", what, {}),
                     "higher_is_better": bool(a.get("higher_is_better", True)),
                     "description": str(a.get("description", ""))}
-        off, ln = int(where["text_off"]), int(where["text_len"])
-        raw = self._read(schema.METRIC_TEXT, slice(off, off + ln), ln)
+        info = self._metric_json(where, what)
         try:
-            info = json.loads(bytes(raw).decode("utf-8"))
             return {"settings": dict(info["settings"]), "summary": dict(info["summary"]),
                     "higher_is_better": bool(info["higher_is_better"]), "description": str(info["description"])}
         except (ValueError, KeyError, TypeError) as err:
             raise damaged(self.path, what, err) from None
+
+    def _metric_json(self, row, what: str) -> dict:
+        off, ln = int(row["text_off"]), int(row["text_len"])
+        raw = self._read(schema.METRIC_TEXT, slice(off, off + ln), ln)
+        try:
+            info = json.loads(bytes(raw).decode("utf-8"))
+        except ValueError as err:
+            raise damaged(self.path, what, err) from None
+        if not isinstance(info, dict):
+            raise damaged(self.path, what, "its text is not a mapping")
+        return info
+
+    def check_metric_digest(self, method: str, name: str) -> None:
+        """A metric record's numbers (values, curves, levels, one run) are the ones written for it: StoreError
+        naming the metric otherwise. Nothing to check for a record without a digest (before 1.6) or format 1.2's
+        metric groups."""
+        kind, where = self._metric(method, name)
+        what = f"metric '{name}' of '{method}'"
+        digest = self._metric_json(where, what).get("digest") if kind == "record" else None
+        if digest is None:
+            return
+        n, k = int(where["n"]), int(where["k"])
+        size = n + n * k * sum(int(where[f"{key}_off"]) >= 0 for key in ("curves", "levels"))
+        off = int(where["values_off"])
+        numbers = self._read(schema.METRIC_NUMBERS, slice(off, off + size), size)
+        if int(crcs(numbers, [size])[0]) != digest:
+            raise damaged(self.path, what, "its numbers are not those written for it: their digest differs (data "
+                                           "moved or replaced in the file)")
 
     def metric_info(self, method: str, name: str) -> dict:
         """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""

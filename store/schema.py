@@ -61,9 +61,10 @@ Place (1.6): a chunk's checksum travels with it, so two chunks of one dataset sw
 complaint. /examples/digests binds each example's bytes in every per-example dataset (every ``Flat`` of
 ``store_datasets``: texts, ids, task words, tokens, method arrays, per-head attention) to its index row: the writer
 appends them in the commit, before the index rows; the reader checks an example's arrays as it reads them and
-store/verify.py all of them. Not covered (neither per example nor appended with the examples): the index itself
-(its rows are checked against each other), provenance, head masks and scale statistics (small, in checksummed
-object headers or written once), the metric records. A store without /examples/digests (before 1.6) has none.
+store/verify.py all of them. A metric record keeps the CRC-32 of its numbers (values, curves, levels: one run in
+/metric_records/numbers) as "digest" in its text, checked by verify. Not covered: the index itself (its rows are
+checked against each other and against the data's extent), provenance, head masks and scale statistics (written
+once, small: most in checksummed object headers), format 1.2's metric groups. A store before 1.6 has no digests.
 """
 
 from __future__ import annotations

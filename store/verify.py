@@ -49,6 +49,7 @@ def verify(s: Store, progress=None, slice_values: int = SLICE_VALUES) -> None:
         s.head_mask(name)
     for m in s.metric_methods:
         for name in s.metric_names(m):
+            s.check_metric_digest(m, name)
             s.metric_values(m, name)
             s.metric_info(m, name)
     if n:  # the last example whole: the path every consumer takes first

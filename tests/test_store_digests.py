@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 from cli_results import invoke, ok, one_line
 
-from store import ExampleData, MethodLayout, StoreError, StoreWriter, merge, open_store, schema, verify
+from store import (ExampleData, MethodLayout, MetricData, StoreError, StoreWriter, add_metrics, merge, open_store,
+                   schema, verify)
 from store import resume as resume_store
 
 L, H = 2, 2
@@ -229,6 +230,22 @@ def test_swapped_digest_chunks_are_refused(tmp_path):
     _make(path, n_examples=2200, heads="cls")
     swap_chunks(path, schema.DIGESTS)
     with open_store(path) as s, pytest.raises(StoreError, match="cannot be read .*digest"):
+        verify(s)
+
+
+def test_swapped_chunks_of_metric_numbers_are_refused(intact, tmp_path):
+    """A metric record's numbers (written by eval later) carry a digest in its text."""
+    path = tmp_path / "m.h5"
+    shutil.copy(intact, path)
+    rng = np.random.default_rng(3)
+    n = 400
+    add_metrics(str(path), [MetricData("rollout", name, _noise(rng, n, "f4"), {}, {}, True,
+                                       curves=_noise(rng, (n, 12), "f4"), levels=np.tile(np.arange(12), (n, 1)))
+                            for name in ("aopc", "lodds")])
+    with open_store(path) as s:
+        verify(s)
+    swap_chunks(path, schema.METRIC_NUMBERS)
+    with open_store(path) as s, pytest.raises(StoreError, match="metric 'aopc' of 'rollout' cannot be read .*digest"):
         verify(s)
 
 
