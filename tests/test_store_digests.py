@@ -258,7 +258,12 @@ def test_attr_tui_and_eval_refuse_swapped_chunks_in_one_line(intact, tmp_path, m
     shutil.copy(intact, path)
     swap_equal_chunks(path, schema.HEADS)
     opened = []  # an app that would start on the swapped store: recorded, not run
-    monkeypatch.setattr(tui.app, "create_app", lambda *a, **k: type("App", (), {"run": lambda self: opened.append(1)})())
+
+    class App:
+        def run(self):
+            opened.append(1)
+
+    monkeypatch.setattr(tui.app, "create_app", lambda *a, **k: App())
     res = CliRunner().invoke(tui_main, [str(path)])
     assert not opened
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
