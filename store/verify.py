@@ -4,8 +4,8 @@ through the reader's row checks, every text, metric, head mask and scale statist
 example's bytes in each per-example dataset through its digest (format 1.6: data moved inside the file, such as two
 chunks swapped, each with its own checksum, is refused).
 
-Memory stays bounded: the flat datasets are read a slice at a time. Time grows with the file (the bulk is
-decompressing the method arrays).
+Memory stays bounded: the flat datasets are read a slice at a time (whole examples' runs, so one example larger
+than a slice is read whole). Time grows with the file (the bulk is decompressing the method arrays).
 """
 
 from __future__ import annotations
