@@ -2,8 +2,8 @@
 
 Modules: schema (the layout, the one place that knows it), records (what a writer is given), writer (create,
 append, close), copying (resume, rewrite, merge), metrics (metrics added in place), reader (open_store, Store,
-Example), verify (read a whole store once), table (tabular views), scale (view statistics), integrity (safe
-opening), attrs, h5 (low-level writing), lock (one writer per store).
+Example), verify (read a whole store once), digests (each example's CRC-32 per dataset), table (tabular views),
+scale (view statistics), integrity (safe opening), attrs, h5 (low-level writing), lock (one writer per store).
 """
 
 from .copying import merge, resume

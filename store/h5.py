@@ -19,6 +19,7 @@ import numpy as np
 
 from . import schema
 from .attrs import write_attr
+from .digests import crcs
 from .errors import StoreError, StoreWriteError
 from .records import HeadMaskData, MetricData
 
@@ -230,10 +231,13 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
                        compression="gzip", compression_opts=schema.GZIP_LEVEL, shuffle=True, fletcher32=True)
     flat(f, schema.METRIC_NUMBERS, np.float32, schema.CHUNK_FLAT)
     flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
-    for d in (schema.example_datasets(True, True) + schema.token_datasets(evidence)
-              + [d for m in methods for d in schema.method_datasets(m.__dict__, len(labels))]
-              + schema.head_datasets(heads, n_layers, n_heads, heads_dtype)):
+    flats = schema.store_datasets(separate_ids=True, task_words=True, evidence=evidence,
+                                  layouts=[m.__dict__ for m in methods], num_labels=len(labels), heads=heads,
+                                  n_layers=n_layers, n_heads=n_heads, heads_dtype=heads_dtype)
+    for d in flats:
         flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
+    digests = flat(f, schema.DIGESTS, np.dtype(schema.DIGEST_DTYPE), schema.CHUNK_ROWS * len(flats), len(flats))
+    write_attr(digests, "datasets", json.dumps([d.path for d in flats]))  # the columns' order
 
 
 def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
@@ -266,8 +270,10 @@ def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
             parts.append(a.astype(np.float32).ravel())
             off += a.size
         r["k"] = k
+        digest = int(crcs(np.concatenate(parts), [off - num_end])[0])  # the record's numbers, one run (1.6)
         text = json.dumps({"settings": m.settings, "summary": m.summary, "higher_is_better": bool(m.higher_is_better),
-                           "description": m.description}, sort_keys=True, default=str).encode("utf-8")
+                           "description": m.description, "digest": digest}, sort_keys=True,
+                          default=str).encode("utf-8")
         r["text_off"], r["text_len"] = text_end, len(text)
         chunks += parts
         blobs.append(text)

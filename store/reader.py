@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 
 from . import schema
+from .digests import columns, crcs
 from .errors import StoreError
 from .attrs import read_attrs
 from .integrity import damaged, open_for_reading
@@ -52,6 +53,7 @@ class Store:
             with self._reading("the store header"):
                 self._read_header()
             self._blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+            self._digest_blocks: OrderedDict[int, np.ndarray] = OrderedDict()
             self._n = 0
             self._opened = False  # refresh() reopens the file from its second call on
             self._extent = schema.Extent()
@@ -169,10 +171,14 @@ class Store:
             raise damaged(self.path, "the per-head attention", f"heads '{self.heads}' with"
                                                                f"{'' if schema.HEADS in f else 'out'} /{schema.HEADS}")
         self.heads_dtype: str | None = str(f[schema.HEADS].dtype) if self.heads != "none" else None
-        self._flats = (schema.example_datasets(self._separate_ids, self._task_words)
-                       + schema.token_datasets(self._evidence)
-                       + [d for m in self._method_layouts.values() for d in schema.method_datasets(m, self.num_labels)]
-                       + schema.head_datasets(self.heads, self.n_layers, self.n_heads, self.heads_dtype or ""))
+        self._flats = schema.store_datasets(
+            separate_ids=self._separate_ids, task_words=self._task_words, evidence=self._evidence,
+            layouts=list(self._method_layouts.values()), num_labels=self.num_labels, heads=self.heads,
+            n_layers=self.n_layers, n_heads=self.n_heads, heads_dtype=self.heads_dtype or "")
+        try:  # each per-example dataset's column in /examples/digests (1.6; none before)
+            self._digest_col: dict[str, int] = {p: j for j, p in enumerate(columns(f) or ())}
+        except (KeyError, ValueError, TypeError) as err:
+            raise damaged(self.path, f"/{schema.DIGESTS}", err) from None
 
     def _layout_known(self, method: str) -> bool:
         """Whether this reader knows the layout version of ``method``'s group (a newer one: left out, with a warning)."""
@@ -258,7 +264,8 @@ class Store:
                 n = int(f[schema.INDEX].shape[0])
             if n != self._n or first:
                 self._check_extent(n)
-                self._blocks.pop((self._n - 1) // _BLOCK if self._n else 0, None)  # the old partial block
+                for blocks in (self._blocks, self._digest_blocks):  # the old partial block
+                    blocks.pop((self._n - 1) // _BLOCK if self._n else 0, None)
                 self._n = n
                 self._ids = self._id_rows = None
             self._catalogue = None
@@ -270,11 +277,13 @@ class Store:
         complete = self.complete
         extent = self._extent_of(n) if n else schema.Extent()
         with self._reading("the dataset lengths") as f:
-            for d in self._flats:
-                have = f[d.path].shape[0] if d.path in f else -1
-                need = d.length(extent)
+            lengths = [(d.path, d.length(extent)) for d in self._flats]
+            if self._digest_col:
+                lengths.append((schema.DIGESTS, n))
+            for path, need in lengths:
+                have = f[path].shape[0] if path in f else -1
                 if have < need or (complete and have != need):
-                    raise damaged(self.path, f"/{d.path}", f"{max(have, 0)} entries where the {n} committed "
+                    raise damaged(self.path, f"/{path}", f"{max(have, 0)} entries where the {n} committed "
                                                           f"examples of the {'complete ' if complete else ''}store "
                                                           f"need {need}")
         if complete:
@@ -327,6 +336,42 @@ class Store:
         if len(self._blocks) > _BLOCKS_KEPT:
             self._blocks.popitem(last=False)
         return rows
+
+    def digest_rows(self, lo: int, hi: int) -> np.ndarray | None:
+        """Rows [lo, hi) of /examples/digests ([hi - lo, K] CRC-32s, the columns of ``self._digest_col``; read in
+        blocks), None for a store without digests (before format 1.6)."""
+        if not self._digest_col:
+            return None
+        parts = []
+        with self._lock:
+            for b in range(lo // _BLOCK, (hi - 1) // _BLOCK + 1):
+                rows = self._digest_blocks.get(b)
+                if rows is None:
+                    a, z = b * _BLOCK, min((b + 1) * _BLOCK, self._n)
+                    rows = self._read(schema.DIGESTS, slice(a, z), (z - a) * len(self._digest_col)).reshape(z - a, -1)
+                    self._digest_blocks[b] = rows
+                    if len(self._digest_blocks) > _BLOCKS_KEPT:
+                        self._digest_blocks.popitem(last=False)
+                else:
+                    self._digest_blocks.move_to_end(b)
+                parts.append(rows)
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        first = (lo // _BLOCK) * _BLOCK
+        return out[lo - first:hi - first]
+
+    def check_digests(self, path: str, lo: int, counts, values: np.ndarray) -> None:
+        """``values`` of dataset ``path``, read as stored, are the runs of examples lo, lo + 1, ... (``counts`` rows
+        each): StoreError naming the dataset and the first example whose bytes are not the ones written for it
+        (data moved or replaced inside the file: two chunks swapped keep their own checksums). Nothing to check in
+        a store without digests."""
+        col = self._digest_col.get(path)
+        if col is None or not len(counts):
+            return
+        want = self.digest_rows(lo, lo + len(counts))[:, col]
+        bad = np.flatnonzero(crcs(values, counts) != want)
+        if len(bad):
+            raise damaged(self.path, f"/{path}", f"example {lo + int(bad[0])}'s bytes are not those written for it: "
+                                                 "their digest differs (data moved or replaced in the file)")
 
     def _check_rows(self, r: np.ndarray, start: int) -> None:
         """Index rows [start, start + len(r)) agree with each other, the labels and the datasets' extent."""
@@ -392,8 +437,10 @@ class Store:
             yield self[i]
 
     # ------------------------------------------------------------------ ids and texts
-    def _strings(self, path: str, offs: np.ndarray, lens: np.ndarray, what: str) -> list[str | None]:
-        """Decode the (offset, length) pieces of a byte dataset, reading the covering range once."""
+    def _strings(self, path: str, offs: np.ndarray, lens: np.ndarray, what: str,
+                 example: int | None = None) -> list[str | None]:
+        """Decode the (offset, length) pieces of a byte dataset, reading the covering range once. ``example``: the
+        pieces are all of that example's bytes in ``path``, checked against its digest."""
         if not len(offs):
             return []
         present = lens >= 0
@@ -401,7 +448,10 @@ class Store:
             return [None] * len(offs)
         lo = int(offs[present].min())
         hi = int((offs + np.maximum(lens, 0))[present].max())
-        blob = bytes(self._read(path, slice(lo, hi), hi - lo))
+        raw = self._read(path, slice(lo, hi), hi - lo)
+        if example is not None:
+            self.check_digests(path, example, [hi - lo], raw)
+        blob = bytes(raw)
         try:
             return [blob[o - lo:o - lo + n].decode("utf-8") if n >= 0 else None
                     for o, n in zip(offs.tolist(), lens.tolist())]
@@ -419,7 +469,10 @@ class Store:
             return np.zeros(0, dtype=np.float32)
         t0 = int(rows["tok_off"][0])
         t1 = int(rows["tok_off"][-1]) + int(rows["n_tokens"][-1])
-        return self._read(schema.method_path(method, "scores"), slice(t0, t1), t1 - t0)
+        path = schema.method_path(method, "scores")
+        out = self._read(path, slice(t0, t1), t1 - t0)
+        self.check_digests(path, max(lo, 0), rows["n_tokens"], out)
+        return out
 
     def ids_range(self, lo: int, hi: int) -> list[str]:
         """The ids of examples [lo, hi) (reads only their bytes)."""
@@ -589,14 +642,40 @@ class Store:
                     "summary": self._json_attr(a, "summary", what, {}),
                     "higher_is_better": bool(a.get("higher_is_better", True)),
                     "description": str(a.get("description", ""))}
-        off, ln = int(where["text_off"]), int(where["text_len"])
-        raw = self._read(schema.METRIC_TEXT, slice(off, off + ln), ln)
+        info = self._metric_json(where, what)
         try:
-            info = json.loads(bytes(raw).decode("utf-8"))
             return {"settings": dict(info["settings"]), "summary": dict(info["summary"]),
                     "higher_is_better": bool(info["higher_is_better"]), "description": str(info["description"])}
         except (ValueError, KeyError, TypeError) as err:
             raise damaged(self.path, what, err) from None
+
+    def _metric_json(self, row, what: str) -> dict:
+        off, ln = int(row["text_off"]), int(row["text_len"])
+        raw = self._read(schema.METRIC_TEXT, slice(off, off + ln), ln)
+        try:
+            info = json.loads(bytes(raw).decode("utf-8"))
+        except ValueError as err:
+            raise damaged(self.path, what, err) from None
+        if not isinstance(info, dict):
+            raise damaged(self.path, what, "its text is not a mapping")
+        return info
+
+    def check_metric_digest(self, method: str, name: str) -> None:
+        """A metric record's numbers (values, curves, levels, one run) are the ones written for it: StoreError
+        naming the metric otherwise. Nothing to check for a record without a digest (before 1.6) or format 1.2's
+        metric groups."""
+        kind, where = self._metric(method, name)
+        what = f"metric '{name}' of '{method}'"
+        digest = self._metric_json(where, what).get("digest") if kind == "record" else None
+        if digest is None:
+            return
+        n, k = int(where["n"]), int(where["k"])
+        size = n + n * k * sum(int(where[f"{key}_off"]) >= 0 for key in ("curves", "levels"))
+        off = int(where["values_off"])
+        numbers = self._read(schema.METRIC_NUMBERS, slice(off, off + size), size)
+        if int(crcs(numbers, [size])[0]) != digest:
+            raise damaged(self.path, what, "its numbers are not those written for it: their digest differs (data "
+                                           "moved or replaced in the file)")
 
     def metric_info(self, method: str, name: str) -> dict:
         """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""
@@ -757,21 +836,31 @@ class Example:
         return example_html(self)
 
     # metadata ------------------------------------------------------------------
-    def _string(self, path: str, key: str, what: str) -> str | None:
-        return self._s._strings(path, np.array([self._row[f"{key}_off"]]), np.array([self._row[f"{key}_len"]]),
-                                what)[0]
+    def _string(self, path: str, keys: tuple[str, ...], what: str) -> list[str | None]:
+        return self._s._strings(path, np.array([self._row[f"{k}_off"] for k in keys]),
+                                np.array([self._row[f"{k}_len"] for k in keys]), what, self.index)
+
+    def _read(self, path: str, sel: slice, size: int) -> np.ndarray:
+        """This example's run of ``path`` (all of it), read and checked against its digest."""
+        out = self._s._read(path, sel, size)
+        self._s.check_digests(path, self.index, [len(out)], out)
+        return out
 
     @cached_property
     def id(self) -> str:
-        return self._string(self._s._id_path(), "id", "the example ids")
+        return self._string(self._s._id_path(), ("id",), "the example ids")[0]
 
     @cached_property
+    def _texts(self) -> list[str | None]:
+        return self._string(schema.STRINGS, ("text", "pair"), "the example texts")  # one run: checked together
+
+    @property
     def text(self) -> str:
-        return self._string(schema.STRINGS, "text", "the example texts")
+        return self._texts[0]
 
-    @cached_property
+    @property
     def pair(self) -> str | None:
-        return self._string(schema.STRINGS, "pair", "the example texts")
+        return self._texts[1]
 
     @property
     def row(self) -> int:
@@ -849,7 +938,7 @@ class Example:
         off, ln = int(self._row["task_off"]), int(self._row["task_len"])
         if ln == 0:
             return {}
-        raw = self._s._read(schema.TASK_WORDS, slice(off, off + ln), ln)
+        raw = self._read(schema.TASK_WORDS, slice(off, off + ln), ln)
         try:
             words = json.loads(bytes(raw).decode("utf-8"))
         except ValueError as err:
@@ -884,7 +973,7 @@ class Example:
 
     # tokens --------------------------------------------------------------------
     def _tokens_of(self, name: str) -> np.ndarray:
-        return self._s._read(name, self._tok, self.n_tokens * (2 if name == schema.TOKEN_SPANS else 1))
+        return self._read(name, self._tok, self.n_tokens * (2 if name == schema.TOKEN_SPANS else 1))
 
     @cached_property
     def token_ids(self) -> np.ndarray:
@@ -896,7 +985,7 @@ class Example:
         lens = self._tokens_of(schema.TOKEN_STR_LEN)
         if (lens < 0).any() or (np.diff(off) != lens[:-1]).any():
             raise damaged(self._s.path, "/tokens/str_off", f"token strings of example {self.index} overlap")
-        return self._s._strings(schema.TOKEN_STRINGS, off, lens, "the token strings")
+        return self._s._strings(schema.TOKEN_STRINGS, off, lens, "the token strings", self.index)
 
     @cached_property
     def spans(self) -> np.ndarray:
@@ -921,7 +1010,7 @@ class Example:
     def scores(self, method: str) -> np.ndarray:
         """Final attribution [n]."""
         self._method(method)
-        return self._s._read(schema.method_path(method, "scores"), self._tok, self.n_tokens)
+        return self._read(schema.method_path(method, "scores"), self._tok, self.n_tokens)
 
     def layer_scores(self, method: str) -> np.ndarray | None:
         """Per-layer view [V, n] (e.g. the CLS row of the rollout up to layer l), or None for methods without one."""
@@ -929,8 +1018,8 @@ class Example:
         if not v:
             return None
         start, size = self._tok.start * v, v * self.n_tokens
-        return self._s._read(schema.method_path(method, "layer_scores"), slice(start, start + size),
-                             size).reshape(v, self.n_tokens)
+        return self._read(schema.method_path(method, "layer_scores"), slice(start, start + size),
+                          size).reshape(v, self.n_tokens)
 
     def matrices(self, method: str) -> np.ndarray | None:
         """Per-layer token-to-token matrices as float32: [L, n, n] (``--matrices all``), [L, 1, n] (only the row
@@ -942,7 +1031,7 @@ class Example:
         rows = n if mode == "all" else 1
         start = (int(self._row["sq_off"]) if mode == "all" else self._tok.start) * L
         size = L * rows * n
-        m = self._s._read(schema.method_path(method, "matrices"), slice(start, start + size), size)
+        m = self._read(schema.method_path(method, "matrices"), slice(start, start + size), size)
         return m.astype(np.float32).reshape(L, rows, n)
 
     def heads(self) -> np.ndarray | None:
@@ -955,7 +1044,7 @@ class Example:
         rows = n if mode == "all" else 1
         start = (int(self._row["sq_off"]) if mode == "all" else self._tok.start) * L * H
         size = L * H * rows * n
-        a = self._s._read(schema.HEADS, slice(start, start + size), size).astype(np.float32)
+        a = self._read(schema.HEADS, slice(start, start + size), size).astype(np.float32)
         return a.reshape(L, H, n, n) if mode == "all" else a.reshape(L, H, n)
 
     def head_rows(self) -> np.ndarray | None:
@@ -972,14 +1061,14 @@ class Example:
             return None
         C = self._s.num_labels
         start, size = self._tok.start * C, C * self.n_tokens
-        return self._s._read(schema.method_path(method, "class_scores"), slice(start, start + size),
-                             size).reshape(C, self.n_tokens)
+        return self._read(schema.method_path(method, "class_scores"), slice(start, start + size),
+                          size).reshape(C, self.n_tokens)
 
     def example_values(self, method: str) -> dict[str, float]:
         """The method's per-example scalars, e.g. {"ig_delta": ...} for integrated gradients ({} for most methods)."""
         lay = self._method(method)
-        return {key: float(self._s._read(schema.method_path(method, f"example_values/{key}"),
-                                         slice(self.index, self.index + 1), 1)[0])
+        return {key: float(self._read(schema.method_path(method, f"example_values/{key}"),
+                                      slice(self.index, self.index + 1), 1)[0])
                 for key in lay.get("example_values", ())}
 
     def __repr__(self) -> str:

@@ -4,7 +4,7 @@ derive their datasets from here. README "Store schema" documents it for users.
 
 Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
 the task: root attr task, the index's task fields and /examples/task, 1.5 the per-head attention: root attr heads,
-/heads/attention):
+/heads/attention, 1.6 /examples/digests):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete),
@@ -12,6 +12,8 @@ the task: root attr task, the index's task fields and /examples/task, 1.5 the pe
                            1.5; absent: no per-head attention)
     /provenance            uint8   full run configuration as UTF-8 JSON (attributes are limited to 64 KiB)
     /examples/index        compound rows, one per committed example (index_dtype); appending them is the commit
+    /examples/digests      uint32  [N, K] per example, the CRC-32 of its bytes in each of the K per-example datasets
+                                   named by the attr ``datasets`` (JSON list, in column order) (1.6)
     /examples/ids          uint8   example ids, UTF-8, addressed by (id_off, id_len) of the index row (1.3; before
                                    1.3 the ids lived in /examples/strings beside the texts)
     /examples/strings      uint8   texts and pair texts, UTF-8, addressed by (text_off, text_len), (pair_off, pair_len)
@@ -54,6 +56,15 @@ Integrity (1.3): every dataset carries HDF5's fletcher32 checksum (chunked datas
 object header (compact layout, for scalars and tiny arrays), and every chunked dataset is gzip-compressed, so a
 flipped byte or a zeroed block is reported as damage instead of being read as numbers. With libver "latest" all of
 HDF5's own metadata is checksummed as well.
+
+Place (1.6): a chunk's checksum travels with it, so two chunks of one dataset swapped in the file read without a
+complaint. /examples/digests binds each example's bytes in every per-example dataset (every ``Flat`` of
+``store_datasets``: texts, ids, task words, tokens, method arrays, per-head attention) to its index row: the writer
+appends them in the commit, before the index rows; the reader checks an example's arrays as it reads them and
+store/verify.py all of them. A metric record keeps the CRC-32 of its numbers (values, curves, levels: one run in
+/metric_records/numbers) as "digest" in its text, checked by verify. Not covered: the index itself (its rows are
+checked against each other and against the data's extent), provenance, head masks and scale statistics (written
+once, small: most in checksummed object headers), format 1.2's metric groups. A store before 1.6 has no digests.
 """
 
 from __future__ import annotations
@@ -63,8 +74,9 @@ from dataclasses import dataclass
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.5.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
-# 1.4: the task (root attr, index fields target_token .. task_len, /examples/task), 1.5: /heads/attention
+ENCODING_VERSION = "1.6.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
+# 1.4: the task (root attr, index fields target_token .. task_len, /examples/task), 1.5: /heads/attention,
+# 1.6: /examples/digests
 METHOD_ENCODING_TYPE = "attrscope-method"
 # What one method group holds (scores, layer_scores, matrices, class_scores, example_values, scale), versioned per
 # group: a change to one method's layout bumps it there, and a reader that does not know the new version leaves that
@@ -101,6 +113,8 @@ METRIC_NUMBERS = "metric_records/numbers"
 METRIC_TEXT = "metric_records/text"
 PROVENANCE = "provenance"
 INDEX = "examples/index"
+DIGESTS = "examples/digests"
+DIGEST_DTYPE = "<u4"
 IDS = "examples/ids"
 STRINGS = "examples/strings"
 TASK_WORDS = "examples/task"
@@ -268,6 +282,28 @@ class Flat:
     def length(self, extent: Extent) -> int:
         return getattr(extent, self.per) * self.times
 
+    def example_rows(self, rows: np.ndarray, first: int,
+                     token_strings: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Where the examples of index ``rows`` (current dtype; the first is example ``first``) lie in this dataset:
+        (start, count) of each one's contiguous run of its rows. ``token_strings``: the examples' (start, count) in
+        /tokens/strings, read by the caller from /tokens/str_off and str_len (needed for that dataset only)."""
+        n = rows["n_tokens"].astype(np.int64)
+        if self.per == "tokens":
+            start, count = rows["tok_off"], n
+        elif self.per == "squares":
+            start, count = rows["sq_off"], n * n
+        elif self.per == "examples":
+            start, count = first + np.arange(len(rows), dtype=np.int64), np.ones(len(rows), dtype=np.int64)
+        elif self.per == "ids_bytes":
+            start, count = rows["id_off"], rows["id_len"]
+        elif self.per == "string_bytes":  # the text, then the pair text (the writer lays them so)
+            start, count = rows["text_off"], np.maximum(rows["text_len"], 0) + np.maximum(rows["pair_len"], 0)
+        elif self.per == "task_bytes":
+            start, count = rows["task_off"], rows["task_len"]
+        else:
+            start, count = token_strings
+        return np.asarray(start, np.int64) * self.times, np.asarray(count, np.int64) * self.times
+
 
 def token_datasets(evidence: bool) -> list[Flat]:
     out = [Flat(TOKEN_IDS, "int32", "tokens"), Flat(TOKEN_SPANS, "int32", "tokens", width=2),
@@ -310,6 +346,14 @@ def head_datasets(mode: str, n_layers: int, n_heads: int, dtype: str) -> list[Fl
     if mode == "none":
         return []
     return [Flat(HEADS, dtype, "squares" if mode == "all" else "tokens", n_layers * n_heads, chunk=CHUNK_MATRIX)]
+
+
+def store_datasets(*, separate_ids: bool, task_words: bool, evidence: bool, layouts: list[dict], num_labels: int,
+                   heads: str, n_layers: int, n_heads: int, heads_dtype: str) -> list[Flat]:
+    """Every per-example flat dataset of a store, in one order: the columns of /examples/digests (1.6)."""
+    return (example_datasets(separate_ids, task_words) + token_datasets(evidence)
+            + [d for m in layouts for d in method_datasets(m, num_labels)]
+            + head_datasets(heads, n_layers, n_heads, heads_dtype))
 
 
 def extent_of_last_row(row: np.void | None, n_examples: int, separate_ids: bool, token_string_end: int) -> Extent:

@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from . import schema
+from .digests import columns, crcs
 from .attrs import read_attrs, write_attr
 from .compact import compact
 from .errors import StoreError, StoreWriteError, committed_kept
@@ -54,6 +55,12 @@ class StoreWriter:
         self.task: dict = json.loads(read_attrs(f).get("task") or json.dumps(schema.DEFAULT_TASK))
         self.heads: str = read_attrs(f).get("heads", "none")  # per-head attention kept: none, cls or all
         self._model_shape = (int(read_attrs(f)["n_layers"]), int(read_attrs(f)["n_heads"]))
+        # The per-example datasets each commit adds a digest of (format 1.6; a resumed store is rewritten in it).
+        flats = {d.path: d for d in schema.store_datasets(
+            separate_ids=True, task_words=True, evidence=self._evidence, num_labels=self.num_labels,
+            layouts=[m.__dict__ for m in self.methods.values()], heads=self.heads, n_layers=self._model_shape[0],
+            n_heads=self._model_shape[1], heads_dtype=str(f[schema.HEADS].dtype) if self.heads != "none" else "")}
+        self._digested = [flats[p] for p in columns(f) or ()]
         idx = f[schema.INDEX]
         self.n_committed = int(idx.shape[0])
         last = idx[self.n_committed - 1] if self.n_committed else None
@@ -181,15 +188,19 @@ class StoreWriter:
         order: dict = {}  # rows -> _block_order(rows, n), shared by the methods
         methods = {name: self._method_arrays(name, layout, examples, n, order) for name, layout in self.methods.items()}
         heads = self._heads_arrays(examples, n) if self.heads != "none" else []
+        data = {schema.IDS: np.frombuffer(b"".join(ids), dtype=np.uint8),
+                schema.STRINGS: np.frombuffer(b"".join(strings), dtype=np.uint8),
+                schema.TOKEN_STRINGS: np.frombuffer(tok_strings, dtype=np.uint8),
+                schema.TASK_WORDS: np.frombuffer(b"".join(task_words), dtype=np.uint8),
+                **tok_cols, **dict(pair for arrays in methods.values() for pair in arrays), **dict(heads)}
+        first = np.cumsum(n) - n  # each example's first token in the batch
+        data = {path: np.asarray(values, self._d(path).dtype) for path, values in data.items()}  # digested as stored
+        digests = self._digests(data, rows, (str_off[first], np.add.reduceat(str_len, first)))
         try:
-            append(self._d(schema.IDS), np.frombuffer(b"".join(ids), dtype=np.uint8))
-            append(self._d(schema.STRINGS), np.frombuffer(b"".join(strings), dtype=np.uint8))
-            append(self._d(schema.TOKEN_STRINGS), np.frombuffer(tok_strings, dtype=np.uint8))
-            append(self._d(schema.TASK_WORDS), np.frombuffer(b"".join(task_words), dtype=np.uint8))
-            for path, values in tok_cols.items():
+            for path, values in data.items():
                 append(self._d(path), values)
-            for path, values in [pair for arrays in methods.values() for pair in arrays] + heads:
-                append(self._d(path), values)
+            if digests is not None:
+                append(self._d(schema.DIGESTS), digests)
             # Data first, then the rows that make it visible: a reader never sees a row whose data is missing.
             f.flush()
             append(self._d(schema.INDEX), rows)
@@ -201,6 +212,17 @@ class StoreWriter:
         self.n_committed += len(examples)
         self._extent = schema.Extent(examples=self.n_committed, tokens=tok_end, squares=sq_end, ids_bytes=id_end,
                                      string_bytes=str_end, token_string_bytes=tokstr_end, task_bytes=task_end)
+
+    def _digests(self, data: dict[str, np.ndarray], rows: np.ndarray,
+                 token_strings: tuple[np.ndarray, np.ndarray]) -> np.ndarray | None:
+        """The batch's rows of /examples/digests: each example's CRC-32 in each digested dataset (None: a store
+        without digests). The batch's values of a dataset are its examples' runs one after the other."""
+        if not self._digested:
+            return None
+        out = np.empty((len(rows), len(self._digested)), dtype=schema.DIGEST_DTYPE)
+        for j, d in enumerate(self._digested):
+            out[:, j] = crcs(data[d.path], d.example_rows(rows, self.n_committed, token_strings)[1])
+        return out
 
     def _d(self, path: str) -> h5py.Dataset:
         ds = self._ds.get(path)
