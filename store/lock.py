@@ -7,6 +7,7 @@ HDF5's own file locks are off in this package (store/writer.py says why), and th
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -69,14 +70,22 @@ def _take(lock: str, path: str, me: dict) -> None:
             raise StoreError(f"store '{path}' is being written by {_who(holder)} (lock file '{lock}'): wait for it "
                              "to finish, or remove the lock file if that process is gone") from None
         except OSError as err:
-            doing = "write" if os.path.exists(path) else "create"
-            raise StoreError(f"cannot {doing} store '{path}': its lock file '{lock}' cannot be made "
-                             f"({err.strerror or err}): check the directory and its permissions, or choose another "
-                             f"output (-o, OUT)") from None
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(me))
+            raise _unmade(path, lock, err) from None
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(me))
+        except OSError as err:  # a full disk: the file was made, its holder not written
+            os.remove(lock)
+            raise _unmade(path, lock, err) from None
         return
     raise StoreError(f"store '{path}': its lock file '{lock}' keeps changing hands: try again")
+
+
+def _unmade(path: str, lock: str, err: OSError) -> StoreError:
+    doing = "write" if os.path.exists(path) else "create"
+    fix = "free space" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "check the directory and its permissions"
+    return StoreError(f"cannot {doing} store '{path}': its lock file '{lock}' cannot be made ({err.strerror or err}): "
+                      f"{fix}, or choose another output (-o, OUT)")
 
 
 def _read(lock: str) -> dict | None:

@@ -283,3 +283,25 @@ def test_export_on_a_full_disk_says_one_line_and_leaves_nothing(tmp_path):
     assert done.stderr.strip() == (f"attr-compute: error: cannot write '{out}': File too large: nothing was written "
                                    f"('{out}' is as it was); free space and export again"), done.stderr[-3000:]
     assert list(out.parent.iterdir()) == []
+
+
+def test_a_full_disk_refuses_the_lock_in_one_line_and_leaves_no_lock(small_tmpfs):
+    """eval on a store of a full disk: the lock file is made but its holder cannot be written (it was an internal
+    error, OSError ENOSPC)."""
+    from store.errors import StoreError
+    from store.lock import lock_path, writer_lock
+
+    store = small_tmpfs / "s.h5"
+    with open(small_tmpfs / "filler", "wb") as fh:  # every block of the disk taken
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    with pytest.raises(StoreError) as err:
+        with writer_lock(str(store)):
+            pass
+    assert str(err.value) == (f"cannot create store '{store}': its lock file '{lock_path(str(store))}' cannot be "
+                              f"made ({os.strerror(28)}): free space, or choose another output (-o, OUT)")
+    assert not os.path.exists(lock_path(str(store)))
