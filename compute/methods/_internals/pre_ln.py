@@ -15,6 +15,7 @@ from torch import nn
 
 from ...adapters import Adapter
 from ...errors import AttrscopeError
+from .decomposition import LayerParts
 
 
 def _call(module: nn.Module, u: torch.Tensor) -> torch.Tensor:
@@ -47,6 +48,14 @@ def check_known(adapter: Adapter, method: str) -> None:
     mlp_output_norm(adapter, layer)
 
 
+def check_final_norm(adapter: Adapter, method: str) -> None:
+    """One line where a pre-LN model has no final norm described (the methods that read the final representation)."""
+    check_known(adapter, method)
+    if adapter.final_norm() is None:
+        raise AttrscopeError(f"method '{method}' reads the final norm before the head, which the "
+                             f"'{adapter.config.model_type}' block description does not name (compute/adapters/)")
+
+
 class BlockSteps:
     """The steps of layer ``l`` (0-based) of a pre-LN model."""
 
@@ -74,3 +83,12 @@ class BlockSteps:
             y = _call(self.out_norm, y)
         return y.view(*lead, *y.shape[-2:])
 
+
+def with_final_output(p: LayerParts, adapter: Adapter) -> LayerParts:
+    """``p`` with ``out`` set where it holds the model's last layer: that layer's real output before the final norm,
+    h + its MLP step (the capture's last hidden state is the final norm's output)."""
+    if p.has_last:
+        x, t = (p.x[-1], p.t[-1]) if p.stacked else (p.x, p.t)
+        steps = BlockSteps(adapter, adapter.n_layers - 1)
+        p.out = t + steps.mlp_step(x if steps.parallel else t)
+    return p
