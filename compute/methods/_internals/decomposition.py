@@ -77,8 +77,8 @@ class LayerWeights:
 
     def kind_weight(self, kind: str) -> torch.Tensor:
         """[L, d, d]: W_O ("n", "res"; gamma_o W_O behind an attention-output RMSNorm), gamma1 P W_O ("resln"),
-        gamma2 P gamma1 P W_O ("enc"); pre-LN: the final norm's gamma_f P (gamma_f without P for RMSNorm) times
-        "res"'s ("final"), and "res"'s with the last layer's "final" ("glob")."""
+        gamma2 P gamma1 P W_O ("enc"); pre-LN: "res"'s, the last layer's times the final norm's gamma_f P (gamma_f
+        without P for RMSNorm) ("glob"; "final": every layer's times it)."""
         if kind in ("n", "res"):
             if self.gamma_o is None:
                 return self.W_O
@@ -230,7 +230,7 @@ class LayerParts:
     memo: dict | None = None  # the batch's memo (Captured.memo): results shared by the methods of one batch
     by_kind: dict = field(default_factory=dict, repr=False)  # operand_weights per kind, for this instance
     # [B, n, d] the last layer's output before the final norm of a pre-LN model, which the capture hides (set by
-    # compute.methods._internals.pre_ln.with_final_output where these parts hold the last layer; "final", "glob")
+    # compute.methods._internals.pre_ln.with_final_output where these parts hold the last layer; kind "glob")
     out: torch.Tensor | None = None
 
     @property
@@ -456,9 +456,8 @@ def operand_weights(p: LayerParts, kind: str):
         "res"    z+_{i<-j}                          (N_RES)
         "resln"  T_i(x_j) = gamma1 P z+ / sigma1_i  (N_RESLN, ALTI)
         "enc"    x~_{i<-j} = gamma2 P T / sigma2_i  (N_ENC, GlobEnc)
-        "final"  gamma_f P z+_{i<-j} / sigma_f,i     (the last layer's "res" vectors through the final norm; RMSNorm
-                                                     without P)
-        "glob"   "res" below the last layer, "final" in it (pre-LN GlobEnc, docs/methods.md 6.1)
+        "glob"   z+_{i<-j} below the last layer, gamma_f P z+_{i<-j} / sigma_f,i in it (the final norm; RMSNorm
+                 without P): pre-LN GlobEnc, docs/methods.md 6.1
 
     LayerNorm's linear parts are folded into W_O (gamma P W_O, a d x d product per layer, kept across batches)
     rather than applied to the [*, n, H, d] vectors. Computed once per kind for a LayerParts."""
@@ -478,19 +477,18 @@ def _operand_weights(p: LayerParts, kind: str):
         return W, p.ln1_linear(p.x), p.sigma1
     if kind == "enc":
         return W, p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
-    if kind in ("final", "glob"):
+    if kind == "glob":
         _, diag, scale = operand_weights(p, "res")
-        if kind == "glob" and not p.has_last:
+        if not p.has_last:
             return W, diag, scale
         if p.out is None:
             raise ValueError("the last layer's output before the final norm is not set (pre_ln.with_final_output)")
+        # the last layer's "res" vectors through the final norm's linear part, divided by its real sigma_f
         top_diag, top_scale = (diag[-1], None if scale is None else scale[-1]) if p.stacked else (diag, scale)
         top_diag = p.final_linear(top_diag)
         top_scale = p.sigma_f if top_scale is None else p.sigma_f * top_scale
         if not p.stacked:
             return W, top_diag, top_scale
-        if kind == "final":  # the last layer's vectors only (its weights are read for every layer of the stack)
-            raise ValueError("the final kind is one layer's: use glob for a stack")
         below = p.x.new_ones(p.x.shape[:-1])[:-1] if scale is None else scale[:-1]
         return W, torch.cat([diag[:-1], top_diag[None]]), torch.cat([below, top_scale[None]])
     raise ValueError(kind)
