@@ -106,6 +106,21 @@ def random_bert(layers: int, hidden: int = 768, heads: int = 12, seed: int = 0):
     return model, adapter
 
 
+def random_llama(layers: int, hidden: int = 96, heads: int = 12, seed: int = 0):
+    """A seeded random Llama classifier (pre-LN, RMSNorm, grouped-query attention, gated MLP), float32, eval mode, and
+    its adapter: the pre-LN forms of the methods (docs/methods.md 6)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from compute.adapters import adapter_for
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads // 3,
+                         intermediate_size=4 * hidden, num_hidden_layers=layers, vocab_size=30522, pad_token_id=0,
+                         attn_implementation="eager")
+    model = LlamaForSequenceClassification(config).eval()
+    return model, adapter_for(model)
+
+
 def random_batch(batch: int, tokens: int, seed: int = 1) -> dict:
     """Random ids with [CLS] ... [SEP], the second example shorter (a padded batch)."""
     g = torch.Generator().manual_seed(seed)

@@ -87,7 +87,7 @@ def test_decomposition_identity_layer_by_layer(fam):
 @torch.no_grad()
 def test_alti_and_globenc_rows_sum_to_one(fam):
     family, model, ad, batch, cap = fam
-    names = ["alti", "alti_l2"] + ([] if ad.pre_ln else ["globenc"])
+    names = ["alti", "alti_l2", "globenc"]  # GlobEnc's pre-LN form on pre-LN blocks (docs/methods.md 6.1)
     for name in names:
         res = get_method(name).compute(cap, ad, cap.pred)
         for b, k in enumerate(LENGTHS):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from compute.methods import REGISTRY
-from op_counting import CountOps, bare_counts, count, method_count, random_batch, random_bert
+from op_counting import CountOps, bare_counts, count, method_count, random_batch, random_bert, random_llama
 
 DEPTHS = (12, 24)
 
@@ -32,6 +32,26 @@ def test_method_within_op_budget(model_at_depth, name):
     assert ops <= cls.op_budget * base, (
         f"{name}: {ops} ops per batch, {ops / base:.2f}x the bare {cls.op_base()} ({base}); budget {cls.op_budget}x")
     # nothing inside a batch waits for the device (results leave it once, in the runner)
+    assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
+
+
+@pytest.fixture(scope="module")
+def llama12():
+    model, adapter = random_llama(12)
+    batch = {k: v for k, v in random_batch(2, 24).items() if k != "token_type_ids"}
+    return model, adapter, batch, bare_counts(model, batch)
+
+
+@pytest.mark.parametrize("name", ["value_zeroing", "globenc", "w_res", "norm_resln"])
+def test_pre_ln_forms_within_op_budget(llama12, name):
+    """The pre-LN forms (docs/methods.md 6) on a 12-layer Llama: Value Zeroing calls the block's own norm and MLP
+    modules once per layer and block of zeroed tokens, GlobEnc and W_RES take the last layer through the final norm
+    in the same stacked pass as the others."""
+    model, adapter, batch, bare = llama12
+    cls = REGISTRY[name]
+    counted = method_count(name, model, adapter, batch)
+    ops, base = counted.total, bare["forward"].total
+    assert ops <= cls.op_budget * base, f"{name}: {ops} ops per batch, {ops / base:.2f}x the bare forward ({base})"
     assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
 
 

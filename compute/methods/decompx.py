@@ -29,7 +29,7 @@ class DecompXBase(Method):
     needs = NEEDS
     has_layer_views = True
     tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
-    pre_ln_ok = False  # the decomposition follows post-LN layers (LN1 and LN2 on the residual path)
+    pre_ln_ok = False  # docs/methods.md 6.3 defines the pre-LN form; the blocks do not declare its MLP's linear maps
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
     cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
@@ -43,6 +43,11 @@ class DecompXBase(Method):
         super().__init__(memory_mb=memory_mb, **params)
 
     def check_architecture(self, adapter) -> None:
+        if adapter.pre_ln and adapter.block is not None:
+            raise AttrscopeError(
+                f"method '{self.name}' is not implemented for the pre-LN block of '{adapter.config.model_type}': "
+                "docs/methods.md 6.3 defines it, but the block descriptions do not declare the MLP's linear maps it "
+                "carries the parts through")
         super().check_architecture(adapter)
         if adapter.ffn_parts(adapter.layers()[0]) is None or adapter.head_parts() is None:
             raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block or the head of "

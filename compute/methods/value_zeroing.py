@@ -7,7 +7,9 @@ layers multiplied without an identity (PROD, as ALTI): final = row of the explai
 
 Zeroing v_j only removes sum_h A_ij^h W_O^h v_j^h (= z_{i<-j}, the "n" vectors of the decomposition) from the pre-LN1
 state of every query i, so the rest of the layer (LN1, feed-forward block, LN2) is applied to s_i - z_{i<-j} for a
-block of zeroed tokens j at once: one batched pass per block instead of one layer forward per token.
+block of zeroed tokens j at once: one batched pass per block instead of one layer forward per token. Pre-LN blocks
+(docs/methods.md 6.2): the residual stream after attention becomes x_i + N_o(o_i - z_{i<-j}) and the block's own MLP
+step (its norms and MLP modules, compute.methods._internals.pre_ln) runs on it, once per layer and block.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ._internals.aggregate import valid_pairs
 from ._internals.budget import work_bytes
 from ._internals.decomposition import FeedForward, LayerParts, SourceBlocks, flat, stacked_ffn, tokens_per_block
 from ._internals.layerwise import LayerwiseProduct, row_normalise
+from ._internals.pre_ln import BlockSteps, check_known
 
 
 CPU_BLOCK_BYTES = 64 << 20  # a block of zeroed tokens on the CPU
@@ -40,7 +43,6 @@ class ValueZeroing(LayerwiseProduct):
     name = "value_zeroing"
     description = "Value Zeroing: how far each layer's outputs move when a token's values are zeroed, rolled out"
     reference = "Mohebbi, Zuidema, Chrupala, Alishahi (2023), EACL; docs/methods.md"
-    pre_ln_ok = False  # the feed-forward block and LN2 are re-applied as post-LN layers compute them
     row_stochastic = True
     op_budget = 1.0  # the layer's feed-forward block and norms run again per zeroed token (batched)
     cost_exponent = 2  # the layer re-run for each of n zeroed tokens over n tokens
@@ -60,13 +62,18 @@ class ValueZeroing(LayerwiseProduct):
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
-        if adapter.ffn_parts(adapter.layers()[0]) is None:
+        if adapter.pre_ln:
+            check_known(adapter, self.name)
+        elif adapter.ffn_parts(adapter.layers()[0]) is None:
             raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block of "
                                  f"'{adapter.config.model_type}' models")
 
     def stack_matrices(self, p: LayerParts, adapter) -> torch.Tensor:
         """C^l [*, n, n]: row i = receiving token, column j = zeroed token; rows sum to 1, pad rows/columns 0."""
-        distances = self.zeroed_distances(p, stacked_ffn(adapter, p.s.dtype, p.s.device))
+        if adapter.pre_ln:
+            distances = self.zeroed_distances_pre_ln(p, adapter)
+        else:
+            distances = self.zeroed_distances(p, stacked_ffn(adapter, p.s.dtype, p.s.device))
         return row_normalise(valid_pairs(distances, p.mask))
 
     def zeroed_distances(self, p: LayerParts, ffn: FeedForward) -> torch.Tensor:
@@ -99,4 +106,41 @@ class ValueZeroing(LayerwiseProduct):
             t = torch.baddbmm(b2, ffn.act(h), W2t).view_as(y).add_(y)
             y2z = F.layer_norm(t, (d,), eps=p.eps2).mul_(g2).add_(be2)
             out[..., J] = unit_distance(y2z, y2[:, None]).permute(0, 2, 3, 1)  # [K, B, i, j]
+        return out[0] if one else out
+
+    def zeroed_distances_pre_ln(self, p: LayerParts, adapter) -> torch.Tensor:
+        """[*, i, j] for pre-LN blocks (docs/methods.md 6.2): the layer output x + N_o(o - z_{i<-j}) + its MLP step
+        against the real one, the MLP step and the norms being the block's modules (one call per layer and block of
+        zeroed tokens; the distances of every layer at once)."""
+        one = not p.stacked
+        A, x, t = (u[None] if one else u for u in (p.A, p.x, p.t))
+        o = None if p.o is None else p.o[None] if one else p.o
+        K, B, n, d = x.shape
+        first = p.layers if one else p.layers.start
+        steps = [BlockSteps(adapter, first + k) for k in range(K)]
+        normed = steps[0].attn_norm is not None
+        # the real layer outputs (the last one hidden behind the final norm in the capture) and, for a parallel
+        # block, its MLP step, which reads the layer input and so is left as it is by the zeroing
+        own = torch.stack([st.mlp_step(x[k] if st.parallel else t[k]) for k, st in enumerate(steps)])
+        real = t + own
+        d_ff = getattr(adapter.config, "intermediate_size", None) or 4 * d
+        budget = work_bytes(x.device, CPU_BLOCK_BYTES, self.params["memory_mb"])
+        # a gated MLP holds about three [B, n, d_ff] activations per zeroed token and layer, and a few states
+        k = tokens_per_block(K * B, n, 3 * d_ff + 4 * d, x.element_size(), budget)
+        sources = SourceBlocks(flat(A, 3), p.project(p.W_O, source_major=True))  # z_{i<-j}, W_O without N_o
+        out = x.new_empty(K, B, n, n)
+        for j0 in range(0, n, k):
+            interrupts.check()  # a stop asked for: between blocks of zeroed tokens
+            J = slice(j0, min(n, j0 + k))
+            z = sources.block(J).view(J.stop - J.start, K, B, n, d).transpose(0, 1)  # [K, k, B, n, d]
+            if normed:  # the attention output without token j's part through the block's norm on it
+                h = torch.stack([st.residual(x[i, None], o[i, None] - z[i]) for i, st in enumerate(steps)])
+            else:
+                h = t[:, None] - z
+            if steps[0].parallel:
+                h += own[:, None]
+            else:
+                for i, st in enumerate(steps):
+                    h[i] += st.mlp_step(h[i])
+            out[..., J] = unit_distance(h, real[:, None]).permute(0, 2, 3, 1)  # [K, B, i, j]
         return out[0] if one else out

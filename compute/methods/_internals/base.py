@@ -125,8 +125,8 @@ class Method:
         if adapter.pre_ln and not self.pre_ln_ok:
             raise AttrscopeError(
                 f"method '{self.name}' is not defined for the pre-LN architecture '{adapter.config.model_type}' "
-                "(METHODS.md section 9): use alti, alti_l2, norm_n, norm_res, norm_fixedres, or a gradient, attention or "
-                "logit method")
+                "(METHODS.md section 9): use alti, alti_l2, the norm family, globenc, w_res, value_zeroing, or a "
+                "gradient, attention or logit method")
 
     def check_task(self, task: str) -> None:
         """One-line error where the method is not defined for the run's task, naming those that are."""

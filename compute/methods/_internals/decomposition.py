@@ -67,12 +67,18 @@ class LayerWeights:
     # [L, d] and epsilon, or None
     gamma_o: torch.Tensor | None = None
     eps_o: float = 0.0
+    # The final norm before the head of a pre-LN model (docs/methods.md 6): its gain [d], epsilon and whether it
+    # centres (LayerNorm) or not (RMSNorm); None where the model has none
+    gamma_f: torch.Tensor | None = None
+    eps_f: float = 0.0
+    centred_f: bool = True
     derived: dict = field(default_factory=dict)
     serial: int = field(default_factory=itertools.count().__next__)  # tells results of other weights apart
 
     def kind_weight(self, kind: str) -> torch.Tensor:
         """[L, d, d]: W_O ("n", "res"; gamma_o W_O behind an attention-output RMSNorm), gamma1 P W_O ("resln"),
-        gamma2 P gamma1 P W_O ("enc")."""
+        gamma2 P gamma1 P W_O ("enc"); pre-LN: "res"'s, the last layer's times the final norm's gamma_f P (gamma_f
+        without P for RMSNorm) ("glob"; "final": every layer's times it)."""
         if kind in ("n", "res"):
             if self.gamma_o is None:
                 return self.W_O
@@ -84,6 +90,11 @@ class LayerWeights:
                 self.derived[kind] = self.gamma1[:, :, None] * center_rows(self.W_O)
             elif kind == "enc":
                 self.derived[kind] = self.gamma2[:, :, None] * center_rows(self.kind_weight("resln"))
+            elif kind == "final":
+                W = self.kind_weight("res")
+                self.derived[kind] = self.gamma_f[:, None] * (center_rows(W) if self.centred_f else W)
+            elif kind == "glob":
+                self.derived[kind] = torch.cat([self.kind_weight("res")[:-1], self.kind_weight("final")[-1:]])
             else:
                 raise ValueError(kind)
         return self.derived[kind]
@@ -157,7 +168,7 @@ def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device)
         return stack([m.bias if getattr(m, "bias", None) is not None else outs[0].weight.new_zeros(d)
                       for m in modules])
 
-    def eps(modules):  # sigma is LayerNorm's (centred); RMSNorm models are pre-LN, where no method reads it
+    def eps(modules):  # LayerNorm's (centred sigma) or RMSNorm's (the final norm of a pre-LN model)
         values = {float(getattr(m, "eps", getattr(m, "variance_epsilon", 0.0))) for m in modules
                   if m is not None and not isinstance(m, torch.nn.Identity)}
         if len(values) > 1:
@@ -166,10 +177,13 @@ def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device)
 
     post = [adapter.attn_out_norm(layer) for layer in layers]
     has_post = post[0] is not None
+    final = adapter.final_norm() if adapter.block is not None and adapter.pre_ln else None
     return LayerWeights(W_O=stack([o.weight for o in outs]), b_O=biases(outs),
                         gamma1=gains(ln1s) if ln1s[0] is not None else None, beta1=biases(ln1s),
                         gamma2=gains(ln2s) if ln2s[0] is not None else None, beta2=biases(ln2s), eps1=eps(ln1s),
-                        eps2=eps(ln2s), gamma_o=gains(post) if has_post else None, eps_o=eps(post) if has_post else 0.0)
+                        eps2=eps(ln2s), gamma_o=gains(post) if has_post else None, eps_o=eps(post) if has_post else 0.0,
+                        gamma_f=None if final is None else adapter.norm_gain(final, d).detach().to(device, dtype),
+                        eps_f=eps([final]), centred_f=isinstance(final, torch.nn.LayerNorm))
 
 
 @dataclass
@@ -215,6 +229,9 @@ class LayerParts:
     eps_quirk: bool = False  # the reference's sigma without LayerNorm epsilon (eps = 0)
     memo: dict | None = None  # the batch's memo (Captured.memo): results shared by the methods of one batch
     by_kind: dict = field(default_factory=dict, repr=False)  # operand_weights per kind, for this instance
+    # [B, n, d] the last layer's output before the final norm of a pre-LN model, which the capture hides (set by
+    # compute.methods._internals.pre_ln.with_final_output where these parts hold the last layer; kind "glob")
+    out: torch.Tensor | None = None
 
     @property
     def stacked(self) -> bool:
@@ -284,6 +301,23 @@ class LayerParts:
         if self.weights.gamma_o is None:
             return None
         return (self.o.square().mean(-1) + self.weights.eps_o).sqrt()
+
+    @property
+    def has_last(self) -> bool:
+        """These parts hold the model's last layer."""
+        last = self.weights.W_O.shape[0] - 1
+        return self.layers.stop == last + 1 if self.stacked else self.layers == last
+
+    @functools.cached_property
+    def sigma_f(self) -> torch.Tensor:
+        """[B, n] the final norm's sigma (RMSNorm: rms) of the real last layer output ``out``."""
+        if self.weights.centred_f:
+            return ln_sigma(self.out, self.weights.eps_f)
+        return (self.out.square().mean(-1) + self.weights.eps_f).sqrt()
+
+    def final_linear(self, v: torch.Tensor) -> torch.Tensor:
+        """gamma_f * P v (RMSNorm: gamma_f * v): the final norm's linear part, without 1/sigma_f."""
+        return self.weights.gamma_f * (center(v) if self.weights.centred_f else v)
 
     def ln1_linear(self, v: torch.Tensor) -> torch.Tensor:
         """gamma1 * P v (the linear part of LN1, without 1/sigma1)."""
@@ -422,6 +456,8 @@ def operand_weights(p: LayerParts, kind: str):
         "res"    z+_{i<-j}                          (N_RES)
         "resln"  T_i(x_j) = gamma1 P z+ / sigma1_i  (N_RESLN, ALTI)
         "enc"    x~_{i<-j} = gamma2 P T / sigma2_i  (N_ENC, GlobEnc)
+        "glob"   z+_{i<-j} below the last layer, gamma_f P z+_{i<-j} / sigma_f,i in it (the final norm; RMSNorm
+                 without P): pre-LN GlobEnc, docs/methods.md 6.1
 
     LayerNorm's linear parts are folded into W_O (gamma P W_O, a d x d product per layer, kept across batches)
     rather than applied to the [*, n, H, d] vectors. Computed once per kind for a LayerParts."""
@@ -441,6 +477,20 @@ def _operand_weights(p: LayerParts, kind: str):
         return W, p.ln1_linear(p.x), p.sigma1
     if kind == "enc":
         return W, p.ln2_linear(p.ln1_linear(p.x)), p.sigma1 * p.sigma2
+    if kind == "glob":
+        _, diag, scale = operand_weights(p, "res")
+        if not p.has_last:
+            return W, diag, scale
+        if p.out is None:
+            raise ValueError("the last layer's output before the final norm is not set (pre_ln.with_final_output)")
+        # the last layer's "res" vectors through the final norm's linear part, divided by its real sigma_f
+        top_diag, top_scale = (diag[-1], None if scale is None else scale[-1]) if p.stacked else (diag, scale)
+        top_diag = p.final_linear(top_diag)
+        top_scale = p.sigma_f if top_scale is None else p.sigma_f * top_scale
+        if not p.stacked:
+            return W, top_diag, top_scale
+        below = p.x.new_ones(p.x.shape[:-1])[:-1] if scale is None else scale[:-1]
+        return W, torch.cat([diag[:-1], top_diag[None]]), torch.cat([below, top_scale[None]])
     raise ValueError(kind)
 
 
