@@ -260,7 +260,8 @@ def test_methods_command_lists_what_runs_for_a_checkpoint(tmp_path):
 @torch.no_grad()
 def test_alti_logit_directions_give_the_logit_on_llama_like_blocks(family):
     """ALTI-Logit where its definition carries over (a sequential pre-LN block, the final norm frozen at its real
-    scale; Gemma's gain 1 + weight): logit_c = <g, r_final>, and each layer's contributions sum to its attention
+    scale; Gemma's gain 1 + weight; OLMo's LayerNorm without parameters centres): logit_c = <g, r_final> (+ <u, beta_f>
+    under a LayerNorm with bias), and each layer's contributions sum to its attention
     update of the logit."""
     from compute.methods.alti_logit import at
 
@@ -271,7 +272,9 @@ def test_alti_logit_directions_give_the_logit_on_llama_like_blocks(family):
         target = torch.full_like(cap.pred, c)
         g = m.directions(cap, ad, target)
         r = at(m._final_state(cap, ad), e)
-        torch.testing.assert_close((g[:, 0] * r).sum(-1), cap.logits[:, c], rtol=1e-6, atol=1e-7)
+        beta = getattr(ad.final_norm(), "bias", None)  # StarCoder2's LayerNorm: + <u, beta_f>
+        const = 0 if beta is None else model.score.weight[c] @ beta
+        torch.testing.assert_close((g[:, 0] * r).sum(-1) + const, cap.logits[:, c], rtol=1e-6, atol=1e-7)
         delta = m.layer_contributions(cap, ad, target)
         for l in range(ad.n_layers):
             p = layer_parts(cap, ad, l)

@@ -264,6 +264,10 @@ class Adapter:
             return self.block.mlp_kind == "moe"
         return max(int(getattr(self.config, k, None) or 0) for k in ("num_local_experts", "num_experts")) > 1
 
+    def norm_eps(self, norm: nn.Module) -> float:
+        """The epsilon of a norm module of the block (its eps or variance_epsilon)."""
+        return float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 0.0)))
+
     @functools.cached_property
     def decoder(self) -> bool:
         """Causal attention (read from the model's attention modules): a decoder."""

@@ -13,6 +13,9 @@ class OlmoAdapter(LlamaAdapter):
     model_types = ("olmo",)
     block = dataclasses.replace(BLOCK, norm="layernorm", norm_bias=False)
 
+    def norm_eps(self, norm):
+        return 1e-5  # OlmoLayerNorm's constant: the module keeps no attribute of it
+
     def value_of(self, out):
         clip = self.config.clip_qkv
         return super().value_of(out if clip is None else out.clamp(-clip, clip))

@@ -125,11 +125,11 @@ class AltiLogit(Method):
             norm = adapter.final_norm()
             r = at(self._final_state(cap, adapter), e)
             gamma = adapter.norm_gain(norm, r.shape[-1]).to(r.dtype)  # Gemma's 1 + weight
-            if isinstance(norm, nn.LayerNorm):
-                sigma = (center(r).square().mean(-1) + norm.eps).sqrt()
+            if adapter.block.norm == "layernorm":  # OLMo's has no parameters (not an nn.LayerNorm)
+                sigma = (center(r).square().mean(-1) + adapter.norm_eps(norm)).sqrt()
                 g = center(gamma * u) / sigma[:, None]
             else:  # RMSNorm: no centring
-                rms = (r.square().mean(-1) + getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))).sqrt()
+                rms = (r.square().mean(-1) + adapter.norm_eps(norm)).sqrt()
                 g = gamma * u / rms[:, None]
             return g[:, None].expand(-1, L, -1)
         # Post-LN: the explained token's path from layer l's pre-LN1 state to the logit, taken backwards. What does
