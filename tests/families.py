@@ -33,19 +33,21 @@ FAMILIES = {
                                          experts_implementation="eager"), True),
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
                                          moe_intermediate_size=16, experts_implementation="eager"), True),
+    # parallel attention and MLP on one norm (StableLM's use_parallel_residual), QK LayerNorms
+    "stablelm": ("StableLmConfig", dict(num_key_value_heads=2, use_parallel_residual=True, qk_layernorm=True), True),
+    "phi": ("PhiConfig", dict(qk_layernorm=True), True),
+    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=64,
+                                             multi_query=True), True),  # one key and value head for all queries
 }
 NEW_FAMILIES = tuple(FAMILIES)
 # Families without a block description (compute/adapters/generic.py runs them): the methods that need none.
 UNDESCRIBED = {
     "opt": ("OPTConfig", dict(ffn_dim=64, word_embed_proj_dim=32), True),
     "gptj": ("GPTJConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4), True),
-    "stablelm": ("StableLmConfig", dict(num_key_value_heads=2), True),
-    "phi": ("PhiConfig", {}, True),
     "cohere": ("CohereConfig", dict(num_key_value_heads=2), True),  # logits x logit_scale
     "granite": ("GraniteConfig", dict(num_key_value_heads=2, logits_scaling=4.0), True),  # logits / logits_scaling
     "olmoe": ("OlmoeConfig", dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                                   experts_implementation="eager"), True),  # no sequence classifier
-    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True), True),
     "albert": ("AlbertConfig", dict(embedding_size=16), False),  # one layer's weights applied at every depth
     "mobilebert": ("MobileBertConfig", dict(embedding_size=16, true_hidden_size=16, intra_bottleneck_size=16), False),
 }
