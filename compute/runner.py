@@ -102,6 +102,8 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
                 writer.close()
         raise
     progress.stop()
+    for note in dict.fromkeys(note for m in methods.values() for note in m.run_notes()):  # ig_l2 and ig_mean: once
+        progress.message(note)
 
     summary = {
         "examples": writer.n_committed,

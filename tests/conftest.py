@@ -161,13 +161,22 @@ def tiny_vocab() -> list[str]:
 def write_tiny_task_model_dir(path: Path, arch: str, task: str, seed: int = 0) -> Path:
     """A saved tiny model with the head of ``task`` and a word-level tokenizer over tiny_vocab(): BERT's (with [CLS]
     and [SEP]) for encoders, one that adds no special tokens for the decoders (a causal LM reads the prefix as is)."""
+    write_tiny_tokenizer(path, decoder=arch in PRE_LN_ARCHS)
+    model = tiny_task_model(arch, task, seed=seed, dtype=torch.float32)
+    model.save_pretrained(path)
+    return path
+
+
+def write_tiny_tokenizer(path: Path, decoder: bool) -> None:
+    """A word-level tokenizer over tiny_vocab() saved in ``path``: BERT's (with [CLS] and [SEP]), or for a decoder
+    one that adds no special tokens."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import WordPiece
     from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
     vocab = {t: i for i, t in enumerate(tiny_vocab())}
-    if arch in PRE_LN_ARCHS:
+    if decoder:
         raw = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
         raw.normalizer = normalizers.Lowercase()
         raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -176,9 +185,6 @@ def write_tiny_task_model_dir(path: Path, arch: str, task: str, seed: int = 0) -
     else:
         tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
     tok.save_pretrained(path)
-    model = tiny_task_model(arch, task, seed=seed, dtype=torch.float32)
-    model.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -21,20 +21,61 @@ FAMILIES = {
                                             cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3), False),
     "deberta-v2": ("DebertaV2Config", dict(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
                                            position_buckets=8), False),
+    "gemma3": ("Gemma3TextConfig", dict(num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
+                                        final_logit_softcapping=5.0), True),  # sliding and global layers, QK-norm
+    "olmo": ("OlmoConfig", dict(clip_qkv=2.0), True),
+    "starcoder2": ("Starcoder2Config", dict(num_key_value_heads=2, sliding_window=4), True),
+    # mixtures of experts (the experts' eager loop: the grouped matmul has no float64 kernel)
+    "mixtral": ("MixtralConfig", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                      experts_implementation="eager"), True),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=16, shared_expert_intermediate_size=32,
+                                         experts_implementation="eager"), True),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=16, experts_implementation="eager"), True),
+    # parallel attention and MLP on one norm (StableLM's use_parallel_residual), QK LayerNorms
+    "stablelm": ("StableLmConfig", dict(num_key_value_heads=2, use_parallel_residual=True, qk_layernorm=True), True),
+    "phi": ("PhiConfig", dict(qk_layernorm=True), True),
+    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=64,
+                                             multi_query=True), True),  # one key and value head for all queries
 }
 NEW_FAMILIES = tuple(FAMILIES)
+# Families without a block description (compute/adapters/generic.py runs them): the methods that need none.
+UNDESCRIBED = {
+    "opt": ("OPTConfig", dict(ffn_dim=64, word_embed_proj_dim=32), True),
+    "gptj": ("GPTJConfig", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4), True),
+    "cohere": ("CohereConfig", dict(num_key_value_heads=2), True),  # logits x logit_scale
+    "granite": ("GraniteConfig", dict(num_key_value_heads=2, logits_scaling=4.0), True),  # logits / logits_scaling
+    "olmoe": ("OlmoeConfig", dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                  experts_implementation="eager"), True),  # no sequence classifier
+    "albert": ("AlbertConfig", dict(embedding_size=16), False),  # one layer's weights applied at every depth
+    "mobilebert": ("MobileBertConfig", dict(embedding_size=16, true_hidden_size=16, intra_bottleneck_size=16), False),
+}
+ALL_FAMILIES = {**FAMILIES, **UNDESCRIBED}
 
 
 def family_config(family: str, num_labels: int = 2, layers: int = 2):
     import transformers
 
-    name, extra, decoder = FAMILIES[family]
+    name, extra, decoder = ALL_FAMILIES[family]
     ids = dict(pad_token_id=0) if not decoder else dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)
     ids.update({k: v for k, v in extra.items() if k.endswith("token_id")})
-    extra = {k: v for k, v in extra.items() if not k.endswith("token_id")}
-    return getattr(transformers, name)(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                       num_attention_heads=4, max_position_embeddings=64, num_labels=num_labels,
-                                       attn_implementation="eager", **ids, **extra)
+    args = dict(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                max_position_embeddings=64, num_labels=num_labels, attn_implementation="eager", **ids)
+    args.update({k: v for k, v in extra.items() if not k.endswith("token_id")})
+    return getattr(transformers, name)(**args)
+
+
+def family_heads(family: str) -> tuple[str, ...]:
+    """The tasks whose head transformers has for ``family``: a sequence classifier, a causal LM (decoders) or masked
+    LM (encoders)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    config = type(family_config(family))
+    lm = ("next-token", auto.MODEL_FOR_CAUSAL_LM_MAPPING) if is_decoder(family) else \
+        ("masked-token", auto.MODEL_FOR_MASKED_LM_MAPPING)
+    return tuple(task for task, mapping in (("classification", auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING), lm)
+                 if config in mapping)
 
 
 def family_model(family: str, task: str = "classification", seed: int = 0, dtype=torch.float64, layers: int = 2,
@@ -51,7 +92,7 @@ def family_model(family: str, task: str = "classification", seed: int = 0, dtype
 
 
 def is_decoder(family: str) -> bool:
-    return FAMILIES[family][2]
+    return ALL_FAMILIES[family][2]
 
 
 def write_family_dir(path: Path, family: str, seed: int = 0) -> Path:
@@ -66,6 +107,18 @@ def write_family_dir(path: Path, family: str, seed: int = 0) -> Path:
     model.config.id2label = {0: "negative", 1: "positive"}
     model.config.label2id = {"negative": 0, "positive": 1}
     model.save_pretrained(path)
+    return path
+
+
+def write_family_task_dir(path: Path, family: str, task: str, seed: int = 0) -> Path:
+    """A saved tiny model of ``family`` with the head of ``task`` and conftest's word-level tokenizer (BERT's for
+    encoders, one adding no special tokens for decoders)."""
+    from conftest import write_tiny_tokenizer
+
+    if task == "classification":
+        return write_family_dir(path, family, seed)
+    write_tiny_tokenizer(path, decoder=is_decoder(family))
+    family_model(family, task, seed=seed, dtype=torch.float32).save_pretrained(path)
     return path
 
 

@@ -230,8 +230,8 @@ def test_integrated_gradients_of_a_half_precision_model_sum_their_steps_in_float
 
     ad, _, cap = _half_capture(dtype)
     spec, steps = Explained(), 8
-    attr, delta = integrated_gradients(cap, ad, spec, cap.pred, steps=steps, rule="gausslegendre", baseline="mask",
-                                       memory_bytes=1 << 30)
+    attr, delta, _ = integrated_gradients(cap, ad, spec, cap.pred, steps=steps, rule="gausslegendre",
+                                          baseline="mask", memory_bytes=1 << 30)
     assert attr.dtype == delta.dtype == torch.float32
     inputs = model_inputs(cap, spec)
     E = embedding_output(ad, inputs)

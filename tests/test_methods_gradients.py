@@ -197,9 +197,10 @@ def test_ig_runs_its_path_and_its_ends_in_one_pass(monkeypatch):
     E = G.embedding_output(ad, G.model_inputs(cap, spec))
     X0 = G.ig_baseline(cap, ad, spec, E, "mask")
     f = [G.select(G.forward_at(ad, cap.inputs, X, spec, grad=False), cap.pred, "logit") for X in (E, X0)]
-    attr_sum = G.integrated_gradients(cap, ad, spec, cap.pred, steps=5, rule="gausslegendre", baseline="mask",
-                                      memory_bytes=1 << 30)[0].sum((1, 2))
-    torch.testing.assert_close(res.example_values["ig_delta"], attr_sum - (f[0] - f[1]), rtol=1e-10, atol=1e-12)
+    attr, _, gap = G.integrated_gradients(cap, ad, spec, cap.pred, steps=5, rule="gausslegendre", baseline="mask",
+                                          memory_bytes=1 << 30)
+    torch.testing.assert_close(res.example_values["ig_delta"], attr.sum((1, 2)) - (f[0] - f[1]), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gap, f[0] - f[1], rtol=1e-10, atol=1e-12)  # F(X) - F(X'), run_notes' denominator
 
 
 def test_grads_and_attgrads_definitions():

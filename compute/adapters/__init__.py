@@ -18,20 +18,30 @@ from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
 from .gemma import GemmaAdapter
 from .gemma2 import Gemma2Adapter
+from .gemma3 import Gemma3Adapter
 from .generic import GenericAdapter, generic_structure
 from .gpt2 import GPT2Adapter
+from .gpt_bigcode import GPTBigCodeAdapter
 from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
 from .mistral import MistralAdapter
+from .mixtral import MixtralAdapter
 from .modernbert import ModernBertAdapter
+from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter
+from .phi import PhiAdapter
 from .phi3 import Phi3Adapter
 from .qwen2 import Qwen2Adapter
+from .qwen2_moe import Qwen2MoeAdapter, Qwen3MoeAdapter
 from .qwen3 import Qwen3Adapter
+from .stablelm import StableLmAdapter
+from .starcoder2 import Starcoder2Adapter
 
 ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapter, LlamaAdapter, Qwen2Adapter,
                                        Qwen3Adapter, MistralAdapter, GemmaAdapter, Gemma2Adapter, Phi3Adapter,
-                                       GPTNeoXAdapter, Olmo2Adapter, ModernBertAdapter, DebertaV2Adapter)
+                                       GPTNeoXAdapter, Olmo2Adapter, ModernBertAdapter, DebertaV2Adapter,
+                                       Gemma3Adapter, OlmoAdapter, Starcoder2Adapter, MixtralAdapter, Qwen2MoeAdapter,
+                                       Qwen3MoeAdapter, StableLmAdapter, PhiAdapter, GPTBigCodeAdapter)
 # The families with a block description (every method defined for the block runs); any other checkpoint runs the
 # methods that need none (GenericAdapter).
 SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)

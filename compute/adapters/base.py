@@ -256,6 +256,18 @@ class Adapter:
             return torch.ones(d, dtype=next(self.model.parameters()).dtype, device=next(self.model.parameters()).device)
         return w + self.block.norm_offset if self.block is not None and self.block.norm_offset else w
 
+    @property
+    def routed(self) -> bool:
+        """A mixture of experts: a router picks each token's MLP experts (Block.mlp_kind "moe", or a config with
+        several experts for a family without a block description)."""
+        if self.block is not None:
+            return self.block.mlp_kind == "moe"
+        return max(int(getattr(self.config, k, None) or 0) for k in ("num_local_experts", "num_experts")) > 1
+
+    def norm_eps(self, norm: nn.Module) -> float:
+        """The epsilon of a norm module of the block (its eps or variance_epsilon)."""
+        return float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 0.0)))
+
     @functools.cached_property
     def decoder(self) -> bool:
         """Causal attention (read from the model's attention modules): a decoder."""
@@ -290,22 +302,45 @@ class Adapter:
         transform = (lambda h: h) if dense is None else (lambda h: norm(act(dense(h))))
         return transform, decoder.weight, decoder.bias
 
+    def check_head(self) -> None:
+        """One-line error where the per-token head of the task (LogAt, NormXLogit) is not known for the model."""
+        if self.task in ("masked-token", "next-token"):
+            self.lm_head_parts()
+
+    def logit_scaling(self) -> tuple[float, float | None]:
+        """(scale, cap): a causal LM's logits are cap tanh(scale z / cap) of its head's output z, as its config says
+        (Cohere's logit_scale, Granite's 1 / logits_scaling, Gemma 2 and 3's final_logit_softcapping; cap None: no
+        capping)."""
+        cfg = self.config
+        scale = float(getattr(cfg, "logit_scale", None) or 1.0) / float(getattr(cfg, "logits_scaling", None) or 1.0)
+        return scale, getattr(cfg, "final_logit_softcapping", None) or None
+
     def head_logit(self, h: torch.Tensor, target: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:
         """The language-model head applied to every token of ``h`` [..., B, n, d] (every layer's hidden states at once)
         as if it were the explained one: the target word's logit less the foil's (foil >= 0) [..., B, n] (LogAt of
-        word targets). Only those two rows of the vocabulary matrix are computed, never [B, n, V]."""
+        word targets), scaled and capped as the model's logits are (``logit_scaling``). Only those two rows of the
+        vocabulary matrix are computed, never [B, n, V]."""
         dtype = next(self.model.parameters()).dtype
         transform, W, b = self.lm_head()
+        scale, cap = self.logit_scaling() if self.task == "next-token" else (1.0, None)
         z = transform(h.to(dtype)).to(h.dtype)  # [..., B, n, d']
-        w = W[target].to(h.dtype)  # [B, d']
-        bias = b[target].to(h.dtype) if b is not None else torch.zeros(len(target), dtype=h.dtype, device=h.device)
-        if foil is not None:
-            has = (foil >= 0).to(h.dtype)
-            f = foil.clamp_min(0)
-            w = w - has[:, None] * W[f].to(h.dtype)
-            if b is not None:
-                bias = bias - has * b[f].to(h.dtype)
-        return torch.matmul(z, w[:, :, None])[..., 0] + bias[:, None]
+
+        def rows(t):  # [B, d'] and [B]: the vocabulary rows of the words t and their biases
+            bias = b[t].to(h.dtype) if b is not None else torch.zeros(len(t), dtype=h.dtype, device=h.device)
+            return W[t].to(h.dtype), bias
+
+        def logit(w, bias):  # [..., B, n], scaled and capped as the model's logits are
+            out = scale * (torch.matmul(z, w[:, :, None])[..., 0] + bias[:, None])
+            return out if cap is None else cap * torch.tanh(out / cap)
+
+        w, bias = rows(target)
+        if foil is None:
+            return logit(w, bias)
+        has = (foil >= 0).to(h.dtype)
+        w_foil, b_foil = rows(foil.clamp_min(0))
+        if cap is None:  # linear in the rows: target less foil in one product
+            return logit(w - has[:, None] * w_foil, bias - has * b_foil)
+        return logit(w, bias) - has[:, None] * logit(w_foil, b_foil)
 
     def twin(self, dtype: torch.dtype) -> "Adapter":
         """This adapter on a copy of the model in ``dtype`` (made once, kept): the LRP rules run in float64 because
@@ -414,7 +449,7 @@ class Adapter:
 
         try:
             if "hidden_states" in needs:
-                handles.append(self.embeddings().register_forward_hook(keep(cap.hidden_states)))
+                handles.append(self.hook_layer_input(cap.hidden_states))
             for layer in self.layers():
                 if "hidden_states" in needs:
                     handles.append(layer.register_forward_hook(keep(cap.hidden_states)))
@@ -440,6 +475,10 @@ class Adapter:
         finally:
             for h in handles:
                 h.remove()
+
+    def hook_layer_input(self, kept: list) -> torch.utils.hooks.RemovableHandle:
+        """A hook keeping the first layer's input (hidden_states[0]) in ``kept``: the embedding module's output."""
+        return self.embeddings().register_forward_hook(lambda _m, _inp, out: kept.append(_first(out)))
 
     def forward_inputs(self, enc: dict) -> dict:
         """Keep only the tokenizer outputs this model's forward accepts."""

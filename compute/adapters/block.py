@@ -37,7 +37,9 @@ class Block:
     attn_out_norm: str | None = None  # a norm on the attention output before the residual add (Gemma 2, OLMo 2)
     parallel: bool = False  # attention and MLP both read the layer input: x' = x + Attn(LN1 x) + MLP(LN2 x)
     positions: str = "absolute"  # "absolute" | "rotary" | "relative" (DeBERTa's disentangled terms): A only
-    mlp_kind: str = "plain"  # "plain" act(W1 y) | "gated" act(W_g y) * W_u y (SwiGLU, GeGLU)
+    # "plain" act(W1 y) | "gated" act(W_g y) * W_u y (SwiGLU, GeGLU) | "moe" a router's chosen experts (gated MLPs)
+    # weighted by its gates (Mixtral, Qwen2/3-MoE, OLMoE): the token's own step; no expert's weights are read
+    mlp_kind: str = "plain"
     extra_norms: tuple[str, ...] = ()  # norms that touch only A (QK-norm) or the MLP's output (Gemma 2, OLMo 2)
     softcap: bool = False  # attention-logit soft-capping (Gemma 2): A only
     final_norm: str | None = None  # a norm after the last layer, whose output is the last hidden state

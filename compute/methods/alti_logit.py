@@ -91,7 +91,7 @@ class AltiLogit(Method):
             if dense is None:
                 return rows
             h = at(self._final_state(cap, adapter), cap.explain_pos)
-            pre = nn.functional.linear(h, dense.weight.to(dtype), dense.bias.to(dtype))
+            pre = nn.functional.linear(h, dense.weight.to(dtype), _maybe(dense.bias, dtype))
             a = act(pre)
             sigma = (center(a).square().mean(-1) + norm.eps).sqrt()
             rows = center(norm.weight.to(dtype) * rows) / sigma[:, None]  # through the LayerNorm, scale frozen
@@ -101,7 +101,7 @@ class AltiLogit(Method):
         if dense is None:
             return rows
         h = at(self._final_state(cap, adapter), cap.explain_pos)
-        pre = nn.functional.linear(h, dense.weight.to(dtype), dense.bias.to(dtype))
+        pre = nn.functional.linear(h, dense.weight.to(dtype), _maybe(dense.bias, dtype))
         return (zero_origin_slope(pre, act(pre)) * rows) @ dense.weight.to(dtype)
 
     def _final_state(self, cap, adapter) -> torch.Tensor:
@@ -125,11 +125,11 @@ class AltiLogit(Method):
             norm = adapter.final_norm()
             r = at(self._final_state(cap, adapter), e)
             gamma = adapter.norm_gain(norm, r.shape[-1]).to(r.dtype)  # Gemma's 1 + weight
-            if isinstance(norm, nn.LayerNorm):
-                sigma = (center(r).square().mean(-1) + norm.eps).sqrt()
+            if adapter.block.norm == "layernorm":  # OLMo's has no parameters (not an nn.LayerNorm)
+                sigma = (center(r).square().mean(-1) + adapter.norm_eps(norm)).sqrt()
                 g = center(gamma * u) / sigma[:, None]
             else:  # RMSNorm: no centring
-                rms = (r.square().mean(-1) + getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))).sqrt()
+                rms = (r.square().mean(-1) + adapter.norm_eps(norm)).sqrt()
                 g = gamma * u / rms[:, None]
             return g[:, None].expand(-1, L, -1)
         # Post-LN: the explained token's path from layer l's pre-LN1 state to the logit, taken backwards. What does
@@ -177,3 +177,8 @@ class AltiLogit(Method):
         for k in range(adapter.n_layers - 2, -1, -1):
             views[:, k + 1:] = torch.bmm(views[:, k + 1:], C[k])
         return MethodResult(scores=views.sum(1), layer_scores=views)
+
+
+def _maybe(bias, dtype):
+    """A Linear's bias in ``dtype``, or None where it has none (ModernBERT's head dense)."""
+    return None if bias is None else bias.to(dtype)

@@ -60,6 +60,10 @@ class LogAt(Method):
     tasks = frozenset({"classification", "regression", "masked-token", "next-token"})  # a head read per token
     run_options = (REGRESSION_RANK,)
 
+    def check_architecture(self, adapter) -> None:
+        super().check_architecture(adapter)
+        adapter.check_head()  # the task's head read per token: one line where the model's is not known
+
     def compute(self, cap, adapter, target):
         layer_scores = logat_layers(cap, adapter, target, self.params.get("regression_rank", "ascending"))
         return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores)

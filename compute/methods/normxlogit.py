@@ -19,6 +19,10 @@ class NormXLogit(Method):
     tasks = LogAt.tasks
     run_options = (REGRESSION_RANK,)
 
+    def check_architecture(self, adapter) -> None:
+        super().check_architecture(adapter)
+        adapter.check_head()  # LogAt's head read per token
+
     def compute(self, cap, adapter, target):
         norm = Norm().compute(cap, adapter, target).scores  # [B, n]
         layer_scores = norm[:, None] * logat_layers(cap, adapter, target,

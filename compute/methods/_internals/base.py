@@ -115,6 +115,10 @@ class Method:
     def __init__(self, **params):
         self.params = params
 
+    def run_notes(self) -> list[str]:
+        """What the method has to say once the run's examples are done (one line each; the runner shows them)."""
+        return []
+
     def check_architecture(self, adapter: Adapter) -> None:
         """One-line error where the method is not defined for the model's architecture (never a silent answer)."""
         if adapter.block is None and self.needs & BLOCK_NEEDS:

@@ -251,9 +251,9 @@ def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int) ->
 
 
 def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, *, steps: int,
-                         rule: str, baseline: str, memory_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """IG_jk = (X_jk - X'_jk) * sum_k w_k dF/dX_jk at X' + alpha_k (X - X'): [B, n, d], and the completeness delta
-    sum_jk IG_jk - (F(X) - F(X')) per example [B] (Captum's convergence delta).
+                         rule: str, baseline: str, memory_bytes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """IG_jk = (X_jk - X'_jk) * sum_k w_k dF/dX_jk at X' + alpha_k (X - X'): [B, n, d], the completeness delta
+    sum_jk IG_jk - (F(X) - F(X')) per example [B] (Captum's convergence delta) and F(X) - F(X') [B].
 
     All (example, step) rows are stacked, with one row more per example at each end of the path (X and X', whose
     outputs F give the delta; no gradient is taken of them), and run in chunks of ``rows_per_pass`` (one forward and
@@ -292,7 +292,7 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     attr = (E_w - X0_w) * total
     f_x, f_x0 = ends[:-1].view(B, 2).unbind(1)
     delta = wide(attr).sum(dim=(1, 2)) - (f_x - f_x0)
-    return attr, delta
+    return attr, delta, f_x - f_x0
 
 
 def foil_rows(foil: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
@@ -345,6 +345,9 @@ class GradientMethod(Method):
             return self.from_grads(gp, grads, cap)
 
 
+MOE_DELTA_WARN = 0.05  # the median relative completeness delta above which a routed model's run is warned
+
+
 class IntegratedGradientsMethod(Method):
     """Base of ig_l2 / ig_mean. Parameters: steps (50), rule ("gausslegendre" | "riemann"), baseline ("mask" |
     "zero"), memory_mb (rows per forward/backward), and the Explained parameters. Both methods of a run share one
@@ -379,7 +382,7 @@ class IntegratedGradientsMethod(Method):
         every = cap.memo.get(self._key("every class"))
         if every is not None:  # --target all integrated every class: each example's row of its target's class
             b = torch.arange(target.shape[0], device=target.device)
-            return every[0][target, b], every[1][target, b]
+            return tuple(t[target, b] for t in every)
         budget = work_bytes(target.device, IG_CPU_BYTES, p["memory_mb"], gpu_share=8)
         return cap.cached(self._key(Same(target)), lambda: integrated_gradients(
             cap, adapter, self.spec, target, steps=p["steps"], rule=p["rule"], baseline=p["baseline"],
@@ -391,12 +394,27 @@ class IntegratedGradientsMethod(Method):
 
         def every():
             per = [self._integrate(cap, adapter, class_target(cap, c)) for c in range(num_classes)]
-            return torch.stack([a for a, _ in per]), torch.stack([d for _, d in per])  # [C, B, n, d], [C, B]
+            return tuple(torch.stack(t) for t in zip(*per))  # attr [C, B, n, d], delta and F(X) - F(X') [C, B]
 
         attr = cap.cached(self._key("every class"), every)[0]
         return self.aggregate(wide(attr)).mul_(cap.mask).transpose(0, 1)
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
-        attr, delta = self._integrate(cap, adapter, target)
+        attr, delta, gap = self._integrate(cap, adapter, target)
+        if adapter.routed:  # kept on the device (no wait per batch) for run_notes
+            self.__dict__.setdefault("_relative_deltas", []).append(delta.abs() / gap.abs().clamp_min(1e-12))
         return MethodResult(scores=self.aggregate(wide(attr)) * cap.mask, example_values={"ig_delta": delta})
+
+    def run_notes(self):
+        """On a mixture of experts, where the median |ig_delta| / |F(x) - F(x')| of the run's examples exceeds 5%:
+        the cause (docs/methods.md section 5)."""
+        ratios = self.__dict__.pop("_relative_deltas", None)
+        if not ratios:
+            return []
+        median = float(torch.cat(ratios).double().quantile(0.5))  # once per run, after its last batch
+        if median <= MOE_DELTA_WARN:
+            return []
+        return [f"integrated gradients: the median |ig_delta| / |F(x) - F(x')| is {median:.1%} (over {MOE_DELTA_WARN:.0%}): "
+                "the model routes each token to experts and the routing switches along the path from the baseline, "
+                "where F jumps; more --ig-steps do not close it"]

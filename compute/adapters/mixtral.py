@@ -1,0 +1,14 @@
+"""Mixtral: Llama's block whose MLP is a sparse mixture of experts (a router picks each token's experts, whose gated
+MLPs' outputs it weights): the routed MLP is the token's own step after the mixing, as a dense MLP is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .llama import BLOCK, LlamaAdapter
+
+
+class MixtralAdapter(LlamaAdapter):
+    family = "mixtral"
+    model_types = ("mixtral",)
+    block = dataclasses.replace(BLOCK, mlp_kind="moe")
