@@ -98,7 +98,9 @@ def own_forward_distances(model, ad, enc: dict, l: int) -> torch.Tensor:
         for j in range(n):
             def zero_j(_m, _inp, out, j=j):
                 width = out.shape[-1]
-                cols = ad.value_of(torch.arange(width, dtype=torch.float64)[None, None]).long().flatten().unique()
+                # the value columns: their indices mapped as fractions, below any clamp a value_of applies (OLMo)
+                marks = (torch.arange(width, dtype=torch.float64) + 1) / (width + 1)
+                cols = (ad.value_of(marks[None, None]) * (width + 1) - 1).round().long().flatten().unique()
                 out = out.clone()
                 out[:, j, cols] = 0
                 return out

@@ -169,8 +169,7 @@ def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device)
                       for m in modules])
 
     def eps(modules):  # LayerNorm's (centred sigma) or RMSNorm's (the final norm of a pre-LN model)
-        values = {float(getattr(m, "eps", getattr(m, "variance_epsilon", 0.0))) for m in modules
-                  if m is not None and not isinstance(m, torch.nn.Identity)}
+        values = {adapter.norm_eps(m) for m in modules if m is not None and not isinstance(m, torch.nn.Identity)}
         if len(values) > 1:
             raise ValueError(f"the layers' norms have different epsilons {sorted(values)}")
         return values.pop() if values else 0.0
@@ -183,7 +182,7 @@ def _stacked_weights(adapter: Adapter, dtype: torch.dtype, device: torch.device)
                         gamma2=gains(ln2s) if ln2s[0] is not None else None, beta2=biases(ln2s), eps1=eps(ln1s),
                         eps2=eps(ln2s), gamma_o=gains(post) if has_post else None, eps_o=eps(post) if has_post else 0.0,
                         gamma_f=None if final is None else adapter.norm_gain(final, d).detach().to(device, dtype),
-                        eps_f=eps([final]), centred_f=isinstance(final, torch.nn.LayerNorm))
+                        eps_f=eps([final]), centred_f=final is not None and adapter.block.norm == "layernorm")  # OLMo: no nn.LayerNorm
 
 
 @dataclass
