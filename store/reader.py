@@ -321,43 +321,40 @@ class Store:
         except (KeyError, ValueError, TypeError) as err:
             raise damaged(self.path, "/examples/index", f"rows of an unknown layout ({err})") from None
 
-    def _block(self, b: int) -> np.ndarray:
-        """Index rows of block ``b``, read once and checked against each other and against the row before."""
-        rows = self._blocks.get(b)
-        if rows is not None:
-            self._blocks.move_to_end(b)
-            return rows
-        lo, hi = b * _BLOCK, min((b + 1) * _BLOCK, self._n)
+    def _blocked(self, blocks: OrderedDict, load, lo: int, hi: int) -> np.ndarray:
+        """Rows [lo, hi) of a per-example dataset read in blocks of _BLOCK rows: ``load(a, z)`` reads rows [a, z),
+        ``blocks`` keeps the last _BLOCKS_KEPT blocks read."""
+        parts = []
+        with self._lock:
+            for b in range(lo // _BLOCK, (hi - 1) // _BLOCK + 1):
+                rows = blocks.get(b)
+                if rows is None:
+                    rows = blocks[b] = load(b * _BLOCK, min((b + 1) * _BLOCK, self._n))
+                    if len(blocks) > _BLOCKS_KEPT:
+                        blocks.popitem(last=False)
+                else:
+                    blocks.move_to_end(b)
+                parts.append(rows)
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        first = (lo // _BLOCK) * _BLOCK
+        return out[lo - first:hi - first]
+
+    def _index_block(self, lo: int, hi: int) -> np.ndarray:
+        """Index rows [lo, hi), checked against each other and against the row before."""
         start = max(lo - 1, 0)
         got = self._index(slice(start, hi), hi - start)
         self._check_rows(got, start)
-        rows = got[lo - start:]
-        self._blocks[b] = rows
-        if len(self._blocks) > _BLOCKS_KEPT:
-            self._blocks.popitem(last=False)
-        return rows
+        return got[lo - start:]
 
     def digest_rows(self, lo: int, hi: int) -> np.ndarray | None:
         """Rows [lo, hi) of /examples/digests ([hi - lo, K] CRC-32s, the columns of ``self._digest_col``; read in
         blocks), None for a store without digests (before format 1.6)."""
         if not self._digest_col:
             return None
-        parts = []
-        with self._lock:
-            for b in range(lo // _BLOCK, (hi - 1) // _BLOCK + 1):
-                rows = self._digest_blocks.get(b)
-                if rows is None:
-                    a, z = b * _BLOCK, min((b + 1) * _BLOCK, self._n)
-                    rows = self._read(schema.DIGESTS, slice(a, z), (z - a) * len(self._digest_col)).reshape(z - a, -1)
-                    self._digest_blocks[b] = rows
-                    if len(self._digest_blocks) > _BLOCKS_KEPT:
-                        self._digest_blocks.popitem(last=False)
-                else:
-                    self._digest_blocks.move_to_end(b)
-                parts.append(rows)
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        first = (lo // _BLOCK) * _BLOCK
-        return out[lo - first:hi - first]
+        K = len(self._digest_col)
+        return self._blocked(self._digest_blocks,
+                             lambda a, z: self._read(schema.DIGESTS, slice(a, z), (z - a) * K).reshape(z - a, K),
+                             lo, hi)
 
     def check_digests(self, path: str, lo: int, counts, values: np.ndarray) -> None:
         """``values`` of dataset ``path``, read as stored, are the runs of examples lo, lo + 1, ... (``counts`` rows
@@ -404,11 +401,7 @@ class Store:
         lo = max(lo, 0)
         if hi <= lo:
             return np.zeros(0, dtype=schema.index_dtype(self.num_labels))
-        with self._lock:
-            parts = [self._block(b) for b in range(lo // _BLOCK, (hi - 1) // _BLOCK + 1)]
-        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        first = (lo // _BLOCK) * _BLOCK
-        return out[lo - first:hi - first]
+        return self._blocked(self._blocks, self._index_block, lo, hi)
 
     def index_column(self, field: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """One field of the index rows [lo, hi), e.g. "n_tokens" or "pred" (read in blocks)."""
