@@ -159,6 +159,7 @@ def _load_hf(spec: str, allow_random_head: bool = False, task: str = "auto"):
     auto_class = getattr(transformers, TASKS[task].auto_class)
     try:
         model, loading = auto_class.from_pretrained(spec, attn_implementation="eager", output_loading_info=True)
+        tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
     except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as err:
@@ -167,10 +168,6 @@ def _load_hf(spec: str, allow_random_head: bool = False, task: str = "auto"):
         if bad is None:
             raise
         raise bad from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(spec)
-    except (OSError, ValueError) as err:
-        raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
     needed = _missing_tokenizer_files(spec, type(tokenizer)) if local else None
     if needed is not None:  # transformers then makes a tokenizer of the special tokens alone: every word [UNK]
         raise AttrscopeError(
