@@ -19,7 +19,8 @@ prompt at a time (no padding), in float64 and float32:
 
 and writes tests/fixtures/lxt/attnlrp_lxt.json: per family the prompts, the explained target (the argmax of the
 float64 model's logits at the last position) and foil (the second), and per dtype the model's logits at the last
-position, the relevance of the target logit and of target minus foil, with the versions and this command line.
+position, the relevance of the target logit and of target minus foil at inputs_embeds and at every layer's input,
+with the versions and this command line.
 
 lxt 2.1 has no patch map for Mixtral (its models: llama, qwen2, qwen3, gemma3, bert, gpt2, vit); Mixtral's map below
 is assembled from lxt 2.1's own patches and rules as lxt's later qwen3_moe map does (the gated expert MLP as lxt's
@@ -110,7 +111,7 @@ def build(family: str) -> torch.nn.Module:
         return tiny_model("bert", seed=SEED, dtype=torch.float32, layers=LAYERS)
     if base == "llama":
         return tiny_task_model("llama", task, seed=SEED, dtype=torch.float32, layers=LAYERS)
-    if override:
+    if override:  # a variant of a tests/families.py config, declared for this build only
         import families
 
         name, extra, decoder = families.ALL_FAMILIES[base]
@@ -183,29 +184,36 @@ def patch_maps() -> dict:
     }
 
 
-def explained(family: str, logits: torch.Tensor) -> torch.Tensor:
+def explained(logits: torch.Tensor) -> torch.Tensor:
     """The explained output's row of logits: a causal LM's at the last position, a classifier's own."""
     return logits[0, -1] if logits.dim() == 3 else logits[0]
 
 
-def relevance(model, ids: list[int], target: int, foil: int | None) -> tuple[list[float], list[float] | None]:
+def layers(model) -> list[torch.nn.Module]:
+    return list(model.bert.encoder.layer if hasattr(model, "bert") else model.model.layers)
+
+
+def relevance(model, ids: list[int], target: int, foil: int | None) -> dict[str, list]:
     """lxt's documented use: relevance = (inputs_embeds * grad).sum(-1) of the explained logit (less the foil's);
-    for BERT also at the embedding layer's output (after its position embeddings and LayerNorm)."""
+    lxt's "relevance at any layer" (activation x grad) at each layer's input (layer 0's: the embedding layer's output,
+    for BERT after its position embeddings and LayerNorm)."""
     emb = model.get_input_embeddings()(torch.tensor([ids])).detach().requires_grad_()
-    kept = {}
-    hook = None
-    if hasattr(model, "bert"):
-        def keep(module, args, out):
-            out.retain_grad()
-            kept["out"] = out
-        hook = model.bert.embeddings.register_forward_hook(keep)
-    row = explained("", model(inputs_embeds=emb).logits)
-    if hook is not None:
-        hook.remove()
+    inputs = []
+
+    def keep(module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        x.retain_grad()
+        inputs.append(x)
+
+    hooks = [layer.register_forward_pre_hook(keep, with_kwargs=True) for layer in layers(model)]
+    try:
+        row = explained(model(inputs_embeds=emb).logits)
+    finally:
+        for h in hooks:
+            h.remove()
     (row[target] - (row[foil] if foil is not None else 0)).backward()
-    rel = (emb * emb.grad).sum(-1)[0].tolist()
-    at_output = (kept["out"] * kept["out"].grad).sum(-1)[0].tolist() if kept else None
-    return rel, at_output
+    return {"": (emb * emb.grad).sum(-1)[0].tolist(),
+            "_layers": [(x * x.grad).sum(-1)[0].tolist() for x in inputs]}
 
 
 def run(family: str, module, patch_map) -> dict:
@@ -218,7 +226,7 @@ def run(family: str, module, patch_map) -> dict:
     with torch.no_grad():  # the unpatched model's logits, float64 and float32
         for dtype in (torch.float64, torch.float32):
             model = load(family, dtype)
-            plain[dtype] = [explained(family, model(input_ids=torch.tensor([ids])).logits) for ids in ps]
+            plain[dtype] = [explained(model(input_ids=torch.tensor([ids])).logits) for ids in ps]
     top2 = [row.topk(2).indices.tolist() for row in plain[torch.float64]]
     out["target"] = [t for t, _ in top2]
     out["foil"] = [f for _, f in top2]
@@ -230,22 +238,17 @@ def run(family: str, module, patch_map) -> dict:
         # BERT: lxt replaced modeling_bert's attributes, so the class is looked up again
         cls = getattr(module, type(load(family, dtype)).__name__)
         model = load(family, dtype, cls)
-        res = {"logits": [row.tolist() for row in plain[dtype]], "relevance": [], "relevance_contrast": [],
-               "output": [], "output_contrast": []}
-        if task == "classification":
-            res["relevance_at_embedding_output"] = []
-            res["relevance_contrast_at_embedding_output"] = []
+        res = {"logits": [row.tolist() for row in plain[dtype]], "output": [], "output_contrast": []}
+        res.update({f"relevance{key}{at}": [] for key in ("", "_contrast") for at in ("", "_layers")})
         worst = 0.0
         for ids, t, f, want in zip(ps, out["target"], out["foil"], plain[dtype]):
             with torch.no_grad():
-                got = explained(family, model(input_ids=torch.tensor([ids])).logits)
+                got = explained(model(input_ids=torch.tensor([ids])).logits)
             worst = max(worst, float((got - want).abs().max()))
             for key, foil in (("", None), ("_contrast", f)):
-                rel, at_output = relevance(model, ids, t, foil)
-                res["relevance" + key].append(rel)
+                for at, rel in relevance(model, ids, t, foil).items():
+                    res[f"relevance{key}{at}"].append(rel)
                 res["output" + key].append(float(want[t] - (want[f] if foil is not None else 0)))
-                if at_output is not None:
-                    res[f"relevance{key}_at_embedding_output"].append(at_output)
         res["patched_forward_max_abs_logit_change"] = worst  # lxt's patches change the backward only
         out[name] = res
     return out
@@ -278,8 +281,10 @@ NOTES = [
     "weight under the uniform rule; the router's softmax, top-k and renormalisation a plain gradient).",
     "BERT: lxt replaces modeling_bert by its own copy (eager attention: the scores and the context get gradient / 2 "
     "each, so query and key / 4 and value / 2 as above; the pooler's tanh and the GELU by the identity rule); "
-    "relevance is given at inputs_embeds (the word embeddings, lxt's documented use) and at the embedding layer's "
-    "output (after position and token-type embeddings and LayerNorm).",
+    "relevance is given at inputs_embeds (the word embeddings, lxt's documented use); relevance_layers[l] is the "
+    "relevance at layer l's input (activation x grad, lxt's relevance at any layer), so relevance_layers[0] is at the "
+    "embedding layer's output (for BERT after position and token-type embeddings and LayerNorm; for the rotary "
+    "decoders the same tensor as inputs_embeds).",
     "Each prompt runs alone (batch of one, no padding); target = argmax of the float64 model's explained logits, "
     "foil = the second; the float32 run explains the same target and foil.",
 ]

@@ -5,7 +5,8 @@ tests/fixtures/lxt/ (the checkpoints, and attnlrp_lxt.json with the versions and
 First the checkpoints must load here (transformers 5) to the weights lxt ran: the model's logits at the explained
 position equal the fixture's. Then attrscope's attnlrp, run as a run runs it (a right-padded batch of the fixture's
 prompts, the explained position the last real token, the fixture's target and foil) equals lxt's relevance to 1e-5 of
-its scale (max |ours - lxt| / max |lxt|, per example) in float64 and 1e-3 in float32."""
+its scale (max |ours - lxt| / max |lxt|, per example) in float64 and 1e-3 in float32: the scores and every layer
+view (lxt's relevance at each layer's input)."""
 
 from __future__ import annotations
 
@@ -88,9 +89,9 @@ def test_attnlrp_equals_lxt(family, dtype):
         pytest.skip("method 'attnlrp' is not registered")
     m, lm, batch, rows, lengths = load(family, dtype)
     target_mode = "label" if m["task"] == "classification" else "predicted"
-    # lxt explains inputs_embeds; attnlrp the embedding module's output: the same tensor for the rotary decoders,
-    # BERT's is after its position embeddings and LayerNorm (the fixture gives lxt's relevance there too)
-    key = "_at_embedding_output" if m["task"] == "classification" else ""
+    # lxt explains inputs_embeds, attnlrp the embedding module's output (layer 1's input): the same tensor for the
+    # rotary decoders; BERT's is after its position embeddings and LayerNorm. The fixture has lxt's relevance at every
+    # layer's input (activation x grad), which attnlrp's layer views are.
     cases = [("", rows)]
     if m["task"] != "classification":  # a foil: the target's logit less the foil's
         contrast = rows.take(list(range(len(lengths))))
@@ -99,11 +100,14 @@ def test_attnlrp_equals_lxt(family, dtype):
     for suffix, rows_ in cases:
         out = run_batch(lm, {"attnlrp": get_method("attnlrp")}, batch, rows_, target_mode, 2, "none", Timings())
         scores = torch.as_tensor(out.results["attnlrp"]["scores"])
+        views = torch.as_tensor(out.results["attnlrp"]["layer_scores"])  # [B, L, n]
         torch.testing.assert_close(torch.as_tensor(out.outcome.output, dtype=torch.float64),
                                    torch.tensor(m[dtype]["output" + suffix], dtype=torch.float64),
                                    rtol=1e-6, atol=1e-6)
         for b, k in enumerate(lengths):
-            want = m[dtype]["relevance" + suffix + key][b]
-            err = relative(scores[b, :k], want)
+            want = m[dtype]["relevance" + suffix + "_layers"][b]  # [L][k]
+            err = relative(scores[b, :k], want[0])
             assert err <= TOL[dtype], f"{family} {dtype}{suffix} example {b}: {err:.2e} of the scale"
-            assert not scores[b, k:].any()  # padding
+            err = relative(views[b, :, :k], want)
+            assert err <= TOL[dtype], f"{family} {dtype}{suffix} example {b}, layer views: {err:.2e} of the scale"
+            assert not scores[b, k:].any() and not views[b, :, k:].any()  # padding
