@@ -27,7 +27,8 @@ LOGIT_TOL = {"float64": 1e-12, "float32": 1e-5}  # transformers 5's kernels agai
 # inside a padded batch: Hugging Face computes RMSNorm, RoPE and the softmax in float32 even in a float64 model
 BATCHED_TOL = {"float64": 1e-6, "float32": 1e-5}
 
-pytestmark = pytest.mark.skipif(DOC is None, reason=f"lxt's fixture {FIXTURE} is absent")
+pytestmark = [pytest.mark.skipif(DOC is None, reason=f"lxt's fixture {FIXTURE} is absent"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 @functools.cache
