@@ -16,6 +16,7 @@ from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.decomposition import NEEDS
+from ._internals.pre_ln import check_final_norm
 from ._internals.token_vectors import propagate
 
 MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True,
@@ -29,7 +30,6 @@ class DecompXBase(Method):
     needs = NEEDS
     has_layer_views = True
     tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
-    pre_ln_ok = False  # docs/methods.md 6.3 defines the pre-LN form; the blocks do not declare its MLP's linear maps
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
     cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
@@ -43,15 +43,20 @@ class DecompXBase(Method):
         super().__init__(memory_mb=memory_mb, **params)
 
     def check_architecture(self, adapter) -> None:
-        if adapter.pre_ln and adapter.block is not None:
-            raise AttrscopeError(
-                f"method '{self.name}' is not implemented for the pre-LN block of '{adapter.config.model_type}': "
-                "docs/methods.md 6.3 defines it, but the block descriptions do not declare the MLP's linear maps it "
-                "carries the parts through")
         super().check_architecture(adapter)
-        if adapter.ffn_parts(adapter.layers()[0]) is None or adapter.head_parts() is None:
-            raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block or the head of "
-                                 f"'{adapter.config.model_type}' models")
+        model = adapter.config.model_type
+        if adapter.pre_ln:  # docs/methods.md 6.3
+            check_final_norm(adapter, self.name)
+            if adapter.block.mlp_maps is None:
+                raise AttrscopeError(f"method '{self.name}' does not know the MLP's linear maps of '{model}' models: "
+                                     "its block description declares no mlp_maps (compute/adapters/)")
+            if not adapter.linear_values:
+                raise AttrscopeError(f"method '{self.name}' is not defined for '{model}' models with clip_qkv: the "
+                                     "clamp on the values has no linearisation in DecompX")
+        elif adapter.ffn_parts(adapter.layers()[0]) is None:
+            raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block of '{model}' models")
+        if adapter.head_parts() is None:
+            raise AttrscopeError(f"method '{self.name}' does not know the head of '{model}' models")
 
     def propagated(self, cap, adapter):
         self.check_architecture(adapter)
