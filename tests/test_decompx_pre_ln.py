@@ -178,3 +178,29 @@ def test_propagation_equals_the_per_token_reference(family):
         rows, logits = reference(family, model, ad, cap, b, k)
         torch.testing.assert_close(P.rows[b, :, :k], rows, rtol=1e-9, atol=1e-10)
         torch.testing.assert_close(P.logits[b, :k], logits, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "phi", "mixtral"])
+@torch.no_grad()
+def test_next_token_shares_sum_to_the_word_logit(family):
+    """--task next-token: each token's share of the target word's logit less the foil's (the LM head's row; Phi's
+    head bias shared; Gemma 2's soft cap at its zero-origin slope) sums to the model's own logits."""
+    from conftest import tiny_task_model
+    from families import family_model as fm
+
+    model = tiny_task_model(family, "next-token", layers=2) if family in ("gpt2", "llama") else fm(family, "next-token")
+    ad = adapter_for(model, "next-token")
+    batch = random_batch("bert", LENGTHS)
+    with torch.no_grad():
+        cap = ad.capture(batch, NEEDS)
+    target, foil = torch.tensor([5, 6, 7, 8]), torch.tensor([9, -1, 10, 11])
+    cap.foil = foil
+    res = get_method("decompx").compute(cap, ad, target)
+    b, e = torch.arange(len(LENGTHS)), cap.explain_pos
+    logits = cap.output.logits[b, e]  # [B, V]
+    want = logits[b, target] - torch.where(foil >= 0, logits[b, foil.clamp_min(0)], 0)
+    torch.testing.assert_close(res.scores.sum(1), want, rtol=0, atol=1e-5)
+    for i, k in enumerate(LENGTHS):
+        assert not res.scores[i, k:].any()
+    nohead = get_method("decompx_nohead").compute(cap, ad, target)
+    torch.testing.assert_close(nohead.layer_scores, res.layer_scores, rtol=0, atol=0)

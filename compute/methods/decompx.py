@@ -16,6 +16,7 @@ from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.decomposition import NEEDS
+from ._internals.linear_mlp import zero_origin_slope
 from ._internals.pre_ln import check_final_norm
 from ._internals.token_vectors import propagate
 
@@ -29,7 +30,8 @@ MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memor
 class DecompXBase(Method):
     needs = NEEDS
     has_layer_views = True
-    tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
+    # the propagation runs through the sequence head, or a decoder's LM head row of the target word (both variants)
+    tasks = SEQUENCE_HEAD_TASKS | {"next-token"}
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
     cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
@@ -55,7 +57,11 @@ class DecompXBase(Method):
                                      "clamp on the values has no linearisation in DecompX")
         elif adapter.ffn_parts(adapter.layers()[0]) is None:
             raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block of '{model}' models")
-        if adapter.head_parts() is None:
+        if adapter.task == "next-token":
+            if adapter.lm_head_parts()[0] is not None:  # one line where no LM head is known
+                raise AttrscopeError(f"method '{self.name}' does not know a language-model head with a transform "
+                                     f"before its vocabulary matrix ('{model}')")
+        elif adapter.head_parts() is None:
             raise AttrscopeError(f"method '{self.name}' does not know the head of '{model}' models")
 
     def propagated(self, cap, adapter):
@@ -75,9 +81,40 @@ class DecompX(DecompXBase):
     class_specific = True
 
     def compute(self, cap, adapter, target):
+        if adapter.task == "next-token":
+            scores = word_shares(adapter, cap, self.propagated(cap, adapter).rows[:, -1], target)
+            return MethodResult(scores=scores, layer_scores=self.layer_views(cap, adapter))
         logits = self.propagated(cap, adapter).logits  # [B, n, C]
         scores = logits.gather(-1, target[:, None, None].expand(-1, logits.shape[1], 1))[..., 0]
         return MethodResult(scores=scores, layer_scores=self.layer_views(cap, adapter))
 
     def compute_classes(self, cap, adapter, num_classes):
         return self.propagated(cap, adapter).logits.transpose(1, 2)  # every class at once: [B, C, n]
+
+
+def word_shares(adapter, cap, X: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[B, n] each token's share of the target word's logit (less the foil's where one is given) from the explained
+    token's final parts X [B, n, d] (after the final norm: the state the LM head reads): the vocabulary row of the
+    word on each part, its bias shared by absdot (|part * bias|), times the config's logit scale; a soft cap
+    cap tanh(z / cap) at its zero-origin slope of the real logit (docs/methods.md 6.3). The shares sum to the
+    model's logit (less the foil's)."""
+    _, W, bias = adapter.lm_head()
+    scale, softcap = adapter.logit_scaling()
+    dtype = X.dtype
+
+    def shares(t):  # [B, n] of the words t [B]
+        parts = torch.linalg.vecdot(X, W[t].to(dtype)[:, None])  # [B, n]
+        if bias is not None:
+            b = bias[t].to(dtype)
+            w = parts.abs()
+            parts = parts + w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny) * b[:, None]
+        parts = scale * parts
+        if softcap is None:
+            return parts
+        z = parts.sum(-1)  # the real logit before the cap (the parts sum to it)
+        return parts * zero_origin_slope(z, softcap * torch.tanh(z / softcap))[:, None]
+
+    out = shares(target)
+    if cap.foil is not None:
+        out = out - (cap.foil >= 0).to(dtype)[:, None] * shares(cap.foil.clamp_min(0))
+    return out * cap.mask.to(dtype)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ... import interrupts
 from ...adapters.base import linear_weight
+from .base import SEQUENCE_HEAD_TASKS
 from .budget import work_bytes
 from .decomposition import kept, layer_stack, ln_sigma, stack_params, stacked_ffn
 from .fused import absdot_share_, absdot_weights, ln_share
@@ -42,7 +43,7 @@ CPU_BLOCK_BYTES = 64 << 20  # the feed-forward block's activations of one block 
 @dataclass
 class Propagated:
     rows: torch.Tensor  # [B, L, n, d] x^l_{e<-j}: the explained token's decomposition after every layer
-    logits: torch.Tensor  # [B, n, C] every token's share of every logit
+    logits: torch.Tensor | None  # [B, n, C] every token's share of every logit (a sequence head's)
 
 
 @dataclass
@@ -140,7 +141,7 @@ def propagate(cap, adapter, memory_mb: int | None) -> Propagated:
             Y += _ffn(step, Y, budget)
             X = ln_share(Y, step.gain2, step.beta2)  # [R, n, d]
             out[:, l] = X if l == L - 1 else X.view(B, n, n, d)[b, e]
-        logits = _head(adapter, cap, out[:, -1])
+        logits = _logits(adapter, cap, out[:, -1])
         cap.memo[key] = Propagated(rows=out, logits=logits)
     return cap.memo[key]
 
@@ -227,7 +228,7 @@ def _propagate_pre_ln(cap, adapter, memory_mb: int | None) -> Propagated:
         X = h.add_(F_)
         out[:, l] = X if top else X.view(B, n, n, d)[b, e]
     out[:, -1] = _normed(out[:, -1], gain_f, beta_f, w.centred_f)  # the state the head reads
-    return Propagated(rows=out, logits=_head(adapter, cap, out[:, -1]))
+    return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
 
 
 def _first_layer(p, explained: torch.Tensor | None) -> torch.Tensor:
@@ -283,6 +284,11 @@ def _ffn_block(step: Step, Y: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
     R, k, d = Y.shape
     Hd = torch.mm(Y.view(-1, d), step.W1t).view(R, k, -1).addcmul_(w1, step.b1).mul_(step.theta)
     return torch.mm(Hd.view(R * k, -1), step.W2t).view(R, k, d)
+
+
+def _logits(adapter, cap, X: torch.Tensor) -> torch.Tensor | None:
+    """The sequence head's logit shares; None for a language model's (its target word's row: decompx.word_shares)."""
+    return _head(adapter, cap, X) if adapter.task in SEQUENCE_HEAD_TASKS else None
 
 
 def _head(adapter, cap, X: torch.Tensor) -> torch.Tensor:
