@@ -49,20 +49,20 @@ class DecompXBase(Method):
         model = adapter.config.model_type
         if adapter.pre_ln:  # docs/methods.md 6.3
             check_final_norm(adapter, self.name)
-            if adapter.block.mlp_maps is None:
-                raise AttrscopeError(f"method '{self.name}' does not know the MLP's linear maps of '{model}' models: "
-                                     "its block description declares no mlp_maps (compute/adapters/)")
-            if not adapter.linear_values:
-                raise AttrscopeError(f"method '{self.name}' is not defined for '{model}' models with clip_qkv: the "
-                                     "clamp on the values has no linearisation in DecompX")
         elif adapter.ffn_parts(adapter.layers()[0]) is None:
             raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block of '{model}' models")
         if adapter.task == "next-token":
-            if adapter.lm_head_parts()[0] is not None:  # one line where no LM head is known
+            if adapter.lm_head_parts()[0] is not None:  # lm_head_parts: one line where no LM head is known
                 raise AttrscopeError(f"method '{self.name}' does not know a language-model head with a transform "
                                      f"before its vocabulary matrix ('{model}')")
         elif adapter.head_parts() is None:
             raise AttrscopeError(f"method '{self.name}' does not know the head of '{model}' models")
+        if adapter.pre_ln and adapter.block.mlp_maps is None:
+            raise AttrscopeError(f"method '{self.name}' needs the MLP's linear maps of '{model}' models: its block "
+                                 "description declares no mlp_maps (compute/adapters/)")
+        if not adapter.linear_values:
+            raise AttrscopeError(f"method '{self.name}' is not defined for '{model}' models with clip_qkv: the "
+                                 "clamp on the values has no linearisation in DecompX")
 
     def propagated(self, cap, adapter):
         self.check_architecture(adapter)
