@@ -74,6 +74,16 @@ def test_parts_sum_to_every_layer_output_and_to_the_logits(pre_ln):
 
 
 @torch.no_grad()
+def test_all_classes_equal_one_class_at_a_time(pre_ln):
+    model, ad, batch, cap = pre_ln
+    m = get_method("decompx")
+    every = m.compute_classes(cap, ad, 2)
+    for c in range(2):
+        torch.testing.assert_close(every[:, c], m.compute(cap, ad, torch.full((len(LENGTHS),), c)).scores,
+                                   rtol=0, atol=0)
+
+
+@torch.no_grad()
 def test_feed_forward_blocks_do_not_change_the_result(pre_ln, monkeypatch):
     import compute.methods._internals.token_vectors as tv
 
