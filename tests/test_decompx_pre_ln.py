@@ -27,6 +27,13 @@ def _models():
     yield "llama", lambda: tiny_model("llama", layers=2)
     for family in FAMILIES:
         yield family, lambda family=family: family_model(family)
+    yield "olmo_unclipped", _unclipped_olmo  # OLMo's LayerNorm without gain or bias (its final norm's too)
+
+
+def _unclipped_olmo():
+    model = family_model("olmo")
+    model.config.clip_qkv = None  # the attention reads it from the config at every forward
+    return model
 
 
 PRE_LN = [(name, make) for name, make in _models() if adapter_for(make()).pre_ln]

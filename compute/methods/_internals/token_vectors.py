@@ -32,7 +32,7 @@ from ... import interrupts
 from ...adapters.base import linear_weight
 from .base import SEQUENCE_HEAD_TASKS
 from .budget import work_bytes
-from .decomposition import kept, layer_stack, ln_sigma, stack_params, stacked_ffn
+from .decomposition import center, kept, layer_stack, ln_sigma, stack_params, stacked_ffn
 from .fused import absdot_share_, absdot_weights, ln_share
 from .linear_mlp import factors, linear_mlps, zero_origin_slope
 from .pre_ln import mlp_output_norm
@@ -156,9 +156,9 @@ def _normed(X: torch.Tensor, gain: torch.Tensor | None, beta: torch.Tensor | Non
     state; None: the block has no such norm), its beta shared by absdot (RMSNorm has none)."""
     if gain is None:
         return X
-    if centred:
+    if centred and beta is not None:
         return ln_share(X, gain, beta)
-    return X * gain
+    return (center(X) if centred else X) * gain  # OLMo's LayerNorm keeps no bias
 
 
 def _propagate_pre_ln(cap, adapter, memory_mb: int | None) -> Propagated:
@@ -191,7 +191,7 @@ def _propagate_pre_ln(cap, adapter, memory_mb: int | None) -> Propagated:
     gain_p = None
     if post[0] is not None:  # RMSNorm on the MLP's output (Gemma 2, OLMo 2), at the real output's rms
         gamma_p = stack_params([adapter.norm_gain(m, d) for m in post], p.x.dtype, p.x.device)
-        gain_p = gamma_p[:, None, None] / (f.square().mean(-1, keepdim=True) + adapter.norm_eps(post[0])).sqrt()
+        gain_p = gamma_p[:, None, None] / _norm_scale(f, adapter.norm_eps(post[0]), False)
         f = f * gain_p
     final = adapter.final_norm()
     # N_f at the real last layer output (before the final norm, which the capture's last hidden state is after)
