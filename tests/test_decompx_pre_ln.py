@@ -67,7 +67,7 @@ def test_parts_sum_to_every_layer_output_and_to_the_logits(pre_ln):
         torch.testing.assert_close(P.rows[:, l].sum(1), cap.hidden_states[l + 1][b, e], rtol=0, atol=1e-5,
                                    msg=f"layer {l}")
     torch.testing.assert_close(P.logits.sum(1), logits, rtol=0, atol=1e-5)
-    dx, nohead = get_method("decompx").compute(cap, ad, cap.pred), get_method("decompx_nohead").compute(cap, ad, cap.pred)
+    dx, nohead = (get_method(name).compute(cap, ad, cap.pred) for name in ("decompx", "decompx_nohead"))
     torch.testing.assert_close(dx.scores.sum(1), logits[b, cap.pred], rtol=0, atol=1e-5)
     norms = torch.linalg.vector_norm(P.rows, dim=-1)  # [B, L, n]
     torch.testing.assert_close(nohead.scores, norms[:, -1], rtol=0, atol=0)

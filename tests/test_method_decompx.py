@@ -2,7 +2,8 @@
 token's vector sums to that vector after every layer and the logit shares sum to the logits (biases are shared
 among the tokens, so nothing is left over), with GELU and with linear activations; the batched propagation equals a
 per-example re-implementation written here from the paper's equations (a loop over layers, plain per-source
-vectors, the model's own modules); --target all equals one class at a time. (Pre-LN blocks: tests/test_decompx_pre_ln.py.)"""
+vectors, the model's own modules); --target all equals one class at a time. (Pre-LN blocks:
+tests/test_decompx_pre_ln.py.)"""
 
 from __future__ import annotations
 

@@ -131,7 +131,8 @@ def test_attr_compute_on_gpt2(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     with open_store(out) as s:
         assert len(s) == len(texts)
-        assert {"alti", "globenc", "norm_resln", "w_res", "value_zeroing", "decompx", "decompx_nohead"} <= set(s.methods)
+        assert {"alti", "globenc", "norm_resln", "w_res", "value_zeroing", "decompx",
+                "decompx_nohead"} <= set(s.methods)
         for ex in s:
             assert ex.explain_pos == ex.n_tokens - 1
             with torch.no_grad():

@@ -19,4 +19,5 @@ class Qwen2MoeAdapter(LlamaAdapter):
 class Qwen3MoeAdapter(LlamaAdapter):
     family = "qwen3_moe"
     model_types = ("qwen3_moe",)
-    block = dataclasses.replace(BLOCK, mlp_kind="moe", mlp_maps=Experts(dense=GATED), extra_norms=("self_attn.q_norm", "self_attn.k_norm"))
+    block = dataclasses.replace(BLOCK, mlp_kind="moe", mlp_maps=Experts(dense=GATED),
+                                extra_norms=("self_attn.q_norm", "self_attn.k_norm"))

@@ -5,7 +5,10 @@ residuals, LN1, the feed-forward block (the activation as a per-neuron line thro
 explained token, the classification head: the explanation of class c is each token's share of the logit of c
 (signed; the shares sum to the logit, biases included). Layer view l = ||x^l_{e<-j}||_2, the norm of token j's part of
 the explained token's vector after layer l (the classifier-free variant's score at that layer). The propagation is
-shared with decompx_nohead and with --target all's classes (compute.methods._internals.token_vectors).
+shared with decompx_nohead and with --target all's classes (compute.methods._internals.token_vectors). Pre-LN blocks
+(docs/methods.md 6.3): the norms before the sublayers folded per token, the MLP as the linear maps its block declares
+(a mixture's chosen experts with the routing fixed), the final norm before the head; on --task next-token the LM
+head's row of the target word (less the foil's).
 """
 
 from __future__ import annotations
