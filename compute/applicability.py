@@ -11,6 +11,8 @@ SHORT_REASONS = (
     ("pre-LN", "pre-LN"),
     ("LRP rule set", "no LRP rules"),
     ("rebuilds the final state", "block"),
+    ("declares no mlp_maps", "no MLP maps"),
+    ("clip_qkv", "clip_qkv"),
     ("does not know the", "head unknown"),
     ("no block description", "no block"),
 )

@@ -2,7 +2,8 @@
 token's vector sums to that vector after every layer and the logit shares sum to the logits (biases are shared
 among the tokens, so nothing is left over), with GELU and with linear activations; the batched propagation equals a
 per-example re-implementation written here from the paper's equations (a loop over layers, plain per-source
-vectors, the model's own modules); --target all equals one class at a time; pre-LN models are refused."""
+vectors, the model's own modules); --target all equals one class at a time. (Pre-LN blocks:
+tests/test_decompx_pre_ln.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import torch
 from conftest import ARCHS, random_batch, tiny_model
 
 from compute.adapters import adapter_for
-from compute.errors import AttrscopeError
 from compute.methods import get_method
 
 LENGTHS = [7, 3, 5, 1]
@@ -169,11 +169,3 @@ def test_decompx_feed_forward_blocks_do_not_change_the_result():
         tv.CPU_BLOCK_BYTES = real
     torch.testing.assert_close(blocked.scores, whole.scores, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(blocked.layer_scores, whole.layer_scores, rtol=1e-12, atol=1e-14)
-
-
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
-@pytest.mark.parametrize("name", ["decompx", "decompx_nohead"])
-def test_decompx_refuses_pre_ln_models(arch, name):
-    ad = adapter_for(tiny_model(arch))
-    with pytest.raises(AttrscopeError, match=f"{name}.*pre-LN"):
-        get_method(name).check_architecture(ad)

@@ -65,7 +65,7 @@ def test_pre_ln_methods_equal_the_reference(gpt2):
         assert torch.all(C.triu(1) == 0)  # causal attention: a token takes nothing from later tokens
 
 
-@pytest.mark.parametrize("name,params", [("decompx", {}), ("decompx_nohead", {}), ("alti", {"ln2": True})])
+@pytest.mark.parametrize("name,params", [("alti", {"ln2": True})])
 def test_methods_undefined_on_pre_ln_fail_with_one_line(gpt2, name, params):
     model, ad, batch, cap = gpt2
     with pytest.raises(AttrscopeError) as err:
@@ -125,12 +125,14 @@ def test_attr_compute_on_gpt2(tmp_path):
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())  # the message may wrap
     skipped = said[said.index("--methods all: skipping"):said.index("not defined for the")]
-    # the pre-LN forms (docs/methods.md 6) run; DecompX's is not implemented
-    assert "decompx" in skipped and not any(m in skipped for m in ("globenc", "norm_resln", "w_res", "value_zeroing"))
+    # the pre-LN forms (docs/methods.md 6) run
+    assert not any(m in skipped for m in ("globenc", "norm_resln", "w_res", "value_zeroing", "decompx",
+                                          "decompx_nohead"))
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     with open_store(out) as s:
-        assert "decompx" not in s.methods and len(s) == len(texts)
-        assert {"alti", "globenc", "norm_resln", "w_res", "value_zeroing"} <= set(s.methods)
+        assert len(s) == len(texts)
+        assert {"alti", "globenc", "norm_resln", "w_res", "value_zeroing", "decompx",
+                "decompx_nohead"} <= set(s.methods)
         for ex in s:
             assert ex.explain_pos == ex.n_tokens - 1
             with torch.no_grad():
@@ -138,10 +140,11 @@ def test_attr_compute_on_gpt2(tmp_path):
             assert ex.pred == int(logits.argmax())
             assert ex.matrices("alti").shape == (3, ex.n_tokens, ex.n_tokens)
     bad = tmp_path / "bad.h5"
-    res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(bad), "--methods", "decompx"])
+    res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(bad), "--methods", "alti",
+                                    "--alti-ln2"])
     assert res.exit_code == 1 and not bad.exists()
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "decompx" in lines[0] and "pre-LN" in lines[0]
+    assert len(lines) == 1 and "alti" in lines[0] and "pre-LN" in lines[0]
 
 
 def test_attr_compute_on_llama(tmp_path):

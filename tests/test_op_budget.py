@@ -55,6 +55,25 @@ def test_pre_ln_forms_within_op_budget(llama12, name):
     assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
 
 
+@pytest.fixture(scope="module", params=DEPTHS, ids=lambda L: f"{L}layers")
+def llama_at_depth(request):
+    model, adapter = random_llama(request.param)
+    batch = {k: v for k, v in random_batch(2, 24).items() if k != "token_type_ids"}
+    return model, adapter, batch, bare_counts(model, batch)
+
+
+@pytest.mark.parametrize("name", ["decompx", "decompx_nohead"])
+def test_decompx_on_pre_ln_within_op_budget(llama_at_depth, name):
+    """DecompX on a Llama at 12 and 24 layers (docs/methods.md 6.3): the norms' scales, the MLP's frozen factors and
+    the real MLP outputs of every layer at once; per layer a few large products and fused steps."""
+    model, adapter, batch, bare = llama_at_depth
+    cls = REGISTRY[name]
+    counted = method_count(name, model, adapter, batch)
+    ops, base = counted.total, bare["forward"].total
+    assert ops <= cls.op_budget * base, f"{name}: {ops} ops per batch, {ops / base:.2f}x the bare forward ({base})"
+    assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
+
+
 def test_counter_counts_forward_and_backward_ops():
     """The counter sees every op of a forward and of its backward (a budget measured with a blind counter passes
     anything)."""

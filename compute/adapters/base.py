@@ -148,6 +148,13 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """W [out, in] of an nn.Linear or of a GPT-2 Conv1D (which keeps W^T: y = x W + b)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return module.weight.t() if isinstance(module, Conv1D) else module.weight
+
+
 def module_at(root: nn.Module, path: str | None) -> nn.Module | None:
     """The submodule at a dotted path ("" : root itself; None: none)."""
     if path is None:
@@ -217,6 +224,11 @@ class Adapter:
     def value_of(self, out: torch.Tensor) -> torch.Tensor:
         """The value vectors [B, n, H d_h] in the output of :meth:`value_module`, as the block's layout holds them;
         value heads shared by several query heads are repeated, so every query head has its own."""
+        return self.value_columns(out)
+
+    def value_columns(self, out: torch.Tensor) -> torch.Tensor:
+        """The value columns of the value module's output layout, repeated per query head: a linear selection, so it
+        also gives W_V^T [d_in, H d_h] from the module's W^T and b_V from its bias (DecompX)."""
         layout, H, kv = self.block.qkv, self.n_heads, self.n_kv_heads
         *lead, width = out.shape
         if layout == "concat":
@@ -263,6 +275,12 @@ class Adapter:
         if self.block is not None:
             return self.block.mlp_kind == "moe"
         return max(int(getattr(self.config, k, None) or 0) for k in ("num_local_experts", "num_experts")) > 1
+
+    @property
+    def linear_values(self) -> bool:
+        """The value vectors are the value module's output as ``value_columns`` selects it (a linear map of the
+        layer's normed input): False where the family changes them further (OLMo's clip_qkv clamp)."""
+        return True
 
     def norm_eps(self, norm: nn.Module) -> float:
         """The epsilon of a norm module of the block (its eps or variance_epsilon)."""

@@ -20,6 +20,34 @@ QKV_LAYOUTS = ("separate", "concat", "concat_gqa", "per_head")
 
 
 @dataclass(frozen=True)
+class MLPMaps:
+    """A pre-LN block's MLP as linear maps around one elementwise factor, the form DecompX carries its parts through
+    (docs/methods.md 6.3); paths from the MLP module (``Block.mlp``). Plain: down(act(up(u))); gated:
+    down(act(gate(u)) * up(u)); ``fused``: up's output holds [gate | up] (Phi-3's gate_up_proj)."""
+
+    up: str
+    down: str
+    act: str  # the attribute holding the activation
+    gate: str | None = None  # None: plain
+    fused: bool = False
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture of experts' MLP for DecompX (docs/methods.md 6.3): the router (a module returning the router logits,
+    the chosen experts' weights and their indices), the experts (``gate_up_proj`` [E, 2F, d] holding [gate | up],
+    ``down_proj`` [E, d, F], ``act_fn``), an optional shared expert (``dense``'s maps) scaled by the sigmoid of
+    ``shared_gate``; a layer whose MLP has no router is a dense MLP described by ``dense`` (Qwen2-MoE's
+    mlp_only_layers)."""
+
+    dense: MLPMaps
+    router: str = "gate"
+    experts: str = "experts"
+    shared: str | None = None
+    shared_gate: str | None = None
+
+
+@dataclass(frozen=True)
 class Block:
     layers: str  # the ModuleList of layers
     embeddings: str  # the module whose output is the first layer's input
@@ -45,6 +73,7 @@ class Block:
     final_norm: str | None = None  # a norm after the last layer, whose output is the last hidden state
     windowed: bool = False  # sliding-window attention: a pad query may have no key in its window
     attention_flag: bool = False  # the attention module returns probabilities only when asked (DeBERTa's self)
+    mlp_maps: MLPMaps | Experts | None = None  # the pre-LN MLP's linear maps (DecompX); None: not declared
 
     def __post_init__(self):
         assert self.norms in NORM_PLACEMENTS and self.qkv in QKV_LAYOUTS, self

@@ -4,10 +4,11 @@ last block; the classifier reads the last real token."""
 from __future__ import annotations
 
 from .base import Adapter
-from .block import Block
+from .block import Block, MLPMaps
 
 BLOCK = Block(layers="h", embeddings="drop", attention="attn", value="attn.c_attn", out_proj="attn.c_proj",
-              ln1="ln_1", ln2="ln_2", mlp="mlp", norms="pre", qkv="concat", final_norm="ln_f")
+              ln1="ln_1", ln2="ln_2", mlp="mlp", norms="pre", qkv="concat", final_norm="ln_f",
+              mlp_maps=MLPMaps(up="c_fc", down="c_proj", act="act"))  # Conv1D (GPT-BigCode: nn.Linear)
 
 
 class _LinearView:

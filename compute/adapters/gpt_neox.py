@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Adapter
-from .block import Block
+from .block import Block, MLPMaps
 
 BLOCK = Block(layers="layers", embeddings="embed_in", attention="attention", value="attention.query_key_value",
               out_proj="attention.dense", ln1="input_layernorm", ln2="post_attention_layernorm", mlp="mlp",
-              norms="pre", qkv="per_head", positions="rotary", final_norm="final_layer_norm")
+              norms="pre", qkv="per_head", positions="rotary", final_norm="final_layer_norm",
+              mlp_maps=MLPMaps(up="dense_h_to_4h", down="dense_4h_to_h", act="act"))
 
 
 class GPTNeoXAdapter(Adapter):

@@ -5,11 +5,14 @@ r = x + Attn(norm_1(x)), x' = r + MLP(norm_2(r)); a final norm. The decoders bel
 from __future__ import annotations
 
 from .base import Adapter
-from .block import Block
+from .block import Block, MLPMaps
+
+GATED = MLPMaps(up="up_proj", gate="gate_proj", down="down_proj", act="act_fn")  # SwiGLU, GeGLU (Gemma)
 
 BLOCK = Block(layers="layers", embeddings="embed_tokens", attention="self_attn", value="self_attn.v_proj",
               out_proj="self_attn.o_proj", ln1="input_layernorm", ln2="post_attention_layernorm", mlp="mlp",
-              norms="pre", norm="rmsnorm", norm_bias=False, positions="rotary", mlp_kind="gated", final_norm="norm")
+              norms="pre", norm="rmsnorm", norm_bias=False, positions="rotary", mlp_kind="gated", final_norm="norm",
+              mlp_maps=GATED)
 
 
 class LlamaAdapter(Adapter):

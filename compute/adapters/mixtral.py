@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .llama import BLOCK, LlamaAdapter
+from .block import Experts
+from .llama import BLOCK, GATED, LlamaAdapter
 
 
 class MixtralAdapter(LlamaAdapter):
     family = "mixtral"
     model_types = ("mixtral",)
-    block = dataclasses.replace(BLOCK, mlp_kind="moe")
+    block = dataclasses.replace(BLOCK, mlp_kind="moe", mlp_maps=Experts(dense=GATED))

@@ -16,6 +16,10 @@ class OlmoAdapter(LlamaAdapter):
     def norm_eps(self, norm):
         return 1e-5  # OlmoLayerNorm's constant: the module keeps no attribute of it
 
+    @property
+    def linear_values(self):
+        return self.config.clip_qkv is None
+
     def value_of(self, out):
         clip = self.config.clip_qkv
         return super().value_of(out if clip is None else out.clamp(-clip, clip))

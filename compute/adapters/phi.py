@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .block import MLPMaps
 from .llama import BLOCK, LlamaAdapter
 
 
@@ -13,4 +14,5 @@ class PhiAdapter(LlamaAdapter):
     family = "phi"
     model_types = ("phi",)
     block = dataclasses.replace(BLOCK, out_proj="self_attn.dense", ln2="input_layernorm", parallel=True,
-                                norm="layernorm", norm_bias=True, mlp_kind="plain", final_norm="final_layernorm")
+                                norm="layernorm", norm_bias=True, mlp_kind="plain", final_norm="final_layernorm",
+                                mlp_maps=MLPMaps(up="fc1", down="fc2", act="activation_fn"))

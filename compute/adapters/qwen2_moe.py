@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from .llama import BLOCK, LlamaAdapter
+from .block import Experts
+from .llama import BLOCK, GATED, LlamaAdapter
 
 
 class Qwen2MoeAdapter(LlamaAdapter):
     family = "qwen2_moe"
     model_types = ("qwen2_moe",)
-    block = dataclasses.replace(BLOCK, mlp_kind="moe")
+    block = dataclasses.replace(BLOCK, mlp_kind="moe", mlp_maps=Experts(dense=GATED, shared="shared_expert",
+                                                                        shared_gate="shared_expert_gate"))
 
 
 class Qwen3MoeAdapter(LlamaAdapter):
     family = "qwen3_moe"
     model_types = ("qwen3_moe",)
-    block = dataclasses.replace(BLOCK, mlp_kind="moe", extra_norms=("self_attn.q_norm", "self_attn.k_norm"))
+    block = dataclasses.replace(BLOCK, mlp_kind="moe", mlp_maps=Experts(dense=GATED),
+                                extra_norms=("self_attn.q_norm", "self_attn.k_norm"))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from .block import MLPMaps
 from .llama import BLOCK, LlamaAdapter
 
 
 class Starcoder2Adapter(LlamaAdapter):
     family = "starcoder2"
     model_types = ("starcoder2",)
-    block = dataclasses.replace(BLOCK, norm="layernorm", norm_bias=True, mlp_kind="plain", windowed=True)
+    block = dataclasses.replace(BLOCK, norm="layernorm", norm_bias=True, mlp_kind="plain", windowed=True,
+                                mlp_maps=MLPMaps(up="c_fc", down="c_proj", act="act"))

@@ -5,7 +5,10 @@ residuals, LN1, the feed-forward block (the activation as a per-neuron line thro
 explained token, the classification head: the explanation of class c is each token's share of the logit of c
 (signed; the shares sum to the logit, biases included). Layer view l = ||x^l_{e<-j}||_2, the norm of token j's part of
 the explained token's vector after layer l (the classifier-free variant's score at that layer). The propagation is
-shared with decompx_nohead and with --target all's classes (compute.methods._internals.token_vectors).
+shared with decompx_nohead and with --target all's classes (compute.methods._internals.token_vectors). Pre-LN blocks
+(docs/methods.md 6.3): the norms before the sublayers folded per token, the MLP as the linear maps its block declares
+(a mixture's chosen experts with the routing fixed), the final norm before the head; on --task next-token the LM
+head's row of the target word (less the foil's).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.decomposition import NEEDS
+from ._internals.linear_mlp import zero_origin_slope
+from ._internals.pre_ln import check_final_norm
 from ._internals.token_vectors import propagate
 
 MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True,
@@ -28,8 +33,8 @@ MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memor
 class DecompXBase(Method):
     needs = NEEDS
     has_layer_views = True
-    tasks = SEQUENCE_HEAD_TASKS  # the propagation runs through the sequence head (both variants)
-    pre_ln_ok = False  # docs/methods.md 6.3 defines the pre-LN form; the blocks do not declare its MLP's linear maps
+    # the propagation runs through the sequence head, or a decoder's LM head row of the target word (both variants)
+    tasks = SEQUENCE_HEAD_TASKS | {"next-token"}
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
     cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
     run_options = (MEMORY_OPTION,)
@@ -43,15 +48,24 @@ class DecompXBase(Method):
         super().__init__(memory_mb=memory_mb, **params)
 
     def check_architecture(self, adapter) -> None:
-        if adapter.pre_ln and adapter.block is not None:
-            raise AttrscopeError(
-                f"method '{self.name}' is not implemented for the pre-LN block of '{adapter.config.model_type}': "
-                "docs/methods.md 6.3 defines it, but the block descriptions do not declare the MLP's linear maps it "
-                "carries the parts through")
         super().check_architecture(adapter)
-        if adapter.ffn_parts(adapter.layers()[0]) is None or adapter.head_parts() is None:
-            raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block or the head of "
-                                 f"'{adapter.config.model_type}' models")
+        model = adapter.config.model_type
+        if adapter.pre_ln:  # docs/methods.md 6.3
+            check_final_norm(adapter, self.name)
+        elif adapter.ffn_parts(adapter.layers()[0]) is None:
+            raise AttrscopeError(f"method '{self.name}' does not know the feed-forward block of '{model}' models")
+        if adapter.task == "next-token":
+            if adapter.lm_head_parts()[0] is not None:  # lm_head_parts: one line where no LM head is known
+                raise AttrscopeError(f"method '{self.name}' does not know a language-model head with a transform "
+                                     f"before its vocabulary matrix ('{model}')")
+        elif adapter.head_parts() is None:
+            raise AttrscopeError(f"method '{self.name}' does not know the head of '{model}' models")
+        if adapter.pre_ln and adapter.block.mlp_maps is None:
+            raise AttrscopeError(f"method '{self.name}' needs the MLP's linear maps of '{model}' models: its block "
+                                 "description declares no mlp_maps (compute/adapters/)")
+        if not adapter.linear_values:
+            raise AttrscopeError(f"method '{self.name}' is not defined for '{model}' models with clip_qkv: the "
+                                 "clamp on the values has no linearisation in DecompX")
 
     def propagated(self, cap, adapter):
         self.check_architecture(adapter)
@@ -70,9 +84,40 @@ class DecompX(DecompXBase):
     class_specific = True
 
     def compute(self, cap, adapter, target):
+        if adapter.task == "next-token":
+            scores = word_shares(adapter, cap, self.propagated(cap, adapter).rows[:, -1], target)
+            return MethodResult(scores=scores, layer_scores=self.layer_views(cap, adapter))
         logits = self.propagated(cap, adapter).logits  # [B, n, C]
         scores = logits.gather(-1, target[:, None, None].expand(-1, logits.shape[1], 1))[..., 0]
         return MethodResult(scores=scores, layer_scores=self.layer_views(cap, adapter))
 
     def compute_classes(self, cap, adapter, num_classes):
         return self.propagated(cap, adapter).logits.transpose(1, 2)  # every class at once: [B, C, n]
+
+
+def word_shares(adapter, cap, X: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[B, n] each token's share of the target word's logit (less the foil's where one is given) from the explained
+    token's final parts X [B, n, d] (after the final norm: the state the LM head reads): the vocabulary row of the
+    word on each part, its bias shared by absdot (|part * bias|), times the config's logit scale; a soft cap
+    cap tanh(z / cap) at its zero-origin slope of the real logit (docs/methods.md 6.3). The shares sum to the
+    model's logit (less the foil's)."""
+    _, W, bias = adapter.lm_head()
+    scale, softcap = adapter.logit_scaling()
+    dtype = X.dtype
+
+    def shares(t):  # [B, n] of the words t [B]
+        parts = torch.linalg.vecdot(X, W[t].to(dtype)[:, None])  # [B, n]
+        if bias is not None:
+            b = bias[t].to(dtype)
+            w = parts.abs()
+            parts = parts + w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny) * b[:, None]
+        parts = scale * parts
+        if softcap is None:
+            return parts
+        z = parts.sum(-1)  # the real logit before the cap (the parts sum to it)
+        return parts * zero_origin_slope(z, softcap * torch.tanh(z / softcap))[:, None]
+
+    out = shares(target)
+    if cap.foil is not None:
+        out = out - (cap.foil >= 0).to(dtype)[:, None] * shares(cap.foil.clamp_min(0))
+    return out * cap.mask.to(dtype)

@@ -29,9 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from ... import interrupts
+from ...adapters.base import linear_weight
+from .base import SEQUENCE_HEAD_TASKS
 from .budget import work_bytes
-from .decomposition import kept, layer_stack, stack_params, stacked_ffn
+from .decomposition import center, kept, layer_stack, ln_sigma, stack_params, stacked_ffn
 from .fused import absdot_share_, absdot_weights, ln_share
+from .linear_mlp import factors, linear_mlps, zero_origin_slope
+from .pre_ln import mlp_output_norm
 
 CPU_BLOCK_BYTES = 64 << 20  # the feed-forward block's activations of one block of source tokens, on the CPU
 
@@ -39,15 +43,7 @@ CPU_BLOCK_BYTES = 64 << 20  # the feed-forward block's activations of one block 
 @dataclass
 class Propagated:
     rows: torch.Tensor  # [B, L, n, d] x^l_{e<-j}: the explained token's decomposition after every layer
-    logits: torch.Tensor  # [B, n, C] every token's share of every logit
-
-
-def zero_origin_slope(pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
-    """act(h) / h per neuron: the slope of the line through the origin and (h, act(h)). The reference divides by
-    h + 1e-12; here |h| < 1e-12 is replaced by +-1e-12 with h's sign (the reference's form flips sign near -1e-12)."""
-    eps = 1e-12
-    den = torch.where(pre.abs() < eps, torch.where(pre < 0, -eps, eps), pre)
-    return post / den
+    logits: torch.Tensor | None  # [B, n, C] every token's share of every logit (a sequence head's)
 
 
 @dataclass
@@ -62,16 +58,19 @@ class DecompXWeights:
     W1b1: torch.Tensor  # [L, d] W1^T b1: <W1 y, b1> = <y, W1^T b1>
 
 
-def decompx_weights(adapter, weights, ffn, dtype, device) -> DecompXWeights:
+def decompx_weights(adapter, weights, W1, b1, W2, dtype, device) -> DecompXWeights:
+    """The attention's value and output maps of every layer (W_V^T per query head from the value module's weight
+    as its layout holds the values: ``Adapter.value_columns``) and the MLP's first and second maps W1 [L, F, d],
+    b1, W2 [L, d, F]."""
     def build():
         values = [adapter.value_module(layer) for layer in adapter.layers()]
-        W_V = stack_params([v.weight for v in values], dtype, device)
-        b_V = (torch.zeros_like(W_V[:, 0]) if values[0].bias is None
-               else stack_params([v.bias for v in values], dtype, device))
-        return DecompXWeights(W_Vt=W_V.transpose(1, 2).contiguous(), W_Ot=weights.W_O.transpose(1, 2).contiguous(),
+        W_Vt = stack_params([adapter.value_columns(linear_weight(v).t()) for v in values], dtype, device)
+        b_V = (W_Vt.new_zeros(W_Vt.shape[0], W_Vt.shape[2]) if values[0].bias is None
+               else stack_params([adapter.value_columns(v.bias) for v in values], dtype, device))
+        return DecompXWeights(W_Vt=W_Vt.contiguous(), W_Ot=weights.W_O.transpose(1, 2).contiguous(),
                               bias=torch.matmul(weights.W_O, b_V[..., None])[..., 0] + weights.b_O,
-                              W1t=ffn.W1.transpose(1, 2).contiguous(), W2t=ffn.W2.transpose(1, 2).contiguous(),
-                              W1b1=torch.matmul(ffn.W1.transpose(1, 2), ffn.b1[..., None])[..., 0])
+                              W1t=W1.transpose(1, 2).contiguous(), W2t=W2.transpose(1, 2).contiguous(),
+                              W1b1=torch.matmul(W1.transpose(1, 2), b1[..., None])[..., 0])
 
     return kept(adapter, ("decompx", dtype, device), build)
 
@@ -81,9 +80,9 @@ class Step:
     """One layer's inputs to the propagation (views of the stacks made before the layers are stepped through)."""
 
     A: torch.Tensor  # [B H, r, n] the attention rows of the receiving tokens
-    gain1: torch.Tensor  # [R, 1, d] gamma1 / sigma1 of each receiving row (R = B r)
-    gain2: torch.Tensor
-    theta: torch.Tensor  # [R, 1, d_ff] the feed-forward slopes act(h) / h of each receiving row's real state
+    gain1: torch.Tensor | None  # [R, 1, d] gamma1 / sigma1 of each receiving row (R = B r; pre-LN: of every token)
+    gain2: torch.Tensor | None
+    theta: torch.Tensor  # [R, 1, d_ff] the feed-forward factors (act(h) / h; a gate) of each receiving row
     W_Vt: torch.Tensor
     W_Ot: torch.Tensor
     bias: torch.Tensor
@@ -105,12 +104,14 @@ def propagate(cap, adapter, memory_mb: int | None) -> Propagated:
     once before the layers are stepped through; each layer then costs a few large products and fused steps
     (compute.methods._internals.fused), with the decomposition laid out as [rows x parts, d] for the products."""
     key = ("decompx", memory_mb)
+    if key not in cap.memo and adapter.pre_ln:
+        cap.memo[key] = _propagate_pre_ln(cap, adapter, memory_mb)
     if key not in cap.memo:
         p = layer_stack(cap, adapter)  # [L, B, ...]
         L, B, n, d = p.x.shape
         H = p.A.shape[2]
         ffn = stacked_ffn(adapter, p.x.dtype, p.x.device)
-        W = decompx_weights(adapter, p.weights, ffn, p.x.dtype, p.x.device)
+        W = decompx_weights(adapter, p.weights, ffn.W1, ffn.b1, ffn.W2, p.x.dtype, p.x.device)
         b, e = torch.arange(B, device=p.x.device), cap.explain_pos
         gain1 = p.gamma1 / p.sigma1[..., None]  # [L, B, n, d]
         gain2 = p.gamma2 / p.sigma2[..., None]
@@ -140,9 +141,94 @@ def propagate(cap, adapter, memory_mb: int | None) -> Propagated:
             Y += _ffn(step, Y, budget)
             X = ln_share(Y, step.gain2, step.beta2)  # [R, n, d]
             out[:, l] = X if l == L - 1 else X.view(B, n, n, d)[b, e]
-        logits = _head(adapter, cap, out[:, -1])
+        logits = _logits(adapter, cap, out[:, -1])
         cap.memo[key] = Propagated(rows=out, logits=logits)
     return cap.memo[key]
+
+
+def _norm_scale(u: torch.Tensor, eps: float, centred: bool) -> torch.Tensor:
+    """[..., n, 1] a norm's divisor of the real states u: LayerNorm's sigma, RMSNorm's rms."""
+    return (ln_sigma(u, eps) if centred else (u.square().mean(-1) + eps).sqrt())[..., None]
+
+
+def _normed(X: torch.Tensor, gain: torch.Tensor | None, beta: torch.Tensor | None, centred: bool) -> torch.Tensor:
+    """A norm at its frozen scale applied to the parts X [R, n, d] (gain [R, 1, d] = gamma / sigma of each row's real
+    state; None: the block has no such norm), its beta shared by absdot (RMSNorm has none)."""
+    if gain is None:
+        return X
+    if centred and beta is not None:
+        return ln_share(X, gain, beta)
+    return (center(X) if centred else X) * gain  # OLMo's LayerNorm keeps no bias
+
+
+def _propagate_pre_ln(cap, adapter, memory_mb: int | None) -> Propagated:
+    """docs/methods.md 6.3: the parts of every token's layer input x go through N1 (folded per token), attention
+    (its biases shared), the norm on its output, the residual (no norm), N2, the MLP as its linear maps around the
+    factors frozen at the real input (compute.methods._internals.linear_mlp), the norm on the MLP's output; the
+    explained row of the last layer through the final norm N_f, then the head. Every norm's scale is the real
+    state's, computed for every layer at once before the layers are stepped through."""
+    p = layer_stack(cap, adapter)  # [L, B, ...]
+    L, B, n, d = p.x.shape
+    H = p.A.shape[2]
+    block, w = adapter.block, p.weights
+    centred = block.norm == "layernorm"
+    mlp = linear_mlps(adapter, p.x.dtype, p.x.device)
+    W = decompx_weights(adapter, w, mlp.W_in, mlp.b_in, mlp.W_out, p.x.dtype, p.x.device)
+    b, e = torch.arange(B, device=p.x.device), cap.explain_pos
+
+    def gain(gamma, u, eps):  # [L, B, n, d] gamma / the real states' scale
+        return gamma[:, None, None] / _norm_scale(u, eps, centred)
+
+    gain1 = gain(w.gamma1, p.s, w.eps1) if cap.ln1_in else None  # OLMo 2: attention reads x itself
+    reads_norm = block.ln2 != block.mlp  # OLMo 2: the MLP reads the residual stream itself
+    u = cap.stack("ln2_out") if reads_norm else cap.stack("ln2_in")  # the MLP's real input
+    gain2 = gain(w.gamma2, cap.stack("ln2_in"), w.eps2) if reads_norm else None
+    theta, up = factors(mlp, u.reshape(L, B * n, d))
+    gain_o = None if p.rho is None else w.gamma_o[:, None, None] / p.rho[..., None]
+    f = torch.baddbmm(mlp.b_out[:, None], theta * up, mlp.W_out.transpose(1, 2)).view(L, B, n, d)  # real MLP out
+    theta = theta.view(L, B, n, -1)
+    post = [mlp_output_norm(adapter, layer) for layer in adapter.layers()]
+    gain_p = None
+    if post[0] is not None:  # RMSNorm on the MLP's output (Gemma 2, OLMo 2), at the real output's rms
+        gamma_p = stack_params([adapter.norm_gain(m, d) for m in post], p.x.dtype, p.x.device)
+        gain_p = gamma_p[:, None, None] / _norm_scale(f, adapter.norm_eps(post[0]), False)
+        f = f * gain_p
+    final = adapter.final_norm()
+    # N_f at the real last layer output (before the final norm, which the capture's last hidden state is after)
+    last = (p.t[-1] + f[-1])[b, e]  # [B, d]
+    gain_f = (w.gamma_f / _norm_scale(last, w.eps_f, w.centred_f))[:, None]  # [B, 1, d]
+    beta_f = None if getattr(final, "bias", None) is None else final.bias.detach().to(p.x.dtype)
+
+    def rows(t, l):  # the receiving rows of layer l: every token, the explained one in the last layer
+        return None if t is None else (t[l].flatten(0, 1) if l < L - 1 else t[l, b, e])[:, None]
+
+    budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
+    out = p.x.new_empty(B, L, n, d)
+    X = p.x.new_zeros(B, n, n, d)  # layer 1: every token's input is its own
+    X.diagonal(dim1=1, dim2=2).copy_(p.x[0].transpose(1, 2))
+    X = X.view(B * n, n, d)
+    for l in range(L):
+        interrupts.check()  # a stop asked for: between layers
+        top = l == L - 1
+        step = Step(A=(p.A[l] if not top else p.A[l][b, :, e, None]).flatten(0, 1), gain1=None, gain2=None,
+                    theta=rows(theta, l), W_Vt=W.W_Vt[l], W_Ot=W.W_Ot[l], bias=W.bias[l], W1t=W.W1t[l],
+                    b1=mlp.b_in[l], W2t=W.W2t[l], b2=mlp.b_out[l], W1b1=W.W1b1[l], beta1=w.beta1[l],
+                    beta2=w.beta2[l])
+        Y = _normed(X, None if gain1 is None else gain1[l].flatten(0, 1)[:, None], w.beta1[l], centred)
+        a = _attention(step, Y, H, (b, e) if top else None, residual=False)  # [R, n, d]
+        absdot_share_(a, step.bias)
+        if gain_o is not None:
+            a.mul_(rows(gain_o, l))
+        own = X.view(B, n, n, d)[b, e] if top else X
+        h = a.add_(own)
+        mixed = _normed(own if block.parallel else h, rows(gain2, l), w.beta2[l], centred)
+        F_ = _ffn(step, mixed, budget)
+        if gain_p is not None:
+            F_.mul_(rows(gain_p, l))
+        X = h.add_(F_)
+        out[:, l] = X if top else X.view(B, n, n, d)[b, e]
+    out[:, -1] = _normed(out[:, -1], gain_f, beta_f, w.centred_f)  # the state the head reads
+    return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
 
 
 def _first_layer(p, explained: torch.Tensor | None) -> torch.Tensor:
@@ -162,16 +248,18 @@ def _first_layer(p, explained: torch.Tensor | None) -> torch.Tensor:
     return Z.flatten(0, 1)
 
 
-def _attention(step: Step, X: torch.Tensor, H: int, explained) -> torch.Tensor:
+def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = True) -> torch.Tensor:
     """z_{i<-j} = sum_h sum_k A_ik^h W_O^h W_V^h x_{k<-j} + x_{i<-j} [R, n, d] from the previous layer's parts X
-    [B n, n, d] (the value and output biases are shared afterwards)."""
+    [B n, n, d] (the value and output biases are shared afterwards); without ``residual`` the first term only."""
     Bn, n, d = X.shape
     B, dh = Bn // n, d // H
     V = torch.mm(X.view(-1, d), step.W_Vt).view(B, n, n, H, dh).permute(0, 3, 1, 2, 4).reshape(B * H, n, n * dh)
     r = step.A.shape[1]
     C = torch.bmm(step.A, V).view(B, H, r, n, dh).permute(0, 2, 3, 1, 4).reshape(B * r * n, d)
-    residual = X.view(-1, d) if explained is None else X.view(B, n, n, d)[explained].view(-1, d)
-    return torch.addmm(residual, C, step.W_Ot).view(B * r, n, d)
+    if not residual:
+        return torch.mm(C, step.W_Ot).view(B * r, n, d)
+    own = X.view(-1, d) if explained is None else X.view(B, n, n, d)[explained].view(-1, d)
+    return torch.addmm(own, C, step.W_Ot).view(B * r, n, d)
 
 
 def _ffn(step: Step, Y: torch.Tensor, budget: int) -> torch.Tensor:
@@ -198,17 +286,27 @@ def _ffn_block(step: Step, Y: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
     return torch.mm(Hd.view(R * k, -1), step.W2t).view(R, k, d)
 
 
+def _logits(adapter, cap, X: torch.Tensor) -> torch.Tensor | None:
+    """The sequence head's logit shares; None for a language model's (its target word's row: decompx.word_shares)."""
+    return _head(adapter, cap, X) if adapter.task in SEQUENCE_HEAD_TASKS else None
+
+
 def _head(adapter, cap, X: torch.Tensor) -> torch.Tensor:
-    """logits_j [B, n, C] from the explained token's final decomposition X [B, n, d] (sums to the hidden state)."""
+    """logits_j [B, n, C] from the explained token's final decomposition X [B, n, d] (sums to the hidden state):
+    through the head's dense map and activation (zero-origin slope) where it has them, then the classifier (a
+    decoder's score reads the final-normed state directly)."""
     dense, act, classifier = adapter.head_parts()
     dtype = X.dtype
-    Wp, bp, Wc, bc = (t.to(dtype) for t in (dense.weight, dense.bias, classifier.weight, classifier.bias))
-    b = torch.arange(X.shape[0], device=X.device)
-    h = cap.hidden_states[-1][b, cap.explain_pos]  # [B, d] the explained token's final state
-    pre = F.linear(h, Wp, bp)
-    theta = zero_origin_slope(pre, act(pre))  # [B, d]
-    P = X @ Wp.T  # [B, n, d]
-    absdot_share_(P, bp)
-    Cj = P.mul_(theta[:, None]) @ Wc.T  # [B, n, C]
-    absdot_share_(Cj, bc)
+    if dense is not None:
+        Wp, bp = dense.weight.to(dtype), dense.bias.to(dtype)
+        b = torch.arange(X.shape[0], device=X.device)
+        h = cap.hidden_states[-1][b, cap.explain_pos]  # [B, d] the explained token's final state
+        pre = F.linear(h, Wp, bp)
+        theta = zero_origin_slope(pre, act(pre))  # [B, d]
+        X = X @ Wp.T  # [B, n, d]
+        absdot_share_(X, bp)
+        X.mul_(theta[:, None])
+    Cj = X @ classifier.weight.to(dtype).T  # [B, n, C]
+    if classifier.bias is not None:
+        absdot_share_(Cj, classifier.bias.to(dtype))
     return Cj.mul_(cap.mask[..., None].to(dtype))
