@@ -1052,6 +1052,21 @@ class Example:
         a = self._read(schema.HEADS, slice(start, start + size), size).astype(np.float32)
         return a.reshape(L, H, n, n) if mode == "all" else a.reshape(L, H, n)
 
+    def head_matrix(self, layer: int, head: int) -> np.ndarray | None:
+        """One head's attention matrix [n, n] as float32 (0-based ``layer`` and ``head``), reading only that head's
+        n x n block, not the example's L x H of them; None, reading nothing, unless the store keeps every head's full
+        matrix (``--heads --matrices all``). A part of an example's run cannot be checked against its digest (which
+        covers all its heads): the block's chunks are checked by their checksums; heads() and verify check the
+        digest."""
+        mode, L, H, n = self._s.heads, self._s.n_layers, self._s.n_heads, self.n_tokens
+        if mode != "all":
+            return None
+        if not (0 <= layer < L and 0 <= head < H):
+            raise IndexError(f"head L{layer + 1} H{head + 1} out of range: the store has {L} layers x {H} heads")
+        size = n * n
+        start = int(self._row["sq_off"]) * L * H + (layer * H + head) * size
+        return self._s._read(schema.HEADS, slice(start, start + size), size).astype(np.float32).reshape(n, n)
+
     def head_rows(self) -> np.ndarray | None:
         """The explained position's row of every head's attention, [L, H, n] float32, in either mode (all: cut
         from the full matrices); None, reading nothing, when the store keeps no per-head attention."""
