@@ -9,7 +9,8 @@ two faithfulness metrics per method (one with ten-level curves).
 Each measurement starts ``attr-tui STORE`` (python -m tui.cli, the tree's own code) in a fresh tmux session of 80x24
 and reads the screen back with ``tmux capture-pane``: "open" is from starting the process to the first example's
 tokens drawn (its id and "1/N" in the detail header and its token line), "next" from sending j to the next
-example's tokens drawn (the median of 30 presses, 0.15 s apart, and the slowest). The screen is read every few
+example's tokens drawn (the median of 30 presses, 0.15 s apart, and the slowest); beside each, the CPU time the
+app's process spent (/proc: to open, and per j as the mean over the presses, the read-ahead included). The screen is read every few
 milliseconds by a tmux client of its own, so the figures include a few ms of polling. Targets (issue 38): open
 < 0.5 s, next < 30 ms median. The machine's load (1-minute average) is printed with each row: the figures are only
 comparable at a similar load, which is why --before alternates the trees run by run.
@@ -182,12 +183,15 @@ def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(
 
     t0 = time.perf_counter()
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]), "-c", tree,
-                    f"{sys.executable} -m tui.cli {path}"], check=True)
+                    f"exec {sys.executable} -m tui.cli {path}"], check=True)
     try:
+        pid = int(subprocess.run(["tmux", "display-message", "-p", "-t", session, "#{pane_pid}"],
+                                 capture_output=True, text=True, check=True).stdout)
         wait(lambda sc: shown(sc, 0), t0, "open")
-        out = {"open_s": time.perf_counter() - t0}
+        out = {"open_s": time.perf_counter() - t0, "open_cpu_s": cpu_seconds(pid)}
         time.sleep(1.0)  # the start's reads (metrics, read-ahead) are over
         before, lat = _token_line(_screen(session)), []
+        cpu = cpu_seconds(pid)
         for i in range(1, presses + 1):
             time.sleep(0.15)
             t = time.perf_counter()
@@ -195,11 +199,20 @@ def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(
             screen = wait(lambda sc: shown(sc, i) and _token_line(sc) != before, t, "next")
             lat.append(time.perf_counter() - t)
             before = _token_line(screen)
+        out["next_cpu_ms"] = 1000 * (cpu_seconds(pid) - cpu) / presses
         out["next_ms"] = 1000 * statistics.median(lat)
         out["next_max_ms"] = 1000 * max(lat)
         return out
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) of process ``pid`` so far: what the app itself spent, which a loaded
+    machine stretches far less than the wall-clock figures (the whole-store check's child is not counted)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load() -> float:
@@ -256,12 +269,14 @@ def main() -> None:
                           file=sys.stderr)
     rows = {key: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for key, rs in runs.items()}
     pilot = args.pilot
-    print(f"{'code':>12} {'examples':>9} {'open s':>7} {'next ms':>8} {'(max)':>7} {'load':>5}"
-          + (f" {'last ms':>8} {'RSS MB':>7} {'growth MB':>9}" if pilot else ""))
+    print(f"{'code':>12} {'examples':>9} {'open s':>7} {'(CPU)':>6} {'next ms':>8} {'(max)':>7} {'(CPU)':>6} "
+          f"{'load':>5}" + (f" {'last ms':>8} {'RSS MB':>7} {'growth MB':>9}" if pilot else ""))
     for (name, n), r in rows.items():
-        print(f"{name:>12} {n:>9,} {r['open_s']:7.2f} {r['next_ms']:8.1f} {r['next_max_ms']:7.1f} {r['load']:5.1f}"
+        print(f"{name:>12} {n:>9,} {r['open_s']:7.2f} {r['open_cpu_s']:6.2f} {r['next_ms']:8.1f} "
+              f"{r['next_max_ms']:7.1f} {r['next_cpu_ms']:6.1f} {r['load']:5.1f}"
               + (f" {r['last_ms']:8.1f} {r['rss_open_mb']:7.0f} {r['rss_growth_mb']:9.1f}" if pilot else ""))
-    print("medians of --runs; load: the 1-minute load average around each measurement (this machine has "
+    print("medians of --runs; (CPU): the app process's CPU time (every thread) to open, and per j (the mean, read-ahead "
+          "included); load: the 1-minute load average around each measurement (this machine has "
           f"{os.cpu_count()} CPUs). Targets: open < 0.5 s, next < 30 ms median"
           + ("; last < 100 ms, growth < 20 MB" if pilot else ""))
 
