@@ -47,6 +47,7 @@ class Store:
         # Reads from several threads (the TUI's workers) and refresh()'s handle swap are serialised by this lock.
         self._lock = threading.RLock()
         self._f: h5py.File | None = open_for_reading(self.path)
+        self._datasets: dict[str, h5py.Dataset] = {}  # of self._f: _dataset()
         self._ahead: dict[str, tuple[int, np.ndarray]] | None = None  # sequential(): dataset -> (start, window)
         self.warnings: list[str] = []  # e.g. a newer minor format (unknown parts are ignored)
         try:
@@ -87,10 +88,19 @@ class Store:
             if self._ahead is not None and isinstance(sel, slice) and sel.step is None and sel.stop is not None:
                 out = self._read_ahead(f, name, sel.start or 0, sel.stop)
             else:
-                out = f[name][sel]
+                out = self._dataset(f, name)[sel]
         if expect is not None and np.size(out) != expect:
             raise damaged(self.path, f"/{name}", f"{np.size(out)} values where the index needs {expect}")
         return out
+
+    def _dataset(self, f: h5py.File, name: str) -> h5py.Dataset:
+        """Dataset ``name``, opened once per file handle: its HDF5 chunk cache then lives across reads (an example's
+        reads hit the chunks its neighbour's read just decompressed), and the path is not looked up again (both
+        were most of a read's time: 26 reads per example on the browse screen)."""
+        ds = self._datasets.get(name)
+        if ds is None:
+            ds = self._datasets[name] = f[name]
+        return ds
 
     def _read_ahead(self, f, name: str, a: int, b: int) -> np.ndarray:
         """Rows [a, b) of ``name`` from its read-ahead window, which is refilled from ``a`` when it does not hold
@@ -256,6 +266,7 @@ class Store:
         with self._lock:
             if self._opened and (reopen or not self.complete):
                 # Close first: a handle opened while another is still open shares its cached (stale) view.
+                self._datasets = {}
                 self._f.close()
                 self._f = None
                 self._f = open_for_reading(self.path)
@@ -771,6 +782,7 @@ class Store:
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         with self._lock:
+            self._datasets = {}
             if self._f is not None:
                 try:
                     self._f.close()
@@ -1039,6 +1051,21 @@ class Example:
         size = L * H * rows * n
         a = self._read(schema.HEADS, slice(start, start + size), size).astype(np.float32)
         return a.reshape(L, H, n, n) if mode == "all" else a.reshape(L, H, n)
+
+    def head_matrix(self, layer: int, head: int) -> np.ndarray | None:
+        """One head's attention matrix [n, n] as float32 (0-based ``layer`` and ``head``), reading only that head's
+        n x n block, not the example's L x H of them; None, reading nothing, unless the store keeps every head's full
+        matrix (``--heads --matrices all``). A part of an example's run cannot be checked against its digest (which
+        covers all its heads): the block's chunks are checked by their checksums; heads() and verify check the
+        digest."""
+        mode, L, H, n = self._s.heads, self._s.n_layers, self._s.n_heads, self.n_tokens
+        if mode != "all":
+            return None
+        if not (0 <= layer < L and 0 <= head < H):
+            raise IndexError(f"head L{layer + 1} H{head + 1} out of range: the store has {L} layers x {H} heads")
+        size = n * n
+        start = int(self._row["sq_off"]) * L * H + (layer * H + head) * size
+        return self._s._read(schema.HEADS, slice(start, start + size), size).astype(np.float32).reshape(n, n)
 
     def head_rows(self) -> np.ndarray | None:
         """The explained position's row of every head's attention, [L, H, n] float32, in either mode (all: cut

@@ -6,15 +6,23 @@ chunks swapped, each with its own checksum, is refused).
 
 Memory stays bounded: the flat datasets are read a slice at a time (whole examples' runs, so one example larger
 than a slice is read whole). Time grows with the file (the bulk is decompressing the method arrays).
+
+``python -m store.verify STORE`` (:func:`main`, started by :func:`command`) runs it in a process of its own: attr-tui
+checks a large store so, beside the app, whose reads then neither wait for the check's (HDF5 and the reader hold
+one lock per process) nor share its CPU time (the child runs niced).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 
 from . import schema
-from .integrity import damaged
-from .reader import Store
+from .errors import StoreError
+from .integrity import damaged, one_line
+from .reader import Store, open_store
 
 SLICE_VALUES = 1 << 22  # values per read of a flat dataset (16 MB of float32)
 ROWS = 8192  # index rows (and their texts) per step
@@ -60,6 +68,36 @@ def verify(s: Store, progress=None, slice_values: int = SLICE_VALUES) -> None:
 
 
 
+def command(path: str, nice: int = 0) -> list[str]:
+    """The command line of a child process that verifies ``path`` (:func:`main`), at ``nice`` more niceness; the
+    child imports this very package, whatever the working directory."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {root!r}); from store.verify import main; sys.exit(main())"
+    return [sys.executable, "-c", code, "--nice", str(int(nice)), os.fspath(path)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m store.verify [--nice N] STORE``: verify STORE; exit 0, or 1 with the one-line error on stdout."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m store.verify", description=main.__doc__)
+    ap.add_argument("store")
+    ap.add_argument("--nice", type=int, default=0, help="lower this process's priority by N (a background check)")
+    args = ap.parse_args(argv)
+    if args.nice > 0:
+        os.nice(args.nice)
+    try:
+        with open_store(args.store) as s:
+            verify(s)
+    except StoreError as err:
+        print(one_line(err, 10_000))
+        return 1
+    except Exception as err:  # noqa: BLE001 - any failure is the verdict, in one line
+        print(one_line(f"cannot read '{args.store}': {type(err).__name__}: {err}", 10_000))
+        return 1
+    return 0
+
+
 def _check_runs(s: Store, d: schema.Flat, need: int, step: int) -> None:
     """Read dataset ``d`` whole, consecutive examples' runs at once (about ``step`` rows, one example at least), each
     run checked against its digest; the runs must tile the dataset's committed rows [0, need)."""
@@ -92,3 +130,7 @@ def _token_strings(s: Store, rows) -> tuple[np.ndarray, np.ndarray]:
     first = rows["tok_off"] - t0
     last = first + rows["n_tokens"] - 1
     return off[first], off[last] + ln[last] - off[first]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

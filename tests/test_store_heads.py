@@ -30,6 +30,35 @@ def test_per_head_attention_round_trips(tmp_path, mode):
             assert s[i].head_rows().shape == (2, 3, n)
 
 
+@pytest.mark.parametrize("mode", ["none", "cls", "all"])
+def test_one_heads_matrix_reads_that_head_alone(tmp_path, monkeypatch, mode):
+    """Example.head_matrix(l, h): heads()[l, h] of a store with every head's full matrix, read as its n x n block
+    only; None, reading nothing, in the other stores; a head outside the model is an IndexError."""
+    path = str(tmp_path / "h.h5")
+    exs = make_store(path, n_examples=4, L=2, heads=mode, H=3)
+    with open_store(path) as s:
+        reads = []
+        read = s._read
+        monkeypatch.setattr(s, "_read", lambda name, sel, expect=None: (reads.append((name, expect)),
+                                                                        read(name, sel, expect))[1])
+        for i, ex in enumerate(exs):
+            e = s[i]
+            n = e.n_tokens
+            for layer in range(2):
+                for head in range(3):
+                    reads.clear()
+                    got = e.head_matrix(layer, head)
+                    if mode != "all":
+                        assert got is None and reads == []
+                        continue
+                    assert got.dtype == np.float32 and got.shape == (n, n)
+                    np.testing.assert_array_equal(got, ex.heads[layer, head].astype(np.float16).astype(np.float32))
+                    assert [r for r in reads if r[0] == schema.HEADS] == [(schema.HEADS, n * n)]
+        if mode == "all":
+            with pytest.raises(IndexError, match="head L3 H1 out of range: the store has 2 layers x 3 heads"):
+                s[0].head_matrix(2, 0)
+
+
 def test_a_store_without_heads_reads_nothing_for_them(tmp_path, monkeypatch):
     path = str(tmp_path / "plain.h5")
     make_store(path, n_examples=3)

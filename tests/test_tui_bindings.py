@@ -97,12 +97,14 @@ HEADS = {
     "home": lambda a: a.screen.cursor_layer, "end": lambda a: a.screen.cursor_layer,
     "left": lambda a: a.screen.cursor_head, "right": lambda a: a.screen.cursor_head,
     "ctrl+p": screen_name, "escape": screen_name, "h": screen_name, "q": screen_name,
+    "enter": lambda a: (screen_name(a), len(a._notifications)),  # the head matrix, or why this store has none
 }
 ATTENTION = {
     "up": lambda a: a.screen.cursor_layer, "down": lambda a: a.screen.cursor_layer,
     "left": lambda a: a.screen.cursor_head, "right": lambda a: a.screen.cursor_head,
     "j": lambda a: a.screen.index, "k": lambda a: a.screen.index, "s": lambda a: a.screen.norm,
     "escape": screen_name, "a": screen_name, "q": screen_name,
+    "enter": lambda a: (screen_name(a), len(a._notifications)),  # the head matrix, or why this store has none
 }
 HELP = {"escape": screen_name, "question_mark": screen_name}
 
@@ -237,7 +239,7 @@ async def test_attention_keys(full_store, env):
     app = create_app(full_store)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_modal(pilot, "a", AttentionScreen, "data")
-        for key in ("down", "right", "up", "left", "s", "j", "k"):
+        for key in ("down", "right", "up", "left", "s", "j", "k", "enter"):
             await press_and_check(pilot, ATTENTION, key)
         await close_and_reopen(pilot, ATTENTION, ("escape", "a", "q"), "a", AttentionScreen, "data")
 
@@ -267,7 +269,7 @@ async def test_heads_and_help_keys(full_store, env):
     app = create_app(full_store)
     async with app.run_test(size=(120, 40)) as pilot:
         await open_modal(pilot, "h", HeadsScreen, "masks")
-        for key in ("m", "M", "down", "up", "end", "home", "right", "left"):
+        for key in ("m", "M", "down", "up", "end", "home", "right", "left", "enter"):
             await press_and_check(pilot, HEADS, key)
         await press_and_check(pilot, HEADS, "ctrl+p")
         await pilot.press("escape")

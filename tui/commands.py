@@ -159,6 +159,9 @@ class HeadsCommands(_ListedCommands):
                 n_layers, n_heads = m.shape
                 out.append((f"mask: {printable(m.name)}", partial(screen.set_mask, i),
                             f"{m.n_selected} of {n_layers * n_heads} heads selected"))
+        if getattr(self.app.meta, "heads", "none") == "all":  # a store with every head's full matrix
+            out.append((f"head matrix: L{screen.cursor_layer + 1} H{screen.cursor_head + 1}",
+                        screen.action_head_matrix, "the current example's matrix of the head under the cursor (enter)"))
         out.append(("heads: close", screen.action_close, "back to the examples"))
         return out
 
@@ -273,6 +276,9 @@ class AttentionCommands(_ListedCommands):
         out = [(f"scale: {norm}", partial(screen.set_scale, norm), f"{how} (s cycles)")
                for norm, how in NORM_NAMES.items() if norm != screen.norm]
         out += colormap_commands(self.app)
+        if getattr(self.app.meta, "heads", "none") == "all":  # else the store keeps each head's row only
+            out.append((f"head matrix: L{screen.cursor_layer + 1} H{screen.cursor_head + 1}",
+                        screen.action_head_matrix, "the cursor head's full token-to-token matrix (enter)"))
         out.append(("attention: close", screen.action_close, "back to the examples"))
         return out
 

@@ -175,6 +175,40 @@ def read_head_attention(store: Store, i: int) -> HeadAttention:
     return HeadAttention(i, ex.id, list(ex.tokens), ex.explain_pos, np.asarray(rows, np.float32))
 
 
+@dataclass(frozen=True, eq=False)
+class HeadMatrix:
+    """One head's full attention matrix of one example as the head matrix screen draws it (stores made with
+    ``attr-compute --heads --matrices all``): ``matrix`` [n, n] of head (``layer``, ``head``), and ``heads``
+    [L, H, n, n] when every head was read (the grid of thumbnails), else None."""
+
+    index: int
+    id: str
+    tokens: list[str]
+    explain_pos: int
+    layer: int
+    head: int
+    matrix: np.ndarray  # [n, n] float32
+    heads: np.ndarray | None = None  # [L, H, n, n] float32
+
+
+def read_head_matrix(store: Store, i: int, layer: int, head: int, every: bool = False) -> HeadMatrix:
+    """Example ``i``'s matrix of head (``layer``, ``head``): that head's n x n alone, or with ``every`` all the
+    example's heads (checked against its digest) for the thumbnails. One example's data either way."""
+    ex = store[i]
+    heads = None
+    if every:
+        heads = ex.heads()
+        if heads is None or heads.ndim != 4:
+            raise ValueError("this store keeps no full matrix per head")
+        matrix = heads[layer, head]
+    else:
+        matrix = ex.head_matrix(layer, head)
+        if matrix is None:
+            raise ValueError("this store keeps no full matrix per head")
+    return HeadMatrix(i, ex.id, list(ex.tokens), int(ex.explain_pos), layer, head, np.asarray(matrix, np.float32),
+                      None if heads is None else np.asarray(heads, np.float32))
+
+
 #: Metrics come in this order (by base name, the name before "@preset"), others after them alphabetically: the
 #: ERASER pair first, then the perturbation curves, then agreement and evidence metrics.
 METRIC_ORDER = ("comprehensiveness", "sufficiency", "aopc", "lodds", "accuracy", "kendall", "spearman",

@@ -55,6 +55,7 @@ class AttentionScreen(ModalScreen[None]):
         Binding("j", "example(1)", "example", id="attention.next"),
         Binding("k", "example(-1)", "previous", id="attention.previous", show=False),
         Binding("s", "scale", "scale", id="attention.scale"),
+        Binding("enter", "head_matrix", "head matrix", id="attention.matrix", show=False),
         Binding("escape,a,q", "close", "close", id="attention.close"),
     ]
 
@@ -151,6 +152,12 @@ class AttentionScreen(ModalScreen[None]):
         self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
         lst.move_to_row(self.index)
         self._read(self.index)
+
+    def action_head_matrix(self) -> None:
+        """The cursor head's full matrix (screens/head_matrix.py)."""
+        from .head_matrix import open_head_matrix  # it draws with this module's _Drawn
+
+        open_head_matrix(self.app, self.cursor_layer, self.cursor_head)
 
     def action_close(self) -> None:
         self.dismiss(None)

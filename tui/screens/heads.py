@@ -26,6 +26,7 @@ from ..data import HeadMaskInfo, read_for_screen, read_head_masks
 from ..render.head_grid import EMPTY_MESSAGE, detail_text, legend_text, settings_text, tabs_text
 from ..widgets.footer import FittedFooter
 from ..widgets.head_grid import HeadGrid
+from .head_matrix import open_head_matrix
 
 _HEADS = Binding.Group("head")
 
@@ -57,6 +58,7 @@ class HeadsScreen(ModalScreen[None]):
         Binding("right", "move(0, 1)", "head", id="heads.right", group=_HEADS),
         Binding("home", "first_layer", "first layer", id="heads.first", show=False),
         Binding("end", "last_layer", "last layer", id="heads.last", show=False),
+        Binding("enter", "head_matrix", "head matrix", id="heads.matrix", show=False),
         Binding("escape,h,q", "close", "close", id="heads.close"),
         # ctrl+p is the app's (a priority binding, so it works here); this one only shows it in the footer.
         Binding("ctrl+p", "app.command_palette", "palette", show=False),
@@ -201,6 +203,10 @@ class HeadsScreen(ModalScreen[None]):
         info = self.info
         if info is not None:
             self.move_to(info.shape[0] - 1, self.cursor_head)
+
+    def action_head_matrix(self) -> None:
+        """The current example's matrix of the head under the cursor (screens/head_matrix.py)."""
+        open_head_matrix(self.app, self.cursor_layer, self.cursor_head)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -1,0 +1,141 @@
+"""attr-tui on a large store (issue 38, point 15): what the app's process reads to open a store does not grow with the
+number of examples, and the whole-store check of a store too large to check before the app starts runs in a process
+of its own (niced), reports damage in one notification, and ends with the app."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from synthetic import make_store
+from test_tui import _damaged_past_the_first_example, async_test, color_env, settle  # noqa: F401 - a fixture
+
+
+def _count_reads(monkeypatch) -> list[tuple[str, int]]:
+    """Every read of the store in this process, (dataset, elements read)."""
+    from store.reader import Store
+
+    seen: list[tuple[str, int]] = []
+    read = Store._read
+
+    def counted(self, name, sel, expect=None):
+        out = read(self, name, sel, expect)
+        seen.append((name, int(out.size)))
+        return out
+
+    monkeypatch.setattr(Store, "_read", counted)
+    return seen
+
+
+async def _open_and_settle(path) -> tuple[int, object]:
+    from tui.app import create_app
+
+    app = create_app(path, verify_store=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, rounds=20)
+        assert app.current == 0 and 0 in app.cache
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        errors = [n.message for n in app._notifications if n.severity == "error"]
+    return app, errors
+
+
+@async_test
+async def test_opening_reads_the_same_in_a_small_and_a_large_store(tmp_path, monkeypatch, color_env):
+    """The app's process reads the same datasets, as many times and as many values, for 1,100 and 4,400 examples
+    (the same first examples): opening, the list's first rows, the first example and its neighbours. The whole-store
+    check (verify_store, as attr-tui asks for a large store) read every example in the app's process before."""
+    small, large = tmp_path / "small.h5", tmp_path / "large.h5"
+    make_store(str(small), n_examples=1100)
+    make_store(str(large), n_examples=4400)
+    reads = _count_reads(monkeypatch)
+    counts = []
+    for path in (small, large):
+        reads.clear()
+        _, errors = await _open_and_settle(path)
+        assert not errors
+        counts.append(sorted(reads))
+    assert len(counts[0]) == len(counts[1]), (len(counts[0]), len(counts[1]))
+    assert counts[0] == counts[1]
+    assert sum(k for _, k in counts[1]) < 40_000  # a block of index and digest rows, a few examples: not the store
+
+
+@async_test
+async def test_the_whole_store_check_runs_in_another_process(tmp_path, monkeypatch, color_env):
+    """verify() is never called in the app's process; the child that runs it reports the damage as the one-line
+    notification it was before, and has exited once the app has."""
+    import importlib
+
+    verifying = importlib.import_module("store.verify")  # the module (the package's ``verify`` is the function)
+    calls = []
+    real = verifying.verify
+    monkeypatch.setattr(verifying, "verify", lambda *a, **k: (calls.append(threading.current_thread().name),
+                                                                real(*a, **k)))
+    path = _damaged_past_the_first_example(tmp_path)
+    app, errors = await _open_and_settle(path)
+    assert calls == []
+    proc = app.verify_process
+    assert proc is not None and proc.pid != os.getpid()
+    assert proc.returncode == 1
+    assert any("could not read the whole store" in e and f"store '{path}' is damaged: /methods/rollout/matrices" in e
+               for e in errors), errors
+
+
+@async_test
+async def test_quitting_ends_a_whole_store_check_still_running(tmp_path, monkeypatch, color_env):
+    """A check still running when the app quits is stopped (it kept the process alive for the whole read of the
+    store before), and says nothing."""
+    import tui.app
+    from tui.app import create_app
+
+    monkeypatch.setattr(tui.app, "verify_command", lambda path, nice=0: [sys.executable, "-c",
+                                                                      "import time; time.sleep(60)"])
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=4)
+    app = create_app(path, verify_store=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if app.verify_process is not None:
+                break
+        proc = app.verify_process
+        assert proc is not None and proc.poll() is None
+    t = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t < 5:
+        time.sleep(0.02)
+    assert proc.returncode is not None and time.monotonic() - t < 5
+    assert not [n for n in app._notifications if n.severity == "error"]
+
+
+def test_reading_the_next_example_looks_up_no_dataset_again(tmp_path, monkeypatch):
+    """The browse screen's read of an example (tui.data.read_example: 26 reads on the benchmark's store) opens each
+    dataset once per file handle: looking a path up and dropping its chunk cache at every read was most of "next
+    example" (41 -> 1.8 ms per example on a 100k store, load 8.5 on 2 cores). A refresh that reopens the file
+    opens them again; what is read stays right."""
+    import h5py
+
+    from store import open_store
+    from tui.data import read_example
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=40, with_values=True)
+    lookups = []
+    get = h5py.Group.__getitem__
+    monkeypatch.setattr(h5py.Group, "__getitem__", lambda self, name: (lookups.append(name), get(self, name))[1])
+    with open_store(path) as s:
+        methods = tuple(s.methods)
+        read_example(s, 0, methods)
+        lookups.clear()
+        for i in range(1, 40):
+            ex = read_example(s, i, methods)
+            assert ex.tokens == exs[i].tokens and ex.id == exs[i].id
+            np.testing.assert_allclose(ex.scores["rollout"], exs[i].results["rollout"]["scores"], rtol=1e-6)
+        assert lookups == []
+        s.refresh(reopen=True)
+        ex = read_example(s, 3, methods)
+        assert ex.tokens == exs[3].tokens
+        assert lookups  # a new handle: its datasets opened anew
