@@ -103,6 +103,11 @@ def family_model(family: str, task: str | None = None, seed: int = 0, dtype=torc
     return _spread(model).to(dtype).eval()
 
 
+def model_task(model) -> str:
+    """The task a tiny model's head is for: a causal LM's next token, else classification."""
+    return "next-token" if type(model).__name__.endswith("ForCausalLM") else "classification"
+
+
 def family_capture(ad, batch: dict, needs):
     """``ad``'s capture of ``batch``, explaining as a run does: a causal LM's next word after the last real token
     (compute.run.dispatch.explaining: its output vector there is ``cap.logits``, its argmax ``cap.pred``)."""

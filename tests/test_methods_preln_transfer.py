@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_batch, tiny_model
-from families import FAMILIES, family_model
+from families import FAMILIES, family_capture, family_model, model_task
 
 from compute.adapters import adapter_for
 from compute.methods import get_method
@@ -26,15 +26,15 @@ def _models():
         yield family, lambda family=family: family_model(family)
 
 
-PRE_LN = [(name, make) for name, make in _models() if adapter_for(make()).pre_ln]
+PRE_LN = [(name, make) for name, make in _models() if adapter_for(make(), model_task(make())).pre_ln]
 
 
 @pytest.fixture(scope="module", params=PRE_LN, ids=[name for name, _ in PRE_LN])
 def pre_ln(request):
     model = request.param[1]()
-    ad = adapter_for(model)
+    ad = adapter_for(model, model_task(model))
     with torch.no_grad():
-        cap = ad.capture(random_batch("bert", LENGTHS), NEEDS)
+        cap = family_capture(ad, random_batch("bert", LENGTHS), NEEDS)
     return ad, cap
 
 
