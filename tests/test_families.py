@@ -268,13 +268,15 @@ def test_methods_command_lists_what_runs_for_a_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("family", [f for f in NEW_FAMILIES if f in ("qwen2", "qwen3", "mistral", "gemma", "phi3", "olmo",
-                                                                    "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe")])
+                                                                    "starcoder2", "mixtral", "qwen2_moe", "qwen3_moe",
+                                                                    "opt", "granite", "olmoe", "bloom", "mpt")])
 @torch.no_grad()
 def test_alti_logit_directions_give_the_logit_on_llama_like_blocks(family):
     """ALTI-Logit where its definition carries over (a sequential pre-LN block, the final norm frozen at its real
     scale; Gemma's gain 1 + weight; OLMo's LayerNorm without parameters centres): logit_c = <g, r_final> (+ <u, beta_f>
     under a LayerNorm with bias), and each layer's contributions sum to its attention
-    update of the logit."""
+    update of the logit. A causal LM (Granite, OLMoE) explains a word's logit as the model scales it (Granite's
+    1 / logits_scaling)."""
     from compute.methods.alti_logit import at
 
     model, ad, batch, cap = captured(family)
@@ -285,7 +287,9 @@ def test_alti_logit_directions_give_the_logit_on_llama_like_blocks(family):
         g = m.directions(cap, ad, target)
         r = at(m._final_state(cap, ad), e)
         beta = getattr(ad.final_norm(), "bias", None)  # StarCoder2's LayerNorm: + <u, beta_f>
-        const = 0 if beta is None else model.score.weight[c] @ beta
+        head, scale = (model.score, 1.0) if ad.task == "classification" else \
+            (model.get_output_embeddings(), ad.logit_scaling()[0])
+        const = 0 if beta is None else scale * head.weight[c] @ beta
         torch.testing.assert_close((g[:, 0] * r).sum(-1) + const, cap.logits[:, c], rtol=1e-6, atol=1e-7)
         delta = m.layer_contributions(cap, ad, target)
         for l in range(ad.n_layers):
