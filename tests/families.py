@@ -62,12 +62,21 @@ UNDESCRIBED = {
     "mobilebert": ("MobileBertConfig", dict(embedding_size=16, true_hidden_size=16, intra_bottleneck_size=16), False),
 }
 ALL_FAMILIES = {**FAMILIES, **UNDESCRIBED}
+# Other arrangements of a described family's block that its config selects (the GlobEnc and Value Zeroing tests run
+# them beside FAMILIES): Falcon-RW (ALiBi, sequential, [q_h k_h v_h] per head), Falcon-7B (rotary, parallel on one
+# norm, one key and value head), the new architecture on one norm.
+VARIANTS = {
+    "falcon_rw": ("FalconConfig", dict(alibi=True, multi_query=False, parallel_attn=False, bias=True), True),
+    "falcon_7b": ("FalconConfig", dict(multi_query=True, parallel_attn=True), True),
+    "falcon_1ln": ("FalconConfig", dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+                   True),
+}
 
 
 def family_config(family: str, num_labels: int = 2, layers: int = 2):
     import transformers
 
-    name, extra, decoder = ALL_FAMILIES[family]
+    name, extra, decoder = {**ALL_FAMILIES, **VARIANTS}[family]
     ids = dict(pad_token_id=0) if not decoder else dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)
     ids.update({k: v for k, v in extra.items() if k.endswith("token_id")})
     args = dict(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
@@ -122,7 +131,7 @@ def family_capture(ad, batch: dict, needs):
 
 
 def is_decoder(family: str) -> bool:
-    return ALL_FAMILIES[family][2]
+    return {**ALL_FAMILIES, **VARIANTS}[family][2]
 
 
 def write_family_dir(path: Path, family: str, seed: int = 0) -> Path:

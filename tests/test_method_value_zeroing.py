@@ -117,10 +117,10 @@ def own_forward_distances(model, ad, enc: dict, l: int) -> torch.Tensor:
 
 
 def pre_ln_models():
-    from families import FAMILIES, family_model
+    from families import FAMILIES, VARIANTS, family_model
 
     yield from (("gpt2", lambda: tiny_model("gpt2", layers=2)), ("llama", lambda: tiny_model("llama", layers=2)))
-    for family in FAMILIES:
+    for family in (*FAMILIES, *VARIANTS):
         yield family, lambda family=family: family_model(family)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_batch, tiny_model
-from families import FAMILIES, family_capture, family_model, model_task
+from families import FAMILIES, VARIANTS, family_capture, family_model, model_task
 
 from compute.adapters import adapter_for
 from compute.methods import get_method
@@ -22,7 +22,7 @@ LENGTHS = [7, 3, 5, 1]
 def _models():
     yield "gpt2", lambda: tiny_model("gpt2", layers=2)
     yield "llama", lambda: tiny_model("llama", layers=2)
-    for family in FAMILIES:
+    for family in (*FAMILIES, *VARIANTS):
         yield family, lambda family=family: family_model(family)
 
 
