@@ -335,3 +335,25 @@ def test_integrated_gradients_on_a_mixture_of_experts_notes_the_routing(family):
     else:
         assert notes == []
     assert m.run_notes() == []
+
+
+def test_a_variant_outside_its_familys_description_runs_generically_or_is_refused_in_one_line():
+    """Adapter.describes: OPT with post-LN layers (OPT-350m's) runs as an undescribed family; BLOOM whose residual is
+    the norm's output (apply_residual_connection_post_layernorm) has no record of its modules to run generically and
+    is refused in one line."""
+    from transformers import BloomConfig, BloomForSequenceClassification, OPTConfig, OPTForSequenceClassification
+
+    from compute.adapters.generic import GenericAdapter
+    from compute.adapters.opt import OPTAdapter
+
+    small = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, pad_token_id=0)
+    opt = dict(small, ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64)
+    assert isinstance(adapter_for(OPTForSequenceClassification(OPTConfig(**opt))), OPTAdapter)
+    post = OPTForSequenceClassification(OPTConfig(**opt, do_layer_norm_before=False))
+    assert isinstance(adapter_for(post), GenericAdapter)
+    bloom = BloomForSequenceClassification(BloomConfig(**small, apply_residual_connection_post_layernorm=True))
+    with pytest.raises(AttrscopeError) as err:
+        adapter_for(bloom)
+    said = str(err.value)
+    assert "\n" not in said and said.startswith("unsupported architecture 'bloom'"), said
+

@@ -22,10 +22,6 @@ class MptAdapter(LlamaAdapter):
     block = BLOCK
     decoder = True  # causal (its attention modules carry no is_causal flag)
 
-    @property
-    def n_heads(self) -> int:
-        return int(self.config.n_heads)
-
     def value_of(self, out):
         clip = self.config.attn_config.clip_qkv
         return super().value_of(out if not clip else out.clamp(-clip, clip))
