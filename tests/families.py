@@ -56,8 +56,10 @@ FAMILIES = {
 NEW_FAMILIES = tuple(FAMILIES)
 # Families without a block description (compute/adapters/generic.py runs them): the methods that need none.
 UNDESCRIBED = {
-    # OPT-350m's post-LN layers (not OPT's description, OPTAdapter.describes)
-    "opt_postln": ("OPTConfig", dict(ffn_dim=64, word_embed_proj_dim=32, do_layer_norm_before=False), True),
+    # OPT-350m's post-LN layers (not OPT's description, OPTAdapter.describes); GELU for a smooth path (integrated
+    # gradients' completeness to 1e-5: OPT's ReLU is tested with the described family)
+    "opt_postln": ("OPTConfig", dict(ffn_dim=64, word_embed_proj_dim=32, do_layer_norm_before=False,
+                                     activation_function="gelu"), True),
     "albert": ("AlbertConfig", dict(embedding_size=16), False),  # one layer's weights applied at every depth
     "mobilebert": ("MobileBertConfig", dict(embedding_size=16, true_hidden_size=16, intra_bottleneck_size=16), False),
 }
