@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import ARCHS, random_batch, tiny_model
+from families import family_capture, model_task
 
 from compute.adapters import adapter_for
 from compute.methods import get_method
@@ -116,14 +117,14 @@ def own_forward_distances(model, ad, enc: dict, l: int) -> torch.Tensor:
 
 
 def pre_ln_models():
-    from families import FAMILIES, family_model
+    from families import FAMILIES, VARIANTS, family_model
 
     yield from (("gpt2", lambda: tiny_model("gpt2", layers=2)), ("llama", lambda: tiny_model("llama", layers=2)))
-    for family in FAMILIES:
+    for family in (*FAMILIES, *VARIANTS):
         yield family, lambda family=family: family_model(family)
 
 
-PRE_LN = [(name, make) for name, make in pre_ln_models() if adapter_for(make()).pre_ln]
+PRE_LN = [(name, make) for name, make in pre_ln_models() if adapter_for(make(), model_task(make())).pre_ln]
 
 
 @pytest.mark.parametrize("name,make", PRE_LN, ids=[name for name, _ in PRE_LN])
@@ -132,11 +133,11 @@ def test_value_zeroing_on_pre_ln_equals_zeroing_in_the_models_own_forward(name, 
     """docs/methods.md 6.2: every pre-LN block (sequential, parallel, norms on the sublayers' outputs, no norm before
     attention) against its own forward with the value zeroed, float64, to 1e-6; pad rows and columns 0."""
     model = make()
-    ad = adapter_for(model)
+    ad = adapter_for(model, model_task(model))
     batch = random_batch("bert", LENGTHS)
     m = get_method("value_zeroing")
     m.check_architecture(ad)
-    cap = ad.capture(batch, m.needs)
+    cap = family_capture(ad, batch, m.needs)
     res = m.compute(cap, ad, cap.pred)
     for l in range(ad.n_layers):
         D = own_forward_distances(model, ad, ad.forward_inputs(batch), l)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_batch, tiny_model
-from families import FAMILIES, family_model
+from families import FAMILIES, VARIANTS, family_capture, family_model, model_task
 
 from compute.adapters import adapter_for
 from compute.methods import get_method
@@ -22,19 +22,19 @@ LENGTHS = [7, 3, 5, 1]
 def _models():
     yield "gpt2", lambda: tiny_model("gpt2", layers=2)
     yield "llama", lambda: tiny_model("llama", layers=2)
-    for family in FAMILIES:
+    for family in (*FAMILIES, *VARIANTS):
         yield family, lambda family=family: family_model(family)
 
 
-PRE_LN = [(name, make) for name, make in _models() if adapter_for(make()).pre_ln]
+PRE_LN = [(name, make) for name, make in _models() if adapter_for(make(), model_task(make())).pre_ln]
 
 
 @pytest.fixture(scope="module", params=PRE_LN, ids=[name for name, _ in PRE_LN])
 def pre_ln(request):
     model = request.param[1]()
-    ad = adapter_for(model)
+    ad = adapter_for(model, model_task(model))
     with torch.no_grad():
-        cap = ad.capture(random_batch("bert", LENGTHS), NEEDS)
+        cap = family_capture(ad, random_batch("bert", LENGTHS), NEEDS)
     return ad, cap
 
 

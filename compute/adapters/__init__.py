@@ -14,8 +14,11 @@ from ..errors import AttrscopeError
 from .base import NEEDS, STACKED, Adapter, Captured, last_real_token, module_at
 from .bert import BertAdapter
 from .block import Block
+from .bloom import BloomAdapter
+from .cohere import CohereAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
+from .falcon import FalconAdapter
 from .gemma import GemmaAdapter
 from .gemma2 import Gemma2Adapter
 from .gemma3 import Gemma3Adapter
@@ -23,12 +26,17 @@ from .generic import GenericAdapter, generic_structure
 from .gpt2 import GPT2Adapter
 from .gpt_bigcode import GPTBigCodeAdapter
 from .gpt_neox import GPTNeoXAdapter
+from .gptj import GPTJAdapter
+from .granite import GraniteAdapter
 from .llama import LlamaAdapter
 from .mistral import MistralAdapter
 from .mixtral import MixtralAdapter
 from .modernbert import ModernBertAdapter
+from .mpt import MptAdapter
 from .olmo import OlmoAdapter
 from .olmo2 import Olmo2Adapter
+from .olmoe import OlmoeAdapter
+from .opt import OPTAdapter
 from .phi import PhiAdapter
 from .phi3 import Phi3Adapter
 from .qwen2 import Qwen2Adapter
@@ -41,9 +49,12 @@ ADAPTERS: tuple[type[Adapter], ...] = (BertAdapter, DistilBertAdapter, GPT2Adapt
                                        Qwen3Adapter, MistralAdapter, GemmaAdapter, Gemma2Adapter, Phi3Adapter,
                                        GPTNeoXAdapter, Olmo2Adapter, ModernBertAdapter, DebertaV2Adapter,
                                        Gemma3Adapter, OlmoAdapter, Starcoder2Adapter, MixtralAdapter, Qwen2MoeAdapter,
-                                       Qwen3MoeAdapter, StableLmAdapter, PhiAdapter, GPTBigCodeAdapter)
-# The families with a block description (every method defined for the block runs); any other checkpoint runs the
-# methods that need none (GenericAdapter).
+                                       Qwen3MoeAdapter, StableLmAdapter, PhiAdapter, GPTBigCodeAdapter, OPTAdapter,
+                                       GPTJAdapter, CohereAdapter, GraniteAdapter, OlmoeAdapter, BloomAdapter,
+                                       FalconAdapter, MptAdapter)
+# The families with a block description (every method defined for the block runs); any other checkpoint, or one of
+# these in a configuration its family's file does not describe (Adapter.describes), runs the methods that need none
+# (GenericAdapter).
 SUPPORTED_MODEL_TYPES = tuple(t for a in ADAPTERS for t in a.model_types)
 
 
@@ -54,7 +65,7 @@ def adapter_for(model: nn.Module, task: str = "classification") -> Adapter:
     model_type = getattr(model.config, "model_type", "?")
     get_task(task).check_model(model)
     for cls in ADAPTERS:
-        if model_type in cls.model_types:
+        if model_type in cls.model_types and cls.describes(model):
             return cls(model, task)
     missing = generic_structure(model)
     if missing is not None:

@@ -138,6 +138,20 @@ def _finite_mask(_m, args, kwargs):
     return args, {**kwargs, "attention_mask": mask.clamp_min(torch.finfo(torch.float32).min / 2)}
 
 
+class Sublayer(nn.Module):
+    """A block's step as one module where the model has none as the methods call it (y -> the sublayer's output):
+    OPT's feed-forward layers sit in the layer itself, BLOOM's and MPT's MLP add the residual they are given, Granite
+    scales each sublayer's output. ``parts`` are the layer's own modules (their parameters give the dtype)."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], *parts: nn.Module):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.fn = fn
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.fn(y)
+
+
 def last_real_token(mask: torch.Tensor) -> torch.Tensor:
     """[B] position of each row's last real token, which decoder classifiers pool (left or right padding)."""
     pos = torch.arange(mask.shape[1], device=mask.device)
@@ -191,6 +205,12 @@ class Adapter:
                 self.attention_probs_module(layer).register_forward_pre_hook(_finite_mask, with_kwargs=True)
             model._attrscope_nan_rows = True
 
+    @classmethod
+    def describes(cls, model: nn.Module) -> bool:
+        """Whether the family's block description holds for this checkpoint's configuration (some families have
+        variants it does not describe: they run as an undescribed family, compute/adapters/generic.py)."""
+        return True
+
     # --- structure -------------------------------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
@@ -238,6 +258,8 @@ class Adapter:
         if layout == "concat_gqa":
             dh = width // (H + 2 * kv)
             out = out[..., (H + kv) * dh:]
+        if layout == "grouped":
+            out = out.unflatten(-1, (kv, H // kv + 2, width // (H + 2 * kv)))[..., -1, :].flatten(-2)
         dh = out.shape[-1] // kv
         if kv == H:
             return out
@@ -461,8 +483,9 @@ class Adapter:
 
         def keep_in_out(ins, outs):
             def hook(_m, inp, out):
-                ins.append(inp[0])
-                outs.append(out)
+                # [B, n, d]: a norm called on the tokens flattened ([B n, d]: OPT's before its MLP) is unflattened
+                ins.append(inp[0] if inp[0].dim() > 2 else inp[0].unflatten(0, cap.mask.shape))
+                outs.append(out if out.dim() > 2 else out.unflatten(0, cap.mask.shape))
             return hook
 
         try:
@@ -495,8 +518,18 @@ class Adapter:
                 h.remove()
 
     def hook_layer_input(self, kept: list) -> torch.utils.hooks.RemovableHandle:
-        """A hook keeping the first layer's input (hidden_states[0]) in ``kept``: the embedding module's output."""
-        return self.embeddings().register_forward_hook(lambda _m, _inp, out: kept.append(_first(out)))
+        """A hook keeping the first layer's input (hidden_states[0]) in ``kept``: the embedding module's output, or
+        the first layer call's own input where the model changes the embeddings before its layers (a block's
+        ``layer_input`` "layer"; any family without a block): OPT adds the positions, Granite multiplies by its
+        embedding_multiplier, ALBERT and MobileBERT project to a wider state, and a layer shared across depths
+        (ALBERT's) is called at every depth (kept once)."""
+        if self.block is not None and self.block.layer_input == "embeddings":
+            return self.embeddings().register_forward_hook(lambda _m, _inp, out: kept.append(_first(out)))
+
+        def hook(_m, args, kwargs):
+            if not kept:
+                kept.append(args[0] if args else kwargs["hidden_states"])
+        return self.layers()[0].register_forward_pre_hook(hook, with_kwargs=True)
 
     def forward_inputs(self, enc: dict) -> dict:
         """Keep only the tokenizer outputs this model's forward accepts."""

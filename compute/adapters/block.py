@@ -15,8 +15,12 @@ from dataclasses import dataclass
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "output")
 # How the value vectors sit in the output of the value module: "separate" (a value projection; grouped heads
 # repeated), "concat" ([q | k | v] of equal widths: GPT-2, ModernBERT), "concat_gqa" ([q | k | v] with fewer key/value
-# heads: Phi-3), "per_head" ([q_h k_h v_h] per head: GPT-NeoX).
-QKV_LAYOUTS = ("separate", "concat", "concat_gqa", "per_head")
+# heads: Phi-3), "per_head" ([q_h k_h v_h] per head: GPT-NeoX), "grouped" ([q_1 .. q_g k v] per key/value head, g
+# query heads sharing it: Falcon's new_decoder_architecture).
+QKV_LAYOUTS = ("separate", "concat", "concat_gqa", "per_head", "grouped")
+# Where the first layer's input is read: "embeddings" (the embeddings module's output) or "layer" (the first layer
+# call's own input, where the model changes the embeddings before its layers: OPT's positions, Granite's multiplier).
+LAYER_INPUTS = ("embeddings", "layer")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,9 @@ class Block:
     qkv: str = "separate"  # QKV_LAYOUTS
     attn_out_norm: str | None = None  # a norm on the attention output before the residual add (Gemma 2, OLMo 2)
     parallel: bool = False  # attention and MLP both read the layer input: x' = x + Attn(LN1 x) + MLP(LN2 x)
-    positions: str = "absolute"  # "absolute" | "rotary" | "relative" (DeBERTa's disentangled terms): A only
+    # "absolute" | "rotary" | "relative" (DeBERTa's disentangled terms) | "alibi" (a per-head bias on the scores:
+    # BLOOM, Falcon, MPT): A only
+    positions: str = "absolute"
     # "plain" act(W1 y) | "gated" act(W_g y) * W_u y (SwiGLU, GeGLU) | "moe" a router's chosen experts (gated MLPs)
     # weighted by its gates (Mixtral, Qwen2/3-MoE, OLMoE): the token's own step; no expert's weights are read
     mlp_kind: str = "plain"
@@ -74,9 +80,10 @@ class Block:
     windowed: bool = False  # sliding-window attention: a pad query may have no key in its window
     attention_flag: bool = False  # the attention module returns probabilities only when asked (DeBERTa's self)
     mlp_maps: MLPMaps | Experts | None = None  # the pre-LN MLP's linear maps (DecompX); None: not declared
+    layer_input: str = "embeddings"  # LAYER_INPUTS
 
     def __post_init__(self):
-        assert self.norms in NORM_PLACEMENTS and self.qkv in QKV_LAYOUTS, self
+        assert self.norms in NORM_PLACEMENTS and self.qkv in QKV_LAYOUTS and self.layer_input in LAYER_INPUTS, self
 
     @property
     def pre_ln(self) -> bool:

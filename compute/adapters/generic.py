@@ -93,14 +93,6 @@ class GenericAdapter(Adapter):
         """The layers' calls in one forward: the depth (a shared layer counts at each depth it is applied)."""
         return self._probe[0]
 
-    def hook_layer_input(self, kept):
-        """The first layer call's input: the input embeddings' output may be narrower than the layers' (ALBERT,
-        MobileBERT) or lack the positions (OPT), and a shared layer is called at every depth (kept once)."""
-        def hook(_m, args, kwargs):
-            if not kept:
-                kept.append(args[0] if args else kwargs["hidden_states"])
-        return self.layers()[0].register_forward_pre_hook(hook, with_kwargs=True)
-
     def embeddings(self):
         return self.model.get_input_embeddings()
 

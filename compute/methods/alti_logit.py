@@ -68,6 +68,9 @@ class AltiLogit(Method):
         if why:
             raise AttrscopeError(f"method '{self.name}' is not defined for the '{adapter.config.model_type}' block: it "
                                  f"rebuilds the final state as r + MLP(LN2(r)) through a final norm, and {why}")
+        if adapter.task == "next-token" and adapter.logit_scaling()[1] is not None:
+            raise AttrscopeError(f"method '{self.name}' is not defined for '{adapter.config.model_type}' causal LMs: "
+                                 "their logits are soft-capped (final_logit_softcapping), not linear in the final state")
         head = adapter.lm_head_parts() if adapter.task in WORD_TASKS else adapter.head_parts()
         known = adapter.mlp(adapter.layers()[0]) is not None if adapter.pre_ln else \
             adapter.ffn_parts(adapter.layers()[0]) is not None
@@ -88,6 +91,8 @@ class AltiLogit(Method):
             rows = W[target]
             if cap.foil is not None:
                 rows = rows - (cap.foil >= 0).to(dtype)[:, None] * W[cap.foil.clamp_min(0)]
+            if adapter.task == "next-token":  # the logit as the model scales it (Cohere, Granite)
+                rows = adapter.logit_scaling()[0] * rows
             if dense is None:
                 return rows
             h = at(self._final_state(cap, adapter), cap.explain_pos)
