@@ -91,15 +91,15 @@ async def test_e_writes_the_figure_and_the_screenshot_avoids_a_missing_downloads
         await pilot.press("e")
         await pilot.pause()
         names = sorted(p.name for p in out.iterdir())
-        assert names == ["s-ex0.html", "s-ex0.svg", "s-ex0.tex"]
-        ET.fromstring((out / "s-ex0.svg").read_text())
-        assert any("s-ex0.svg" in n.message for n in app._notifications)
+        assert names == ["s-ex0-rollout.html", "s-ex0-rollout.svg", "s-ex0-rollout.tex"]
+        ET.fromstring((out / "s-ex0-rollout.svg").read_text())
+        assert any("s-ex0-rollout.svg" in n.message for n in app._notifications)
         app.deliver_screenshot()
         for _ in range(20):
             await pilot.pause(0.05)
             if len(list(out.glob("*.svg"))) == 2:
                 break
-        shots = [p for p in out.glob("*.svg") if p.name != "s-ex0.svg"]
+        shots = [p for p in out.glob("*.svg") if p.name != "s-ex0-rollout.svg"]
         assert len(shots) == 1
         ET.fromstring(shots[0].read_text())
 
@@ -256,3 +256,49 @@ def test_latex_bars_line_up_and_method_blocks_are_apart():
     methods = [line for line in rows if line.startswith("\\textbf{")]
     assert [rows.index(b) - rows.index(m) for m, b in zip(methods, bars)] == [1, 1, 1]
     assert all(b.rstrip().endswith("\\tabularnewline[0.8ex]") for b in bars[:-1])
+
+
+@async_test
+async def test_export_never_overwrites_a_different_figure(tmp_path, monkeypatch):
+    """Issue 38, item 3: e, another method, e rewrote the same ID.svg/.tex/.html without a word. The file names the
+    methods (and a shared scale); the same figure again writes the same files, a different one under that name (the
+    colormap changed) gets the next free number."""
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    store = tmp_path / "s.h5"
+    make_store(str(store), n_examples=3)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    app = create_app(store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await pilot.pause()
+        first = {p.name: p.read_text() for p in out.iterdir()}
+        assert sorted(first) == ["s-ex0-rollout.html", "s-ex0-rollout.svg", "s-ex0-rollout.tex"]
+        await pilot.press("m")
+        await settle(pilot)
+        await pilot.press("e")
+        await pilot.pause()
+        await pilot.press("e")  # the same figure again: the same files
+        await pilot.pause()
+        names = sorted(p.name for p in out.iterdir())
+        assert names == sorted(list(first) + ["s-ex0-normxlogit.html", "s-ex0-normxlogit.svg",
+                                              "s-ex0-normxlogit.tex"])
+        assert all((out / n).read_text() == text for n, text in first.items())  # rollout's figure is untouched
+        app.colormap = "light"  # another figure of the same methods: a file of its own
+        await pilot.press("e")
+        await pilot.pause()
+        assert sorted(p.name for p in out.iterdir()) == sorted(names + ["s-ex0-normxlogit-2.html",
+                                                                        "s-ex0-normxlogit-2.svg",
+                                                                        "s-ex0-normxlogit-2.tex"])
+        assert any("s-ex0-normxlogit-2.svg" in n.message for n in app._notifications)
+
+
+def test_the_compare_screens_figure_names_its_methods_and_a_shared_scale(tmp_path):
+    from tui.export import figure_stem
+
+    assert figure_stem("sst2.h5", "ex 1", ["rollout", "mask_lrp"], shared=False) == "sst2-ex_1-rollout+mask_lrp"
+    assert figure_stem("sst2.h5", "ex 1", ["rollout", "mask_lrp"], shared=True) == "sst2-ex_1-rollout+mask_lrp-shared"

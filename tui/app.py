@@ -560,7 +560,7 @@ class AttrApp(App[int]):
         """Write ``ex`` with ``methods`` (one line each, final scores) as an SVG, LaTeX and HTML figure into the export
         directory; the paths are shown in a notification. Returns them (None when writing failed)."""
         from .render.compare import scales
-        from .export import Figure, export_directory, safe_stem, write_figure
+        from .export import Figure, export_directory, figure_stem, write_figure
 
         signed = {m.name: m.signed for m in self.meta.methods}
         methods = [m for m in methods if m in ex.scores]
@@ -568,7 +568,7 @@ class AttrApp(App[int]):
         note = f"{self.meta.name} · {'shared scale' if shared else 'scale per method'}"
         fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note, self.colormap)
         directory = export_directory(getattr(self.store, "path", None))
-        stem = f"{safe_stem(os.path.splitext(self.meta.name)[0])}-{safe_stem(ex.id)}"
+        stem = figure_stem(self.meta.name, ex.id, methods, shared=shared)
         try:
             paths = write_figure(fig, directory, stem)
         except OSError as err:

@@ -183,14 +183,37 @@ def safe_stem(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "example"
 
 
+def figure_stem(store_name: str, example_id: str, methods: list[str], *, shared: bool = False) -> str:
+    """The file name (no extension) of an example's figure: the store, the example, the methods (final scores) and
+    a shared scale, so that a figure of other methods never takes another's name."""
+    return "-".join([safe_stem(os.path.splitext(store_name)[0]), safe_stem(example_id),
+                     "+".join(safe_stem(m) for m in methods)] + (["shared"] if shared else []))
+
+
 def write_figure(fig: Figure, directory: str, stem: str) -> list[str]:
-    """Write the figure in every format into ``directory`` as ``stem``.svg/.tex/.html; the paths written."""
+    """Write the figure in every format into ``directory`` as ``stem``.svg/.tex/.html, or as ``stem``-2, -3, ...
+    when files of that name hold another figure (the same figure again rewrites its own files); the paths written."""
+    texts = {ext: writer(fig) for ext, writer in WRITERS.items()}
+
+    def taken(name: str) -> bool:  # a file of this name that holds something else
+        for ext, text in texts.items():
+            path = os.path.join(directory, f"{name}.{ext}")
+            if os.path.exists(path):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    if f.read() != text:
+                        return True
+        return False
+
+    name, n = stem, 1
+    while taken(name):
+        n += 1
+        name = f"{stem}-{n}"
     paths = []
-    for ext, writer in WRITERS.items():
-        path = os.path.join(directory, f"{stem}.{ext}")
+    for ext, text in texts.items():
+        path = os.path.join(directory, f"{name}.{ext}")
         tmp = path + ".part"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(writer(fig))
+            f.write(text)
         os.replace(tmp, path)  # never a half-written figure
         paths.append(path)
     return paths
