@@ -19,6 +19,8 @@ from .text import printable
 STORE_VIEW_EXAMPLES = 3
 
 _TH = 'style="text-align:left;padding-right:1em;vertical-align:top"'
+# every cell sets its alignment: a notebook's table styles right-align a cell that does not (JupyterLab's do)
+_TD = 'style="text-align:left"'
 _TOKEN = "padding:1px 2px;line-height:1.9"
 
 
@@ -28,7 +30,7 @@ def _text(value) -> str:
 
 def _bar_row(fig: Figure, scale: Scale) -> str:
     steps = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
-    return (f"<tr><th {_TH}></th><td class=\"bar\">{_text(format_score(scale.lo))} {steps} "
+    return (f"<tr><th {_TH}></th><td class=\"bar\" {_TD}>{_text(format_score(scale.lo))} {steps} "
             f"{_text(format_score(scale.hi))}</td></tr>")
 
 
@@ -44,13 +46,13 @@ def figure_fragment(fig: Figure) -> str:
             mark = EXPLAINED_MARK if k == fig.explained else ""
             spans.append(f'{sep}<span style="background:{colour};color:{"#000" if dark else "#fff"};{_TOKEN}">'
                          f"{html.escape(mark + text)}</span>")  # cells() made the text printable
-        rows.append(f"<tr><th {_TH}>{_text(name)}</th><td>{''.join(spans)}</td></tr>")
+        rows.append(f"<tr><th {_TH}>{_text(name)}</th><td {_TD}>{''.join(spans)}</td></tr>")
         if not shared:
             rows.append(_bar_row(fig, scale))
     if shared and scales:
         rows.append(_bar_row(fig, scales[0]))
     if not scales:  # no method: the tokens alone
-        rows.append(f"<tr><td>{' '.join(_text(t) for t in fig.tokens)}</td></tr>")
+        rows.append(f"<tr><td {_TD}>{' '.join(_text(t) for t in fig.tokens)}</td></tr>")
     return (f'<div style="font-family:monospace"><p><b>{_text(fig.example_id)}</b> {_text(fig.note)}</p>\n'
             f"<table>\n" + "\n".join(rows) + "\n</table></div>")
 
