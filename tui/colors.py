@@ -64,11 +64,15 @@ def explained_dominates(scores: np.ndarray, content: np.ndarray) -> bool:
     return bool(s[~content].max() >= DOMINANCE * s[content].max())
 
 
-def top_k(scores: np.ndarray, signed: bool, k: int) -> set[int]:
-    """Positions of the k largest scores (largest |score| for signed methods). Non-finite scores never count."""
+def top_k(scores: np.ndarray, signed: bool, k: int, skip: int | None = None) -> set[int]:
+    """Positions of the k largest scores (largest |score| for signed methods), leaving out position ``skip`` (the
+    explained token: its score is the model's own output for several methods). Non-finite scores never count. The
+    one top-k set: the underlined tokens and the compare screen's top-k overlap (agreement.top_k_overlap)."""
     s = np.asarray(scores, dtype=np.float64)
     key = np.abs(s) if signed else s
     key = np.where(np.isfinite(key), key, -np.inf)
+    if skip is not None and 0 <= skip < len(key):
+        key[skip] = -np.inf
     k = max(0, min(k, len(s)))
     if k == 0:
         return set()

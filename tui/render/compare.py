@@ -60,7 +60,7 @@ def aligned_blocks(tokens: list[str], rows: list[Row], width: int, mode: Mode, *
     if not rows:
         return []
     label_w = min(max(cell_len(r.name) for r in rows), 14) + 1
-    cells = [token_cells(tokens, r.scale, mode, glyphs=glyphs, top=top_k(r.raw, r.scale.signed, k),
+    cells = [token_cells(tokens, r.scale, mode, glyphs=glyphs, top=top_k(r.raw, r.scale.signed, k, explained),
                          explained=explained, cmap=cmap, explained_end=explained_end) for r in rows]
     col_w = [max(cell_len(c[i].text) + c[i].joined for c in cells) for i in range(len(tokens))]
     room = max(width - label_w, 4)

@@ -106,7 +106,7 @@ class BrowseScreen(Screen[None]):
         scores = ex.view(info.name, app.layer)
         scale = self.scale(ex, info, scores)
         k = default_k(len(ex.tokens))
-        top = top_k(scores, info.signed, k)
+        top = top_k(scores, info.signed, k, ex.explain_pos)
         mono = app.color_mode == "mono"
         self.query_one(InfoPanel).show_example(ex, app.meta.labels, app.example_list.store_rows, monochrome=mono)
         self.query_one(TextPanel).show_example(ex)

@@ -142,7 +142,8 @@ class CompareScreen(ModalScreen[None]):
                              justify="right")
         for j, m in enumerate(methods):
             rho = 1.0 if j == 0 else spearman(first, raw[m], skip=ex.explain_pos)
-            ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos)
+            ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos,
+                                                  signed=(signed[methods[0]], signed[m]))
             values = [fmt(ex.metric_values.get((m, n))) for n in metric_names]  # as the metrics screen: 4e-05 stays visible
             ends = format_score(sc[m].lo) + "…" + ("+" if sc[m].signed and sc[m].hi > 0 else "") + format_score(sc[m].hi)
             table.add_row(Text(m), _fmt(rho), _fmt(ov), ends, *values)

@@ -52,7 +52,7 @@ def help_text(mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Text:
     t.append_text(ColorBar(normalize(np.array([0.0, 1.0]), False), mode, glyphs=False, cmap=cmap).render(25))
     t.append("  min to max\n" if mode == "mono" else "  dark (min) to yellow (max)\n" if dark else
              "  white (min) to red (max)\n")
-    t.append(f"  top-{default_k(100)} tokens (at most a quarter of them) are bold and underlined\n")
+    t.append(f"  top-{default_k(100)} tokens (at most a quarter; never the explained one) are bold and underlined\n")
     t.append("Glyphs", _H)
     t.append(" (always on without colour, NO_COLOR; g toggles them)\n")
     t.append("  + -       ", _K)
