@@ -11,8 +11,10 @@ from __future__ import annotations
 import html
 import os
 
+import numpy as np
+
 from .figure import EXPLAINED_MARK, Figure
-from .palette import DEFAULT_COLORMAP, Scale, format_score, normalize
+from .palette import DEFAULT_COLORMAP, Scale, content_tokens, format_score, normalize, scale_keep
 from .text import printable
 
 #: Examples a store's notebook view draws (the first ones: the view reads nothing else of the store).
@@ -30,8 +32,9 @@ def _text(value) -> str:
 
 def _bar_row(fig: Figure, scale: Scale) -> str:
     steps = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
+    legend = fig.legend(scale)
     return (f"<tr><th {_TH}></th><td class=\"bar\" {_TD}>{_text(format_score(scale.lo))} {steps} "
-            f"{_text(format_score(scale.hi))}</td></tr>")
+            f"{_text(format_score(scale.hi))}{' ' + _text(legend) if legend else ''}</td></tr>")
 
 
 def figure_fragment(fig: Figure) -> str:
@@ -65,10 +68,14 @@ def to_html(fig: Figure) -> str:
 
 def example_figure(example, methods: list[str] | None = None, cmap: str = DEFAULT_COLORMAP) -> Figure:
     """An example of a store as a figure: every method's final scores (or ``methods``'), each on its own scale
-    (per view, as the TUI's default), the explained token marked."""
+    (per view, over the tokens palette.scale_keep chooses: as the TUI's default), the explained token marked."""
     store = example._s
     names = list(store.methods if methods is None else methods)
-    rows = [(m, normalize(example.scores(m), store.is_signed(m))) for m in names]
+    content = content_tokens(np.asarray(example.segment) < 0, example.explain_pos, len(example.tokens))
+    rows = []
+    for m in names:  # the tokens that set each scale as in the TUI and its figures (palette.scale_keep)
+        scores = example.scores(m)
+        rows.append((m, normalize(scores, store.is_signed(m), scale_keep(scores, content))))
     note = f"{os.path.basename(store.path)} · example {example.index}"
     if store.task_name == "classification":
         names = store.labels

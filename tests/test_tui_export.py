@@ -108,7 +108,7 @@ async def test_e_writes_the_figure_and_the_screenshot_avoids_a_missing_downloads
 TEX_DECLARED = {"definecolor", "colorbox", "textcolor", "textbf", "strut", "setlength", "fboxsep", "begingroup",
                 "endgroup", "noindent", "begin", "end", "hspace", "dimexpr", "linewidth", "relax", "raggedright",
                 "tabularnewline", "makebox", "small", "textbackslash", "textasciicircum", "textasciitilde",
-                "triangleright", "triangleleft", "usepackage", "par", "i", "quad"}
+                "triangleright", "triangleleft", "uparrow", "downarrow", "usepackage", "par", "i", "quad"}
 TEX_ACCENTS = set("'`^\"~=.") | {",", "{", "}", "$", "&", "#", "_", "%", "\\"}
 
 

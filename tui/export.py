@@ -88,8 +88,14 @@ def to_svg(fig: Figure) -> str:
             parts.append(f'<text x="{ramp_x - 6 - len(lo) * _CHAR_W:.1f}" y="{y + 14}">{html.escape(lo)}</text>')
             for j, (_, colour) in enumerate(fig.bar(bar)):
                 parts.append(f'<rect x="{ramp_x + j * 18:.1f}" y="{y + 2}" width="18" height="14" fill="{colour}"/>')
-            parts.append(f'<text x="{ramp_x + BAR_STEPS * 18 + 4:.1f}" y="{y + 14}">{html.escape(hi)}</text>')
-            width = max(width, ramp_x + BAR_STEPS * 18 + 4 + len(hi) * _CHAR_W)
+            hi_x = ramp_x + BAR_STEPS * 18 + 4
+            parts.append(f'<text x="{hi_x:.1f}" y="{y + 14}">{html.escape(hi)}</text>')
+            end = hi_x + len(hi) * _CHAR_W
+            legend = fig.legend(bar)
+            if legend:  # what the clipped tokens' marks mean
+                parts.append(f'<text x="{end + 2 * _CHAR_W:.1f}" y="{y + 14}" fill="#666">{html.escape(legend)}</text>')
+                end += (2 + len(legend)) * _CHAR_W
+            width = max(width, end)
             y += 20
         y += 10  # the gap between methods
     height = y
@@ -105,6 +111,7 @@ _TEX_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", 
 # Combining marks (after NFD) as the LaTeX kernel's accent commands: "é" is e + U+0301 -> \'{e}.
 _TEX_ACCENTS = {"\u0300": "`", "\u0301": "'", "\u0302": "^", "\u0303": "~", "\u0304": "=", "\u0307": ".",
                 "\u0308": '"'}
+_TEX_SYMBOLS = {"↑": r"$\uparrow$", "↓": r"$\downarrow$"}  # the clip marks (palette.CLIP_MARKS), the kernel's
 _TEX_MARK = r"$\triangleright$"  # the explained token's mark (EXPLAINED_MARK), in the kernel's math symbols
 _TEX_CHAR_EM = 0.75  # em per character of a bold label, a little over Computer Modern's widest lowercase average
 _TEX_DIGIT_EM = 0.45  # em per character of a \small number (Computer Modern's digits are 0.5em at 10pt, \small 9pt)
@@ -114,6 +121,8 @@ _TEX_GAP = "[0.8ex]"  # the space after each method's block (tokens and bar)
 def _tex_char(ch: str) -> str:
     if ch in _TEX_SPECIALS:
         return _TEX_SPECIALS[ch]
+    if ch in _TEX_SYMBOLS:
+        return _TEX_SYMBOLS[ch]
     if " " <= ch <= "~":
         return ch
     base, *marks = unicodedata.normalize("NFD", ch)
@@ -162,8 +171,9 @@ def to_latex(fig: Figure) -> str:
         if bar is not None:  # under the tokens, its low end right-aligned in one box: every ramp starts at one x
             ramp = "".join(r"\colorbox{" + colour_name(c) + r"}{\strut\hspace{0.6em}}" for _, c in fig.bar(bar))
             lo, hi = _bar_ends(bar)
+            legend = fig.legend(bar)
             lines.append(f" & \\makebox[{lo_em:.1f}em][r]{{\\small {tex_escape(lo)}}}\\," + ramp + r"\,\small "
-                         + tex_escape(hi) + r" \tabularnewline")
+                         + tex_escape(hi) + (r"\quad " + tex_escape(legend) if legend else "") + r" \tabularnewline")
         lines[-1] += _TEX_GAP  # the methods apart
     defs = [r"\definecolor{" + n + "}{HTML}{" + c.lstrip("#").upper() + "}" for c, n in names.items()]
     label_em = _TEX_CHAR_EM * max(len(tex_escape(name)) for name, _ in fig.rows)

@@ -19,8 +19,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from ..colors import (NORMALISATION_NAMES, NORMALISATIONS, SCALE_TOKEN_NAMES, SCALE_TOKENS, default_k, normalize,
-                      normalize_within, top_k)
+from ..colors import (NORMALISATION_NAMES, NORMALISATIONS, SCALE_TOKEN_NAMES, SCALE_TOKENS, clip_legend, default_k,
+                      normalize, normalize_within, top_k)
 from ..commands import BrowseCommands, ViewCommands
 from ..data import LoadedExample
 from ..render.metric_table import MetricLine
@@ -123,7 +123,8 @@ class BrowseScreen(Screen[None]):
             scope = "global: reading…, "
         # the store's statistics are over every token
         scope += SCALE_TOKEN_NAMES["all" if app.norm == "global" else app.scale_tokens_of(info.name, ex)]
-        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap)
+        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap,
+                                          clipped=clip_legend([scale]))
         cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
                             explained_end=ex.explained_end, cmap=app.colormap)
         view = self.query_one(TokenView)

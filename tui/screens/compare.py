@@ -23,7 +23,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Header, SelectionList, Static
 
 from ..agreement import spearman, top_k_overlap
-from ..colors import default_k, format_score
+from ..colors import clip_legend, default_k, format_score
 from ..commands import CompareCommands
 from ..widgets.footer import FittedFooter
 from ..render.compare import Row, aligned_blocks, difference, scales
@@ -169,7 +169,8 @@ class CompareScreen(ModalScreen[None]):
         # scales per method: the bar is the ramp, each method's ends are in the table's "scale" column
         ends = ("min", "max") if not bar_scale.signed else ("−max", "+max")
         self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k,
-                                                       cmap=app.colormap, ends=ends if per_method else None))
+                                                       cmap=app.colormap, ends=ends if per_method else None,
+                                                       clipped=clip_legend(r.scale for r in rows)))
         lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
                                explained=ex.explain_pos, explained_end=ex.explained_end, cmap=app.colormap)
         tokens = Text("\n").join(lines)
