@@ -256,3 +256,35 @@ async def test_the_browse_screen_underlines_the_top_k_without_the_explained_toke
         marked = {i for i, c in enumerate(cells) if c.style.underline}
         expected = set(np.argsort(-np.where(np.arange(len(scores)) == 0, -np.inf, scores), kind="stable")[:2].tolist())
         assert marked == expected
+
+
+@async_test
+async def test_the_compare_legend_has_a_bar_per_sign(store_path, monkeypatch):
+    """Issue 38, item 5: one sequential min..max bar while a signed method is drawn on the diverging ramp. A bar per
+    ramp drawn, labelled with its methods: the signed one from -max through 0 to +max."""
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_compare(pilot)
+        assert screen.methods == ["rollout", "normxlogit", "norm"]
+        lines = screen_text(app).splitlines()
+        seq = [line for line in lines if line.strip().startswith("rollout, norm ")]
+        div = [line for line in lines if line.strip().startswith("normxlogit ") and "+" in line and " 0 " in line]
+        assert len(seq) == 1 and " min " in seq[0] and " max" in seq[0] and "top-" in seq[0], lines
+        assert len(div) == 1 and "-" in div[0].split()[1], div
+        # the signed bar's left half is the cold ramp (blue), its right half the warm one; the other bar has no blue
+        from tui.colors import normalize
+        from tui.render.compare import Row, legend_lines
+
+        a, b = np.array([0.1, 0.5, 0.9]), np.array([-1.0, 0.2, 0.6])
+        legend = legend_lines([Row("a", normalize(a, False), a), Row("b", normalize(b, True), b)], 80, "truecolor",
+                              glyphs=False, k=1)
+        assert [line.plain.split()[0] for line in legend] == ["a", "b"]
+
+        def blues(line):
+            return sum(1 for span in line.spans if span.style.bgcolor is not None
+                       and (lambda c: c.blue > c.red)(span.style.bgcolor.get_truecolor()))
+
+        assert blues(legend[0]) == 0 and blues(legend[1]) >= 5

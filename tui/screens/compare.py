@@ -26,10 +26,10 @@ from ..agreement import spearman, top_k_overlap
 from ..colors import clip_legend, default_k, format_score
 from ..commands import CompareCommands
 from ..widgets.footer import FittedFooter
-from ..render.compare import Row, aligned_blocks, difference, scales
+from ..render.compare import DIFFERENCE, Row, aligned_blocks, difference, legend_lines, scales
 from ..render.metric_table import fmt
 from ..data import LoadedExample, read_example
-from ..render.tokens import ColorBar, printable
+from ..render.tokens import printable
 
 MIN_METHODS, MAX_METHODS = 2, 6
 _DIM = Style(dim=True)
@@ -57,7 +57,7 @@ class CompareScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     CompareScreen { background: $background; }
     CompareScreen #compare-table { height: auto; padding: 0 1; }
-    CompareScreen #compare-bar { height: 1; padding: 0 1; }
+    CompareScreen #compare-bar { height: auto; padding: 0 1; }
     CompareScreen #compare-rows { height: 1fr; padding: 0 1; }
     CompareScreen SelectionList { height: auto; max-height: 12; border: round $primary; }
     """
@@ -158,19 +158,15 @@ class CompareScreen(ModalScreen[None]):
         if self.difference and len(methods) >= 2:
             d = difference(sc[methods[0]], sc[methods[1]])
             rows = [Row(methods[0], sc[methods[0]], raw[methods[0]]), Row(methods[1], sc[methods[1]], raw[methods[1]]),
-                    Row("A−B", d, d.values)]
+                    Row(DIFFERENCE, d, d.values)]
             head.append(f"  A−B = {methods[0]} − {methods[1]}, each normalised first", _DIM)
-            bar_scale = d
         else:
             rows = [Row(m, sc[m], raw[m]) for m in methods]
-            bar_scale = sc[methods[0]]
         self.query_one("#compare-table").update(Group(head, table))
-        per_method = not self.shared and not self.difference and len({(sc[m].lo, sc[m].hi) for m in methods}) > 1
-        # scales per method: the bar is the ramp, each method's ends are in the table's "scale" column
-        ends = ("min", "max") if not bar_scale.signed else ("−max", "+max")
-        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k,
-                                                       cmap=app.colormap, ends=ends if per_method else None,
-                                                       clipped=clip_legend(r.scale for r in rows)))
+        # a bar per ramp drawn: a signed method's diverging one is no min..max bar
+        legend = legend_lines(rows, width, app.color_mode, glyphs=app.glyphs, k=k, cmap=app.colormap,
+                              clipped=clip_legend(r.scale for r in rows))
+        self.query_one("#compare-bar").update(Text("\n").join(legend))
         lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
                                explained=ex.explain_pos, explained_end=ex.explained_end, cmap=app.colormap)
         tokens = Text("\n").join(lines)
