@@ -835,3 +835,58 @@ async def test_curve_chart_at_80x24_keeps_its_legend_off_the_curves(metrics_stor
             assert not any(s.method in line for line in plot), plot  # no legend box over the curves
         # the stored curves are equal here: the last one drawn shows its number right of the y axis
         assert any(str(len(chart.series)) in line.split("┤", 1)[-1] for line in plot)
+
+
+@async_test
+async def test_the_chart_at_80x24_names_every_curve_and_draws_the_selected_one_on_top(metrics_store, color_env):
+    """Issue 38, item 4: at 80x24 the curves were marked 2-6 with no legend (the title was cut) and the selected
+    method's curve (1) lay under curve 2. Every method's curves are equal in this store: only the curve drawn last
+    shows, and it is the selected one's; the legend under the chart names every marker."""
+    from tui.widgets.curve_chart import CurveChart
+
+    app = create_app_for(metrics_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_metrics(pilot)
+        while screen.sort_name != "aopc@attcat":
+            await pilot.press("right")
+        await pilot.press("p")
+        await settle(pilot)
+        chart = screen.query_one(CurveChart)
+        assert chart.series[0].method == screen.cursor and len(chart.series) == 3
+        lines = screen_text(app).splitlines()
+        plot = [line.split("┤", 1)[1] for line in lines if "┤" in line]  # the plot's rows, right of the y axis
+        assert plot and "1" in "".join(plot) and not {"2", "3"} & set("".join(plot)), plot
+        legend = next(line for line in lines if "1 " + screen.cursor in line)
+        for k, s in enumerate(chart.series):
+            assert f"{k + 1} {s.method}" in legend
+
+
+def test_the_chart_legend_wraps_six_long_names_at_80_columns():
+    """Six methods with long names: the legend wraps under the chart, every marker named in full."""
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import Static
+
+    from tui.widgets.curve_chart import CurveChart, Series, legend_text
+
+    names = [f"integrated_gradients_{k}" for k in range(6)]
+
+    class Demo(App):  # the chart and its legend as the metrics screen lays them out
+        def compose(self):
+            yield CurveChart(id="chart")
+            yield Static(id="legend")
+
+    async def main():
+        app = Demo()
+        async with app.run_test(size=(80, 24)) as pilot:
+            x = np.arange(1.0, 5.0)
+            series = [Series(n, x, x * k) for k, n in enumerate(names)]
+            app.query_one(CurveChart).show("aopc", series)
+            app.query_one("#legend", Static).update(legend_text(series, 78))
+            await pilot.pause()
+            text = screen_text(app)
+            for k, n in enumerate(names):
+                assert f"{k + 1} {n}" in text, text
+
+    asyncio.run(main())
