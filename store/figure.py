@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .palette import DEFAULT_COLORMAP, Scale, lightness, rgb
+from .palette import DEFAULT_COLORMAP, Scale, clip_legend, clip_mark, lightness, rgb
 from .text import printable
 
 BAR_STEPS = 11
@@ -32,7 +32,8 @@ class Figure:
     cmap: str = DEFAULT_COLORMAP  # palette.COLORMAPS: the screen's, so the figure looks like it
 
     def cells(self):
-        """(method, [(token text, joined to the previous, "#rrggbb" background, dark text?)]) per row."""
+        """(method, [(token text, joined to the previous, "#rrggbb" background, dark text?)]) per row; the text of a
+        token beyond its row's scale ends in its clip mark (palette.CLIP_MARKS)."""
         out = []
         for name, scale in self.rows:
             row = []
@@ -40,7 +41,7 @@ class Figure:
                 v = float(scale.values[i]) if i < len(scale.values) else 0.0
                 joined = i > 0 and tok.startswith("##") and len(tok) > 2
                 colour = rgb(v, self.cmap)
-                row.append((printable(tok[2:] if joined else tok), joined,
+                row.append((printable(tok[2:] if joined else tok) + clip_mark(scale, i), joined,
                             "#%02x%02x%02x" % colour if colour else "#ffffff",
                             colour is None or lightness(colour) > 60))
             out.append((name, row))
@@ -50,6 +51,11 @@ class Figure:
         """The colour bars to draw: one when every row has the same scale, else one per method, named."""
         ends = {(float(sc.lo), float(sc.hi), sc.signed) for _, sc in self.rows}
         return [("", self.rows[0][1])] if len(ends) == 1 else list(self.rows)
+
+    def legend(self, scale: Scale) -> str:
+        """The legend of the clip marks the rows drawn with the bar of ``scale`` carry (one bar: every row's)."""
+        bars = self.bars()
+        return clip_legend([sc for _, sc in self.rows] if len(bars) == 1 and not bars[0][0] else [scale])
 
     def bar(self, scale: Scale) -> list[tuple[float, str]]:
         """(value, colour) steps of the colour bar of ``scale`` from its low end to its high end."""

@@ -93,17 +93,43 @@ def lightness(rgb_: tuple[int, int, int]) -> float:
 @dataclass(frozen=True)
 class Scale:
     """Normalised scores of one view. ``values`` lie in [-1, 1] (signed) or [0, 1]; ``lo``/``hi`` are the scores
-    at the ends of the scale (-M and +M for signed views, min and max otherwise)."""
+    at the ends of the scale (-M and +M for signed views, min and max otherwise). ``over``: per token +1 where its
+    score lies above the scale's high end, -1 below its low end (drawn at that end: clipped), else 0; None: none
+    computed."""
 
     values: np.ndarray
     lo: float
     hi: float
     signed: bool
+    over: np.ndarray | None = None
+
+
+#: The marks after a clipped token (Scale.over): above the scale's high end, below its low end.
+CLIP_MARKS = {1: "↑", -1: "↓"}
+_CLIP_TOLERANCE = 1e-9  # a score at the end itself is not beyond it (float rounding)
+
+
+def _clipped(values: np.ndarray, signed: bool) -> Scale:
+    """``values`` (normalised, not yet clipped) with the tokens beyond the scale's ends marked."""
+    low = -1.0 if signed else 0.0
+    over = np.where(values > 1.0 + _CLIP_TOLERANCE, 1, np.where(values < low - _CLIP_TOLERANCE, -1, 0))
+    return np.clip(values, low, 1.0), over.astype(np.int8)
+
+
+def clip_mark(scale: Scale, i: int) -> str:
+    """The mark after token ``i`` of ``scale``: CLIP_MARKS when it is clipped, else ""."""
+    return CLIP_MARKS.get(int(scale.over[i]), "") if scale.over is not None and i < len(scale.over) else ""
+
+
+def clip_legend(scales) -> str:
+    """The colour bar's legend of the marks the tokens of ``scales`` carry ("↑↓ clipped"), "" when none."""
+    marks = {int(v) for sc in scales if sc.over is not None for v in np.unique(sc.over) if v}
+    return "".join(CLIP_MARKS[m] for m in (1, -1) if m in marks) + " clipped" if marks else ""
 
 
 def normalize(scores: np.ndarray, signed: bool, keep: np.ndarray | None = None) -> Scale:
     """Normalise one view's scores. Non-finite scores count as 0 and never set the scale; neither do the tokens
-    ``keep`` (a bool mask) leaves out, which are drawn at the scale's ends."""
+    ``keep`` (a bool mask) leaves out, which are drawn at the scale's ends when beyond them (Scale.over)."""
     s = np.asarray(scores, dtype=np.float64)
     finite = np.isfinite(s)
     s = np.where(finite, s, 0.0)
@@ -111,12 +137,12 @@ def normalize(scores: np.ndarray, signed: bool, keep: np.ndarray | None = None) 
         finite = finite & np.asarray(keep, bool)[: len(s)]
     if signed:
         m = float(np.abs(s[finite]).max()) if finite.any() else 0.0
-        values = s / m if m > 0 else np.zeros_like(s)
-        return Scale(np.clip(values, -1.0, 1.0), -m, m, True)
+        values, over = _clipped(s / m if m > 0 else np.zeros_like(s), True)
+        return Scale(values, -m, m, True, over)
     lo = float(s[finite].min()) if finite.any() else 0.0
     hi = float(s[finite].max()) if finite.any() else 0.0
-    values = (s - lo) / (hi - lo) if hi > lo else np.zeros_like(s)
-    return Scale(np.clip(values, 0.0, 1.0), lo, hi, False)
+    values, over = _clipped((s - lo) / (hi - lo) if hi > lo else np.zeros_like(s), False)
+    return Scale(values, lo, hi, False, over)
 
 
 def normalize_within(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
@@ -125,12 +151,50 @@ def normalize_within(values: np.ndarray, signed: bool, lo: float | None = None, 
     x = np.nan_to_num(np.asarray(values, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     if signed:
         big = float(np.abs(x).max()) if hi is None and x.size else float(hi or 0.0)
-        v = x / big if big > 0 else np.zeros_like(x)
-        return Scale(np.clip(v, -1, 1), -big, big, True)
+        v, over = _clipped(x / big if big > 0 else np.zeros_like(x), True)
+        return Scale(v, -big, big, True, over)
     lo = float(x.min()) if lo is None and x.size else float(lo or 0.0)
     hi = float(x.max()) if hi is None and x.size else float(hi or 0.0)
-    v = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
-    return Scale(np.clip(v, 0, 1), lo, hi, False)
+    v, over = _clipped((x - lo) / (hi - lo) if hi > lo else np.zeros_like(x), False)
+    return Scale(v, lo, hi, False, over)
+
+
+#: Which tokens set a colour scale: every one, or the content tokens (all but the special tokens and the explained
+#: one, whose score is often the model's own output: rollout's [CLS] 0.66 next to words of 0.02-0.04).
+SCALE_TOKENS: tuple[str, ...] = ("content", "all")
+SCALE_TOKEN_NAMES = {"content": "w/o specials", "all": "all tokens"}
+DOMINANCE = 3.0  # a token outside the content this many times larger than every content token dominates the scale
+
+
+def content_tokens(special: np.ndarray | None, explain_pos: int, n: int) -> np.ndarray:
+    """[n] bool: the tokens that are neither special (a store's segment -1) nor the explained one."""
+    keep = np.ones(n, bool) if special is None else ~np.asarray(special, bool)[:n].copy()
+    if 0 <= explain_pos < n:
+        keep[explain_pos] = False
+    return keep
+
+
+def explained_dominates(scores: np.ndarray, content: np.ndarray) -> bool:
+    """True when a token outside ``content`` (a bool mask) has DOMINANCE times the largest |score| of the content
+    tokens: a scale over every token would then give all the content one colour."""
+    s = np.abs(np.nan_to_num(np.asarray(scores, np.float64), nan=0.0, posinf=0.0, neginf=0.0))
+    content = np.asarray(content, bool)[: len(s)]
+    if not content.any() or content.all():
+        return False
+    return bool(s[~content].max() >= DOMINANCE * s[content].max())
+
+
+def default_scale_tokens(scores: np.ndarray, content: np.ndarray) -> str:
+    """The tokens that set a view's scale unless a user chose (SCALE_TOKENS), one rule for every face (the TUI, the
+    figures, the notebooks): the content tokens when a token outside them dominates this example, else all."""
+    return "content" if explained_dominates(scores, content) else "all"
+
+
+def scale_keep(scores: np.ndarray, content: np.ndarray, tokens: str | None = None) -> np.ndarray | None:
+    """The mask of the tokens that set the scale (normalize's ``keep``; None: all) under ``tokens`` (SCALE_TOKENS),
+    the default rule when None."""
+    tokens = tokens or default_scale_tokens(scores, content)
+    return content if tokens == "content" and np.asarray(content, bool).any() else None
 
 
 def format_score(x: float) -> str:

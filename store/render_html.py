@@ -11,14 +11,18 @@ from __future__ import annotations
 import html
 import os
 
+import numpy as np
+
 from .figure import EXPLAINED_MARK, Figure
-from .palette import DEFAULT_COLORMAP, Scale, format_score, normalize
+from .palette import DEFAULT_COLORMAP, Scale, content_tokens, format_score, normalize, scale_keep
 from .text import printable
 
 #: Examples a store's notebook view draws (the first ones: the view reads nothing else of the store).
 STORE_VIEW_EXAMPLES = 3
 
 _TH = 'style="text-align:left;padding-right:1em;vertical-align:top"'
+# every cell sets its alignment: a notebook's table styles right-align a cell that does not (JupyterLab's do)
+_TD = 'style="text-align:left"'
 _TOKEN = "padding:1px 2px;line-height:1.9"
 
 
@@ -28,8 +32,9 @@ def _text(value) -> str:
 
 def _bar_row(fig: Figure, scale: Scale) -> str:
     steps = "".join(f'<span style="background:{c}">&#160;&#160;</span>' for _, c in fig.bar(scale))
-    return (f"<tr><th {_TH}></th><td class=\"bar\">{_text(format_score(scale.lo))} {steps} "
-            f"{_text(format_score(scale.hi))}</td></tr>")
+    legend = fig.legend(scale)
+    return (f"<tr><th {_TH}></th><td class=\"bar\" {_TD}>{_text(format_score(scale.lo))} {steps} "
+            f"{_text(format_score(scale.hi))}{' ' + _text(legend) if legend else ''}</td></tr>")
 
 
 def figure_fragment(fig: Figure) -> str:
@@ -44,13 +49,13 @@ def figure_fragment(fig: Figure) -> str:
             mark = EXPLAINED_MARK if k == fig.explained else ""
             spans.append(f'{sep}<span style="background:{colour};color:{"#000" if dark else "#fff"};{_TOKEN}">'
                          f"{html.escape(mark + text)}</span>")  # cells() made the text printable
-        rows.append(f"<tr><th {_TH}>{_text(name)}</th><td>{''.join(spans)}</td></tr>")
+        rows.append(f"<tr><th {_TH}>{_text(name)}</th><td {_TD}>{''.join(spans)}</td></tr>")
         if not shared:
             rows.append(_bar_row(fig, scale))
     if shared and scales:
         rows.append(_bar_row(fig, scales[0]))
     if not scales:  # no method: the tokens alone
-        rows.append(f"<tr><td>{' '.join(_text(t) for t in fig.tokens)}</td></tr>")
+        rows.append(f"<tr><td {_TD}>{' '.join(_text(t) for t in fig.tokens)}</td></tr>")
     return (f'<div style="font-family:monospace"><p><b>{_text(fig.example_id)}</b> {_text(fig.note)}</p>\n'
             f"<table>\n" + "\n".join(rows) + "\n</table></div>")
 
@@ -63,10 +68,14 @@ def to_html(fig: Figure) -> str:
 
 def example_figure(example, methods: list[str] | None = None, cmap: str = DEFAULT_COLORMAP) -> Figure:
     """An example of a store as a figure: every method's final scores (or ``methods``'), each on its own scale
-    (per view, as the TUI's default), the explained token marked."""
+    (per view, over the tokens palette.scale_keep chooses: as the TUI's default), the explained token marked."""
     store = example._s
     names = list(store.methods if methods is None else methods)
-    rows = [(m, normalize(example.scores(m), store.is_signed(m))) for m in names]
+    content = content_tokens(np.asarray(example.segment) < 0, example.explain_pos, len(example.tokens))
+    rows = []
+    for m in names:  # the tokens that set each scale as in the TUI and its figures (palette.scale_keep)
+        scores = example.scores(m)
+        rows.append((m, normalize(scores, store.is_signed(m), scale_keep(scores, content))))
     note = f"{os.path.basename(store.path)} · example {example.index}"
     if store.task_name == "classification":
         names = store.labels

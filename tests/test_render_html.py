@@ -172,3 +172,39 @@ def test_store_repr_html_of_a_store_being_written(tmp_path):
     text = "".join(_parse(out).data)
     assert "0 examples · incomplete (being written, or stopped) · classification" in text
     assert "methods: rollout (non-negative)" in text and "no examples yet" in text
+
+
+def _cells_not_left_aligned(page: str) -> list[str]:
+    """The <td>s of the figures in ``page`` whose own style does not left-align them (Jupyter's table styles right-
+    align every cell that does not say otherwise)."""
+    p = _parse(page)
+    return [text for attrs, text in p.cells
+            if "text-align:left" not in attrs.get("style", "").replace(" ", "")]
+
+
+def test_notebook_views_left_align_every_cell(tmp_path):
+    """Issue 38, item 2: in Jupyter every colour bar and wrapped token line was right-aligned (the notebook's table
+    styles apply to the views' cells, which set no alignment). The views executed in a notebook (nbclient) and
+    exported by nbconvert: every cell of their tables says text-align:left."""
+    nbformat = pytest.importorskip("nbformat", reason="needs nbformat, nbclient, nbconvert and ipykernel")
+    nbclient = pytest.importorskip("nbclient", reason="needs nbclient")
+    nbconvert = pytest.importorskip("nbconvert", reason="needs nbconvert")
+    pytest.importorskip("ipykernel", reason="needs ipykernel")
+    import os
+
+    make_store(str(tmp_path / "s.h5"), n_examples=3)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"import sys; sys.path.insert(0, {root!r})\n"
+                                          f"from store import open_store\ns = open_store({str(tmp_path / 's.h5')!r})"),
+                nbformat.v4.new_code_cell("s"), nbformat.v4.new_code_cell("s[1]")]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+                            ).execute()
+    outputs = [cell.outputs[0]["data"]["text/html"] for cell in nb.cells[1:]]
+    assert "ex0" in outputs[0] and "ex1" in outputs[1]
+    page, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
+    assert "text-align: right" in page  # the notebook's own table styles: what the cells must override
+    for html_out in outputs + [page]:
+        cells = _parse(html_out).cells
+        assert len(cells) >= 2 * 3  # every method's tokens and the colour bar
+        assert _cells_not_left_aligned(html_out) == []

@@ -42,7 +42,7 @@ async def test_compare_shows_every_method_aligned_with_its_agreement(store_path,
         k = screen.top
         for m in screen.methods[1:]:
             rho = spearman(scores["rollout"], scores[m], skip=0)
-            ov = top_k_overlap(scores["rollout"], scores[m], k, skip=0)
+            ov = top_k_overlap(scores["rollout"], scores[m], k, skip=0, signed=(False, m == "normxlogit"))
             line = next(line for line in text.splitlines() if line.strip().startswith(m + " ") and "." in line)
             assert f"{rho:.2f}" in line and f"{ov:.2f}" in line, (line, rho, ov)
         # one token row per method; the explained token is marked
@@ -215,3 +215,76 @@ async def test_compare_at_80x24_labels_every_token_line_and_shows_every_methods_
             lo = format_score(sc[m].lo)
             hi = ("+" if sc[m].signed else "") + format_score(sc[m].hi)
             assert f"{lo}…{hi}" in line, (m, line)
+
+
+def _underlined(line) -> set[str]:
+    """The texts of a rich Text line drawn underlined (the top-k marks)."""
+    return {line.plain[s.start:s.end].strip() for s in line.spans
+            if getattr(s.style, "underline", False) and line.plain[s.start:s.end].strip()}
+
+
+def test_one_top_k_set_for_the_marks_and_the_overlap():
+    """Issue 38, item 6: the underlined top-k took in the explained [CLS] while the top-k overlap column left it out.
+    Both leave it out (its score is the model's own output for several methods), and the overlap is that of the
+    underlined sets (a signed method's by |score|)."""
+    from tui.colors import normalize
+
+    tokens = ["t0", "t1", "t2", "t3", "t4", "t5"]
+    a = np.array([9.0, 1, 5, 3, 4, 2])  # the explained token (0) has the largest score
+    b = np.array([-9.0, -6, 1, 2, 5, 0.5])  # signed: ranked by |score|
+    rows = [Row("a", normalize(a, False), a), Row("b", normalize(b, True), b)]
+    lines = aligned_blocks(tokens, rows, 200, "truecolor", glyphs=False, k=2, explained=0)
+    assert _underlined(lines[0]) == {"t2", "t4"} and _underlined(lines[1]) == {"t1", "t4"}
+    assert top_k_overlap(a, b, 2, skip=0, signed=(False, True)) == pytest.approx(0.5)  # {2, 4} ∩ {1, 4}
+
+
+@async_test
+async def test_the_browse_screen_underlines_the_top_k_without_the_explained_token(monkeypatch, tmp_path):
+    set_color_env(monkeypatch)
+    from test_tui import token_cells
+    from tui.app import create_app
+
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=3, seed=0)
+    with open_store(path) as s:
+        scores = s[0].scores("rollout")
+    assert 0 in np.argsort(-scores)[:2]  # [CLS] is among the 2 largest
+    app = create_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        cells = token_cells(app)
+        marked = {i for i, c in enumerate(cells) if c.style.underline}
+        expected = set(np.argsort(-np.where(np.arange(len(scores)) == 0, -np.inf, scores), kind="stable")[:2].tolist())
+        assert marked == expected
+
+
+@async_test
+async def test_the_compare_legend_has_a_bar_per_sign(store_path, monkeypatch):
+    """Issue 38, item 5: one sequential min..max bar while a signed method is drawn on the diverging ramp. A bar per
+    ramp drawn, labelled with its methods: the signed one from -max through 0 to +max."""
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await open_compare(pilot)
+        assert screen.methods == ["rollout", "normxlogit", "norm"]
+        lines = screen_text(app).splitlines()
+        seq = [line for line in lines if line.strip().startswith("rollout, norm ")]
+        div = [line for line in lines if line.strip().startswith("normxlogit ") and "+" in line and " 0 " in line]
+        assert len(seq) == 1 and " min " in seq[0] and " max" in seq[0] and "top-" in seq[0], lines
+        assert len(div) == 1 and "-" in div[0].split()[1], div
+        # the signed bar's left half is the cold ramp (blue), its right half the warm one; the other bar has no blue
+        from tui.colors import normalize
+        from tui.render.compare import Row, legend_lines
+
+        a, b = np.array([0.1, 0.5, 0.9]), np.array([-1.0, 0.2, 0.6])
+        legend = legend_lines([Row("a", normalize(a, False), a), Row("b", normalize(b, True), b)], 80, "truecolor",
+                              glyphs=False, k=1)
+        assert [line.plain.split()[0] for line in legend] == ["a", "b"]
+
+        def blues(line):
+            return sum(1 for span in line.spans if span.style.bgcolor is not None
+                       and (lambda c: c.blue > c.red)(span.style.bgcolor.get_truecolor()))
+
+        assert blues(legend[0]) == 0 and blues(legend[1]) >= 5

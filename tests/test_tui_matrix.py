@@ -561,3 +561,26 @@ async def test_the_cursor_stays_on_its_tokens_when_the_blocks_change(tmp_path, m
         await pilot.pause()
         await pilot.pause()
         assert status_ranges(screen_cells(app)) == (rows0, cols0)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+@async_test
+async def test_the_matrix_screen_says_which_matrix_and_what_the_strip_shows(store_path, monkeypatch, size):
+    """Issue 38, item 7: the heatmap showed one layer's matrix under a strip of the method's (rolled-out) layer
+    views; neither said which. The colour bar above the heatmap names the matrix as that layer's own, a caption the
+    strip's views."""
+    set_color_env(monkeypatch)
+    from tui.app import create_app
+
+    app = create_app(store_path)
+    async with app.run_test(size=size) as pilot:
+        screen = await open_matrix(pilot)
+        lines = screen_text(app).splitlines()
+        bar = next(line for line in lines if "own matrix" in line)
+        assert "layer 1's own matrix (not rolled out)" in bar, bar
+        caption = next(k for k, line in enumerate(lines) if "layer views" in line)
+        assert "rollout's scores at each layer, as on the browse screen" in lines[caption], lines[caption]
+        assert lines[caption + 1].lstrip().startswith("▶L1")  # the strip right under its caption
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        assert screen.view_layer == 1 and "layer 2's own matrix (not rolled out)" in screen_text(app)

@@ -404,7 +404,9 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
         await pilot.press("m")
         await settle(pilot)
         lines = bar(app).splitlines()  # normxlogit has layer views: the strip shows them
-        assert len(lines) == 2 and lines[1].startswith("comp ") and lines[1].endswith("…+2"), lines[1]
+        # the method's line wraps its description (issue 38: nothing cut at 80 columns); the metrics one line
+        assert lines[-1].startswith("comp ") and lines[-1].endswith("…+2") and len(lines) == 3, lines
+        assert " ".join(lines[:-1]).endswith("norm x logit"), lines
         assert "method normxlogit 2/3" in screen_text(app) and "…+2" in screen_text(app)
     app = create_app(partial_store)
     async with app.run_test(size=(100, 24)) as pilot:
@@ -415,7 +417,8 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
     app = create_app(plain_store)
     async with app.run_test(size=(100, 24)) as pilot:  # no metrics at all: the method line only (strip below)
         await settle(pilot)
-        assert len(bar(app).splitlines()) == 1 and "metrics" not in bar(app)
+        lines = bar(app).splitlines()  # the method's line, wrapped: no metric line
+        assert " ".join(lines).endswith("final  attention rollout") and "metrics" not in bar(app), lines
 
 
 @async_test
@@ -666,7 +669,9 @@ async def test_enter_sorts_the_examples_by_the_chosen_cell(metrics_store, color_
         assert name in screen_text(app) and ("↓" if higher_is_better(name) else "↑") in screen_text(app)
         # the list's metric column follows the sort: the sorted metric of the sorted method, row by row
         assert lst.metric_key == (method, name)
-        lines = [ln for ln in screen_text(app).splitlines()[2:2 + lst.row_count]]
+        text = screen_text(app).splitlines()
+        top = next(k for k, ln in enumerate(text) if ln.lstrip().startswith("id ")) + 1  # under the column heads
+        lines = text[top:top + lst.row_count]
         for i, line in enumerate(lines):
             row = lst.row_at(i)
             cell = line.split("▕")[0].rstrip()[-6:]
@@ -812,8 +817,8 @@ async def test_metrics_screen_is_kept_and_not_read_again(metrics_store, color_en
 
 @async_test
 async def test_curve_chart_at_80x24_keeps_its_legend_off_the_curves(metrics_store, color_env):
-    """Issue 28, item 9: at 80x24 the legend is the chart's title line, not a box over the curves, and every
-    curve has its own numbered marker, so each one can be told apart (also without colour)."""
+    """Issue 28, item 9: at 80x24 the legend is a line (under the chart since issue 38), not a box over the curves,
+    and every curve has its own numbered marker, so each one can be told apart (also without colour)."""
     from tui.widgets.curve_chart import CurveChart
 
     app = create_app_for(metrics_store)
@@ -828,10 +833,65 @@ async def test_curve_chart_at_80x24_keeps_its_legend_off_the_curves(metrics_stor
         assert len(chart.series) >= 2
         region = chart.region
         lines = screen_text(app).splitlines()
-        title = lines[region.y + 1][region.x:region.right]  # under the chart's top border
+        legend = lines[region.bottom]  # under the chart (issue 38: the title line had no room for it at 80 columns)
         plot = [line[region.x:region.right] for line in lines[region.y + 2:region.bottom]]
         for k, s in enumerate(chart.series):
-            assert f"{k + 1} {s.method}" in title, title
+            assert f"{k + 1} {s.method}" in legend, legend
             assert not any(s.method in line for line in plot), plot  # no legend box over the curves
-        # the stored curves are equal here: the last one drawn shows its number right of the y axis
-        assert any(str(len(chart.series)) in line.split("┤", 1)[-1] for line in plot)
+        # the stored curves are equal here: the one drawn last, the selected method's (1), shows right of the y axis
+        assert any("1" in line.split("┤", 1)[-1] for line in plot)
+
+
+@async_test
+async def test_the_chart_at_80x24_names_every_curve_and_draws_the_selected_one_on_top(metrics_store, color_env):
+    """Issue 38, item 4: at 80x24 the curves were marked 2-6 with no legend (the title was cut) and the selected
+    method's curve (1) lay under curve 2. Every method's curves are equal in this store: only the curve drawn last
+    shows, and it is the selected one's; the legend under the chart names every marker."""
+    from tui.widgets.curve_chart import CurveChart
+
+    app = create_app_for(metrics_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_metrics(pilot)
+        while screen.sort_name != "aopc@attcat":
+            await pilot.press("right")
+        await pilot.press("p")
+        await settle(pilot)
+        chart = screen.query_one(CurveChart)
+        assert chart.series[0].method == screen.cursor and len(chart.series) == 3
+        lines = screen_text(app).splitlines()
+        plot = [line.split("┤", 1)[1] for line in lines if "┤" in line]  # the plot's rows, right of the y axis
+        assert plot and "1" in "".join(plot) and not {"2", "3"} & set("".join(plot)), plot
+        legend = next(line for line in lines if "1 " + screen.cursor in line)
+        for k, s in enumerate(chart.series):
+            assert f"{k + 1} {s.method}" in legend
+
+
+def test_the_chart_legend_wraps_six_long_names_at_80_columns():
+    """Six methods with long names: the legend wraps under the chart, every marker named in full."""
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import Static
+
+    from tui.widgets.curve_chart import CurveChart, Series, legend_text
+
+    names = [f"integrated_gradients_{k}" for k in range(6)]
+
+    class Demo(App):  # the chart and its legend as the metrics screen lays them out
+        def compose(self):
+            yield CurveChart(id="chart")
+            yield Static(id="legend")
+
+    async def main():
+        app = Demo()
+        async with app.run_test(size=(80, 24)) as pilot:
+            x = np.arange(1.0, 5.0)
+            series = [Series(n, x, x * k) for k, n in enumerate(names)]
+            app.query_one(CurveChart).show("aopc", series)
+            app.query_one("#legend", Static).update(legend_text(series, 78))
+            await pilot.pause()
+            text = screen_text(app)
+            for k, n in enumerate(names):
+                assert f"{k + 1} {n}" in text, text
+
+    asyncio.run(main())

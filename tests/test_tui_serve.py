@@ -131,14 +131,14 @@ def test_serve_in_headless_chromium(tmp_path):
         words = [t for t in tokens if t.isascii() and "[" not in t]
         first = page.wait(lambda t: f"1/{n}" in t and all(w in t for w in words) and "[SEP]" in t, 30)
         assert f"1/{n}" in first and ids[0] in first and all(w in first for w in words), first
-        # focused, as a user's click makes it: Textual shows the footer's keys only then
-        driver.execute_script("document.querySelector('.xterm-helper-textarea').focus()")
+        # focused on load, without a click (issue 38): Textual shows the footer's keys only then
         assert "q quit" in page.wait(lambda t: "q quit" in t.splitlines()[-1], 15).splitlines()[-1]
+        assert driver.execute_script("return document.activeElement.classList.contains('xterm-helper-textarea')")
         apps = children(server.pid)
         assert apps, "no app process for the tab"
         shot = os.environ.get(SCREENSHOT) or str(tmp_path / "page.png")
         assert driver.save_screenshot(shot) and Path(shot).read_bytes().startswith(b"\x89PNG")
-        driver.find_element("css selector", ".xterm-helper-textarea").send_keys("j")  # a key typed into the page
+        driver.switch_to.active_element.send_keys("j")  # a key typed into the page as it is, nothing clicked
         second = page.wait(lambda t: f"2/{n}" in t and ids[1] in t, 15)
         assert f"2/{n}" in second and ids[1] in second, second
         # the page's own xterm drew it: a non-blank screenshot and the page marked as having received output

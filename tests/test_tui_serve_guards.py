@@ -320,3 +320,19 @@ def test_tokens_are_compared_whole():
     assert token_matches("abc-_9", "abc-_9")
     for given in (None, "", "abc-_", "abc-_90", "ABC-_9", "é", "abc-_9\x00"):
         assert not token_matches(given, "abc-_9"), given
+
+
+def test_the_page_focuses_its_terminal_on_load(serve):
+    """Issue 38, item 11: keys did nothing until the terminal was clicked. The page focuses the terminal's input
+    (xterm.js's helper textarea) once xterm has made it, and again when the window gets the focus back; it needs no
+    click (test_tui_serve.py types into the page in Chromium without one)."""
+    from tui.serve import FOCUS_SCRIPT
+
+    s = serve()
+    status, page, _ = get(f"http://127.0.0.1:{s.port}/")
+    assert status == 200
+    body = page.split("<body", 1)[1]
+    assert body.count(FOCUS_SCRIPT) == 1 and body.index(FOCUS_SCRIPT) > body.index('id="terminal"')
+    assert ".xterm-helper-textarea" in FOCUS_SCRIPT and ".focus(" in FOCUS_SCRIPT
+    assert "MutationObserver" in FOCUS_SCRIPT and "addEventListener(\"focus\"" in FOCUS_SCRIPT
+    assert s.apps() == []  # the page alone starts no app

@@ -1,13 +1,16 @@
-"""How far two attributions of one example agree: rank correlation and top-k overlap (pure numpy).
+"""How far two attributions of one example agree: rank correlation and top-k overlap (numpy).
 
 Both leave the explained token out (its score is the model's own output for several methods and would make every
-pair agree) and treat non-finite scores as 0. Signed methods rank by the score itself: a token that pushes against
-the prediction ranks low, as it does in the faithfulness metrics.
+pair agree). Spearman's rho treats non-finite scores as 0 and ranks a signed method by the score itself (a token that
+pushes against the prediction ranks low, as it does in the faithfulness metrics); the top-k overlap is that of the
+underlined top-k sets (colors.top_k: a signed method's by |score|), so the column counts what the screen marks.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .colors import top_k
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
@@ -49,16 +52,12 @@ def spearman(a: np.ndarray, b: np.ndarray, skip: int | None = None) -> float:
     return float((ra * rb).sum() / den) if den > 0 else float("nan")
 
 
-def top_k_positions(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values (stable: the earlier token wins a tie)."""
-    k = max(0, min(int(k), len(x)))
-    return np.argsort(-np.asarray(x, dtype=np.float64), kind="stable")[:k]
-
-
-def top_k_overlap(a: np.ndarray, b: np.ndarray, k: int, skip: int | None = None) -> float:
-    """|top-k(a) ∩ top-k(b)| / k over the tokens (the explained one left out); NaN when no token remains."""
-    a, b = _kept(a, b, skip)
-    k = min(int(k), len(a))
+def top_k_overlap(a: np.ndarray, b: np.ndarray, k: int, skip: int | None = None,
+                  signed: tuple[bool, bool] = (False, False)) -> float:
+    """|top-k(a) ∩ top-k(b)| / k of the tokens the screens underline (colors.top_k: the explained one left out, a
+    signed method's by |score|); NaN when no token remains."""
+    n = min(len(a), len(b)) - (skip is not None and 0 <= skip < min(len(a), len(b)))
+    k = min(int(k), n)
     if k <= 0:
         return float("nan")
-    return len(set(top_k_positions(a, k).tolist()) & set(top_k_positions(b, k).tolist())) / k
+    return len(top_k(a, signed[0], k, skip) & top_k(b, signed[1], k, skip)) / k

@@ -24,7 +24,8 @@ from textual.worker import get_current_worker
 from store import Store, open_store
 from store.verify import command as verify_command
 
-from .colors import COLORMAPS, DEFAULT_COLORMAP, MODES, SCALE_TOKEN_NAMES, Mode, detect_mode, explained_dominates
+from .colors import (COLORMAPS, DEFAULT_COLORMAP, MODES, SCALE_TOKEN_NAMES, Mode, default_scale_tokens, detect_mode,
+                     scale_keep)
 from .data import LRU, LoadedExample, MetricsData, StoreMeta, read_example, read_meta, read_metrics
 from .live import file_state, writer_alive
 from .render.metric_table import short_name
@@ -469,16 +470,13 @@ class AttrApp(App[int]):
                 redraw()
 
     def scale_tokens_of(self, method: str, ex: LoadedExample) -> str:
-        """The tokens that set ``method``'s colour scale: as chosen, else "content" when its explained token (or a
-        special one) dominates the first example shown, "all" otherwise; kept for the session."""
-        if method not in self.scale_tokens:
-            self.scale_tokens[method] = "content" if explained_dominates(ex.scores[method], ex.content) else "all"
-        return self.scale_tokens[method]
+        """The tokens that set ``method``'s colour scale on ``ex``: as chosen (t, kept for the session), else the rule
+        every face follows for this example (palette.default_scale_tokens: the figures and notebooks read alike)."""
+        return self.scale_tokens.get(method) or default_scale_tokens(ex.scores[method], ex.content)
 
     def scale_keep(self, ex: LoadedExample, methods: list[str]) -> dict[str, np.ndarray | None]:
         """The tokens that set each method's colour scale on ``ex`` (None: all), for render.compare.scales."""
-        return {m: ex.content if self.scale_tokens_of(m, ex) == "content" and ex.content.any() else None
-                for m in methods}
+        return {m: scale_keep(ex.scores[m], ex.content, self.scale_tokens.get(m)) for m in methods}
 
     def set_scale_tokens(self, method: str, tokens: str) -> None:
         self.scale_tokens[method] = tokens
@@ -582,7 +580,7 @@ class AttrApp(App[int]):
         """Write ``ex`` with ``methods`` (one line each, final scores) as an SVG, LaTeX and HTML figure into the export
         directory; the paths are shown in a notification. Returns them (None when writing failed)."""
         from .render.compare import scales
-        from .export import Figure, export_directory, safe_stem, write_figure
+        from .export import Figure, export_directory, figure_stem, write_figure
 
         signed = {m.name: m.signed for m in self.meta.methods}
         methods = [m for m in methods if m in ex.scores]
@@ -590,7 +588,7 @@ class AttrApp(App[int]):
         note = f"{self.meta.name} · {'shared scale' if shared else 'scale per method'}"
         fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note, self.colormap)
         directory = export_directory(getattr(self.store, "path", None))
-        stem = f"{safe_stem(os.path.splitext(self.meta.name)[0])}-{safe_stem(ex.id)}"
+        stem = figure_stem(self.meta.name, ex.id, methods, shared=shared)
         try:
             paths = write_figure(fig, directory, stem)
         except OSError as err:

@@ -21,7 +21,9 @@ from rich.color import Color
 from rich.style import Style
 
 # The scales as numbers are store/'s (its HTML views colour tokens without rich); this module re-exports them.
-from store.palette import COLORMAPS, DEFAULT_COLORMAP, Scale, format_score, normalize, normalize_within, rgb
+from store.palette import (COLORMAPS, DEFAULT_COLORMAP, DOMINANCE, SCALE_TOKEN_NAMES, SCALE_TOKENS,  # noqa: F401
+                           Scale, clip_legend, clip_mark, content_tokens, default_scale_tokens, explained_dominates,
+                           format_score, normalize, normalize_within, rgb, scale_keep)
 from store.palette import lightness as rgb_lightness
 
 Mode = Literal["truecolor", "256", "16", "mono"]
@@ -31,13 +33,6 @@ MODES: tuple[str, ...] = ("truecolor", "256", "16", "mono")
 NORMALISATIONS: tuple[str, ...] = ("view", "example", "global")
 NORMALISATION_NAMES = {"view": "per view (this example, this layer)", "example": "per example (all its layers)",
                        "global": "global (the whole store, this layer)"}
-
-#: Which tokens set a colour scale: every one, or the content tokens (all but the special tokens and the explained
-#: one, whose score is often the model's own output: rollout's [CLS] 0.66 next to words of 0.02-0.04). Tokens outside
-#: the scale are drawn at its ends.
-SCALE_TOKENS: tuple[str, ...] = ("content", "all")
-SCALE_TOKEN_NAMES = {"content": "w/o specials", "all": "all tokens"}
-DOMINANCE = 3.0  # a token outside the content this many times larger than every content token dominates the scale
 
 #: Magnitude ramp used without colour: the lowest fifth of |value| is a blank, the top fifth a full block.
 GLYPHS = " ░▒▓█"
@@ -54,21 +49,15 @@ def detect_mode(no_color: bool, color_system: str | None) -> Mode:
     return "16"
 
 
-def explained_dominates(scores: np.ndarray, content: np.ndarray) -> bool:
-    """True when a token outside ``content`` (a bool mask) has DOMINANCE times the largest |score| of the content
-    tokens: a scale over every token would then give all the content one colour."""
-    s = np.abs(np.nan_to_num(np.asarray(scores, np.float64), nan=0.0, posinf=0.0, neginf=0.0))
-    content = np.asarray(content, bool)[: len(s)]
-    if not content.any() or content.all():
-        return False
-    return bool(s[~content].max() >= DOMINANCE * s[content].max())
-
-
-def top_k(scores: np.ndarray, signed: bool, k: int) -> set[int]:
-    """Positions of the k largest scores (largest |score| for signed methods). Non-finite scores never count."""
+def top_k(scores: np.ndarray, signed: bool, k: int, skip: int | None = None) -> set[int]:
+    """Positions of the k largest scores (largest |score| for signed methods), leaving out position ``skip`` (the
+    explained token: its score is the model's own output for several methods). Non-finite scores never count. The
+    one top-k set: the underlined tokens and the compare screen's top-k overlap (agreement.top_k_overlap)."""
     s = np.asarray(scores, dtype=np.float64)
     key = np.abs(s) if signed else s
     key = np.where(np.isfinite(key), key, -np.inf)
+    if skip is not None and 0 <= skip < len(key):
+        key[skip] = -np.inf
     k = max(0, min(k, len(s)))
     if k == 0:
         return set()

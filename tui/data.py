@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from store import Store
+from store.palette import content_tokens
 
 
 def read_for_screen(screen, reader, loaded, failed) -> None:
@@ -80,12 +81,8 @@ class LoadedExample:
 
     @property
     def content(self) -> np.ndarray:
-        """[n] bool: the tokens that are neither special nor the explained one (colors.SCALE_TOKENS)."""
-        keep = np.ones(len(self.tokens), bool) if self.special is None else ~np.asarray(self.special, bool)
-        if 0 <= self.explain_pos < len(keep):
-            keep = keep.copy()
-            keep[self.explain_pos] = False
-        return keep
+        """[n] bool: the tokens that are neither special nor the explained one (palette.SCALE_TOKENS)."""
+        return content_tokens(self.special, self.explain_pos, len(self.tokens))
 
     @property
     def correct(self) -> bool | None:

@@ -138,6 +138,29 @@ class TabApp(AppService):
         await asking  # its output ends with it
 
 
+# The page's terminal takes the keys from the start: its input (xterm.js's helper textarea, made by the page's
+# script) is focused as soon as it exists, and once more when the app's first bytes arrive (the page tells the app
+# of a focus over the websocket, which is open only then: Textual shows the footer's keys only to a focused
+# terminal), and whenever the window gets the focus back; no click needed.
+FOCUS_SCRIPT = """<script>
+(function () {
+  function input() { return document.querySelector(".xterm-helper-textarea"); }
+  function focus() { var i = input(); if (i) { i.focus({preventScroll: true}); } return !!i; }
+  function refocus() { var i = input(); if (i) { i.blur(); i.focus({preventScroll: true}); } }
+  if (!focus()) {
+    var made = new MutationObserver(function () { if (focus()) { made.disconnect(); } });
+    made.observe(document.body, {childList: true, subtree: true});
+  }
+  var started = new MutationObserver(function () {
+    if (document.body.classList.contains("-first-byte")) { started.disconnect(); refocus(); }
+  });
+  started.observe(document.body, {attributes: true, attributeFilter: ["class"]});
+  window.addEventListener("focus", focus);
+})();
+</script>
+"""
+
+
 class TabServer(Server):
     """textual-serve's server with guards: every request on a loopback bind must name a loopback host (or a site
     that points its own name at this machine, DNS rebinding, would reach it); off loopback, every request must
@@ -204,6 +227,7 @@ class TabServer(Server):
         # name), not from the bind address; the template escapes it.
         self.public_url = f"{request.scheme}://{request.host}"
         response = await super().handle_index(request)
+        response.text = response.text.replace("</body>", FOCUS_SCRIPT + "</body>", 1)
         if self.token is not None:  # sent back by the page's scripts and websocket, never readable by a script
             response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict")
         return response

@@ -15,9 +15,10 @@ from rich.style import Style
 from rich.text import Text
 
 from ..colors import DEFAULT_COLORMAP, Mode, Scale, normalize, normalize_within, top_k
-from .tokens import JOIN_MARK, token_cells
+from .tokens import JOIN_MARK, ColorBar, token_cells
 
 _LABEL = Style(bold=True)
+DIFFERENCE = "A−B"  # the difference view's row: a bar of its own
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def aligned_blocks(tokens: list[str], rows: list[Row], width: int, mode: Mode, *
     if not rows:
         return []
     label_w = min(max(cell_len(r.name) for r in rows), 14) + 1
-    cells = [token_cells(tokens, r.scale, mode, glyphs=glyphs, top=top_k(r.raw, r.scale.signed, k),
+    cells = [token_cells(tokens, r.scale, mode, glyphs=glyphs, top=top_k(r.raw, r.scale.signed, k, explained),
                          explained=explained, cmap=cmap, explained_end=explained_end) for r in rows]
     col_w = [max(cell_len(c[i].text) + c[i].joined for c in cells) for i in range(len(tokens))]
     room = max(width - label_w, 4)
@@ -84,3 +85,28 @@ def aligned_blocks(tokens: list[str], rows: list[Row], width: int, mode: Mode, *
             lines.append(t)
         lines.append(Text(""))
     return lines[:-1]
+
+
+def legend_lines(rows: list[Row], width: int, mode: Mode, *, glyphs: bool, k: int, cmap: str = DEFAULT_COLORMAP,
+                 clipped: str = "") -> list[Text]:
+    """The colour bars of the drawn rows, one per ramp they are drawn with: a signed method's diverging one, a
+    non-negative method's sequential one (and the difference's), each labelled with its methods when there are
+    several bars. A bar that stands for several scales shows words at its ends (the table's "scale" column has each
+    method's numbers); the first bar carries the clip legend and top-k."""
+    groups: dict[object, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(DIFFERENCE if r.name == DIFFERENCE else r.scale.signed, []).append(r)
+    names = [", ".join(r.name for r in rs) for rs in groups.values()]
+    label_w = min(max(cell_len(n) for n in names), max(width // 3, 4)) + 1 if len(groups) > 1 else 0
+    lines = []
+    for n, rs in enumerate(groups.values()):
+        signed = rs[0].scale.signed
+        label = set_cell_size(names[n], label_w - 1) + " " if label_w else ""  # the bars start at one column
+        several = len({(r.scale.lo, r.scale.hi) for r in rs}) > 1
+        ends = (("−max", "+max") if signed else ("min", "max")) if several else None
+        bar = ColorBar(rs[0].scale, mode, glyphs=glyphs, top_k=0 if n else k, cmap=cmap, ends=ends,
+                       clipped="" if n else clipped)
+        line = Text(label, _LABEL, no_wrap=True, overflow="crop")
+        line.append_text(bar.render(max(width - cell_len(label), 12)))
+        lines.append(line)
+    return lines

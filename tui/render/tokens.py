@@ -16,7 +16,7 @@ from rich.text import Text
 from store.figure import EXPLAINED_MARK
 from store.text import printable, printable_text  # noqa: F401 (shown as the HTML views show them; re-exported)
 
-from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, format_score, glyph, sign_mark, token_style
+from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, clip_mark, format_score, glyph, sign_mark, token_style
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
 _JOIN_STYLE = Style(dim=True)
@@ -38,7 +38,8 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
                 explained: int = -1, cmap: str = DEFAULT_COLORMAP, explained_end: int = -1) -> list[TokenCell]:
     """One cell per token, styled by its normalised score. With ``glyphs`` every token is prefixed by its sign
     mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size. The explained
-    token carries :data:`EXPLAINED_MARK`; ``explained_end`` (a qa span's end) :data:`SPAN_END_MARK` after it."""
+    token carries :data:`EXPLAINED_MARK`; ``explained_end`` (a qa span's end) :data:`SPAN_END_MARK` after it; a
+    token beyond the scale (drawn at its end) its clip mark (palette.CLIP_MARKS)."""
     cells = []
     for i, tok in enumerate(tokens):
         v = float(scale.values[i]) if i < len(scale.values) else 0.0
@@ -50,6 +51,7 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
             shown = EXPLAINED_MARK + shown
         if i == explained_end:
             shown += SPAN_END_MARK
+        shown += clip_mark(scale, i)  # beyond the scale, drawn at its end
         cells.append(TokenCell(shown, token_style(v, mode, top=i in top, cmap=cmap), joined))
     return cells
 
@@ -109,10 +111,11 @@ class ColorBar:
     """The scale of the current view with its numbers: ``-M [cold..0..warm] +M`` or ``min [ramp] max``."""
 
     def __init__(self, scale: Scale, mode: Mode, *, glyphs: bool, top_k: int = 0, scope: str = "",
-                 cmap: str = DEFAULT_COLORMAP, ends: tuple[str, str] | None = None):
-        """``ends``: words in place of the scale's numbers (a bar that stands for several scales)."""
+                 cmap: str = DEFAULT_COLORMAP, ends: tuple[str, str] | None = None, clipped: str = ""):
+        """``ends``: words in place of the scale's numbers (a bar that stands for several scales); ``clipped``: the
+        legend of the clip marks the tokens drawn carry (palette.clip_legend)."""
         self.scale, self.mode, self.glyphs, self.top_k, self.scope = scale, mode, glyphs, top_k, scope
-        self.cmap, self.ends = cmap, ends
+        self.cmap, self.ends, self.clipped = cmap, ends, clipped
 
     def render(self, width: int) -> Text:
         s = self.scale
@@ -120,14 +123,14 @@ class ColorBar:
         right = ("+" if s.signed and s.hi > 0 else "") + format_score(s.hi)
         if self.ends is not None:
             left, right = self.ends
-        note = f"  top-{self.top_k} underlined" if self.top_k else ""
-        if self.scope:  # a scale wider than the view: say so before anything else
-            note = f"  {self.scope}" + note
+        # what matters most first: the scope (a scale wider than the view), the clip marks' legend, top-k; the last
+        # ones go first when the line is short
+        notes = [f"  {n}" for n in (self.scope, self.clipped) if n] + ([f"  top-{self.top_k} underlined"]
+                                                                        if self.top_k else [])
         room = width - len(left) - len(right) - 2
-        if room - len(note) < 11:  # the scope is what matters most: the top-k note goes first
-            note = f"  {self.scope}" if self.scope else ""
-        if room - len(note) < 11:
-            note = ""
+        while notes and room - len("".join(notes)) < 11:
+            notes.pop()
+        note = "".join(notes)
         cells = max(5, min(31, room - len(note)))
         if s.signed and cells % 2 == 0:
             cells -= 1

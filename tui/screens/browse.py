@@ -17,10 +17,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Header, Input, Static
 
-from ..colors import (NORMALISATION_NAMES, NORMALISATIONS, SCALE_TOKEN_NAMES, SCALE_TOKENS, default_k, normalize,
-                      normalize_within, top_k)
+from ..colors import (NORMALISATION_NAMES, NORMALISATIONS, SCALE_TOKEN_NAMES, SCALE_TOKENS, clip_legend, default_k,
+                      normalize, normalize_within, top_k)
 from ..commands import BrowseCommands, ViewCommands
 from ..data import LoadedExample
 from ..render.metric_table import MetricLine
@@ -36,7 +36,8 @@ class BrowseScreen(Screen[None]):
 
     DEFAULT_CSS = """
     BrowseScreen #body { height: 1fr; }
-    BrowseScreen #examples { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
+    BrowseScreen #list-pane { width: 43%; min-width: 28; max-width: 48; border-right: vkey $primary 40%; }
+    BrowseScreen #view-note { height: auto; color: $text-muted; text-style: bold; padding: 0 0 0 2; }
     BrowseScreen #main { width: 1fr; padding: 0 0 0 1; }
     BrowseScreen #prompt { dock: bottom; margin-bottom: 1; border: round $primary; height: 3; }
     """
@@ -70,7 +71,10 @@ class BrowseScreen(Screen[None]):
         app = self.app
         yield Header(icon="◆")
         with Horizontal(id="body"):
-            yield ExampleList(id="examples", monochrome=app.color_mode == "mono")
+            with Vertical(id="list-pane"):
+                # the view's note (sort, filter, search, a pass's progress) where the list's header has no room
+                yield Static(id="view-note")
+                yield ExampleList(id="examples", monochrome=app.color_mode == "mono")
             with Vertical(id="main"):
                 yield InfoPanel(id="info")
                 yield TextPanel(id="text")
@@ -81,12 +85,25 @@ class BrowseScreen(Screen[None]):
         yield FittedFooter()
 
     def on_mount(self) -> None:
+        self.query_one("#view-note").display = False
         self.query_one(InfoPanel).show_message("reading the store…")
         self.query_one(ExampleList).focus()
         self.app.start()
 
     def on_resize(self, event) -> None:
         self.draw()  # the layer strip's height follows the terminal's
+        self.show_note()
+
+    def on_example_list_note_changed(self, message: ExampleList.NoteChanged) -> None:
+        self.show_note()
+
+    def show_note(self) -> None:
+        """The list's note on its own line (wrapped) when the list's header has no room for the whole of it."""
+        lst = self.query_one(ExampleList)
+        shown = bool(lst.note) and not lst.note_fits(lst.scrollable_content_region.width or lst.size.width)
+        note = self.query_one("#view-note", Static)
+        note.update(Text(lst.note) if shown else "")
+        note.display = shown
 
     # ---------------------------------------------------------------- drawing
     def show_message(self, message: str, tokens: str | None = None) -> None:
@@ -106,7 +123,7 @@ class BrowseScreen(Screen[None]):
         scores = ex.view(info.name, app.layer)
         scale = self.scale(ex, info, scores)
         k = default_k(len(ex.tokens))
-        top = top_k(scores, info.signed, k)
+        top = top_k(scores, info.signed, k, ex.explain_pos)
         mono = app.color_mode == "mono"
         self.query_one(InfoPanel).show_example(ex, app.meta.labels, app.example_list.store_rows, monochrome=mono)
         self.query_one(TextPanel).show_example(ex)
@@ -116,16 +133,17 @@ class BrowseScreen(Screen[None]):
         strip = views is not None and len(views) > 0
         self.query_one(MethodBar).show(info, app.method_index, len(app.meta.methods), app.layer,
                                        ex.values.get(info.name), metrics, ladder=not strip)
+        cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
+                            explained_end=ex.explained_end, cmap=app.colormap)
         self.query_one(LayerStrip).show(views, ex.scores[info.name], app.layer, info.signed, app.color_mode,
-                                        rows=self._strip_rows(), cmap=app.colormap)
+                                        rows=self._strip_rows(TokenLayout(cells)), cmap=app.colormap)
         scope = {"view": "", "example": "per example, ", "global": "global, "}[app.norm]
         if app.norm == "global" and info.name not in app.global_scales:
             scope = "global: reading…, "
         # the store's statistics are over every token
         scope += SCALE_TOKEN_NAMES["all" if app.norm == "global" else app.scale_tokens_of(info.name, ex)]
-        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap)
-        cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
-                            explained_end=ex.explained_end, cmap=app.colormap)
+        self.query_one(ColorBarView).show(scale, app.color_mode, app.glyphs, k, scope, cmap=app.colormap,
+                                          clipped=clip_legend([scale]))
         view = self.query_one(TokenView)
         if app.token is not None and 0 <= app.token < len(cells):  # the token cursor: reversed, its numbers above
             cells[app.token] = replace(cells[app.token], style=cells[app.token].style + Style(reverse=True))
@@ -137,10 +155,15 @@ class BrowseScreen(Screen[None]):
     def redraw(self) -> None:
         self.draw()
 
-    def _strip_rows(self) -> int:
-        """Lines the layer strip may take: what leaves the tokens at least four lines (header, example, method bar,
-        colour bar and footer take about 14 at most)."""
-        return max(2, self.app.size.height - 18)
+    def _strip_rows(self, tokens: TokenLayout) -> int:
+        """Lines the layer strip may take: what the terminal has left once the header, footer, the example's lines,
+        the method bar, the colour bar and the tokens (at least four lines of them, fewer when they need fewer)
+        have theirs, so that every layer shows where the tokens leave room."""
+        main = self.query_one("#main")
+        width = max(main.size.width - 1, 20)
+        taken = sum(self.query_one(w).outer_size.height for w in ("#info", "#text", "#method", "#colorbar"))
+        token_lines = min(len(tokens.lines(width)), 4) + 1  # and the token view's top border
+        return max(2, self.app.size.height - 2 - taken - token_lines)
 
     def scale(self, ex: LoadedExample, info, scores: np.ndarray):
         """The colour scale of the shown view under the chosen normalisation (NORMALISATIONS)."""

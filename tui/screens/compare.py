@@ -23,13 +23,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Header, SelectionList, Static
 
 from ..agreement import spearman, top_k_overlap
-from ..colors import default_k, format_score
+from ..colors import clip_legend, default_k, format_score
 from ..commands import CompareCommands
 from ..widgets.footer import FittedFooter
-from ..render.compare import Row, aligned_blocks, difference, scales
+from ..render.compare import DIFFERENCE, Row, aligned_blocks, difference, legend_lines, scales
 from ..render.metric_table import fmt
 from ..data import LoadedExample, read_example
-from ..render.tokens import ColorBar, printable
+from ..render.tokens import printable
 
 MIN_METHODS, MAX_METHODS = 2, 6
 _DIM = Style(dim=True)
@@ -57,7 +57,7 @@ class CompareScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     CompareScreen { background: $background; }
     CompareScreen #compare-table { height: auto; padding: 0 1; }
-    CompareScreen #compare-bar { height: 1; padding: 0 1; }
+    CompareScreen #compare-bar { height: auto; padding: 0 1; }
     CompareScreen #compare-rows { height: 1fr; padding: 0 1; }
     CompareScreen SelectionList { height: auto; max-height: 12; border: round $primary; }
     """
@@ -142,7 +142,8 @@ class CompareScreen(ModalScreen[None]):
                              justify="right")
         for j, m in enumerate(methods):
             rho = 1.0 if j == 0 else spearman(first, raw[m], skip=ex.explain_pos)
-            ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos)
+            ov = 1.0 if j == 0 else top_k_overlap(first, raw[m], k, skip=ex.explain_pos,
+                                                  signed=(signed[methods[0]], signed[m]))
             values = [fmt(ex.metric_values.get((m, n))) for n in metric_names]  # as the metrics screen: 4e-05 stays visible
             ends = format_score(sc[m].lo) + "…" + ("+" if sc[m].signed and sc[m].hi > 0 else "") + format_score(sc[m].hi)
             table.add_row(Text(m), _fmt(rho), _fmt(ov), ends, *values)
@@ -157,18 +158,15 @@ class CompareScreen(ModalScreen[None]):
         if self.difference and len(methods) >= 2:
             d = difference(sc[methods[0]], sc[methods[1]])
             rows = [Row(methods[0], sc[methods[0]], raw[methods[0]]), Row(methods[1], sc[methods[1]], raw[methods[1]]),
-                    Row("A−B", d, d.values)]
+                    Row(DIFFERENCE, d, d.values)]
             head.append(f"  A−B = {methods[0]} − {methods[1]}, each normalised first", _DIM)
-            bar_scale = d
         else:
             rows = [Row(m, sc[m], raw[m]) for m in methods]
-            bar_scale = sc[methods[0]]
         self.query_one("#compare-table").update(Group(head, table))
-        per_method = not self.shared and not self.difference and len({(sc[m].lo, sc[m].hi) for m in methods}) > 1
-        # scales per method: the bar is the ramp, each method's ends are in the table's "scale" column
-        ends = ("min", "max") if not bar_scale.signed else ("−max", "+max")
-        self.query_one("#compare-bar").update(ColorBar(bar_scale, app.color_mode, glyphs=app.glyphs, top_k=k,
-                                                       cmap=app.colormap, ends=ends if per_method else None))
+        # a bar per ramp drawn: a signed method's diverging one is no min..max bar
+        legend = legend_lines(rows, width, app.color_mode, glyphs=app.glyphs, k=k, cmap=app.colormap,
+                              clipped=clip_legend(r.scale for r in rows))
+        self.query_one("#compare-bar").update(Text("\n").join(legend))
         lines = aligned_blocks(ex.tokens, rows, width, app.color_mode, glyphs=app.glyphs, k=k,
                                explained=ex.explain_pos, explained_end=ex.explained_end, cmap=app.colormap)
         tokens = Text("\n").join(lines)

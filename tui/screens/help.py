@@ -52,7 +52,7 @@ def help_text(mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Text:
     t.append_text(ColorBar(normalize(np.array([0.0, 1.0]), False), mode, glyphs=False, cmap=cmap).render(25))
     t.append("  min to max\n" if mode == "mono" else "  dark (min) to yellow (max)\n" if dark else
              "  white (min) to red (max)\n")
-    t.append(f"  top-{default_k(100)} tokens (at most a quarter of them) are bold and underlined\n")
+    t.append(f"  top-{default_k(100)} tokens (at most a quarter, not ▸ the explained): bold, underlined\n")
     t.append("Glyphs", _H)
     t.append(" (always on without colour, NO_COLOR; g toggles them)\n")
     t.append("  + -       ", _K)
@@ -61,6 +61,8 @@ def help_text(mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Text:
     t.append("|score| in fifths of the scale: blank lowest, █ highest\n")
     t.append(f"  play{JOIN_MARK}ing  ", _K)
     t.append("a '##' word piece, joined to the token before it\n")
+    t.append("  ↑ ↓       ", _K)
+    t.append("beyond the colour scale's high / low end (drawn at it)\n")
     t.append("  ▸         ", _K)
     t.append("the explained token (whose prediction the scores explain)\n")
     t.append("Sort and filter: ctrl+p, then sort: / filter:; esc cancels a long pass.", Style(dim=True))

@@ -1,7 +1,8 @@
 """The matrix screen (``x``): the current example's token-to-token matrix of one layer, and its layer strip.
 
-Top to bottom: a line naming the example, method, layer, size, block factor and normalisation; the layer strip (one
-line per layer view, one coloured cell per token, the current layer marked ▶); the colour bar; the column header
+Top to bottom: a line naming the example, method, layer, size, block factor and normalisation; the layer strip under
+a line saying what it shows (one line per layer view of the method, one coloured cell per token, the current layer
+marked ▶); the colour bar, which says what the heatmap shows (that layer's own matrix, not rolled out); the column header
 (each column's token written top to bottom, a position ruler over it when the columns are one cell wide); the heatmap
 (rows: the token that receives, columns: the token it takes from); a status line with the cursor's row and column
 tokens, positions and value. Every heatmap line is labelled in the gutter left of it: while the rows fit, one row a
@@ -38,7 +39,8 @@ from ..render.tokens import ColorBar, printable
 
 NORMALISATIONS = ("layer", "example", "global")
 _DIM = Style(dim=True)
-_FIXED_LINES = 5  # the title, info, colour bar, status and footer lines: the rest is the strip's, header's and map's
+_FIXED_LINES = 6  # the title, info, strip caption, colour bar, status and footer lines: the rest is the strip's,
+# header's and map's
 
 
 class MatrixScreen(ModalScreen[None]):
@@ -178,12 +180,18 @@ class MatrixScreen(ModalScreen[None]):
         self.cell = (r, c)
         info.update(self._info(ex, L, rows, n, geom))
         self.query_one("#matrix-strip").update(self._strip(views, geom))
+        # the heatmap under it is that layer's own matrix; the strip's layer views are the method's scores (rolled
+        # out, for rollout and its kin): the bar says which
         self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=app.color_mode == "mono",
-                                                      cmap=app.colormap))
+                                                      cmap=app.colormap, scope=self._what()))
         self.query_one("#matrix-cols").update(Text("\n").join(header_lines(tokens, n, geom, c)))
         self.query_one("#matrix-map").update(self._map(cell_scale, cells.shape, sc.signed, geom, labels, rows))
         self.query_one("#matrix-status").update(self._status(tokens, explained, cells, rows, n, geom))
         self.sub_title = f"matrix · {self.method}"
+
+    def _what(self) -> str:
+        """What the heatmap shows, for its colour bar."""
+        return f"layer {self.view_layer + 1}'s own matrix (not rolled out)"
 
     def _info(self, ex, L: int, rows: int, n: int, geom) -> Text:
         head = Text(no_wrap=True, overflow="ellipsis")
@@ -232,9 +240,12 @@ class MatrixScreen(ModalScreen[None]):
         if views is None or not len(views):
             return Text("no layer views for this method", style=_DIM)
         labels = [f"L{i + 1}" for i in range(len(views))]
-        return strip_text(views, labels, self.view_layer, self._signed(), self.app.color_mode,
-                          width=self.size.width - 2, rows=geom.strip, label_w=geom.gutter, f=geom.fc, cw=geom.cw,
-                          cmap=self.app.colormap)
+        caption = Text(f"layer views: {self.method}'s scores at each layer, as on the browse screen", style=_DIM,
+                       no_wrap=True, overflow="ellipsis")
+        return Text("\n").join([caption, strip_text(views, labels, self.view_layer, self._signed(),
+                                                    self.app.color_mode, width=self.size.width - 2, rows=geom.strip,
+                                                    label_w=geom.gutter, f=geom.fc, cw=geom.cw,
+                                                    cmap=self.app.colormap)])
 
     def on_resize(self, event) -> None:
         if self.loaded_key is not None:

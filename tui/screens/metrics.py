@@ -35,7 +35,7 @@ from ..render.metric_table import (
     sorted_methods,
 )
 from ..widgets.footer import FittedFooter
-from ..widgets.curve_chart import CurveChart, curve_series
+from ..widgets.curve_chart import CurveChart, curve_series, legend_text
 from ..widgets.metric_table import MetricTable
 
 _ROWS = Binding.Group("method")
@@ -88,6 +88,7 @@ class MetricsScreen(ModalScreen[None]):
     }
     MetricsScreen #metrics-detail { width: 100%; }
     MetricsScreen #metrics-chart { height: 1fr; min-height: 10; border-top: hkey $primary 40%; }
+    MetricsScreen #metrics-chart-legend { height: auto; padding: 0 1; }
     MetricsScreen.-chart MetricTable { max-height: 30%; }  /* the chart needs the lines: the table scrolls */
     """
 
@@ -110,6 +111,7 @@ class MetricsScreen(ModalScreen[None]):
         with VerticalScroll(id="metrics-side", can_focus=False):
             yield Static(id="metrics-detail")
         yield CurveChart(id="metrics-chart")
+        yield Static(id="metrics-chart-legend")
         yield FittedFooter()
 
     def on_mount(self) -> None:
@@ -175,6 +177,7 @@ class MetricsScreen(ModalScreen[None]):
             self.query_one(selector).display = shown
         self.query_one("#metrics-side").display = shown and not self.chart
         self.query_one(CurveChart).display = shown and self.chart
+        self.query_one("#metrics-chart-legend").display = shown and self.chart
 
     def _show_message(self, message: str) -> None:
         self.query_one("#metrics-legend", Static).update(Text(message, style=Style(dim=True)))
@@ -223,7 +226,9 @@ class MetricsScreen(ModalScreen[None]):
 
     def _draw_chart(self) -> None:
         name = self.sort_name
-        self.query_one(CurveChart).show(name, curve_series(self.data, name, self.chart_methods()))
+        series = curve_series(self.data, name, self.chart_methods())
+        self.query_one(CurveChart).show(name, series)
+        self.query_one("#metrics-chart-legend", Static).update(legend_text(series, max(self.size.width - 2, 20)))
 
     def show_example_values(self) -> None:
         """The browse screen's current example, with its value of every metric of the method under the cursor

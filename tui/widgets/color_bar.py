@@ -12,5 +12,6 @@ from ..render.tokens import ColorBar
 class ColorBarView(Static):
     DEFAULT_CSS = "ColorBarView { height: 1; }"
 
-    def show(self, scale: Scale, mode, glyphs: bool, top_k: int, scope: str = "", cmap: str = "dark") -> None:
-        self.update(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope, cmap=cmap))
+    def show(self, scale: Scale, mode, glyphs: bool, top_k: int, scope: str = "", cmap: str = "dark",
+             clipped: str = "") -> None:
+        self.update(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope, cmap=cmap, clipped=clipped))

@@ -2,8 +2,10 @@
 for chosen methods, mean over the examples, as a terminal line chart drawn by plotext (textual-plotext).
 
 The curves come from the metrics screen's data (``MetricsData``: ``MetricInfo.curve`` and ``curve_levels``, read in
-a worker); this widget only draws. Each method gets its own numbered marker as well as its own colour, named in the
-title line, so the chart stays readable with NO_COLOR and no legend covers the curves.
+a worker); this widget only draws. Each method gets its own numbered marker as well as its own colour, named by
+:func:`legend_text` (the screen shows it under the chart, wrapped: every name whole at 80 columns), so the chart
+stays readable with NO_COLOR and no legend covers the curves. The first method (the one selected) is drawn last: on
+top where the curves meet.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from rich.text import Text
 from textual_plotext import PlotextPlot
 
-# One per method (the metrics screen shows at most six): digits, which the title's legend names ("1 rollout"), tell
-# the curves apart where they cross and without colour; plotext's own legend would be a box over the curves.
+# One per method (the metrics screen shows at most six): digits, which the legend names ("1 rollout"), tell the
+# curves apart where they cross and without colour; plotext's own legend would be a box over the curves.
 MARKERS = ("1", "2", "3", "4", "5", "6")
 
 
@@ -44,6 +47,18 @@ def curve_series(data, metric: str, methods: list[str]) -> list[Series]:
     return out
 
 
+def legend_text(series: list[Series], width: int) -> Text:
+    """"1 rollout  2 attcat ...": each marker and its method, in lines of ``width`` that break between them."""
+    lines, line = [], ""
+    for k, s in enumerate(series):
+        entry = f"{MARKERS[k % len(MARKERS)]} {s.method}"
+        if line and len(line) + 2 + len(entry) > width:
+            lines.append(line)
+            line = ""
+        line += ("  " if line else "") + entry
+    return Text("\n".join(lines + [line]), no_wrap=True, overflow="ellipsis")
+
+
 class CurveChart(PlotextPlot):
     """Line chart of per-level curves; call :meth:`show` with the series to draw."""
 
@@ -71,12 +86,10 @@ class CurveChart(PlotextPlot):
         if not self.series:
             plt.title(f"{metric}: no per-level curves stored")
         else:
-            legend = "  ".join(f"{MARKERS[k % len(MARKERS)]} {s.method}" for k, s in enumerate(self.series))
-            title = f"{metric}: mean curve over the examples · {legend}"
-            if len(title) > max(self.size.width, 1) - 2:  # narrow: the legend matters more than the words
-                title = f"{metric} · {legend}"
-            plt.title(title)
-            for k, s in enumerate(self.series):
+            title = f"{metric}: mean curve over the examples"
+            plt.title(title if len(title) <= max(self.size.width, 1) - 2 else metric)
+            # the selected method's curve (the first) drawn last: on top of the others where they meet
+            for k, s in reversed(list(enumerate(self.series))):
                 plt.plot(s.x.tolist(), s.y.tolist(), marker=MARKERS[k % len(MARKERS)])
             plt.xlabel(self.x_label)
         self.refresh()

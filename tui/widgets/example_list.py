@@ -99,6 +99,10 @@ class ExampleList(ScrollView, can_focus=True):
             super().__init__()
             self.index = index
 
+    class NoteChanged(Message):
+        """The view's note (sort, filter, search; a pass's progress) changed: the screen shows it on a line of its
+        own where the header has no room for the whole of it (:meth:`note_fits`)."""
+
     class NeedRows(Message):
         """Rows of block ``block`` (store rows block*BLOCK .. +BLOCK) are on screen but not read yet."""
 
@@ -225,6 +229,15 @@ class ExampleList(ScrollView, can_focus=True):
         """The note at the right of the header (the view, or the progress of a pass over the store)."""
         self._order_note = note
         self.refresh()
+        self.post_message(self.NoteChanged())
+
+    @property
+    def note(self) -> str:
+        return self._order_note
+
+    def note_fits(self, width: int) -> bool:
+        """The whole note fits the header's line of ``width`` cells after the column heads."""
+        return cell_len(self._column_heads(width)) + 1 + cell_len(self._order_note) <= width
 
     def set_order(self, order: np.ndarray | None, note: str = "") -> None:
         """Show the store rows in ``order`` (a sort or a filter; None: store order); the cursor stays on its example
@@ -232,6 +245,7 @@ class ExampleList(ScrollView, can_focus=True):
         row = self.current_row
         self._order = None if order is None else np.asarray(order, dtype=np.int64)
         self._order_note = note
+        self.post_message(self.NoteChanged())
         if self._order is not None:  # store row -> view position, for moving by row and for n / N
             self._pos = np.full(max(self._n, int(self._order.max(initial=-1)) + 1), -1, dtype=np.int64)
             self._pos[self._order] = np.arange(len(self._order))
@@ -303,16 +317,20 @@ class ExampleList(ScrollView, can_focus=True):
         return " ".join(cols), mark
 
     def header_text(self, width: int) -> str:
+        """The column heads, and the note after them when the whole of it fits (else the screen shows it)."""
+        head = self._column_heads(width)
+        if self._order_note and self.note_fits(width):
+            head = set_cell_size(head, width - cell_len(self._order_note) - 1) + " " + self._order_note
+        return head
+
+    def _column_heads(self, width: int) -> str:
         id_w, lw = self._columns(width)
         right = self._heads != ("label", "pred")  # numbers: their heads right-aligned above them
         cols = [set_cell_size("id", id_w)] + [_fit(h.rjust(lw) if right else h, lw) for h in self._heads] + [" len"]
         if self.shows_value:
             head = self._metric_head
             cols.append(head.rjust(METRIC_W) if cell_len(head) <= METRIC_W else _fit(head, METRIC_W))
-        head = "  " + " ".join(cols)
-        if self._order_note:
-            head = _fit(head, max(width - cell_len(self._order_note) - 1, 0)) + " " + self._order_note
-        return head
+        return "  " + " ".join(cols)
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width

@@ -44,7 +44,8 @@ class _LayerLadder:
 
 
 class MethodBar(Static):
-    """Line 1: the method, its position among the methods, signed or not. Line 2 (only in stores with metrics): the
+    """Line 1 (wrapped): the method, its position among the methods, signed or not, its description. Next (only in
+    stores with metrics): the
     current example's faithfulness metrics for this method. Last line: the layer ladder, unless the layer strip
     shows the layers."""
 
@@ -53,7 +54,7 @@ class MethodBar(Static):
     def show(self, info: MethodInfo, position: int, total: int, layer: int | None,
              values: dict[str, float] | None = None, metrics: RenderableType | None = None, *,
              ladder: bool = True) -> None:
-        t = Text(no_wrap=True, overflow="ellipsis")
+        t = Text()  # wraps: the description continues on the next line where the line is short
         t.append("method ", _DIM)
         t.append(info.name, Style(bold=True, underline=True))
         t.append(f" {position + 1}/{total}", _DIM)
