@@ -31,4 +31,4 @@ class GraniteAdapter(LlamaAdapter):
 
     def mlp(self, layer):
         m, scale = layer.mlp, self.config.residual_multiplier
-        return Sublayer(lambda y: scale * m(y), m)
+        return Sublayer(m, m, root=m, scale=scale)  # DecompX's maps: the down map times the multiplier too
