@@ -119,6 +119,22 @@ def test_parts_sum_to_every_layer_output_and_to_the_logits(pre_ln):
 
 
 @torch.no_grad()
+def test_each_example_alone_equals_the_padded_batch(pre_ln):
+    """Padding and batch invariance in float64 (tests/test_families.py checks every method in float32 on the
+    families' own configs; this covers the arrangements and unclipped models above too)."""
+    model, ad, batch, cap = pre_ln
+    for name in ("decompx", "decompx_nohead"):
+        m = get_method(name)
+        together = m.compute(cap, ad, cap.pred)
+        for b, k in enumerate(LENGTHS):
+            alone_cap = family_capture(ad, {key: v[b:b + 1, :k] for key, v in batch.items()}, NEEDS)
+            alone = m.compute(alone_cap, ad, cap.pred[b:b + 1])
+            torch.testing.assert_close(together.scores[b, :k], alone.scores[0], rtol=0, atol=1e-5, msg=name)
+            torch.testing.assert_close(together.layer_scores[b, :, :k], alone.layer_scores[0], rtol=0, atol=1e-5,
+                                       msg=name)
+
+
+@torch.no_grad()
 def test_all_classes_equal_one_class_at_a_time(classifier):
     model, ad, batch, cap = classifier
     m = get_method("decompx")
