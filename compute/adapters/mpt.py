@@ -1,7 +1,7 @@
 """MPT: pre-LN decoder with LayerNorms without bias, ALiBi (A only), a fused [q | k | v] projection (GPT-2's layout)
-clamped to [-clip_qkv, clip_qkv] where set (the values as attention reads them: clamped), a plain MLP (up_proj,
-GELU, down_proj) that adds the residual it is given (``mlp`` calls it with a zero residual), norm_f after the last
-block."""
+clamped to [-clip_qkv, clip_qkv] where set (the values as attention reads them: clamped; DecompX refuses, as on
+OLMo), a plain MLP (up_proj, GELU, down_proj) that adds the residual it is given (``mlp`` calls it with a zero
+residual), norm_f after the last block."""
 
 from __future__ import annotations
 
