@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_batch, tiny_model
-from families import FAMILIES, family_model
+from conftest import random_batch, tiny_model, tiny_task_model
+from families import FAMILIES, VARIANTS, family_capture, family_model, model_task
 
 from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
@@ -22,51 +22,88 @@ from compute.methods._internals.token_vectors import propagate
 LENGTHS = [7, 3, 5, 1]
 
 
+def _unclipped(family):
+    """``family``'s tiny model without its config's clip_qkv (OLMo, OLMoE, MPT: the clamp DecompX refuses)."""
+    def make(task=None):
+        model = family_model(family, task)
+        if family == "mpt":  # MPT's attention keeps its own copy
+            model.config.attn_config.clip_qkv = None
+            for block in model.transformer.blocks:
+                block.attn.clip_qkv = None
+        else:  # OLMo's and OLMoE's attention read it from the config at every forward
+            model.config.clip_qkv = None
+        return model
+    return make
+
+
 def _models():
-    yield "gpt2", lambda: tiny_model("gpt2", layers=2)
-    yield "llama", lambda: tiny_model("llama", layers=2)
-    for family in FAMILIES:
-        yield family, lambda family=family: family_model(family)
-    yield "olmo_unclipped", _unclipped_olmo  # OLMo's LayerNorm without gain or bias (its final norm's too)
+    """(name, make(task=None)): a tiny random float64 model of every family and block arrangement (Falcon's)."""
+    yield "gpt2", lambda task=None: tiny_model("gpt2", layers=2) if task is None else \
+        tiny_task_model("gpt2", task, layers=2)
+    yield "llama", lambda task=None: tiny_model("llama", layers=2) if task is None else \
+        tiny_task_model("llama", task, layers=2)
+    for family in (*FAMILIES, *VARIANTS):
+        yield family, lambda task=None, family=family: family_model(family, task)
+    # without clip_qkv: OLMo's LayerNorm without gain or bias (its final norm's too), OLMoE's experts, MPT
+    for family in ("olmo", "olmoe", "mpt"):
+        yield f"{family}_unclipped", _unclipped(family)
 
 
-def _unclipped_olmo():
-    model = family_model("olmo")
-    model.config.clip_qkv = None  # the attention reads it from the config at every forward
-    return model
+MODELS = dict(_models())
 
 
-PRE_LN = [(name, make) for name, make in _models() if adapter_for(make()).pre_ln]
-REFUSED = {"modernbert": "head", "olmo": "clip_qkv"}  # its head (dense, act, norm) undescribed; clamped values
-RUNS = [(name, make) for name, make in PRE_LN if name not in REFUSED]
+def _task(name):
+    return model_task(MODELS[name]())
+
+
+TASKS = {name: _task(name) for name in MODELS}
+PRE_LN = [name for name, make in MODELS.items() if adapter_for(make(), TASKS[name]).pre_ln]
+# its head (dense, act, norm) undescribed; clamped values
+REFUSED = {"modernbert": "head", "olmo": "clip_qkv", "olmoe": "clip_qkv", "mpt": "clip_qkv"}
+RUNS = [name for name in PRE_LN if name not in REFUSED]
 
 
 def _capture(model, lengths=LENGTHS):
-    ad = adapter_for(model)
+    ad = adapter_for(model, model_task(model))
     batch = random_batch("bert", lengths)
     with torch.no_grad():
-        cap = ad.capture(batch, NEEDS)
+        cap = family_capture(ad, batch, NEEDS)
     return ad, batch, cap
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=[name for name, _ in RUNS])
-def pre_ln(request):
-    model = request.param[1]()
+def _captured(name):
+    model = MODELS[name]()
     return (model, *_capture(model))
+
+
+@pytest.fixture(scope="module", params=RUNS)
+def pre_ln(request):
+    return _captured(request.param)
+
+
+# a sequence head's every class (Cohere, Granite, OLMoE have a causal LM only)
+CLASSIFIERS = [name for name in RUNS if TASKS[name] == "classification"]
+
+
+@pytest.fixture(scope="module", params=CLASSIFIERS)
+def classifier(request):
+    return _captured(request.param)
 
 
 @torch.no_grad()
 def test_parts_sum_to_every_layer_output_and_to_the_logits(pre_ln):
     model, ad, batch, cap = pre_ln
     P = propagate(cap, ad, None)
-    logits = model(**ad.forward_inputs(batch)).logits
     b, e = torch.arange(len(LENGTHS)), cap.explain_pos
+    lm = ad.task == "next-token"  # a causal LM only: the predicted word's logit at the explained token
+    logits = cap.output.logits[b, e] if lm else model(**ad.forward_inputs(batch)).logits
     # 1e-5: HF computes RMSNorm (and Mixtral its routing weights) in float32 inside a float64 model; the LayerNorm
     # families hold to 1e-7 (measured: docs/methods.md 6.3)
     for l in range(ad.n_layers):
         torch.testing.assert_close(P.rows[:, l].sum(1), cap.hidden_states[l + 1][b, e], rtol=0, atol=1e-5,
                                    msg=f"layer {l}")
-    torch.testing.assert_close(P.logits.sum(1), logits, rtol=0, atol=1e-5)
+    if not lm:
+        torch.testing.assert_close(P.logits.sum(1), logits, rtol=0, atol=1e-5)
     dx, nohead = (get_method(name).compute(cap, ad, cap.pred) for name in ("decompx", "decompx_nohead"))
     torch.testing.assert_close(dx.scores.sum(1), logits[b, cap.pred], rtol=0, atol=1e-5)
     norms = torch.linalg.vector_norm(P.rows, dim=-1)  # [B, L, n]
@@ -74,15 +111,32 @@ def test_parts_sum_to_every_layer_output_and_to_the_logits(pre_ln):
     torch.testing.assert_close(nohead.layer_scores, norms, rtol=0, atol=0)
     torch.testing.assert_close(dx.layer_scores, norms, rtol=0, atol=0)
     for i, k in enumerate(LENGTHS):
-        assert not P.rows[i, :, k:].any() and not P.logits[i, k:].any()  # pads take no part
+        assert not P.rows[i, :, k:].any() and not dx.scores[i, k:].any()  # pads take no part
+        assert lm or not P.logits[i, k:].any()
         if k > 2:  # the explained (last) token's vector has parts from the tokens before it
             assert (norms[i, :, :k - 1] > 1e-3).any()
-    assert (P.logits < 0).any() and (P.logits > 0).any()  # signed shares
+    assert (dx.scores < 0).any() and (dx.scores > 0).any()  # signed shares
 
 
 @torch.no_grad()
-def test_all_classes_equal_one_class_at_a_time(pre_ln):
+def test_each_example_alone_equals_the_padded_batch(pre_ln):
+    """Padding and batch invariance in float64 (tests/test_families.py checks every method in float32 on the
+    families' own configs; this covers the arrangements and unclipped models above too)."""
     model, ad, batch, cap = pre_ln
+    for name in ("decompx", "decompx_nohead"):
+        m = get_method(name)
+        together = m.compute(cap, ad, cap.pred)
+        for b, k in enumerate(LENGTHS):
+            alone_cap = family_capture(ad, {key: v[b:b + 1, :k] for key, v in batch.items()}, NEEDS)
+            alone = m.compute(alone_cap, ad, cap.pred[b:b + 1])
+            torch.testing.assert_close(together.scores[b, :k], alone.scores[0], rtol=0, atol=1e-5, msg=name)
+            torch.testing.assert_close(together.layer_scores[b, :, :k], alone.layer_scores[0], rtol=0, atol=1e-5,
+                                       msg=name)
+
+
+@torch.no_grad()
+def test_all_classes_equal_one_class_at_a_time(classifier):
+    model, ad, batch, cap = classifier
     m = get_method("decompx")
     every = m.compute_classes(cap, ad, 2)
     for c in range(2):
@@ -106,7 +160,8 @@ def test_feed_forward_blocks_do_not_change_the_result(pre_ln, monkeypatch):
 @pytest.mark.parametrize("family", sorted(REFUSED))
 @pytest.mark.parametrize("name", ["decompx", "decompx_nohead"])
 def test_what_stays_refused_is_one_line(family, name):
-    ad = adapter_for(family_model(family))
+    model = family_model(family)
+    ad = adapter_for(model, model_task(model))
     with pytest.raises(AttrscopeError, match=REFUSED[family]) as err:
         get_method(name).check_architecture(ad)
     assert "\n" not in str(err.value) and ad.config.model_type in str(err.value) and name in str(err.value)
@@ -197,15 +252,19 @@ def test_propagation_equals_the_per_token_reference(family):
         torch.testing.assert_close(P.logits[b, :k], logits, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "phi", "mixtral"])
+# the families of the block descriptions that declare their MLP as a Sublayer (OPT, BLOOM, MPT, Granite's multiplier),
+# parallel blocks (GPT-J, Cohere, Falcon), logit scales (Cohere, Granite), OLMoE's experts
+NEXT_TOKEN = ["gpt2", "llama", "gemma2", "phi", "mixtral", "opt", "gptj", "cohere", "granite", "olmoe_unclipped",
+              "bloom", "falcon", "falcon_rw", "falcon_7b", "falcon_1ln", "mpt_unclipped"]
+
+
+@pytest.mark.parametrize("family", NEXT_TOKEN)
 @torch.no_grad()
 def test_next_token_shares_sum_to_the_word_logit(family):
     """--task next-token: each token's share of the target word's logit less the foil's (the LM head's row; Phi's
-    head bias shared; Gemma 2's soft cap at its zero-origin slope) sums to the model's own logits."""
-    from conftest import tiny_task_model
-    from families import family_model as fm
-
-    model = tiny_task_model(family, "next-token", layers=2) if family in ("gpt2", "llama") else fm(family, "next-token")
+    head bias shared; Gemma 2's soft cap at its zero-origin slope; Cohere's and Granite's logit scales) sums to the
+    model's own logits."""
+    model = MODELS[family]("next-token")
     ad = adapter_for(model, "next-token")
     batch = random_batch("bert", LENGTHS)
     with torch.no_grad():

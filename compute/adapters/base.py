@@ -141,15 +141,21 @@ def _finite_mask(_m, args, kwargs):
 class Sublayer(nn.Module):
     """A block's step as one module where the model has none as the methods call it (y -> the sublayer's output):
     OPT's feed-forward layers sit in the layer itself, BLOOM's and MPT's MLP add the residual they are given, Granite
-    scales each sublayer's output. ``parts`` are the layer's own modules (their parameters give the dtype)."""
+    scales each sublayer's output. ``parts`` are the layer's own modules (their parameters give the dtype); ``root``
+    the module the block's ``mlp_maps`` paths start from (DecompX: compute.methods._internals.linear_mlp); ``scale``
+    a constant the output is multiplied by (Granite's residual multiplier), which the maps' output map carries too."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], *parts: nn.Module):
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], *parts: nn.Module, root: nn.Module | None = None,
+                 scale: float = 1.0):
         super().__init__()
         self.parts = nn.ModuleList(parts)
         self.fn = fn
+        self.__dict__["root"] = root  # not registered as a submodule: it may hold the whole layer (OPT)
+        self.scale = scale
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
-        return self.fn(y)
+        out = self.fn(y)
+        return out if self.scale == 1 else self.scale * out
 
 
 def last_real_token(mask: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,9 @@ LAYER_INPUTS = ("embeddings", "layer")
 @dataclass(frozen=True)
 class MLPMaps:
     """A pre-LN block's MLP as linear maps around one elementwise factor, the form DecompX carries its parts through
-    (docs/methods.md 6.3); paths from the MLP module (``Block.mlp``). Plain: down(act(up(u))); gated:
-    down(act(gate(u)) * up(u)); ``fused``: up's output holds [gate | up] (Phi-3's gate_up_proj)."""
+    (docs/methods.md 6.3); paths from the MLP module (``Block.mlp``; a ``Sublayer``'s root: OPT's layer). Plain:
+    down(act(up(u))); gated: down(act(gate(u)) * up(u)); ``fused``: up's output holds [gate | up] (Phi-3's
+    gate_up_proj)."""
 
     up: str
     down: str

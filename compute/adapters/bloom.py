@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 
 from .base import Sublayer
-from .block import Block
+from .block import Block, MLPMaps
 from .llama import LlamaAdapter
 
 BLOCK = Block(layers="h", embeddings="word_embeddings_layernorm", attention="self_attention",
               value="self_attention.query_key_value", out_proj="self_attention.dense", ln1="input_layernorm",
               ln2="post_attention_layernorm", mlp="mlp", norms="pre", qkv="per_head", positions="alibi",
-              final_norm="ln_f")
+              final_norm="ln_f", mlp_maps=MLPMaps(up="dense_h_to_4h", down="dense_4h_to_h", act="gelu_impl"))
 
 
 class BloomAdapter(LlamaAdapter):
@@ -31,4 +31,4 @@ class BloomAdapter(LlamaAdapter):
 
     def mlp(self, layer):
         m = layer.mlp
-        return Sublayer(lambda y: m(y, torch.zeros_like(y)), m)
+        return Sublayer(lambda y: m(y, torch.zeros_like(y)), m, root=m)

@@ -7,7 +7,7 @@ one key and value head (multi_query) or, in the new architecture, [q_1 .. q_g k 
 
 from __future__ import annotations
 
-from .block import Block
+from .block import Block, MLPMaps
 from .llama import LlamaAdapter
 
 
@@ -21,7 +21,7 @@ def falcon_block(cfg) -> Block:
     return Block(layers="h", embeddings="word_embeddings", attention="self_attention",
                  value="self_attention.query_key_value", out_proj="self_attention.dense", ln1=ln1, ln2=ln2, mlp="mlp",
                  norms="pre", qkv=qkv, positions="alibi" if cfg.alibi else "rotary", parallel=parallel,
-                 final_norm="ln_f")
+                 final_norm="ln_f", mlp_maps=MLPMaps(up="dense_h_to_4h", down="dense_4h_to_h", act="act"))
 
 
 class FalconAdapter(LlamaAdapter):

@@ -30,5 +30,5 @@ class GraniteAdapter(LlamaAdapter):
         return _Scaled(layer.self_attn.o_proj, self.config.residual_multiplier)
 
     def mlp(self, layer):
-        m, scale = layer.mlp, self.config.residual_multiplier
-        return Sublayer(lambda y: scale * m(y), m)
+        m = layer.mlp  # DecompX's maps (block.mlp_maps: Llama's gated MLP) from m, the down map times the multiplier
+        return Sublayer(m, m, root=m, scale=self.config.residual_multiplier)

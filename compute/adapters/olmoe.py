@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Adapter
-from .llama import BLOCK
+from .block import Experts
+from .llama import BLOCK, GATED
 from .olmo import OlmoAdapter
 
 
 class OlmoeAdapter(OlmoAdapter):
     family = "olmoe"
     model_types = ("olmoe",)
-    block = dataclasses.replace(BLOCK, mlp_kind="moe", extra_norms=("self_attn.q_norm", "self_attn.k_norm"))
+    block = dataclasses.replace(BLOCK, mlp_kind="moe", extra_norms=("self_attn.q_norm", "self_attn.k_norm"),
+                                mlp_maps=Experts(dense=GATED))
     norm_eps = Adapter.norm_eps  # OLMo's LayerNorm keeps no epsilon; OLMoE's RMSNorm does

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ...adapters import Adapter
-from ...adapters.base import linear_weight, module_at
+from ...adapters.base import Sublayer, linear_weight, module_at
 from ...adapters.block import Experts, MLPMaps
 from .decomposition import kept
 
@@ -52,7 +52,11 @@ class LinearMLP:
 
 
 def _maps(mlp: torch.nn.Module, maps: MLPMaps):
-    """(up W, up b, gate W or None, gate b, down W, down b, act) of one dense MLP module, in nn.Linear's convention."""
+    """(up W, up b, gate W or None, gate b, down W, down b, act) of one dense MLP module, in nn.Linear's convention; a
+    ``Sublayer`` (OPT's, BLOOM's, MPT's, Granite's step) names its maps from its root, its output scale in down's."""
+    scale = 1.0
+    if isinstance(mlp, Sublayer):
+        mlp, scale = mlp.root, mlp.scale
     up, down = module_at(mlp, maps.up), module_at(mlp, maps.down)
     W_up, b_up = linear_weight(up), up.bias
     if b_up is None:
@@ -67,6 +71,8 @@ def _maps(mlp: torch.nn.Module, maps: MLPMaps):
             b_gate = W_gate.new_zeros(W_gate.shape[0])
     W_down = linear_weight(down)
     b_down = down.bias if down.bias is not None else W_down.new_zeros(W_down.shape[0])
+    if scale != 1:
+        W_down, b_down = scale * W_down, scale * b_down
     return W_up, b_up, W_gate, b_gate, W_down, b_down, getattr(mlp, maps.act)
 
 
