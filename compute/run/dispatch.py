@@ -179,6 +179,9 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     group_of = {name: (m.cost_exponent, (part_tokens or {}).get(name)) for name, m in methods.items()}
     results: dict[str, dict[str, torch.Tensor]] = {}
     values: dict[str, dict[str, torch.Tensor]] = {}  # per-example scalars [B] (Method.example_values)
+    # one target tensor per (output, rows) for every method: the passes they share are memoised by its identity
+    # (base.Same), so a new slice per method would run integrated gradients' path and the backward once per method
+    targets: dict[tuple[int, int, int], torch.Tensor] = {}
     for name, m in methods.items():
         if name in results:
             continue  # run with its group, part by part
@@ -195,7 +198,8 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
                     probe.begin(g)
                     t0 = clock.now()
                     keep = matrices if methods[g].class_specific or t == 0 else "none"  # class-independent: once
-                    pieces[g][t].append((rows_, _compute(methods[g], sub, lm.adapter, part.target[rows_],
+                    target = targets.setdefault((t, rows_.start, rows_.stop), part.target[rows_])
+                    pieces[g][t].append((rows_, _compute(methods[g], sub, lm.adapter, target,
                                                          target_mode, num_labels, keep, kept_row[rows_])))
                     clock.span(g, t0)
                     probe.end(g)
