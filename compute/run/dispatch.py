@@ -29,13 +29,13 @@ from .progress import Progress
 T = TypeVar("T")
 
 def make_methods(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict[str, Method]:
-    """The plan's methods with their parameters; under --methods all, those undefined for the architecture are
-    skipped with a message, a method named explicitly but undefined is one error line."""
+    """The plan's methods with their parameters; under --methods all (with a message) or default, those undefined for
+    the architecture are skipped, a method named explicitly but undefined is one error line."""
     methods = {name: get_method(name, **plan.method_params[name]) for name in plan.method_names}
     if plan.every_method:
         skipped = [name for name, m in methods.items() if not _defined(m, lm.adapter)]
         methods = {name: m for name, m in methods.items() if name not in skipped}
-        if skipped:
+        if skipped and plan.announce_skips:
             progress.message(f"--methods all: skipping {', '.join(skipped)}, not defined for the "
                              f"{lm.info['model_type']} architecture (METHODS.md section 9) or --task {lm.task.name}")
     for m in methods.values():
