@@ -122,6 +122,16 @@ class Probe:
         pass
 
 
+class StageProbe(Probe):
+    """Says on the progress bar which stage of which batch runs (on a GPU: is being queued)."""
+
+    def __init__(self, progress: Progress, batch: str):
+        self.progress, self.batch = progress, batch
+
+    def begin(self, stage: str) -> None:
+        self.progress.stage(f"{self.batch} · {stage}")
+
+
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
               target_mode: str, num_labels: int, matrices: str, timings: Timings,
