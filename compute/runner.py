@@ -112,7 +112,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         "wall_seconds": round(time.perf_counter() - t_start, 3),
         "forward_seconds": round(timings.forward, 3),
         "method_seconds": {k: round(v, 3) for k, v in timings.methods.items()},
-        "host_seconds": {k: round(v, 3) for k, v in timings.host.items()},  # the host's own stages (README)
+        "host_seconds": {k: round(v, 3) for k, v in timings.host.items()},  # the host's own stages (docs/cli.md)
         "write_seconds": round(window_writer.write_seconds, 3),  # on the writer thread
         "write_wait_seconds": round(window_writer.wait_seconds, 3),  # the compute loop waiting on the writer
         "device": str(lm.info["device"]),
