@@ -696,15 +696,22 @@ DEMO_WEIGHTS = REPO / "examples" / "demo-classifier" / "task_weights.safetensors
 @pytest.mark.skipif(not (REPO / "compute" / "demo.py").exists() or not DEMO_WEIGHTS.exists(),
                     reason="the bundled demo classifier (compute/demo.py and its task weights) is not present")
 def test_bare_default_run(tmp_path):
+    """The README's first command: the mission's methods (mask_lrp where a parser is installed), nothing said about
+    methods nobody asked for, a store that attr-tui opens on ALTI."""
+    from compute.methods import DEFAULT_METHODS
+
     p = subprocess.run([sys.executable, "-m", "compute.cli", "--device", "cpu"], capture_output=True, text=True,
                        cwd=tmp_path, env=_env(), timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     text = p.stdout + p.stderr
+    assert "skipping" not in text
     stores = list(tmp_path.glob("*.h5"))
     assert len(stores) == 1
     assert stores[0].name in "".join(text.split()) and "attr-tui" in text
     with open_store(stores[0]) as s:
         assert len(s) > 0 and s.complete
+        assert s.methods == [m for m in DEFAULT_METHODS if m != "mask_lrp" or m in s.methods]
+        assert s.methods[0] == "alti"  # the app opens on the store's first method
 
 
 def test_compute_never_imports_textual():
