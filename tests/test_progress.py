@@ -45,7 +45,7 @@ def test_pace_is_the_work_done_over_the_time_it_took():
 
 def _rate(stderr: str, label: str) -> tuple[float, str]:
     """The final bar of ``label``: its rate (ex/s) and the line."""
-    line = [ln for ln in stderr.splitlines() if ln.lstrip().startswith(label)][-1]
+    line = [ln for ln in stderr.splitlines() if ln.lstrip().startswith(label) and "ETA" in ln][-1]
     return float(re.search(r"([0-9.]+) ex/s", line).group(1)), line
 
 
@@ -106,3 +106,16 @@ def test_export_shows_the_bar(small_store):
     res = ok(invoke("export", small_store / "s.h5", "-o", small_store / "t.csv", "--chunk-size", 4))
     _, line = _rate(res.stderr, "exporting")
     assert f"{N}/{N}" in line
+
+
+def test_the_head_statistics_pass_shows_the_bar(tiny_model_dirs, tmp_path):
+    """mask_lrp's head-statistics pass (minutes over a large --head-stats-data) counts its examples on a bar of its
+    own before the run's."""
+    from test_head_pass import write_data
+
+    data, parses, rows = write_data(tmp_path, n=6)
+    res = ok(invoke("run", data, "--model", tiny_model_dirs["bert"], "-o", tmp_path / "o.h5", "--device", "cpu",
+                    "--methods", "mask_lrp", "--parses", parses, "--batch-size", 4))
+    _, line = _rate(res.stderr, "head statistics")
+    assert f"{len(rows)}/{len(rows)}" in line
+    assert res.stderr.index("head statistics") < res.stderr.index("computing")

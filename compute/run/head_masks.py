@@ -65,4 +65,4 @@ def head_masks(plan: RunPlan, loaded: Loaded, progress: Progress) -> list[HeadMa
     opt = HeadPassOptions(source=source, batch_size=batch_size, max_length=loaded.max_length, parses=cfg.parses,
                           exclude_self=plan.pos_self == "exclude", combine=cfg.mask_combine,
                           mask_sep=bool(plan.method_params["mask_lrp"].get("mask_sep")))
-    return compute_head_masks(lm, records, opt, progress.message)
+    return compute_head_masks(lm, records, opt, progress=progress)
