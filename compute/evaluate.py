@@ -21,7 +21,7 @@ from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .metrics import REGISTRY, get_metric
 from .metrics.base import EvalExample, MetricContext, MetricResult
-from .run.progress import Progress
+from .run.progress import Progress, bar
 
 
 @dataclass
@@ -231,8 +231,8 @@ def _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_hea
             out, timings, stopped = [], {}, False
             lo, hi = (0, len(s)) if world is None else rank_rows(s.index_column("n_tokens"), world)
             try:
-                progress.start(total=len(methods) * len(specs) * (hi - lo), label="evaluating")
-                with interrupts.layer_checks(lm.adapter.layers()):
+                with bar(progress, len(methods) * len(specs) * (hi - lo), "evaluating"), \
+                        interrupts.layer_checks(lm.adapter.layers()):
                     _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out, timings, progress,
                               message, lo, hi)
             except KeyboardInterrupt:
@@ -240,7 +240,6 @@ def _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_hea
                     raise  # the other ranks' shares are lost with this one: nothing is written
                 stopped = True
             finally:
-                progress.stop()
                 if other is not None:
                     other.close()
         if world is not None:  # every rank has closed the store: rank 0 joins the shares and writes them

@@ -21,7 +21,7 @@ from store.text import spreadsheet_cell
 from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .outdir import check_output_dir
-from .run.progress import Progress
+from .run.progress import Progress, bar
 
 FORMATS = (".parquet", ".csv")
 # Token rows per chunk when --chunk-size is not given (the chunk's examples follow from the store's mean length and
@@ -83,12 +83,12 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
         progress = progress or Progress()
         with interrupts.on_signals():
             try:
-                progress.start(total=len(s) * len(jobs), label="exporting")
-                for path, chunks, empty in jobs:
-                    tmp = _temp_beside(path)
-                    temps.append((tmp, path))
-                    progress.stage(os.path.basename(path))
-                    written[path] = write(tmp, _never_empty(_counted(chunks(), chunk, len(s), progress), empty))
+                with bar(progress, len(s) * len(jobs), "exporting"):
+                    for path, chunks, empty in jobs:
+                        tmp = _temp_beside(path)
+                        temps.append((tmp, path))
+                        progress.stage(os.path.basename(path))
+                        written[path] = write(tmp, _never_empty(_counted(chunks(), chunk, len(s), progress), empty))
                 for tmp, path in temps:  # only once every file is complete
                     os.replace(tmp, path)
             except interrupts.Interrupted:
@@ -99,7 +99,6 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
                                      f"{err.strerror or err}: nothing was written ('{output}' is as it was); free "
                                      "space and export again") from None
             finally:
-                progress.stop()
                 for tmp, _ in temps:
                     if os.path.exists(tmp):
                         os.unlink(tmp)

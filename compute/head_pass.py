@@ -20,7 +20,7 @@ from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks
 from .methods._internals.gradients import kept_keys
 from .parses import load_parses
-from .run.progress import Progress
+from .run.progress import Progress, bar
 
 
 @dataclass
@@ -63,8 +63,7 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
     order = sorted(range(len(records)), key=lambda i: -len(enc["input_ids"][i]))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     t1 = time.perf_counter()
-    progress.start(total=len(records), label="head statistics")
-    try:
+    with bar(progress, len(records), "head statistics"):
         for b0 in range(0, len(order), opt.batch_size):
             interrupts.check()  # a stop asked for: between batches
             rows = order[b0:b0 + opt.batch_size]
@@ -85,8 +84,6 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
                 cap = adapter.capture(batch, frozenset({"attentions"}))
             stats.update(argmax_keys(cap.attentions), real, aligned)
             progress.advance(len(rows))
-    finally:
-        progress.stop()
     t_model = time.perf_counter() - t1
 
     pos = stats.positional_mask(threshold=opt.pos_threshold, exclude_self=opt.exclude_self)

@@ -25,7 +25,7 @@ from .errors import AttrscopeError, UsageError
 from .options import show_value
 from .outdir import check_output_dir
 from .run.config import declared_options
-from .run.progress import Progress
+from .run.progress import Progress, bar
 
 
 def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, message=None,
@@ -76,16 +76,14 @@ def _merge_locked(out: str, paths: list[str], t0: float, *, argv, message, extra
     real, tmp = copy_beside(out, ".merging")  # through a symlink: beside the file it names, which it replaces
     discard(tmp + ".merge-tmp")
     try:
-        progress.start(total=n_examples, label="merging")
-        merge_stores(tmp, [s["path"] for s in shards], provenance, summary=summary, copied=progress.advance)
-        add_metrics(tmp, metrics)
-        replace_with(tmp, real)
+        with bar(progress, n_examples, "merging"):
+            merge_stores(tmp, [s["path"] for s in shards], provenance, summary=summary, copied=progress.advance)
+            add_metrics(tmp, metrics)
+            replace_with(tmp, real)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    finally:
-        progress.stop()
     for line in dropped:
         message(line)
     return {"store": os.path.abspath(out), "examples": n_examples, "shards": len(shards),

@@ -93,7 +93,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         with interrupts.critical():
             window_writer.finish()
     except BaseException:
-        progress.stop()
+        progress.stop(keep=False)
         with interrupts.critical():  # what was submitted is written (the store keeps every finished window)
             try:
                 if window_writer is not None:

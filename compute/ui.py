@@ -83,9 +83,10 @@ class RichProgress(ProgressBase):
         if not self.quiet:
             self.console.print(printable_text(text), markup=False, highlight=False)
 
-    def stop(self):
+    def stop(self, keep=True):
         if self._p is not None:
             self._p.update(self._task, stage="")
+            self._p.live.transient = not keep  # a failed job's error is its one line: the bar goes
             self._p.stop()
             self._p = None
 

@@ -4,6 +4,7 @@ tests use this silent default. ``Pace`` is the rate and the time left, from the 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 
 class Progress:
@@ -16,7 +17,21 @@ class Progress:
 
     def message(self, text: str) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, keep: bool = True) -> None:
+        """End the bar; ``keep``: leave its last state on the terminal (not when the job failed: its error is the
+        one line it prints)."""
+
+
+@contextmanager
+def bar(progress: Progress, total: int, label: str, completed: int = 0):
+    """``progress`` started for the block, kept at its end, taken away when the block raises."""
+    progress.start(total=total, completed=completed, label=label)
+    try:
+        yield progress
+    except BaseException:
+        progress.stop(keep=False)
+        raise
+    progress.stop()
 
 
 class Pace:
