@@ -44,7 +44,7 @@ REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     LRP, PartialLRP, TransAtt, GAE, MaskLRP,
     Norm, LogAt, NormXLogit, ValueZeroing, DecompX, DecompXNoHead)}
 
-# --methods default (the option's default, the bare run's): the mission's methods (DESIGN.md). Like 'all', what the
+# --methods default (the option's default, the bare run's): the methods of the mission's five papers. Like 'all', what the
 # model or the machine cannot run (mask_lrp without a dependency parser) is left out, but silently: nobody named it.
 DEFAULT_METHODS = ("alti", "globenc", "attcat", "mask_lrp", "normxlogit")
 
