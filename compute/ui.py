@@ -6,7 +6,7 @@ import os
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TaskProgressColumn, TextColumn
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from store.text import printable_text
@@ -41,8 +41,8 @@ class _PaceColumn(ProgressColumn):
         pace = self.owner.pace
         if pace is None:
             return Text("")
-        return Text(f"{rate_text(pace.rate(), self.owner.unit)}  {clock(pace.elapsed)} elapsed  "
-                    f"ETA {clock(pace.eta())}")
+        return Text(f"{rate_text(pace.rate(), self.owner.unit)} {clock(pace.elapsed)} ETA {clock(pace.eta())}",
+                    no_wrap=True)
 
 
 class RichProgress(ProgressBase):
@@ -62,9 +62,10 @@ class RichProgress(ProgressBase):
             return
         self.stop()
         self.pace, self.unit = Pace(total, completed), unit
+        # 80 columns hold every column but the stage, which is cut short rather than wrapped to a second line
         self._p = Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
-            _PaceColumn(self), TextColumn("{task.fields[stage]}"),
+            TextColumn(f"[bold]{label}"), BarColumn(bar_width=16), MofNCompleteColumn(), TaskProgressColumn(),
+            _PaceColumn(self), TextColumn("{task.fields[stage]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
             console=self.console, transient=False, refresh_per_second=4)
         self._p.start()
         self._task = self._p.add_task(label, total=total, completed=completed, stage="")

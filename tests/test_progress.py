@@ -20,7 +20,7 @@ N = 6
 
 @pytest.fixture(autouse=True)
 def _wide(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # the bar's every column on one line of the captured stderr
+    monkeypatch.setenv("COLUMNS", "80")  # the bar's every column on one line of an 80-column terminal
 
 
 def _data(path, n=N):
@@ -46,6 +46,7 @@ def test_pace_is_the_work_done_over_the_time_it_took():
 def _rate(stderr: str, label: str) -> tuple[float, str]:
     """The final bar of ``label``: its rate (ex/s) and the line."""
     line = [ln for ln in stderr.splitlines() if ln.lstrip().startswith(label) and "ETA" in ln][-1]
+    assert len(line.rstrip()) <= 80, line
     return float(re.search(r"([0-9.]+) ex/s", line).group(1)), line
 
 
