@@ -19,7 +19,7 @@ On the project's 2-core CPU under other jobs' load (load average about 3, 2026-1
 times: 0.71 ms per example (median of the medians) before the writer's work of issue 26 item 6 (gzip level 4, the
 histogram by log10, per-example conversions) and 0.59 after; the writer thread 0.29-0.35 -> 0.18-0.22 ms per example.
 SST-2 dev is one window: its tokenisation (before the first batch) and its write (after the last) cannot overlap the
-loop, which puts a floor of about 0.3 ms per example under this measurement on this CPU (README, Benchmarks).
+loop, which puts a floor of about 0.3 ms per example under this measurement on this CPU (docs/benchmarks.md).
 """
 
 from __future__ import annotations

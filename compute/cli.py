@@ -239,6 +239,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
         from .distributed import process_group, world_from_env
         from .evaluate import evaluate_store
         from .models import resolve_device
+        from .ui import RichProgress
 
         cfg = _eval_config(metrics, methods, preset or _store_preset(store), saliency, precision_k, other_store,
                            perturbation, levels, metric_class, side, metric_batch_size)
@@ -247,7 +248,7 @@ def eval_cmd(store, metrics, methods, model, device, preset, allow_random_head, 
             try:
                 with process_group(world, device) as dev:
                     summary = evaluate_store(store, cfg, model_spec=model, device=resolve_device(dev),
-                                             message=(lambda m: None) if quiet or (world and world.rank) else _say,
+                                             progress=RichProgress(quiet=quiet or bool(world and world.rank)),
                                              allow_random_head=allow_random_head, world=world)
             except Interrupted as err:
                 raise Interrupted(f"interrupted: {err or 'no metric result was finished'}; store '{store}' stays "
@@ -300,9 +301,11 @@ def export_cmd(store, output, methods, layers, metrics, chunk_size, debug):
 
     def go():
         from .export import export_store
+        from .ui import RichProgress
 
         chosen = None if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
-        done = export_store(store, output, chosen, layers=layers, metrics=metrics, chunk=chunk_size)
+        done = export_store(store, output, chosen, layers=layers, metrics=metrics, chunk=chunk_size,
+                            progress=RichProgress())
         note = "" if done["complete"] else " (the store is not complete: its committed examples only)"
         for path, rows in done["files"].items():
             _say(f"{path}: {rows} rows from {done['examples']} examples{note}")
@@ -320,9 +323,10 @@ def merge_cmd(output, shards, quiet, debug):
 
     def go():
         from .merge import merge_shards
+        from .ui import RichProgress
 
-        done = merge_shards(output, list(shards), argv=[PROG, *sys.argv[1:]],
-                            message=_say)
+        done = merge_shards(output, list(shards), argv=[PROG, *sys.argv[1:]], message=_say,
+                            progress=RichProgress(quiet=quiet))
         if not quiet:
             _say(f"{output}: {done['examples']} examples from {done['shards']} shards"
                  f"{', metrics ' + ', '.join(done['metrics']) if done['metrics'] else ''}")

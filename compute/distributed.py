@@ -179,7 +179,7 @@ def _merge(cfg, output: str, ranks: list[dict], backend: str, world: World, t0: 
     launch = {"world_size": world.world_size, "backend": backend, "restarts": world.restart,
               "ranks": [{k: r[k] for k in ("rank", "local_rank", "node", "device", "examples", "tokens",
                                             "resumed_from", "wall_seconds")} for r in ranks]}
-    merged = merge_shards(output, shards, argv=cfg.argv, message=progress.message, replace=True,
+    merged = merge_shards(output, shards, argv=cfg.argv, progress=progress, replace=True,
                           extra_provenance={"distributed": launch})
     for path in shards:  # merged: the shards are the store's copy now
         os.remove(path)

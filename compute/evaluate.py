@@ -21,6 +21,7 @@ from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .metrics import REGISTRY, get_metric
 from .metrics.base import EvalExample, MetricContext, MetricResult
+from .run.progress import Progress, bar
 
 
 @dataclass
@@ -174,19 +175,22 @@ def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed:
 
 
 def evaluate_store(path: str, cfg: EvalConfig, lm=None, model_spec: str | None = None, device="cpu",
-                   message=lambda s: None, allow_random_head: bool = False, world=None) -> dict:
+                   message=None, allow_random_head: bool = False, world=None, progress: Progress | None = None) -> dict:
     """Compute ``cfg.metrics`` for the store's methods and write them into the store. ``lm``: a loaded model (the
     run's own), else it is loaded from the store's provenance or ``model_spec`` (``allow_random_head``: as in
     attr-compute). ``world`` (compute.distributed.World, under torchrun, with the process group up): this rank
     evaluates its contiguous share of the examples (balanced by tokens), the shares are gathered and rank 0 writes
-    them. Returns a summary dict."""
+    them. ``progress``: the bar of the examples evaluated per method and metric; ``message`` (default: the
+    progress's) says each result finished. Returns a summary dict."""
+    progress = progress or Progress()
+    message = message or progress.message
     if world is not None and world.rank != 0:  # rank 0 writes, and holds the store's lock for them all
-        return _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world)
+        return _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world, progress)
     with writer_lock(path):
-        return _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world)
+        return _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world, progress)
 
 
-def _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world) -> dict:
+def _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_head, world, progress) -> dict:
     from .models import load_model
 
     specs = parse_metric_specs(cfg.metrics)
@@ -227,9 +231,10 @@ def _evaluate_store(path, cfg, lm, model_spec, device, message, allow_random_hea
             out, timings, stopped = [], {}, False
             lo, hi = (0, len(s)) if world is None else rank_rows(s.index_column("n_tokens"), world)
             try:
-                with interrupts.layer_checks(lm.adapter.layers()):
-                    _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out, timings, message,
-                              lo, hi)
+                with bar(progress, len(methods) * len(specs) * (hi - lo), "evaluating"), \
+                        interrupts.layer_checks(lm.adapter.layers()):
+                    _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out, timings, progress,
+                              message, lo, hi)
             except KeyboardInterrupt:
                 if world is not None:
                     raise  # the other ranks' shares are lost with this one: nothing is written
@@ -294,10 +299,10 @@ def joined_parts(settings: dict, parts: list[MetricResult]) -> tuple[MetricResul
     return res, metric.summary(res)
 
 
-def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list, timings: dict, message,
-              lo: int = 0, hi: int | None = None) -> None:
+def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list, timings: dict,
+              progress: Progress, message, lo: int = 0, hi: int | None = None) -> None:
     """Every (method, metric) of the examples [lo, hi) of the store, appended to ``out`` as each one is finished
-    (and said)."""
+    (and said); the progress advances per chunk of examples."""
     hi = len(s) if hi is None else hi
     for method in methods:
         signed = s.is_signed(method)
@@ -307,10 +312,12 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
             metric = get_metric(name, **_settings(name, preset, cfg, lm.tokenizer, signed, s.task["name"]))
             t0 = time.perf_counter()
             parts = []
+            progress.stage(f"{method}/{stored}")
             for a in range(lo, hi, cfg.chunk):
                 interrupts.check()
                 examples = _examples(s, list(range(a, min(a + cfg.chunk, hi))), method, cfg, other, other_ids)
                 parts.append(metric.evaluate(examples, predictor))
+                progress.advance(len(examples))
             res = _concat(parts, hi - lo)
             timings[f"{method}/{stored}"] = round(time.perf_counter() - t0, 3)
             message(f"metric {method}/{stored}: done in {timings[f'{method}/{stored}']:.1f} s")

@@ -21,6 +21,7 @@ from store.text import spreadsheet_cell
 from . import interrupts
 from .errors import AttrscopeError, UsageError
 from .outdir import check_output_dir
+from .run.progress import Progress, bar
 
 FORMATS = (".parquet", ".csv")
 # Token rows per chunk when --chunk-size is not given (the chunk's examples follow from the store's mean length and
@@ -36,10 +37,11 @@ def metrics_path(output: str) -> str:
 
 
 def export_store(store_path: str, output: str, methods: list[str] | None = None, *, layers: bool = False,
-                 metrics: bool = False, chunk: int | None = None) -> dict:
+                 metrics: bool = False, chunk: int | None = None, progress: Progress | None = None) -> dict:
     """Write the token table of ``store_path`` (one row per example x method x token, ordered example -> method
     -> position) to ``output`` (.parquet or .csv), and with ``metrics`` the metric table (one row per example x
     method) to :func:`metrics_path`. ``chunk``: examples per chunk [default: about CHUNK_ROWS token rows].
+    ``progress``: the bar of the examples written, per file.
     Returns {"files": {path: rows}, "examples": N, "complete": bool}.
     Raises AttrscopeError / UsageError / StoreError with one line naming the problem and the fix."""
     from store import open_store
@@ -78,12 +80,15 @@ def export_store(store_path: str, output: str, methods: list[str] | None = None,
         for path in targets:  # a SIGKILLed export's .part files (no handler saw that signal)
             _remove_stale_parts(path)
         # Ctrl-C / SIGTERM stop at the next chunk, and the temporary files go
+        progress = progress or Progress()
         with interrupts.on_signals():
             try:
-                for path, chunks, empty in jobs:
-                    tmp = _temp_beside(path)
-                    temps.append((tmp, path))
-                    written[path] = write(tmp, _never_empty(chunks(), empty))
+                with bar(progress, len(s) * len(jobs), "exporting"):
+                    for path, chunks, empty in jobs:
+                        tmp = _temp_beside(path)
+                        temps.append((tmp, path))
+                        progress.stage(os.path.basename(path))
+                        written[path] = write(tmp, _never_empty(_counted(chunks(), chunk, len(s), progress), empty))
                 for tmp, path in temps:  # only once every file is complete
                     os.replace(tmp, path)
             except interrupts.Interrupted:
@@ -168,6 +173,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def _counted(chunks: Iterable[dict], chunk: int, n: int, progress: Progress) -> Iterator[dict]:
+    """The chunks (``chunk`` examples each, of ``n``), each counted on the progress bar once written."""
+    for k, c in enumerate(chunks):
+        yield c
+        progress.advance(max(0, min(chunk, n - k * chunk)))
 
 
 def _never_empty(chunks: Iterable[dict], empty) -> Iterator[dict]:

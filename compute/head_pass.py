@@ -20,6 +20,7 @@ from .errors import AttrscopeError
 from .head_stats import HeadStatistics, align_dependencies, argmax_keys, combine_masks
 from .methods._internals.gradients import kept_keys
 from .parses import load_parses
+from .run.progress import Progress, bar
 
 
 @dataclass
@@ -35,9 +36,13 @@ class HeadPassOptions:
     synt_margin: float = 0.1
 
 
-def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=lambda s: None) -> list[HeadMaskData]:
+def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=None,
+                       progress: Progress | None = None) -> list[HeadMaskData]:
     """Parse the texts, run the model over ``records`` in length-sorted batches (no gradients), count, and build
-    the three masks with their statistics and provenance."""
+    the three masks with their statistics and provenance. ``progress``: the bar of the examples counted;
+    ``message`` (default: the progress's) says what the masks hold."""
+    progress = progress or Progress()
+    message = message or progress.message
     if not records:
         raise AttrscopeError("the head-statistics dataset is empty: pass --head-stats-data with examples")
     t0 = time.perf_counter()
@@ -58,25 +63,27 @@ def compute_head_masks(lm, records: list[Record], opt: HeadPassOptions, message=
     order = sorted(range(len(records)), key=lambda i: -len(enc["input_ids"][i]))
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     t1 = time.perf_counter()
-    for b0 in range(0, len(order), opt.batch_size):
-        interrupts.check()  # a stop asked for: between batches
-        rows = order[b0:b0 + opt.batch_size]
-        ids = [enc["input_ids"][i] for i in rows]
-        batch = {"input_ids": pad_sequences(ids, pad_id, device),
-                 "attention_mask": pad_sequences([[1] * len(x) for x in ids], 0, device),
-                 "token_type_ids": pad_sequences([enc["token_type_ids"][i] for i in rows], 0, device)}
-        aligned = []
-        for i in rows:
-            seg = np.array([-1 if s is None else s for s in enc.sequence_ids(i)])
-            spans = np.asarray(enc["offset_mapping"][i], dtype=np.int64)
-            spans[seg < 0] = -1
-            aligned.append(align_dependencies(parses.by_example[i], spans, seg))
-        real = batch["attention_mask"].bool()
-        if opt.mask_sep:  # as the explanation pass of the LRP methods (Explained.mask_sep)
-            batch["attention_mask"] = kept_keys(real, adapter.sep_mask(batch["input_ids"], real)).long()
-        with torch.no_grad():
-            cap = adapter.capture(batch, frozenset({"attentions"}))
-        stats.update(argmax_keys(cap.attentions), real, aligned)
+    with bar(progress, len(records), "head statistics"):
+        for b0 in range(0, len(order), opt.batch_size):
+            interrupts.check()  # a stop asked for: between batches
+            rows = order[b0:b0 + opt.batch_size]
+            ids = [enc["input_ids"][i] for i in rows]
+            batch = {"input_ids": pad_sequences(ids, pad_id, device),
+                     "attention_mask": pad_sequences([[1] * len(x) for x in ids], 0, device),
+                     "token_type_ids": pad_sequences([enc["token_type_ids"][i] for i in rows], 0, device)}
+            aligned = []
+            for i in rows:
+                seg = np.array([-1 if s is None else s for s in enc.sequence_ids(i)])
+                spans = np.asarray(enc["offset_mapping"][i], dtype=np.int64)
+                spans[seg < 0] = -1
+                aligned.append(align_dependencies(parses.by_example[i], spans, seg))
+            real = batch["attention_mask"].bool()
+            if opt.mask_sep:  # as the explanation pass of the LRP methods (Explained.mask_sep)
+                batch["attention_mask"] = kept_keys(real, adapter.sep_mask(batch["input_ids"], real)).long()
+            with torch.no_grad():
+                cap = adapter.capture(batch, frozenset({"attentions"}))
+            stats.update(argmax_keys(cap.attentions), real, aligned)
+            progress.advance(len(rows))
     t_model = time.perf_counter() - t1
 
     pos = stats.positional_mask(threshold=opt.pos_threshold, exclude_self=opt.exclude_self)

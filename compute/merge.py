@@ -25,12 +25,16 @@ from .errors import AttrscopeError, UsageError
 from .options import show_value
 from .outdir import check_output_dir
 from .run.config import declared_options
+from .run.progress import Progress, bar
 
 
-def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, message=lambda s: None,
-                 replace: bool = False, extra_provenance: dict | None = None) -> dict:
+def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, message=None,
+                 replace: bool = False, extra_provenance: dict | None = None, progress: Progress | None = None) -> dict:
     """Merge the shard stores ``paths`` (any order) into the new store ``out`` (``replace``: an existing ``out`` is
-    replaced once the merge is done). ``extra_provenance`` is added to the merged store's. Returns what was merged."""
+    replaced once the merge is done). ``extra_provenance`` is added to the merged store's. ``progress``: the bar of
+    the examples copied; ``message`` (default: the progress's) says what is left out. Returns what was merged."""
+    progress = progress or Progress()
+    message = message or progress.message
     t0 = time.perf_counter()
     if not paths:
         raise UsageError("merge needs the shard stores: attr-compute merge OUT.h5 SHARD.h5...")
@@ -40,10 +44,11 @@ def merge_shards(out: str, paths: list[str], *, argv: list[str] | None = None, m
         raise UsageError(f"OUT '{out}' is one of the shards: choose another OUT")
     check_output_dir(out, "OUT")  # before the shards are read (seconds on large ones)
     with writer_lock(out):  # one writer per store
-        return _merge_locked(out, paths, t0, argv=argv, message=message, extra_provenance=extra_provenance)
+        return _merge_locked(out, paths, t0, argv=argv, message=message, extra_provenance=extra_provenance,
+                             progress=progress)
 
 
-def _merge_locked(out: str, paths: list[str], t0: float, *, argv, message, extra_provenance) -> dict:
+def _merge_locked(out: str, paths: list[str], t0: float, *, argv, message, extra_provenance, progress) -> dict:
     shards = [_read_shard(p) for p in paths]
     _check_one_plan(shards)
     shards.sort(key=lambda s: s["plan"]["k"])
@@ -71,9 +76,10 @@ def _merge_locked(out: str, paths: list[str], t0: float, *, argv, message, extra
     real, tmp = copy_beside(out, ".merging")  # through a symlink: beside the file it names, which it replaces
     discard(tmp + ".merge-tmp")
     try:
-        merge_stores(tmp, [s["path"] for s in shards], provenance, summary=summary)
-        add_metrics(tmp, metrics)
-        replace_with(tmp, real)
+        with bar(progress, n_examples, "merging"):
+            merge_stores(tmp, [s["path"] for s in shards], provenance, summary=summary, copied=progress.advance)
+            add_metrics(tmp, metrics)
+            replace_with(tmp, real)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -113,8 +113,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            help="Store to write [default: <dataset name>.h5 here]."),
     Option("model", metavar="ID_OR_PATH",
            help="Hugging Face id or local directory [default: bundled demo classifier]."),
-    Option("methods", "all", show_default=True, metavar="LIST|all", help="Comma-separated method names.",
-           resume=True),
+    Option("methods", "default", show_default=True, metavar="LIST|all|default",
+           help="Comma-separated method names; all: every method the model runs; default: the mission's ALTI, "
+                "GlobEnc, AttCAT, Mask-LRP (where a dependency parser is installed) and NormXLogit.", resume=True),
     Option("limit", type=int, metavar="N", help="Only the first N examples.", resume=True),
     Option("shard", metavar="K/N", resume=True, check=check_shard,
            help="Compute only shard K of N (from 0) of the examples, cut into N contiguous parts of about equal token "

@@ -23,7 +23,7 @@ from .options import DEFAULT_BATCH_TOKENS
 from .run.auto_batch import Batching, auto_batching
 from .run.batches import Tokenized, batches, encode, matrix_bytes, tokenize, tokenized_windows
 from .run.config import RunConfig
-from .run.dispatch import PendingBatch, Timings, launch_batch, make_methods, run_halving
+from .run.dispatch import PendingBatch, StageProbe, Timings, launch_batch, make_methods, run_halving
 from .run.head_masks import attach_head_masks
 from .run.load import Loaded, load
 from .run.metrics import compute_metrics
@@ -93,7 +93,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         with interrupts.critical():
             window_writer.finish()
     except BaseException:
-        progress.stop()
+        progress.stop(keep=False)
         with interrupts.critical():  # what was submitted is written (the store keeps every finished window)
             try:
                 if window_writer is not None:
@@ -112,7 +112,7 @@ def _stages(plan: RunPlan, loaded: Loaded, progress: Progress, t_start: float, s
         "wall_seconds": round(time.perf_counter() - t_start, 3),
         "forward_seconds": round(timings.forward, 3),
         "method_seconds": {k: round(v, 3) for k, v in timings.methods.items()},
-        "host_seconds": {k: round(v, 3) for k, v in timings.host.items()},  # the host's own stages (README)
+        "host_seconds": {k: round(v, 3) for k, v in timings.host.items()},  # the host's own stages (docs/cli.md)
         "write_seconds": round(window_writer.write_seconds, 3),  # on the writer thread
         "write_wait_seconds": round(window_writer.wait_seconds, 3),  # the compute loop waiting on the writer
         "device": str(lm.info["device"]),
@@ -161,6 +161,10 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
     exponent = max((m.cost_exponent for m in methods.values()), default=1)
     clock = time.perf_counter
     last_commit = [clock()]
+    launched = [0]  # batches launched: the progress bar names the one running
+    # On a GPU a batch's kernels are queued and the host waits for the one before; on the CPU launching a batch
+    # computes it, so its examples are counted at once (the progress bar's rate is then the work done).
+    ahead = 1 if device.type == "cuda" else 0
 
     def commit(window: _Window) -> None:
         """Submit the window's finished rows after those committed, up to the first unfinished one."""
@@ -210,9 +214,11 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
                 t0 = clock()
                 enc = encode(window.tok, rows, pad_id, device)
                 t1 = clock()
+                launched[0] += 1
+                probe = StageProbe(progress, f"batch {launched[0]} ({len(rows)} ex)")
                 pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
                                        cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens,
-                                       heads=plan.heads)
+                                       probe=probe, heads=plan.heads)
                 timings.add_host("encode", t1 - t0)
                 timings.add_host("launch", clock() - t1)
                 return pending
@@ -221,7 +227,7 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
                 # a batch that runs out of memory is computed in halves (the same results: padding is masked)
                 for rows, pending in run_halving(batch, launch, lambda i: int(window.tok.lengths[i]), progress.message):
                     in_flight.append((window, rows, pending))
-                    while len(in_flight) > 1:  # the next batch is queued before the host waits for this one
+                    while len(in_flight) > ahead:  # on a GPU the next batch is queued before the host waits
                         finish()
                 interrupts.check()
                 window_writer.check()  # a failed write stops the run now, not a window later

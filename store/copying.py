@@ -49,11 +49,14 @@ def _example_data(e, methods: list[MethodLayout]) -> ExampleData:
                        heads=heads, results=results)
 
 
-def _copy_examples(src: Store, w: StoreWriter, step: int = 512) -> None:
+def _copy_examples(src: Store, w: StoreWriter, step: int = 512, copied=None) -> None:
+    """Every example of ``src`` appended to ``w``, ``step`` at a time; ``copied(n)`` is told each step's count."""
     methods = list(w.methods.values())
     with src.sequential():  # every example in order: large reads ahead instead of one per example and array
         for lo in range(0, len(src), step):
             w.append([_example_data(src[i], methods) for i in range(lo, min(lo + step, len(src)))])
+            if copied is not None:
+                copied(min(step, len(src) - lo))
 
 
 def _new_store_like(src: Store, path: str, provenance: dict, attrs: dict | None = None) -> tuple[h5py.File, StoreWriter]:
@@ -104,12 +107,13 @@ def copy_committed(old: Store, tmp: str, metrics: bool = True) -> dict[str, Scal
 
 
 def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None = None,
-          summary: dict | None = None) -> None:
+          summary: dict | None = None, copied=None) -> None:
     """Merge complete shard stores, given in dataset order, into a new complete store ``out`` in one pass over their
     data. The shards must share one layout (methods and their parameters, labels, model shape, evidence flags, task,
     per-head attention) and
     head masks, and hold increasing, disjoint source rows. Metrics are not merged (their summaries span the
-    shards: the caller recomputes them and adds them with add_metrics). Nothing is left at ``out`` on failure."""
+    shards: the caller recomputes them and adds them with add_metrics). Nothing is left at ``out`` on failure.
+    ``copied(n)``: told as examples are copied (a progress bar)."""
     if os.path.exists(out):
         raise StoreError(f"store '{out}' already exists")
     stores = []
@@ -146,7 +150,7 @@ def merge(out: str, shards: list[str], provenance: dict, *, attrs: dict | None =
             f, w = _new_store_like(first, tmp, provenance, attrs)
             with written(f, out):
                 for s in stores:
-                    _copy_examples(s, w)
+                    _copy_examples(s, w, copied=copied)
                 _copy_head_masks(first, f)
             w.stamp(complete=True, summary=summary)
         except BaseException as err:

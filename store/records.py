@@ -72,7 +72,7 @@ class ExampleData:
     n_orig_tokens: int
     truncated: bool
     evidence: np.ndarray | None = None  # [n] bool: evidence / answer tokens (stores made with --evidence-column)
-    # The task (format 1.4; the defaults are a classification example's): README "Store schema"
+    # The task (format 1.4; the defaults are a classification example's): docs/store.md
     target_token: int = -1  # language model tasks: token id of the explained target word
     foil_token: int = -1  # language model tasks: token id of the foil word (-1: no foil)
     span_end: int = -1  # qa: end position of the explained answer span (explain_pos is its start)

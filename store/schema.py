@@ -1,6 +1,6 @@
 """The one place that knows the on-disk layout of an attrscope store (HDF5): paths, dtypes, chunking, filters, and
 how long every flat dataset is after a given committed example. The writer, its resume copy and the reader all
-derive their datasets from here. README "Store schema" documents it for users.
+derive their datasets from here. docs/store.md documents it for users.
 
 Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
 the task: root attr task, the index's task fields and /examples/task, 1.5 the per-head attention: root attr heads,
@@ -172,7 +172,7 @@ def index_dtype(num_labels: int) -> np.dtype:
             ("gold_value", "<f4"),  # regression: the gold value (NaN: none)
             ("task_off", "<i8"),  # into /examples/task
             ("task_len", "<i4"),  # 0: no task words
-            ("probs", "<f4", (num_labels,)),  # classification: softmax over the labels; other tasks: see README
+            ("probs", "<f4", (num_labels,)),  # classification: softmax over the labels; other tasks: see docs/store.md
         ]
     )
 

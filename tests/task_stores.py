@@ -56,7 +56,7 @@ def _example(i: int, tokens: list[str], n_layers: int, **fields) -> ExampleData:
 
 
 def task_examples(task: str) -> list[ExampleData]:
-    """The examples of one task, every task field set as attr-compute sets it (README "Store schema")."""
+    """The examples of one task, every task field set as attr-compute sets it (docs/store.md)."""
     out = []
     if task == "classification":
         for i, words in enumerate([["a", "fine", "film"], ["dull", "and", "long"]]):

@@ -288,3 +288,50 @@ def test_methods_cut_into_parts_run_part_by_part_and_free_each_part(monkeypatch)
     for name in methods:
         for key, x in whole.results[name].items():
             np.testing.assert_allclose(got.results[name][key], x, rtol=1e-5, atol=1e-6, err_msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize("lengths", [None, [30, 29, 14, 13, 5, 4]], ids=["whole", "parts"])
+def test_methods_of_a_batch_share_their_passes(monkeypatch, lengths):
+    """Issue 38.13: ig_l2 and ig_mean of one batch walk the integration path once (one forward with grad, one
+    backward), and grad_l2, gxi_l2, cat, attcat share one backward: every method of a batch is given the same target
+    tensor (per-target results are memoised by its identity, base.Same). With ``lengths`` an n^2 method (alti) cuts
+    the batch into parts beside them."""
+    import compute.methods._internals.gradients as G
+    from compute.adapters import adapter_for
+    from compute.methods import get_method
+    from compute.models import LoadedModel
+    from compute.run.dispatch import Timings, run_batch
+    from compute.tasks import TaskRows, get_task
+
+    lens = lengths or [9, 7, 5, 3]
+    model = tiny_model("bert", dtype=torch.float32)
+    ad = adapter_for(model)
+    ad.mask_token_id = MASK_ID
+    lm = LoadedModel(model=model, tokenizer=None, adapter=ad, task=get_task("classification"),
+                     info={"model_type": "bert"})
+    batch = random_batch("bert", lens)
+    rows = TaskRows.plain([-1] * len(lens))
+    backwards, forwards = [], []
+    real = G.output_grads
+    monkeypatch.setattr(G, "output_grads", lambda *a, **k: backwards.append(1) or real(*a, **k))
+    handle = model.register_forward_hook(lambda m, i, o: forwards.append(torch.is_grad_enabled()))
+
+    def passes(names):
+        backwards.clear()
+        forwards.clear()
+        out = run_batch(lm, {n: get_method(n, **({"steps": 4} if n.startswith("ig") else {})) for n in names},
+                        batch, rows, "predicted", 2, "cls", Timings(), lengths=lengths)
+        return out, len(backwards), forwards.count(True)
+
+    try:
+        extra = ["alti"] if lengths else []
+        _, ig_back, ig_fwd = passes(["ig_l2"] + extra)
+        both, back, fwd = passes(["ig_l2", "ig_mean"] + extra)
+        assert (back, fwd) == (ig_back, ig_fwd) == (1, 1)  # ig_mean costs no pass of its own
+        alone = passes(["ig_mean"] + extra)[0]
+        for key, x in alone.results["ig_mean"].items():
+            np.testing.assert_array_equal(both.results["ig_mean"][key], x)
+        _, grad_back, grad_fwd = passes(["grad_l2", "gxi_l2", "cat", "attcat"] + extra)
+        assert (grad_back, grad_fwd) == (1, 1)
+    finally:
+        handle.remove()

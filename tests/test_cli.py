@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from cli_results import invoke
+from cli_results import invoke, ok
 from store import StoreError, open_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +85,10 @@ def write_jsonl(path: Path, n: int, lengths=None, ids: bool = True) -> list[dict
 
 
 def compute(data, model, out, *extra):
-    """A successful in-process run; returns the click Result."""
+    """A successful in-process run; returns the click Result. Every method (--methods all: what this module's
+    checks of the stored arrays cover) unless ``extra`` names the methods."""
+    if "--methods" not in extra:
+        extra = (*extra, "--methods", "all")
     res = invoke("run", data, "--model", model, "-o", out, "--device", "cpu", *extra)
     assert res.exit_code == 0, (res.exit_code, res.stderr, res.exception)
     return res
@@ -143,7 +146,8 @@ N_ROWS = 20
 
 @pytest.fixture(scope="module", params=["bert", "distilbert"])
 def default_run(request, tiny_model_dirs, tmp_path_factory):
-    """One run with the default methods (all) and matrices (cls), --batch-size 2 so windows are length-sorted."""
+    """One run with every method (compute) and the default matrices (cls), --batch-size 2 so windows are
+    length-sorted."""
     arch = request.param
     tmp = tmp_path_factory.mktemp(f"run-{arch}")
     rows = write_jsonl(tmp / "data.jsonl", N_ROWS)
@@ -164,6 +168,24 @@ def test_run_succeeds_and_reports(default_run):
         assert s.n_layers == N_LAYERS and s.labels == {0: "negative", 1: "positive"}
         assert s.summary["examples"] == N_ROWS and s.summary["examples_this_run"] == N_ROWS
         assert s.config["config"]["methods"] == list(METHODS)
+
+
+def test_default_methods_are_the_missions_and_skip_silently(tiny_model_dirs, tmp_path):
+    """Issue 38.13: without --methods a run computes the mission's methods (ALTI, GlobEnc, AttCAT, Mask-LRP,
+    NormXLogit), and where no dependency parser is installed leaves mask_lrp out without a word: nobody asked for it.
+    --methods all still says what it skips."""
+    from compute.methods import DEFAULT_METHODS
+
+    assert DEFAULT_METHODS == ("alti", "globenc", "attcat", "mask_lrp", "normxlogit")
+    write_jsonl(tmp_path / "d.jsonl", 4)
+    res = ok(invoke("run", tmp_path / "d.jsonl", "--model", tiny_model_dirs["bert"], "-o", tmp_path / "o.h5",
+                    "--device", "cpu"))
+    assert "skipping" not in res.stderr and "mask_lrp" not in res.stderr, res.stderr
+    with open_store(tmp_path / "o.h5") as s:
+        assert s.methods == ["alti", "globenc", "attcat", "normxlogit"]
+    res = compute(tmp_path / "d.jsonl", tiny_model_dirs["bert"], tmp_path / "all.h5", "--methods", "all",
+                  "--limit", 1)
+    assert "--methods all: skipping mask_lrp" in res.stderr
 
 
 def test_run_keeps_dataset_order(default_run):
@@ -674,15 +696,22 @@ DEMO_WEIGHTS = REPO / "examples" / "demo-classifier" / "task_weights.safetensors
 @pytest.mark.skipif(not (REPO / "compute" / "demo.py").exists() or not DEMO_WEIGHTS.exists(),
                     reason="the bundled demo classifier (compute/demo.py and its task weights) is not present")
 def test_bare_default_run(tmp_path):
+    """The README's first command: the mission's methods (mask_lrp where a parser is installed), nothing said about
+    methods nobody asked for, a store that attr-tui opens on ALTI."""
+    from compute.methods import DEFAULT_METHODS
+
     p = subprocess.run([sys.executable, "-m", "compute.cli", "--device", "cpu"], capture_output=True, text=True,
                        cwd=tmp_path, env=_env(), timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     text = p.stdout + p.stderr
+    assert "skipping" not in text
     stores = list(tmp_path.glob("*.h5"))
     assert len(stores) == 1
     assert stores[0].name in "".join(text.split()) and "attr-tui" in text
     with open_store(stores[0]) as s:
         assert len(s) > 0 and s.complete
+        assert s.methods == [m for m in DEFAULT_METHODS if m != "mask_lrp" or m in s.methods]
+        assert s.methods[0] == "alti"  # the app opens on the store's first method
 
 
 def test_compute_never_imports_textual():

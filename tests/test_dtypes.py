@@ -22,7 +22,7 @@ HALF = ("bfloat16", "float16")
 METRICS = "comprehensiveness,sufficiency,aopc"
 N_EXAMPLES = 8
 # The LRP rules divide by sums that pass near zero: their result is not continuous in the weights, and a
-# half-precision model has other (rounded) weights (README: LRP precision; lrp Spearman down to 0 here). They are held
+# half-precision model has other (rounded) weights (docs/method-details.md: LRP precision; lrp Spearman down to 0 here). They are held
 # to finiteness and alignment here, and to the float32 run of the rounded weights below; every other method to
 # TOLERANCE x the largest |float32 score| of the method and MIN_SPEARMAN on every example.
 LRP_FAMILY = ("lrp", "partial_lrp", "transatt", "mask_lrp")

@@ -171,7 +171,7 @@ def test_half_precision_model_gives_float32_results_close_to_float32(low):
         assert out[low][name].dtype == (torch.float64 if lrp else torch.float32)
         if lrp:
             # half precision rounds the weights: another model, and the LRP rules divide by sums that pass near zero, so
-            # their result is not continuous in the weights (README: LRP precision); only finiteness is checked
+            # their result is not continuous in the weights (docs/method-details.md: LRP precision); only finiteness is checked
             assert torch.isfinite(out[low][name]).all()
             continue
         scale = float(out[torch.float32][name].abs().max())

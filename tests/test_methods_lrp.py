@@ -204,7 +204,7 @@ def test_float32_model_runs_the_rules_on_a_float64_twin(name):
 @pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
 def test_auto_precision_is_float64_for_every_lrp_method(name):
     """--lrp-dtype auto (the default) is float64 for the four methods (issue 26: float32, and float32 rules on a
-    float64 forward, miss 1e-3 of the scale on the shared model or a random BERT-base; README, LRP precision): the
+    float64 forward, miss 1e-3 of the scale on the shared model or a random BERT-base; docs/method-details.md, LRP precision): the
     stored params name it, and the result is that of --lrp-dtype float64."""
     _, ad32, batch, _ = setup("bert", dtype=torch.float32)
     params = {"head_mask": random_mask(3, 4)} if name == "mask_lrp" else {}

@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def expected_info(task: str, ex) -> dict:
-    """Example.task_info of an ExampleData, by the contract (README "Store schema")."""
+    """Example.task_info of an ExampleData, by the contract (docs/store.md)."""
     words = ex.task_info or {}
     qa = task == "qa"
     return {"task": task, "target_token": ex.target_token, "foil_token": ex.foil_token,

@@ -50,7 +50,7 @@ def task_stores(tmp_path_factory):
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         store = root / f"{task}.h5"
         res = ok(invoke(data, "--model", model, "-o", store, "--device", "cpu", "--ig-steps", "4",
-                        "--metrics", METRICS[task], "--matrices", "all"))
+                        "--metrics", METRICS[task], "--matrices", "all", "--methods", "all"))
         out[task] = (store, model, data, res)
     return out
 

@@ -990,3 +990,25 @@ async def test_token_cursor_shows_each_tokens_value_rank_and_piece(store_path, c
         await pilot.press("j")  # another example: the cursor goes
         await settle(pilot)
         assert app.token is None and not pane.border_title
+
+
+@async_test
+async def test_notifications_do_not_linger_across_screens(store_path, color_env):
+    """Issue 38.13: a note of one screen (the browse screen's scale) is gone when another screen opens, and one of that
+    screen is gone when it closes."""
+    from tui.app import create_app
+    from tui.screens.help import HelpScreen
+
+    app = create_app(store_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("s")
+        await settle(pilot)
+        assert [n.message for n in app._notifications] == ["scale: per example (all its layers)"]
+        await pilot.press("question_mark")
+        await settle(pilot)
+        assert isinstance(app.screen, HelpScreen) and list(app._notifications) == []
+        app.notify("on the help screen")
+        await pilot.press("escape")
+        await settle(pilot)
+        assert not isinstance(app.screen, HelpScreen) and list(app._notifications) == []

@@ -520,6 +520,20 @@ class AttrApp(App[int]):
         self.refresh_bindings()
         self._render_current()
 
+    # A note belongs to the screen it was said on: Textual shows the app's notes on every screen, so a screen opened
+    # or closed clears them (a stale "scale: ..." over the help screen, an export's file names back on browse).
+    def push_screen(self, *args, **kwargs):
+        self.clear_notifications()
+        return super().push_screen(*args, **kwargs)
+
+    def pop_screen(self):
+        self.clear_notifications()
+        return super().pop_screen()
+
+    def switch_screen(self, screen):
+        self.clear_notifications()
+        return super().switch_screen(screen)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.color_mode, self.colormap))

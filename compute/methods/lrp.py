@@ -25,7 +25,7 @@ class LRP(RelevanceMethod):
                help="Precision of the LRP family (lrp, partial_lrp, transatt, mask_lrp): float64 (forward and rules "
                     "on a float64 copy of the model), mixed (float64 forward, float32 rules), model (the model's "
                     "dtype, the reference), auto (float64: the others miss the float64 numbers by more than "
-                    "1e-3 of the scale; see README, LRP precision)."),
+                    "1e-3 of the scale; see docs/method-details.md, LRP precision)."),
     )
 
     def from_relevance(self, rel, gp, target, cap):

@@ -29,13 +29,13 @@ from .progress import Progress
 T = TypeVar("T")
 
 def make_methods(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict[str, Method]:
-    """The plan's methods with their parameters; under --methods all, those undefined for the architecture are
-    skipped with a message, a method named explicitly but undefined is one error line."""
+    """The plan's methods with their parameters; under --methods all (with a message) or default, those undefined for
+    the architecture are skipped, a method named explicitly but undefined is one error line."""
     methods = {name: get_method(name, **plan.method_params[name]) for name in plan.method_names}
     if plan.every_method:
         skipped = [name for name, m in methods.items() if not _defined(m, lm.adapter)]
         methods = {name: m for name, m in methods.items() if name not in skipped}
-        if skipped:
+        if skipped and plan.announce_skips:
             progress.message(f"--methods all: skipping {', '.join(skipped)}, not defined for the "
                              f"{lm.info['model_type']} architecture (METHODS.md section 9) or --task {lm.task.name}")
     for m in methods.values():
@@ -122,6 +122,16 @@ class Probe:
         pass
 
 
+class StageProbe(Probe):
+    """Says on the progress bar which stage of which batch runs (on a GPU: is being queued)."""
+
+    def __init__(self, progress: Progress, batch: str):
+        self.progress, self.batch = progress, batch
+
+    def begin(self, stage: str) -> None:
+        self.progress.stage(f"{self.batch} · {stage}")
+
+
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
               target_mode: str, num_labels: int, matrices: str, timings: Timings,
@@ -179,6 +189,9 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     group_of = {name: (m.cost_exponent, (part_tokens or {}).get(name)) for name, m in methods.items()}
     results: dict[str, dict[str, torch.Tensor]] = {}
     values: dict[str, dict[str, torch.Tensor]] = {}  # per-example scalars [B] (Method.example_values)
+    # one target tensor per (output, rows) for every method: the passes they share are memoised by its identity
+    # (base.Same), so a new slice per method would run integrated gradients' path and the backward once per method
+    targets: dict[tuple[int, int, int], torch.Tensor] = {}
     for name, m in methods.items():
         if name in results:
             continue  # run with its group, part by part
@@ -195,7 +208,8 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
                     probe.begin(g)
                     t0 = clock.now()
                     keep = matrices if methods[g].class_specific or t == 0 else "none"  # class-independent: once
-                    pieces[g][t].append((rows_, _compute(methods[g], sub, lm.adapter, part.target[rows_],
+                    target = targets.setdefault((t, rows_.start, rows_.stop), part.target[rows_])
+                    pieces[g][t].append((rows_, _compute(methods[g], sub, lm.adapter, target,
                                                          target_mode, num_labels, keep, kept_row[rows_])))
                     clock.span(g, t0)
                     probe.end(g)

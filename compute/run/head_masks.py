@@ -19,7 +19,7 @@ from .progress import Progress
 def attach_head_masks(plan: RunPlan, loaded: Loaded, methods: dict[str, Method],
                       progress: Progress) -> tuple[dict[str, Method], list[HeadMaskData]]:
     """The methods with mask_lrp given its head mask, and the masks to store. A bare --methods all on a machine
-    without a dependency parser skips mask_lrp with a message instead."""
+    without a dependency parser skips mask_lrp with a message instead, --methods default silently."""
     if "mask_lrp" not in methods:
         return methods, []
     cfg = plan.cfg
@@ -28,7 +28,8 @@ def attach_head_masks(plan: RunPlan, loaded: Loaded, methods: dict[str, Method],
     except AttrscopeError as err:
         if not plan.every_method or cfg.parses or cfg.head_mask or cfg.head_stats_data:
             raise
-        progress.message(f"--methods all: skipping mask_lrp ({err})")
+        if plan.announce_skips:
+            progress.message(f"--methods all: skipping mask_lrp ({err})")
         return {name: m for name, m in methods.items() if name != "mask_lrp"}, []
     methods["mask_lrp"].params["head_mask"] = next(h for h in masks if h.name == "mask_lrp").mask.tolist()
     methods["mask_lrp"].check_architecture(loaded.lm.adapter)
@@ -64,4 +65,4 @@ def head_masks(plan: RunPlan, loaded: Loaded, progress: Progress) -> list[HeadMa
     opt = HeadPassOptions(source=source, batch_size=batch_size, max_length=loaded.max_length, parses=cfg.parses,
                           exclude_self=plan.pos_self == "exclude", combine=cfg.mask_combine,
                           mask_sep=bool(plan.method_params["mask_lrp"].get("mask_sep")))
-    return compute_head_masks(lm, records, opt, progress.message)
+    return compute_head_masks(lm, records, opt, progress=progress)

@@ -25,4 +25,4 @@ def compute_metrics(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict:
         if again:
             progress.message(f"--metrics: recomputing {', '.join(again)}, already in store '{plan.output}' (the new "
                              "values replace the old)")
-    return evaluate_store(plan.output, ecfg, lm=lm, message=progress.message)
+    return evaluate_store(plan.output, ecfg, lm=lm, progress=progress)

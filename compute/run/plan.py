@@ -28,7 +28,8 @@ LOCAL_EXTENSIONS = (".jsonl", ".csv", ".tsv", ".parquet")
 class RunPlan:
     cfg: RunConfig  # the options as given (read only from here on)
     method_names: tuple[str, ...]  # as asked, before the architecture's filter
-    every_method: bool  # --methods all: every method defined for the architecture (others are skipped, not refused)
+    every_method: bool  # --methods all or default: the methods the model and machine run (others skipped, not refused)
+    announce_skips: bool  # --methods all says what it skips; default (nothing named) skips silently
     target_mode: str  # predicted | label | all
     dataset: str  # the dataset spec (the bundled one when none was given)
     output: str  # the store's path
@@ -49,7 +50,8 @@ def make_plan(cfg: RunConfig) -> RunPlan:
     if dataset.lower().endswith(LOCAL_EXTENSIONS) and not os.path.exists(dataset):
         raise AttrscopeError(f"dataset file '{dataset}' not found: check the path")
     return RunPlan(
-        cfg=cfg, method_names=tuple(method_names), every_method=cfg.methods.strip() == "all",
+        cfg=cfg, method_names=tuple(method_names), every_method=cfg.methods.strip() in ("all", "default"),
+        announce_skips=cfg.methods.strip() == "all",
         target_mode=cfg.target or preset.get("target", "predicted"), dataset=dataset, output=output,
         pos_self=cfg.pos_self or preset.get("pos_self", "exclude"),
         method_params=MappingProxyType({name: method_params(name, cfg) for name in method_names}),

@@ -463,8 +463,8 @@ class RelevanceMethod(Method):
     pre_ln_ok = False
     # "auto": float64 for all four. Neither float32 nor float32 rules on a float64 forward ("mixed") reproduce the
     # float64 numbers to 1e-3 of the scale with a mean Spearman of 0.9999 on both the shared model and a random
-    # BERT-base (README, LRP precision: benchmarks/lrp_precision.py); float64 is cheap on Hopper GPUs, and one
-    # precision lets the batch's LRP methods share one gradient pass and one propagation.
+    # BERT-base (docs/benchmarks.md, LRP precision: benchmarks/lrp_precision.py); float64 is cheap on Hopper GPUs,
+    # and one precision lets the batch's LRP methods share one gradient pass and one propagation.
     auto_dtype = "float64"
 
     def __init__(self, **params):
