@@ -29,11 +29,14 @@ def _half(a, b, op):
 
 
 def _llama_reference(monkeypatch, model, batch, target, foil=None):
-    """R at every layer's input [L, B, n] of a Llama-block model (Llama, Qwen2), with its modules' forwards replaced:
+    """R at every layer's input [L, B, n] of a Llama-block model (Llama, Qwen2, Mixtral), with its modules' forwards
+    replaced:
     Q K^T and A V through ``_half`` inside a rewritten eager attention, the gated product through ``_half``, the
     activation's identity rule as f(x).detach() + (x - x.detach()) f(x)/x, RMSNorm with its 1/rms detached (the
-    values stay the model's: HF's float32 RMSNorm)."""
+    values stay the model's: HF's float32 RMSNorm); Mixtral's experts with the uniform rule at the routing product
+    too (the method's 1/4 at the experts' input and 1/2 at the routing weights)."""
     import transformers.models.llama.modeling_llama as ml
+    import transformers.models.mixtral.modeling_mixtral as mx
     import transformers.models.qwen2.modeling_qwen2 as mq
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -56,9 +59,24 @@ def _llama_reference(monkeypatch, model, batch, target, foil=None):
             return orig(self, x).detach() + (x - x.detach()) * (self.weight * inv).detach()
         return forward
 
-    for mod, prefix in ((ml, "Llama"), (mq, "Qwen2")):
+    def experts(self, hidden_states, top_k_index, top_k_weights):
+        """Mixtral's experts with the uniform rule at the gated product and at the routing product."""
+        out = torch.zeros_like(hidden_states)
+        for e in range(self.num_experts):
+            token, slot = torch.where(top_k_index == e)
+            gate, up = torch.nn.functional.linear(hidden_states[token], self.gate_up_proj[e]).chunk(2, dim=-1)
+            a = self.act_fn(gate)
+            a = a.detach() + (gate - gate.detach()) * (a / (gate + 1e-10)).detach()
+            y = torch.nn.functional.linear(_half(a, up, torch.mul), self.down_proj[e])
+            out = out.index_add(0, token, _half(y, top_k_weights[token, slot, None], torch.mul))
+        return out
+
+    for mod, prefix in ((ml, "Llama"), (mq, "Qwen2"), (mx, "Mixtral")):
         monkeypatch.setattr(mod, "eager_attention_forward", attention)
-        monkeypatch.setattr(getattr(mod, f"{prefix}MLP"), "forward", mlp)
+        if prefix == "Mixtral":
+            monkeypatch.setattr(mod.MixtralExperts, "forward", experts)
+        else:
+            monkeypatch.setattr(getattr(mod, f"{prefix}MLP"), "forward", mlp)
         norm = getattr(mod, f"{prefix}RMSNorm")
         monkeypatch.setattr(norm, "forward", rms(norm.forward))
     ad = adapter_for(model)
@@ -79,7 +97,7 @@ def _llama_reference(monkeypatch, model, batch, target, foil=None):
     return torch.stack([(x * g).sum(-1) for x, g in zip(hs, grads)]) * batch["attention_mask"], F.detach()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral"])
 def test_attnlrp_equals_the_rules_written_at_the_products(monkeypatch, family):
     model = tiny_model("llama", layers=3) if family == "llama" else family_model(family, layers=3)
     ad = adapter_for(model)
