@@ -8,6 +8,7 @@ of them than the forward pass it reads is launch-bound there, however cheap it i
 
     python benchmarks/op_count.py                     # the table at 12 and 24 layers
     python benchmarks/op_count.py --layers 12 --methods alti,globenc --top 15   # where one method's ops go
+    python benchmarks/op_count.py --family llama --methods attnlrp,grads   # a random Llama (pre-LN decoder)
 
 Columns: all ops (what the budget counts), of which views (no kernel), the ratio to the bare pass and the budget.
 """
@@ -30,6 +31,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default="12,24", help="comma-separated depths (default 12,24)")
     ap.add_argument("--methods", default="all")
+    ap.add_argument("--family", default="bert", choices=("bert", "llama"),
+                    help="a random BERT-base-shaped classifier, or a Llama (the methods defined there)")
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--batch", type=int, default=2)
@@ -39,8 +42,8 @@ def main() -> None:
     failed = False
     for layers in [int(x) for x in args.layers.split(",")]:
         rows, bare = count_table(layers=layers, hidden=args.hidden, heads=args.heads, batch=args.batch,
-                                 tokens=args.tokens, methods=args.methods)
-        print(f"\n{layers} layers, hidden {args.hidden}, {args.heads} heads, batch {args.batch} x {args.tokens}: "
+                                 tokens=args.tokens, methods=args.methods, family=args.family)
+        print(f"\n{args.family}, {layers} layers, hidden {args.hidden}, {args.heads} heads, batch {args.batch} x {args.tokens}: "
               f"bare forward {bare['forward'].total} ops ({bare['forward'].views} views), "
               f"bare forward + backward {bare['backward'].total} ({bare['backward'].views} views)")
         print(f"{'method':16s} {'ops':>7s} {'views':>6s} {'base':>9s} {'x base':>7s} {'budget':>7s}")

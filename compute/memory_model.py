@@ -226,6 +226,9 @@ _add("norm logat normxlogit", Formula("capture", lambda m, r: (m.layers + 1) * r
                                       "hidden states [L+1,n,d]; the forward's one-layer attention", HIDDEN))
 _add("grad_l2 gxi_l2 gxi_mean grads cat", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32,
      "gradient pass: saved activations (float32 softmax) + dF/dA [L,H,n,n]"))
+_add("attnlrp", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32
+                         + m.layers * r.n * (2 * m.d + m.d_ff) * r.itemsize,
+     "gradient pass with the rules' factors (two norms' [n,d] and the activation's [n,d_ff] a layer) + dF/dA"))
 _add("attcat", Formula("gradients", _attention_stacks(1), "gradient pass + the attentions stacked in float32 [L,H,n,n]"))
 _add("gae", Formula("gradients", _attention_stacks(2), "gradient pass + attentions and their gradients stacked, 2 [L,H,n,n]"))
 _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,

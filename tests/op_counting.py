@@ -192,15 +192,24 @@ def method_count(name: str, model, adapter, batch: dict) -> OpCount:
 
 
 def count_table(layers: int, hidden: int = 768, heads: int = 12, batch: int = 2, tokens: int = 24,
-                methods: str = "all") -> tuple[list[Row], dict[str, OpCount]]:
-    from compute.methods import REGISTRY, parse_methods
+                methods: str = "all", family: str = "bert") -> tuple[list[Row], dict[str, OpCount]]:
+    """The table for a random BERT, or Llama (``family``: pre-LN, RMSNorm, grouped-query attention, gated MLP; the
+    methods defined there)."""
+    from compute.errors import AttrscopeError
+    from compute.methods import REGISTRY, get_method, parse_methods
 
-    model, adapter = random_bert(layers, hidden, heads)
+    model, adapter = (random_bert if family == "bert" else random_llama)(layers, hidden, heads)
     inputs = random_batch(batch, tokens)
+    if family != "bert":
+        inputs.pop("token_type_ids")
     bare = bare_counts(model, inputs)
     rows = []
     for name in parse_methods(methods):
         cls = REGISTRY[name]
+        try:
+            get_method(name, **method_params(name, adapter)).check_architecture(adapter)
+        except AttrscopeError:
+            continue  # not defined for the family
         base = cls.op_base()
         c = method_count(name, model, adapter, inputs)
         rows.append(Row(name, c, base, c.total / bare[base].total, cls.op_budget))

@@ -74,6 +74,20 @@ def test_decompx_on_pre_ln_within_op_budget(llama_at_depth, name):
     assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
 
 
+@pytest.mark.parametrize("layers", DEPTHS)
+def test_attnlrp_on_a_decoder_within_op_budget(layers):
+    """AttnLRP's rules on a Llama (RMSNorm, SiLU-gated MLP, grouped-query attention) at 12 and 24 layers: the
+    hooks add a few ops per norm, activation and projection (the rules' backward replaces the norms' and the
+    activation's own), within its budget of the bare forward + backward."""
+    model, adapter = random_llama(layers)
+    batch = {k: v for k, v in random_batch(2, 24).items() if k != "token_type_ids"}
+    bare = bare_counts(model, batch)["backward"].total
+    counted = method_count("attnlrp", model, adapter, batch)
+    assert counted.total <= REGISTRY["attnlrp"].op_budget * bare, (
+        f"attnlrp: {counted.total} ops per batch, {counted.total / bare:.2f}x the bare forward + backward ({bare})")
+    assert not counted.syncs, f"attnlrp makes the host wait for the device: {dict(counted.syncs)}"
+
+
 def test_counter_counts_forward_and_backward_ops():
     """The counter sees every op of a forward and of its backward (a budget measured with a blind counter passes
     anything)."""

@@ -7,6 +7,7 @@ from .alti import Alti
 from .alti_l2 import AltiL2
 from .alti_logit import AltiLogit
 from .attcat import AttCat
+from .attnlrp import AttnLRP
 from .attgrads import AttGrads
 from ._internals.base import Method, MethodResult
 from .cat import Cat
@@ -41,7 +42,7 @@ from .w_res import WRes
 REGISTRY: dict[str, type[Method]] = {m.name: m for m in (
     RawAttention, Rollout, NormN, NormFixedRes, NormRes, NormResLN, GlobEnc, WFixedRes, WRes, Alti, AltiL2, AltiLogit,
     GradL2, GxIL2, GxIMean, IGL2, IGMean, Cat, AttCat, Grads, AttGrads,
-    LRP, PartialLRP, TransAtt, GAE, MaskLRP,
+    LRP, PartialLRP, TransAtt, GAE, MaskLRP, AttnLRP,
     Norm, LogAt, NormXLogit, ValueZeroing, DecompX, DecompXNoHead)}
 
 # --methods default (the option's default, the bare run's): the methods of the mission's five papers. Like 'all', what the

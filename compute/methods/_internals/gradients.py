@@ -24,6 +24,7 @@ from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
+from .attnlrp_rules import attnlrp_rules
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import explained
 
@@ -39,6 +40,8 @@ class Explained:
     # "model" | "float64": run the pass on a float64 copy of the model (the LRP rules) | "float32": the model as it
     # is when float32 or wider, else a float32 copy (a half-precision model's LRP rules, --lrp-dtype auto)
     dtype: str = "model"
+    # "gradient": the plain backward | "attnlrp": AttnLRP's rules on the backward (attnlrp_rules; docs/methods.md 7)
+    rules: str = "gradient"
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -49,7 +52,7 @@ def wide(t: torch.Tensor) -> torch.Tensor:
 def spec_from(params: dict) -> Explained:
     return Explained(output=params.get("output", "logit"), double_embedding=bool(params.get("double_embedding")),
                      mask_specials=bool(params.get("mask_specials")), mask_sep=bool(params.get("mask_sep")),
-                     dtype=params.get("dtype", "model"))
+                     dtype=params.get("dtype", "model"), rules=params.get("rules", "gradient"))
 
 
 def kept_keys(mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
@@ -166,7 +169,8 @@ class GradientPass:
         # ``record_lrp``: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
         self.records_lrp = record_lrp
         self.lrp = LRPRecord() if record_lrp and has_lrp_rules(adapter) else None
-        with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext():
+        rules = attnlrp_rules(adapter) if spec.rules == "attnlrp" else nullcontext()
+        with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules:
             self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
                                      pos=cap.explain_pos)
         self.foil = cap.foil
@@ -204,7 +208,7 @@ def gradient_pass(cap: Captured, adapter: Adapter, spec: Explained, lrp: bool = 
     key = ("gradient_pass", spec)
     gp = cap.memo.get(key)
     if gp is None or (lrp and not gp.records_lrp):
-        record = lrp or cap.passes is None or "lrp" in cap.passes
+        record = (lrp or cap.passes is None or "lrp" in cap.passes) and spec.rules == "gradient"
         gp = cap.memo[key] = GradientPass(cap, adapter, spec, record_lrp=record)
     return gp
 
