@@ -121,7 +121,7 @@ def test_attr_compute_on_gpt2(tmp_path):
     data.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts)))
     out = tmp_path / "g.h5"
     res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(out), "--batch-size", "3",
-                                    "--device", "cpu", "--matrices", "all"])
+                                    "--device", "cpu", "--matrices", "all", "--methods", "all"])
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())  # the message may wrap
     skipped = said[said.index("--methods all: skipping"):said.index("not defined for the")]
@@ -172,7 +172,7 @@ def test_attr_compute_on_llama(tmp_path):
     data.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(texts)))
     out = tmp_path / "l.h5"
     res = CliRunner().invoke(main, [str(data), "--model", str(model_dir), "-o", str(out), "--batch-size", "3",
-                                    "--device", "cpu", "--ig-steps", "4", "--ig-baseline", "zero"])
+                                    "--device", "cpu", "--ig-steps", "4", "--ig-baseline", "zero", "--methods", "all"])
     assert res.exit_code == 0, res.output
     model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     with open_store(out) as s:

@@ -9,8 +9,6 @@ so a key's work does not grow with the store; drawing works from memory.
 
 from __future__ import annotations
 
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 from textual import work
@@ -21,25 +19,13 @@ from textual.widgets import Header, Static
 
 from ..commands import AttentionCommands
 from ..data import HeadAttention, read_head_attention
+from ..render.drawn import Drawn
 from ..render.attention_grid import NORMS, detail_text, geometry, grid_text, info_text, thumbnails
 from ..widgets.footer import FittedFooter
+from .head_matrix import open_head_matrix
 
 _DIM = Style(dim=True)
 _CURSOR = Binding.Group("head")
-
-
-class _Drawn:
-    """A Text handed to Textual as a Rich renderable: drawn by Rich's renderer instead of converted span by span
-    into Textual's Content (a 12 x 12 grid has over 700 spans: the conversion was most of a key's time)."""
-
-    def __init__(self, text: Text):
-        self.text = text
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.text
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, self.text)
 
 
 class AttentionScreen(ModalScreen[None]):
@@ -120,7 +106,7 @@ class AttentionScreen(ModalScreen[None]):
         cells = thumbnails(d.rows, geom.per, self.norm)
         self.query_one("#attention-info", Static).update(info_text(d.id, d.tokens, d.explain_pos, (L, H), geom,
                                                                    self.norm, width))
-        grid.update(_Drawn(grid_text(cells, geom, self.cursor_layer, self.cursor_head, self.app.color_mode,
+        grid.update(Drawn(grid_text(cells, geom, self.cursor_layer, self.cursor_head, self.app.color_mode,
                                      self.app.colormap)))
         self.query_one("#attention-detail", Static).update(
             detail_text(d.rows, d.tokens, d.explain_pos, self.cursor_layer, self.cursor_head, geom, self.norm, width))
@@ -155,8 +141,6 @@ class AttentionScreen(ModalScreen[None]):
 
     def action_head_matrix(self) -> None:
         """The cursor head's full matrix (screens/head_matrix.py)."""
-        from .head_matrix import open_head_matrix  # it draws with this module's _Drawn
-
         open_head_matrix(self.app, self.cursor_layer, self.cursor_head)
 
     def action_close(self) -> None:

@@ -26,13 +26,13 @@ from textual.widgets import Header, Static
 
 from ..colors import format_score, normalize_within
 from ..data import HeadMatrix, read_head_matrix
+from ..render.drawn import Drawn
 from ..render.heatmap import block_mean, heatmap_lines
 from ..render.head_thumbnails import GRID_MAX_TOKENS, grid_geometry, grid_info, grid_text, thumbnails
 from ..render.matrix_axes import header_lines, label_text
 from ..render.matrix_axes import geometry as axes_geometry
 from ..render.tokens import ColorBar, printable
 from ..widgets.footer import FittedFooter
-from .attention import _Drawn
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -190,7 +190,7 @@ class HeadMatrixScreen(ModalScreen[None]):
             t = label_text(parts, geom.gutter, r * geom.fr)
             t.append_text(line)
             out.append(t)
-        self.query_one("#hm-map", Static).update(_Drawn(Text("\n").join(out)))
+        self.query_one("#hm-map", Static).update(Drawn(Text("\n").join(out)))
         self.query_one("#hm-status", Static).update(self._status(d.tokens, cells, n, geom))
 
     def _status(self, tokens: list[str], cells: np.ndarray, n: int, geom) -> Text:
@@ -225,7 +225,7 @@ class HeadMatrixScreen(ModalScreen[None]):
         full = np.zeros((L, H) + cells.shape[2:])
         full[:, geom.heads.start:geom.heads.stop] = cells
         self.query_one("#hm-info", Static).update(grid_info(d.id, (L, H), n, geom))
-        self.query_one("#hm-map", Static).update(_Drawn(grid_text(full, geom, self.layer_index, self.head_index,
+        self.query_one("#hm-map", Static).update(Drawn(grid_text(full, geom, self.layer_index, self.head_index,
                                                                   app.color_mode, app.colormap)))
         m = d.heads[self.layer_index, self.head_index].astype(np.float64)
         q, k = np.unravel_index(int(np.argmax(m)), m.shape)
