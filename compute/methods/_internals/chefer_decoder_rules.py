@@ -150,15 +150,17 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
         return hook
 
     try:
+        # the Linears' hooks first: AttnLRP's gradient scaling of a projection's output attaches to what they return
+        heads = [m for m in adapter.model.modules()
+                 if isinstance(m, nn.Linear) and m not in in_layers and m not in embedding]
+        for i, m in enumerate(heads):  # the last one outputs the explained logits
+            handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
+        for layer in layers:
+            for m in layer.modules():
+                if isinstance(m, nn.Linear):
+                    handles.append(m.register_forward_hook(alpha_beta(False)))
         with attnlrp_rules(adapter):
-            heads = [m for m in adapter.model.modules()
-                     if isinstance(m, nn.Linear) and m not in in_layers and m not in embedding]
-            for i, m in enumerate(heads):  # the last one outputs the explained logits
-                handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
             for li, layer in enumerate(layers):
-                for m in layer.modules():
-                    if isinstance(m, nn.Linear):
-                        handles.append(m.register_forward_hook(alpha_beta(False)))
                 slot: dict = {}
                 attn_prefix = block.attention + "."
                 mlp_out = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), block.mlp)
