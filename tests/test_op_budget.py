@@ -88,6 +88,20 @@ def test_attnlrp_on_a_decoder_within_op_budget(layers):
     assert not counted.syncs, f"attnlrp makes the host wait for the device: {dict(counted.syncs)}"
 
 
+@pytest.mark.parametrize("layers", DEPTHS)
+@pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
+def test_lrp_family_on_a_decoder_within_op_budget(layers, name):
+    """The LRP family's rules on a Llama at 12 and 24 layers (docs/methods.md 8): one modified backward (transatt and
+    mask_lrp a plain one besides), within the family's budget of the bare forward + backward."""
+    model, adapter = random_llama(layers)
+    batch = {k: v for k, v in random_batch(2, 24).items() if k != "token_type_ids"}
+    bare = bare_counts(model, batch)["backward"].total
+    counted = method_count(name, model, adapter, batch)
+    assert counted.total <= REGISTRY[name].op_budget * bare, (
+        f"{name}: {counted.total} ops per batch, {counted.total / bare:.2f}x the bare forward + backward ({bare})")
+    assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
+
+
 def test_counter_counts_forward_and_backward_ops():
     """The counter sees every op of a forward and of its backward (a budget measured with a blind counter passes
     anything)."""

@@ -39,14 +39,21 @@ def unsupported(adapter: Adapter) -> str | None:
     return None
 
 
-def _den(t: torch.Tensor, eps: float) -> torch.Tensor:
-    from .relevance import safe_den
-    return safe_den(t, eps)
+def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|W|, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
+    W = module.weight
+    hit = module.__dict__.get("_alpha_beta_weights")
+    if hit is None or hit[0] is not W or hit[1] != W._version:
+        with torch.no_grad():
+            Wa = W.detach().abs()
+            hit = module.__dict__["_alpha_beta_weights"] = (W, W._version, Wa, torch.cat([W.detach(), Wa], dim=1))
+    return hit[2], hit[3]
 
 
 class _AlphaBeta(torch.autograd.Function):
     """y = the Linear's own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``: R_out = g)
-    to the gradient of x."""
+    to the gradient of x. Z = x+ W+^T + x- W-^T = (y - b + |x| |W|^T) / 2 >= 0, so the rule's division needs no
+    sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands down)."""
 
     @staticmethod
     def forward(ctx, x, box, start):
@@ -59,23 +66,21 @@ class _AlphaBeta(torch.autograd.Function):
     def backward(ctx, g):
         from .relevance import EPS
         x, y = ctx.saved_tensors
-        W, b = ctx.module.weight, ctx.module.bias
+        b = ctx.module.bias
+        Wa, W_both = _weights(ctx.module)
         R = g if ctx.start else y * g
         Yu = y if b is None else y - b
-        Xa, Wa = x.abs(), W.abs()
-        S = R / _den(torch.matmul(Xa, Wa.T).add_(Yu), 2 * EPS)
+        S = R / torch.nn.functional.linear(x.abs(), Wa).add_(Yu).add_(2 * EPS)
         # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
-        return torch.matmul(S, W).addcmul_(torch.sign(x), torch.matmul(S, Wa)), None, None
-
-
-def _safe_div(a, b):
-    from .relevance import safe_div
-    return safe_div(a, b)
+        SW = torch.matmul(S, W_both)
+        d = x.shape[-1]
+        return SW[..., :d].addcmul(torch.sign(x), SW[..., d:]), None, None
 
 
 class _AddRule(torch.autograd.Function):
     """The branch's value; backward: Chefer's add rule for (branch + skip), the skip's share less the g it gets
-    through the add itself."""
+    through the add itself. LRP-0 gives the operands a g and b g; rescaled per example, operand o's factor is
+    |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|)."""
 
     @staticmethod
     def forward(ctx, branch, skip):
@@ -85,12 +90,11 @@ class _AddRule(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         branch, skip = ctx.saved_tensors
-        dims = tuple(range(1, g.dim()))
-        a, b = (branch * g).sum(dims, keepdim=True), (skip * g).sum(dims, keepdim=True)
-        total, aa, ba = a + b, a.abs(), b.abs()
-        s_a = _safe_div(_safe_div(aa, aa + ba) * total, a)
-        s_b = _safe_div(_safe_div(ba, aa + ba) * total, b)
-        return g * s_a, g * (s_b - 1)
+        dims = tuple(range(2, g.dim() + 1))
+        ab = (torch.stack([branch, skip]) * g).sum(dims, keepdim=True)  # [2, B, 1, 1]: sum a g, sum b g
+        s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
+        s_a, s_b = s.unbind(0)
+        return g * s_a, g * s_b.sub_(1)
 
 
 class _HeadMask(torch.autograd.Function):
