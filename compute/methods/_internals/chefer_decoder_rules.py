@@ -40,13 +40,14 @@ def unsupported(adapter: Adapter) -> str | None:
 
 
 def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|W|, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
+    """(|W|^T, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
     W = module.weight
     hit = module.__dict__.get("_alpha_beta_weights")
     if hit is None or hit[0] is not W or hit[1] != W._version:
         with torch.no_grad():
             Wa = W.detach().abs()
-            hit = module.__dict__["_alpha_beta_weights"] = (W, W._version, Wa, torch.cat([W.detach(), Wa], dim=1))
+            hit = module.__dict__["_alpha_beta_weights"] = (W, W._version, Wa.T.contiguous(),
+                                                               torch.cat([W.detach(), Wa], dim=1))
     return hit[2], hit[3]
 
 
@@ -67,10 +68,10 @@ class _AlphaBeta(torch.autograd.Function):
         from .relevance import EPS
         x, y = ctx.saved_tensors
         b = ctx.module.bias
-        Wa, W_both = _weights(ctx.module)
+        WaT, W_both = _weights(ctx.module)
         R = g if ctx.start else y * g
         Yu = y if b is None else y - b
-        S = R / torch.nn.functional.linear(x.abs(), Wa).add_(Yu).add_(2 * EPS)
+        S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
         # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
         SW = torch.matmul(S, W_both)
         d = x.shape[-1]
@@ -85,7 +86,7 @@ class _AddRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, branch, skip):
         ctx.save_for_backward(branch, skip)
-        return branch.detach().clone()
+        return branch.clone()
 
     @staticmethod
     def backward(ctx, g):
@@ -103,7 +104,7 @@ class _HeadMask(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cols, slot):
         ctx.cols, ctx.slot = cols, slot
-        return x.detach().clone()
+        return x.clone()
 
     @staticmethod
     def backward(ctx, g):
