@@ -36,6 +36,17 @@ def unsupported(adapter: Adapter) -> str | None:
         return "its mixture-of-experts MLP's routed sum is not written as a hook"
     if any(type(m).__name__ == "Conv1D" for m in adapter.layers()[0].modules()):
         return "its projections are Conv1D modules, which the alpha1-beta0 hook does not read"
+    if block.qkv != "separate":
+        return "its fused query/key/value projection is not split into the value heads the head mask needs"
+    if block.ln1 is None or block.ln2 is None:
+        return "its norms sit after the sublayers, so the residual adds' skip operands are not located"
+    if isinstance(module_at(adapter.layers()[0], block.mlp), nn.Linear):
+        return "its MLP is not one module, so the MLP's residual add is not located"
+    cfg = adapter.config
+    if getattr(cfg, "clip_qkv", None) is not None:
+        return "its clip_qkv changes the projections' outputs in place"
+    if getattr(cfg, "residual_multiplier", 1.0) != 1.0:
+        return "its residual multiplier scales the branch between the sublayer and the add"
     return None
 
 
