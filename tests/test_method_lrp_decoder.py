@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_batch, tiny_model
-from families import family_model
+from families import family_heads, family_model
 
 from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
@@ -191,7 +191,7 @@ def test_mask_lrp_with_a_head_mask_equals_the_rules_written_out(monkeypatch):
     assert not torch.allclose(got.layer_scores, plain.layer_scores)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2"])
 @pytest.mark.parametrize("name", ["lrp", "transatt"])
 def test_alone_equals_padded_batch(family, name):
     """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN."""
@@ -214,9 +214,11 @@ def test_alone_equals_padded_batch(family, name):
 
 
 @pytest.mark.parametrize("family, why", [("gpt_neox", "parallel"), ("mixtral", "mixture-of-experts"),
-                                         ("gpt2", "Conv1D")])
+                                         ("gpt2", "Conv1D"), ("phi3", "fused"), ("olmo2", "after the sublayers"),
+                                         ("opt", "not one module"), ("olmo", "clip_qkv"),
+                                         ("granite", "residual multiplier")])
 def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
-    ad = adapter_for(tiny_model("gpt2") if family == "gpt2" else family_model(family))
+    ad = adapter_for(tiny_model("gpt2")) if family == "gpt2" else adapter_for(family_model(family), family_heads(family)[0])
     for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_architecture(ad)
