@@ -501,7 +501,7 @@ class RelevanceMethod(Method):
     # the rules start at the head's explained output: a sequence head, a masked LM's vocabulary head, a QA head
     # (the decoders' next-token task is not enabled yet: its LM-head start is untested, docs/methods.md 8)
     tasks = frozenset({"classification", "regression", "masked-token", "qa"})
-    pre_ln_ok = True  # where a decoder rule set is written (check_lrp)
+    pre_ln_ok = False  # not on every pre-LN block: where a decoder rule set is written (check_lrp decides)
     # "auto": float64 for all four. Neither float32 nor float32 rules on a float64 forward ("mixed") reproduce the
     # float64 numbers to 1e-3 of the scale with a mean Spearman of 0.9999 on both the shared model and a random
     # BERT-base (docs/benchmarks.md, LRP precision: benchmarks/lrp_precision.py); float64 is cheap on Hopper GPUs,
