@@ -19,7 +19,8 @@ LENGTHS = [7, 3, 9, 1]
 
 
 def _ab(R, x, W, y_unbiased):
-    """alpha1-beta0 (bias ignored), written with the four products: Z = x+ W+^T + x- W-^T, R_in = x+ (S W+) + x- (S W-)."""
+    """alpha1-beta0 (bias ignored), written with the four products: Z = x+ W+^T + x- W-^T,
+    R_in = x+ (S W+) + x- (S W-)."""
     xp, xn, Wp, Wn = x.clamp_min(0), x.clamp_max(0), W.clamp_min(0), W.clamp_max(0)
     Z = xp @ Wp.T + xn @ Wn.T
     assert torch.allclose(Z - (x.abs() @ W.abs().T + y_unbiased) / 2, torch.zeros_like(Z), atol=1e-12)
@@ -218,7 +219,10 @@ def test_alone_equals_padded_batch(family, name):
                                          ("opt", "not one module"), ("olmo", "clip_qkv"),
                                          ("granite", "residual multiplier")])
 def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
-    ad = adapter_for(tiny_model("gpt2")) if family == "gpt2" else adapter_for(family_model(family), family_heads(family)[0])
+    if family == "gpt2":
+        ad = adapter_for(tiny_model("gpt2"))
+    else:
+        ad = adapter_for(family_model(family), family_heads(family)[0])
     for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_architecture(ad)

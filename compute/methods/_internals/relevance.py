@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from ... import interrupts
@@ -143,12 +144,14 @@ def decoder_rules(adapter: Adapter) -> bool:
 
 def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
                       rollout_uses_masked: bool = False, renormalise: bool = False) -> Relevance:
-    """The propagation on a pre-LN decoder, read off one gradient pass with the rules' backward: the relevance of a
-    state is the state times its modified gradient; R^{A,l} = A (dF/dA) / 2, the half of A.V's relevance that goes
-    to A (with a head mask: unmasked unless ``rollout_uses_masked``, from the unmasked gradient of A.V's output)."""
+    """The propagation on a pre-LN decoder (``head_mask``: the host's [L][H]), read off one gradient pass with the
+    rules' backward: the relevance of a state is the state times its modified gradient; R^{A,l} = A (dF/dA) / 2, the
+    half of A.V's relevance that goes to A (with a head mask: unmasked unless ``rollout_uses_masked``, from the
+    unmasked gradient of A.V's output)."""
     if renormalise:
         raise AttrscopeError("method 'mask_lrp': --mask-renormalise is not defined on pre-LN decoder blocks; drop it")
-    mask = None if head_mask is None else tuple(tuple(float(v) for v in row) for row in head_mask.tolist())
+    # the host's mask (the method's parameter), hashable: the pass is memoised by its spec
+    mask = None if head_mask is None else tuple(tuple(row) for row in np.asarray(head_mask, dtype=np.float64))
     gp = gradient_pass(cap, adapter, replace(spec, rules="chefer_decoder", head_mask=mask))
     g = gp.grads(target)
     with torch.no_grad():
@@ -538,7 +541,8 @@ class RelevanceMethod(Method):
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
         if decoder_rules(adapter):
-            rel = decoder_relevance(cap, adapter, self.spec, target, self.head_mask(cap), **self.options())
+            host_mask = None if self.head_mask(cap) is None else self.params["head_mask"]
+            rel = decoder_relevance(cap, adapter, self.spec, target, host_mask, **self.options())
             gp = gradient_pass(cap, adapter, self.spec)
             with torch.no_grad():
                 return self.from_relevance(rel, gp, target, cap)
