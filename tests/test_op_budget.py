@@ -88,6 +88,26 @@ def test_attnlrp_on_a_decoder_within_op_budget(layers):
     assert not counted.syncs, f"attnlrp makes the host wait for the device: {dict(counted.syncs)}"
 
 
+DECODER_LRP_BUDGET = {"lrp": 2.05, "partial_lrp": 2.05, "transatt": 2.7, "mask_lrp": 2.8}
+
+
+@pytest.mark.parametrize("layers", DEPTHS)
+@pytest.mark.parametrize("name", tuple(DECODER_LRP_BUDGET))
+def test_lrp_family_on_a_decoder_within_op_budget(layers, name):
+    """The LRP family's rules on a Llama at 12 and 24 layers (docs/methods.md 8): one modified backward on the float64
+    twin (whose HF norms and softmax add casts the float32 bare pass does not have), transatt and mask_lrp a plain
+    gradient pass besides. Measured 2.03x (lrp, partial_lrp), 2.65x (transatt), 2.72x (mask_lrp): above the
+    family's 2.0x (issue 35 leaves this open), held here so that it does not grow."""
+    model, adapter = random_llama(layers)
+    batch = {k: v for k, v in random_batch(2, 24).items() if k != "token_type_ids"}
+    bare = bare_counts(model, batch)["backward"].total
+    counted = method_count(name, model, adapter, batch)
+    budget = DECODER_LRP_BUDGET[name]
+    assert counted.total <= budget * bare, (
+        f"{name}: {counted.total} ops per batch, {counted.total / bare:.2f}x the bare forward + backward ({bare})")
+    assert not counted.syncs, f"{name} makes the host wait for the device: {dict(counted.syncs)}"
+
+
 def test_counter_counts_forward_and_backward_ops():
     """The counter sees every op of a forward and of its backward (a budget measured with a blind counter passes
     anything)."""

@@ -25,6 +25,7 @@ from ...errors import AttrscopeError
 from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
 from .attnlrp_rules import attnlrp_rules
+from .chefer_decoder_rules import chefer_decoder_rules
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import explained
 
@@ -42,6 +43,8 @@ class Explained:
     dtype: str = "model"
     # "gradient": the plain backward | "attnlrp": AttnLRP's rules on the backward (attnlrp_rules; docs/methods.md 7)
     rules: str = "gradient"
+    # "chefer_decoder" only: Mask-LRP's head mask M [L][H] on the relevance leaving A.V (None: all heads kept)
+    head_mask: tuple | None = None
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -169,7 +172,11 @@ class GradientPass:
         # ``record_lrp``: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
         self.records_lrp = record_lrp
         self.lrp = LRPRecord() if record_lrp and has_lrp_rules(adapter) else None
-        rules = attnlrp_rules(adapter) if spec.rules == "attnlrp" else nullcontext()
+        # per layer: the value projection's output and the unmasked gradient of the attention output (chefer_decoder)
+        self.kept: dict = {}
+        rules = (attnlrp_rules(adapter) if spec.rules == "attnlrp" else
+                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None) if spec.rules == "chefer_decoder"
+                 else nullcontext())
         with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules:
             self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
                                      pos=cap.explain_pos)

@@ -32,8 +32,9 @@ rescales the masked relevance of each layer back to the unmasked total.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from ... import interrupts
@@ -41,7 +42,8 @@ from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from .aggregate import add_identity_row_normalise, valid_block
 from .base import Method, MethodResult
-from .gradients import Explained, GradientPass, gradient_pass, spec_from, wide
+from .chefer_decoder_rules import unsupported as decoder_unsupported
+from .gradients import Explained, GradientPass, cat_terms, gradient_pass, spec_from, wide
 from .lrp_record import has_lrp_rules
 
 EPS = 1e-9
@@ -135,9 +137,51 @@ def layer_weights(adapter: Adapter, role: str, dtype: torch.dtype) -> _Weights:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+def decoder_rules(adapter: Adapter) -> bool:
+    """The decoder rule set (chefer_decoder_rules, docs/methods.md 8) applies: a pre-LN block it is written for."""
+    return adapter.block is not None and adapter.block.pre_ln and decoder_unsupported(adapter) is None
+
+
+def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
+                      rollout_uses_masked: bool = False, renormalise: bool = False) -> Relevance:
+    """The propagation on a pre-LN decoder (``head_mask``: the host's [L][H]), read off one gradient pass with the
+    rules' backward: the relevance of a state is the state times its modified gradient; R^{A,l} = A (dF/dA) / 2, the
+    half of A.V's relevance that goes to A (with a head mask: unmasked unless ``rollout_uses_masked``, from the
+    unmasked gradient of A.V's output)."""
+    if renormalise:
+        raise AttrscopeError("method 'mask_lrp': --mask-renormalise is not defined on pre-LN decoder blocks; drop it")
+    # the host's mask (the method's parameter), hashable: the pass is memoised by its spec
+    mask = None if head_mask is None else tuple(tuple(row) for row in np.asarray(head_mask, dtype=np.float64))
+    gp = gradient_pass(cap, adapter, replace(spec, rules="chefer_decoder", head_mask=mask))
+    g = gp.grads(target)
+    with torch.no_grad():
+        inputs = cat_terms(gp, g, "inputs").transpose(0, 1)  # [L, B, n]
+        A = torch.stack([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
+        if mask is not None and not rollout_uses_masked:
+            gA = []
+            for li in range(len(gp.attentions)):
+                kept = gp.kept[li]
+                g_ctx, v = kept["g_ctx"][-1], kept["v"].detach()
+                B, n, H = A.shape[1], A.shape[-1], A.shape[2]
+                g_ctx = g_ctx.view(B, n, H, -1).transpose(1, 2)  # [B, H, n, dh]
+                v = v.view(B, n, -1, g_ctx.shape[-1]).transpose(1, 2)  # [B, H_kv, n, dh]
+                v = v.repeat_interleave(H // v.shape[1], dim=1)
+                gA.append(g_ctx @ v.transpose(-1, -2))
+            gA = torch.stack(gA)
+        else:
+            gA = torch.stack(g["attentions"])
+        return Relevance(input=gp.hidden_states[0].detach() * g["hidden"][0], inputs=inputs, attention=A * gA / 2)
+
+
 def check_lrp(adapter: Adapter, method: str) -> None:
     """The rules (Chefer et al.) are defined for post-LN encoders whose LayerNorms and softmax attention over absolute
     positions they pass relevance through, with a known head: BERT, RoBERTa, XLM-R, CamemBERT, ELECTRA, DistilBERT."""
+    if adapter.block is not None and adapter.block.pre_ln:
+        why = decoder_unsupported(adapter)
+        if why is not None:
+            raise AttrscopeError(f"method '{method}' has no LRP rule set for the '{adapter.config.model_type}' "
+                                 f"architecture: {why}; choose gae or a gradient method")
+        return
     if not has_lrp_rules(adapter):
         block = adapter.block
         why = ("it has no block description" if block is None
@@ -458,9 +502,9 @@ class RelevanceMethod(Method):
     passes = frozenset({"forward", "lrp"})
     op_budget = 2.0  # of a bare forward + backward: the pass and one top-down sweep of the rules
     # the rules start at the head's explained output: a sequence head, a masked LM's vocabulary head, a QA head
-    # (the decoders' next-token task has no rule set: pre-LN, METHODS.md section 9)
+    # (the decoders' next-token task is not enabled yet: its LM-head start is untested, docs/methods.md 8)
     tasks = frozenset({"classification", "regression", "masked-token", "qa"})
-    pre_ln_ok = False
+    pre_ln_ok = False  # not on every pre-LN block: where a decoder rule set is written (check_lrp decides)
     # "auto": float64 for all four. Neither float32 nor float32 rules on a float64 forward ("mixed") reproduce the
     # float64 numbers to 1e-3 of the scale with a mean Spearman of 0.9999 on both the shared model and a random
     # BERT-base (docs/benchmarks.md, LRP precision: benchmarks/lrp_precision.py); float64 is cheap on Hopper GPUs,
@@ -496,6 +540,12 @@ class RelevanceMethod(Method):
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
+        if decoder_rules(adapter):
+            host_mask = None if self.head_mask(cap) is None else self.params["head_mask"]
+            rel = decoder_relevance(cap, adapter, self.spec, target, host_mask, **self.options())
+            gp = gradient_pass(cap, adapter, self.spec)
+            with torch.no_grad():
+                return self.from_relevance(rel, gp, target, cap)
         rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), rules_dtype=self.rules_dtype(adapter),
                         **self.options())
         gp = gradient_pass(cap, adapter, self.spec, lrp=True)

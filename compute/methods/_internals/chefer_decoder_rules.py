@@ -1,0 +1,198 @@
+"""Chefer's LRP rules on pre-LN and RMSNorm decoder blocks (docs/methods.md 8) as a modified backward pass in
+gradient x input form, on top of AttnLRP's rules (attnlrp_rules: norms, activations, the gated product, the
+uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the softmax's plain gradient):
+
+* every Linear (the layers' and the head's): alpha1-beta0, bias ignored; its backward turns the output's relevance
+  R_out = y g into the input's gradient R_in / x (the rule's R_in is x times a factor: that factor, 0 where x = 0);
+  the head's last Linear starts the relevance at the selected output's gradient itself (one-hot, minus the foil);
+* each residual add: LRP-0 per operand, both rescaled per example (Chefer's add rule), as a Function on the
+  sublayer's output that also corrects the skip operand's gradient (the skip receives g through the add already);
+* Mask-LRP's head mask: the gradient of the attention output before the output projection times M[l, h] per query
+  head (the relevance leaving A.V towards A and V); the unmasked gradient is kept for the rollout's R^{A,l}.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from ...adapters import Adapter
+from ...adapters.base import module_at
+from .attnlrp_rules import attnlrp_rules
+from .attnlrp_rules import unsupported as attnlrp_unsupported
+
+
+def unsupported(adapter: Adapter) -> str | None:
+    """Why the rules cannot be placed on the model's modules, or None."""
+    why = attnlrp_unsupported(adapter)
+    if why is not None:
+        return why
+    block = adapter.block
+    if block.parallel:
+        return "the three-operand residual add of its parallel block is not written as a hook"
+    if block.mlp_kind == "moe":
+        return "its mixture-of-experts MLP's routed sum is not written as a hook"
+    if any(type(m).__name__ == "Conv1D" for m in adapter.layers()[0].modules()):
+        return "its projections are Conv1D modules, which the alpha1-beta0 hook does not read"
+    if block.qkv != "separate":
+        return "its fused query/key/value projection is not split into the value heads the head mask needs"
+    if block.ln1 is None or block.ln2 is None:
+        return "its norms sit after the sublayers, so the residual adds' skip operands are not located"
+    if isinstance(module_at(adapter.layers()[0], block.mlp), nn.Linear):
+        return "its MLP is not one module, so the MLP's residual add is not located"
+    cfg = adapter.config
+    if getattr(cfg, "clip_qkv", None) is not None:
+        return "its clip_qkv changes the projections' outputs in place"
+    if getattr(cfg, "residual_multiplier", 1.0) != 1.0:
+        return "its residual multiplier scales the branch between the sublayer and the add"
+    return None
+
+
+def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|W|^T, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
+    W = module.weight
+    hit = module.__dict__.get("_alpha_beta_weights")
+    if hit is None or hit[0] is not W or hit[1] != W._version:
+        with torch.no_grad():
+            Wa = W.detach().abs()
+            hit = module.__dict__["_alpha_beta_weights"] = (W, W._version, Wa.T.contiguous(),
+                                                               torch.cat([W.detach(), Wa], dim=1))
+    return hit[2], hit[3]
+
+
+class _AlphaBeta(torch.autograd.Function):
+    """y = the Linear's own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``: R_out = g)
+    to the gradient of x. Z = x+ W+^T + x- W-^T = (y - b + |x| |W|^T) / 2 >= 0, so the rule's division needs no
+    sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands down)."""
+
+    @staticmethod
+    def forward(ctx, x, box, start):
+        y, module = box
+        ctx.save_for_backward(x, y)
+        ctx.module, ctx.start = module, start
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        from .relevance import EPS
+        x, y = ctx.saved_tensors
+        b = ctx.module.bias
+        WaT, W_both = _weights(ctx.module)
+        R = g if ctx.start else y * g
+        Yu = y if b is None else y - b
+        S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
+        # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
+        SW = torch.matmul(S, W_both)
+        d = x.shape[-1]
+        return SW[..., :d].addcmul(torch.sign(x), SW[..., d:]), None, None
+
+
+class _AddRule(torch.autograd.Function):
+    """The branch's value; backward: Chefer's add rule for (branch + skip), the skip's share less the g it gets
+    through the add itself. LRP-0 gives the operands a g and b g; rescaled per example, operand o's factor is
+    |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|)."""
+
+    @staticmethod
+    def forward(ctx, branch, skip):
+        ctx.save_for_backward(branch, skip)
+        return branch.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        branch, skip = ctx.saved_tensors
+        dims = tuple(range(2, g.dim() + 1))
+        ab = (torch.stack([branch, skip]) * g).sum(dims, keepdim=True)  # [2, B, 1, 1]: sum a g, sum b g
+        s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
+        s_a, s_b = s.unbind(0)
+        return g * s_a, g * s_b.sub_(1)
+
+
+class _HeadMask(torch.autograd.Function):
+    """x itself; backward: g times the per-column mask, the unmasked g kept in ``slot``."""
+
+    @staticmethod
+    def forward(ctx, x, cols, slot):
+        ctx.cols, ctx.slot = cols, slot
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.slot.append(g)
+        return g * ctx.cols.to(g.device, g.dtype), None, None
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _with_first(out, t):
+    return (t, *out[1:]) if isinstance(out, tuple) else t
+
+
+@contextmanager
+def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept: dict | None = None):
+    """The rules' hooks (``unsupported`` must be None). ``head_mask``: M [L][H] (Mask-LRP); ``kept`` receives per
+    layer the value projection's output ("v") and the unmasked gradient of the attention output ("g_ctx")."""
+    block, handles = adapter.block, []
+    layers = list(adapter.layers())
+    in_layers = {m for layer in layers for m in layer.modules()}
+    embedding = set(adapter.embeddings().modules())
+
+    def alpha_beta(start):
+        def hook(module, inp, out):
+            return _AlphaBeta.apply(inp[0], (out, module), start)
+        return hook
+
+    def skip_pre_hook(slot, key):
+        def hook(module, args):
+            slot[key] = args[0]
+        return hook
+
+    def add_hook(slot, key):
+        def hook(module, inp, out):
+            return _with_first(out, _AddRule.apply(_first(out), slot[key]))
+        return hook
+
+    def mask_pre_hook(cols, slot):
+        def hook(module, args):
+            return (_HeadMask.apply(args[0], cols, slot), *args[1:])
+        return hook
+
+    def keep_hook(slot):
+        def hook(module, inp, out):
+            slot["v"] = _first(out)
+        return hook
+
+    try:
+        # the Linears' hooks first: AttnLRP's gradient scaling of a projection's output attaches to what they return
+        heads = [m for m in adapter.model.modules()
+                 if isinstance(m, nn.Linear) and m not in in_layers and m not in embedding]
+        for i, m in enumerate(heads):  # the last one outputs the explained logits
+            handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
+        for layer in layers:
+            for m in layer.modules():
+                if isinstance(m, nn.Linear):
+                    handles.append(m.register_forward_hook(alpha_beta(False)))
+        with attnlrp_rules(adapter):
+            for li, layer in enumerate(layers):
+                slot: dict = {}
+                attn_prefix = block.attention + "."
+                mlp_out = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), block.mlp)
+                for skip_of, branch, key in ((block.ln1, block.attn_out_norm or block.attention, "attn"),
+                                             (block.ln2, mlp_out, "mlp")):
+                    handles.append(module_at(layer, skip_of).register_forward_pre_hook(skip_pre_hook(slot, key)))
+                    handles.append(module_at(layer, branch).register_forward_hook(add_hook(slot, key)))
+                if head_mask is not None:
+                    out_proj = module_at(layer, block.out_proj)
+                    dh = out_proj.in_features // adapter.n_heads
+                    cols = torch.tensor(head_mask[li], dtype=torch.float64).repeat_interleave(dh)
+                    layer_kept = kept.setdefault(li, {"g_ctx": []}) if kept is not None else {"g_ctx": []}
+                    handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"])))
+                    handles.append(module_at(layer, block.value).register_forward_hook(keep_hook(layer_kept)))
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
