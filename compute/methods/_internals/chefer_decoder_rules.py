@@ -36,10 +36,10 @@ def unsupported(adapter: Adapter) -> str | None:
         return "its mixture-of-experts MLP's routed sum is not written as a hook"
     if any(type(m).__name__ == "Conv1D" for m in adapter.layers()[0].modules()):
         return "its projections are Conv1D modules, which the alpha1-beta0 hook does not read"
-    if block.qkv != "separate":
-        return "its fused query/key/value projection is not split into the value heads the head mask needs"
-    if block.ln1 is None or block.ln2 is None:
-        return "its norms sit after the sublayers, so the residual adds' skip operands are not located"
+    if block.qkv not in ("separate", "concat_gqa"):  # concat_gqa: Phi-3's [q | k | v] (tests/test_method_lrp_decoder)
+        return "its fused query/key/value layout is not tested under the rules"
+    if block.ln2 is None or (block.ln1 is None and block.attn_out_norm is None):
+        return "its residual adds' skip operands are not located"
     if isinstance(module_at(adapter.layers()[0], block.mlp), nn.Linear):
         return "its MLP is not one module, so the MLP's residual add is not located"
     cfg = adapter.config
@@ -146,8 +146,8 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
         return hook
 
     def skip_pre_hook(slot, key):
-        def hook(module, args):
-            slot[key] = args[0]
+        def hook(module, args, kwargs):  # the attention takes the stream by keyword where no norm precedes it
+            slot[key] = args[0] if args else kwargs["hidden_states"]
         return hook
 
     def add_hook(slot, key):
@@ -180,9 +180,12 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                 slot: dict = {}
                 attn_prefix = block.attention + "."
                 mlp_out = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), block.mlp)
-                for skip_of, branch, key in ((block.ln1, block.attn_out_norm or block.attention, "attn"),
-                                             (block.ln2, mlp_out, "mlp")):
-                    handles.append(module_at(layer, skip_of).register_forward_pre_hook(skip_pre_hook(slot, key)))
+                # the skip operand: the input of the norm before the sublayer, or of the sublayer itself where its
+                # norm sits after it (OLMo 2: the add's other operand is that norm's output)
+                for skip_of, branch, key in ((block.ln1 or block.attention, block.attn_out_norm or block.attention,
+                                              "attn"), (block.ln2, mlp_out, "mlp")):
+                    handles.append(module_at(layer, skip_of).register_forward_pre_hook(skip_pre_hook(slot, key),
+                                                                                       with_kwargs=True))
                     handles.append(module_at(layer, branch).register_forward_hook(add_hook(slot, key)))
                 if head_mask is not None:
                     out_proj = module_at(layer, block.out_proj)

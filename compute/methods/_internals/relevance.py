@@ -161,11 +161,11 @@ def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: 
             gA = []
             for li in range(len(gp.attentions)):
                 kept = gp.kept[li]
-                g_ctx, v = kept["g_ctx"][-1], kept["v"].detach()
+                g_ctx = kept["g_ctx"][-1]
                 B, n, H = A.shape[1], A.shape[-1], A.shape[2]
                 g_ctx = g_ctx.view(B, n, H, -1).transpose(1, 2)  # [B, H, n, dh]
-                v = v.view(B, n, -1, g_ctx.shape[-1]).transpose(1, 2)  # [B, H_kv, n, dh]
-                v = v.repeat_interleave(H // v.shape[1], dim=1)
+                # the value columns of the value module's output (separate or fused), repeated per query head
+                v = adapter.value_of(kept["v"].detach()).view(B, n, H, -1).transpose(1, 2)
                 gA.append(g_ctx @ v.transpose(-1, -2))
             gA = torch.stack(gA)
         else:
