@@ -171,13 +171,13 @@ def method_params(name: str, adapter) -> dict:
 GPU_BYTES = 80 << 30
 
 
-def method_count(name: str, model, adapter, batch: dict) -> OpCount:
+def method_count(name: str, model, adapter, batch: dict, **params) -> OpCount:
     """Ops of one method on a captured batch, its blocks sized as on an 80 GB GPU (the capture forward itself not
-    counted: its hooks add no ops)."""
+    counted: its hooks add no ops); ``params`` beside method_params's (a dtype)."""
     from compute.methods import get_method
     from compute.methods._internals.budget import sized_as_gpu
 
-    method = get_method(name, **method_params(name, adapter))
+    method = get_method(name, **method_params(name, adapter), **params)
     cap = adapter.capture(batch, method.needs)
     target = cap.pred
 
