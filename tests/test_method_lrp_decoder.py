@@ -194,7 +194,7 @@ def test_mask_lrp_with_a_head_mask_equals_the_rules_written_out(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2",
-                                    "phi3", "gpt_bigcode", "olmo2"])
+                                    "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
 @pytest.mark.parametrize("name", ["lrp", "transatt"])
 def test_alone_equals_padded_batch(family, name):
     """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN."""
@@ -216,10 +216,11 @@ def test_alone_equals_padded_batch(family, name):
         assert (together.layer_scores[b, :, n:] == 0).all()
 
 
-@pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2"])
+@pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
 def test_mask_lrp_beyond_llamas_block(family):
-    """A fused [q | k | v] projection (Phi-3: grouped value heads; GPT-BigCode: one shared value head) or norms after
-    the sublayers (OLMo 2: the add's operands are the norms' outputs, the attention's skip its own input): the rollout's unmasked R^{A,l} is rebuilt from the
+    """A fused [q | k | v] projection (Phi-3: grouped value heads; GPT-BigCode: one shared value head; GPT-NeoX: per
+    head), norms after the sublayers (OLMo 2: the add's operands are the norms' outputs, the attention's skip its own
+    input) or a parallel block (GPT-NeoX, Phi: one add of three operands): the rollout's unmasked R^{A,l} is rebuilt from the
     value columns of the fused output; all ones = transatt; a mask changes the result; padding invariance 1e-5."""
     model = family_model(family)
     ad = adapter_for(model)
@@ -244,7 +245,7 @@ def test_mask_lrp_beyond_llamas_block(family):
         torch.testing.assert_close(got.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("family, why", [("gpt_neox", "parallel"), ("mixtral", "mixture-of-experts"),
+@pytest.mark.parametrize("family, why", [("mixtral", "mixture-of-experts"),
                                          ("gpt2", "Conv1D"),
                                          ("opt", "not one module"), ("olmo", "clip_qkv"),
                                          ("granite", "residual multiplier")])

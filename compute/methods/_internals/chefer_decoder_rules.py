@@ -30,13 +30,14 @@ def unsupported(adapter: Adapter) -> str | None:
     if why is not None:
         return why
     block = adapter.block
-    if block.parallel:
-        return "the three-operand residual add of its parallel block is not written as a hook"
+    if block.parallel and block.ln2 is None:
+        return "its parallel block's one shared norm is not tested under the rules"
     if block.mlp_kind == "moe":
         return "its mixture-of-experts MLP's routed sum is not written as a hook"
     if any(type(m).__name__ == "Conv1D" for m in adapter.layers()[0].modules()):
         return "its projections are Conv1D modules, which the alpha1-beta0 hook does not read"
-    if block.qkv not in ("separate", "concat_gqa"):  # concat_gqa: Phi-3's [q | k | v] (tests/test_method_lrp_decoder)
+    # tested fused layouts (tests/test_method_lrp_decoder): Phi-3's and GPT-BigCode's, GPT-NeoX's per head
+    if block.qkv not in ("separate", "concat_gqa") and not (block.qkv == "per_head" and block.parallel):
         return "its fused query/key/value layout is not tested under the rules"
     if block.ln2 is None or (block.ln1 is None and block.attn_out_norm is None):
         return "its residual adds' skip operands are not located"
@@ -95,18 +96,18 @@ class _AddRule(torch.autograd.Function):
     |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|)."""
 
     @staticmethod
-    def forward(ctx, branch, skip):
-        ctx.save_for_backward(branch, skip)
+    def forward(ctx, branch, *skips):  # a parallel block's add has two skips: the stream and the attention output
+        ctx.save_for_backward(branch, *skips)
         return branch.clone()
 
     @staticmethod
     def backward(ctx, g):
-        branch, skip = ctx.saved_tensors
+        branch, *skips = ctx.saved_tensors
         dims = tuple(range(2, g.dim() + 1))
-        ab = (torch.stack([branch, skip]) * g).sum(dims, keepdim=True)  # [2, B, 1, 1]: sum a g, sum b g
+        ab = (torch.stack([branch, *skips]) * g).sum(dims, keepdim=True)  # [k, B, 1, 1]: sum o g per operand
         s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
-        s_a, s_b = s.unbind(0)
-        return g * s_a, g * s_b.sub_(1)
+        s_a, *s_skips = s.unbind(0)
+        return g * s_a, *(g * s_o.sub_(1) for s_o in s_skips)
 
 
 class _HeadMask(torch.autograd.Function):
@@ -150,9 +151,14 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
             slot[key] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def add_hook(slot, key):
+    def add_hook(slot, keys):
         def hook(module, inp, out):
-            return _with_first(out, _AddRule.apply(_first(out), slot[key]))
+            return _with_first(out, _AddRule.apply(_first(out), *(slot[k] for k in keys)))
+        return hook
+
+    def keep_out_hook(slot, key):
+        def hook(module, inp, out):
+            slot[key] = _first(out)
         return hook
 
     def mask_pre_hook(cols, slot):
@@ -182,11 +188,17 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                 mlp_out = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), block.mlp)
                 # the skip operand: the input of the norm before the sublayer, or of the sublayer itself where its
                 # norm sits after it (OLMo 2: the add's other operand is that norm's output)
-                for skip_of, branch, key in ((block.ln1 or block.attention, block.attn_out_norm or block.attention,
-                                              "attn"), (block.ln2, mlp_out, "mlp")):
+                if block.parallel:  # x + Attn(LN1 x) + MLP(LN2 x): the add rule over three operands, on the MLP's
+                    handles.append(module_at(layer, block.ln1).register_forward_pre_hook(skip_pre_hook(slot, "x"),
+                                                                                          with_kwargs=True))
+                    handles.append(module_at(layer, block.attention).register_forward_hook(keep_out_hook(slot, "a")))
+                    handles.append(module_at(layer, mlp_out).register_forward_hook(add_hook(slot, ("a", "x"))))
+                for skip_of, branch, key in (() if block.parallel else (
+                        (block.ln1 or block.attention, block.attn_out_norm or block.attention, "attn"),
+                        (block.ln2, mlp_out, "mlp"))):
                     handles.append(module_at(layer, skip_of).register_forward_pre_hook(skip_pre_hook(slot, key),
                                                                                        with_kwargs=True))
-                    handles.append(module_at(layer, branch).register_forward_hook(add_hook(slot, key)))
+                    handles.append(module_at(layer, branch).register_forward_hook(add_hook(slot, (key,))))
                 if head_mask is not None:
                     out_proj = module_at(layer, block.out_proj)
                     dh = out_proj.in_features // adapter.n_heads
