@@ -22,6 +22,7 @@ from ...adapters import Adapter
 from ...adapters.base import module_at
 from .attnlrp_rules import attnlrp_rules
 from .attnlrp_rules import unsupported as attnlrp_unsupported
+from .safe_divide import EPS
 
 
 def unsupported(adapter: Adapter) -> str | None:
@@ -77,7 +78,6 @@ class _AlphaBeta(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .relevance import EPS
         x, y = ctx.saved_tensors
         b = ctx.module.bias
         WaT, W_both = _weights(ctx.module)

@@ -45,31 +45,14 @@ from .base import Method, MethodResult
 from .chefer_decoder_rules import unsupported as decoder_unsupported
 from .gradients import Explained, GradientPass, cat_terms, gradient_pass, spec_from, wide
 from .lrp_record import has_lrp_rules
+from .safe_divide import EPS, safe_den, safe_div
 
-EPS = 1e-9
-INF = float("inf")
 # What one group of layers' precomputed tensors may take (about 40 d-vectors per token and two n x n maps per head
 # and layer, in the rules' dtype). Short batches take every layer in one group, the fewest kernel launches where
 # launches are what costs; where a layer's tensors pass ~1M elements the arithmetic costs more than the launches,
 # and one group at a time keeps the peak memory of a batch where the per-layer rules had it (BERT-base, 8 x 128
 # tokens, float64: 2.4 GB over the batch's capture, as before the groups).
 GROUP_BYTES = 1 << 28
-
-
-def safe_den(b: torch.Tensor, eps: float = EPS, *, inplace: bool = False) -> torch.Tensor:
-    """The reference's safe_divide(a, b) as a / safe_den(b): b + eps (eps where that is 0), +inf where b == 0 (so
-    that a / den is 0 there, as the reference's mask makes it). Built once per denominator, for all layers at once;
-    ``inplace`` overwrites b (a temporary)."""
-    zero = b == 0
-    den = b.add_(eps) if inplace else b + eps
-    den.masked_fill_(den == 0, eps)
-    return den.masked_fill_(zero, INF)
-
-
-def safe_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The reference's safe_divide: a / (b + 1e-9), and 0 where b == 0 (a denominator that rounds to 0, b = -1e-9,
-    becomes 1e-9)."""
-    return a / safe_den(b)
 
 
 def rule_weights(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
