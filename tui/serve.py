@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import hmac
 import ipaddress
@@ -93,6 +94,10 @@ def app_command(store: str, color: str, colormap: str, debug: bool = False) -> s
     return "exec " + shlex.join(args)  # exec: the app is the shell's process, so stopping it leaves no shell behind
 
 
+# The apps a websocket's handler made (textual-serve makes them inside its handler, in the handler's task)
+SOCKET_APPS: contextvars.ContextVar[list] = contextvars.ContextVar("socket_apps")
+
+
 class TabApp(AppService):
     """A tab's app, reaped within APP_QUIT_SECONDS (and the moment a kill takes) of being stopped, whatever its
     state: textual-serve's stop waits without end for an app that does not quit (one still starting, or stuck
@@ -102,6 +107,9 @@ class TabApp(AppService):
         super().__init__(*args, **kwargs)
         self._tabs = tabs
         self._reaping: asyncio.Future | None = None
+        made = SOCKET_APPS.get(None)
+        if made is not None:  # its socket's handler frees the tab's place once this app is reaped
+            made.append(self)
 
     async def start(self, width: int, height: int) -> None:
         await super().start(width, height)
@@ -217,8 +225,18 @@ class TabServer(Server):
             raise web.HTTPServiceUnavailable(text=f"attr-tui: {tab_count(self.max_sessions)} open already "
                                                   f"(--max-sessions {self.max_sessions}): close one, then reload "
                                                   "this page\n")
+        made: list[TabApp] = []
+        SOCKET_APPS.set(made)  # this handler's task only
         try:
             return await super().handle_websocket(request)  # returns once the tab's app is reaped
+        finally:
+            # A handler cancelled by its closing socket leaves while its app may still be quitting: the place is
+            # freed when the app is reaped, so at most max_sessions apps ever exist at once.
+            asyncio.ensure_future(self._free_place(made))
+
+    async def _free_place(self, made: list[TabApp]) -> None:
+        try:
+            await asyncio.gather(*(tab.stop() for tab in made), return_exceptions=True)
         finally:
             self.places.release()
 
