@@ -46,7 +46,7 @@ class Geometry:
     layers: range
 
 
-def _window(total: int, current: int, room: int) -> range:
+def window(total: int, current: int, room: int) -> range:
     """The ``room`` consecutive indices of ``total`` that keep ``current`` in view, near the middle."""
     room = max(1, min(room, total))
     lo = max(0, min(current - room // 2, total - room))
@@ -60,8 +60,8 @@ def geometry(n_layers: int, n_heads: int, n_tokens: int, width: int, height: int
     cell = max(min(MAX_CELL, n_tokens, room // max(n_heads, 1) - 1), min(MIN_CELL, n_tokens), 1)
     per = math.ceil(n_tokens / cell)
     cell = math.ceil(n_tokens / per)  # no column left empty
-    heads = _window(n_heads, head, room // (cell + 1))
-    layers = _window(n_layers, layer, height - 1)
+    heads = window(n_heads, head, room // (cell + 1))
+    layers = window(n_layers, layer, height - 1)
     return Geometry(cell, per, heads, layers)
 
 

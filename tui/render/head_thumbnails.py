@@ -17,7 +17,7 @@ from rich.style import Style
 from rich.text import Text
 
 from ..colors import DEFAULT_COLORMAP, Mode
-from .attention_grid import CURSOR_MARK, LABEL_W
+from .attention_grid import CURSOR_MARK, LABEL_W, window
 from .heatmap import half_block_lines
 
 GRID_MAX_TOKENS = 64  # examples up to this long get the grid (a longer one's thumbnails would average away its rows)
@@ -39,13 +39,6 @@ class GridGeometry:
     layers: range
 
 
-def _window(total: int, current: int, room: int) -> range:
-    """The ``room`` consecutive indices of ``total`` that keep ``current`` in view, near the middle."""
-    room = max(1, min(room, total))
-    lo = max(0, min(current - room // 2, total - room))
-    return range(lo, lo + room)
-
-
 def grid_geometry(n_layers: int, n_heads: int, n: int, width: int, height: int, layer: int, head: int, *,
                   mono: bool) -> GridGeometry:
     """The grid in ``width`` x ``height`` cells (the head numbers take a line): thumbnails as wide as the heads
@@ -55,8 +48,8 @@ def grid_geometry(n_layers: int, n_heads: int, n: int, width: int, height: int, 
     cols = max(1, min(MAX_CELLS, n, room // max(n_heads, 1) - 1))
     per_row = 1 if mono else 2
     lines = max(1, min(math.ceil(min(cols, n) / per_row), (height - 1) // max(n_layers, 1)))
-    heads = _window(n_heads, head, room // (cols + 1))
-    layers = _window(n_layers, layer, max(height - 1, 1) // lines)
+    heads = window(n_heads, head, room // (cols + 1))
+    layers = window(n_layers, layer, max(height - 1, 1) // lines)
     return GridGeometry(cols, lines, min(n, lines * per_row), heads, layers)
 
 
