@@ -115,6 +115,16 @@ class TabApp(AppService):
         await super().start(width, height)
         self._tabs.add(self)
 
+    async def _open_app_process(self, width: int = 80, height: int = 24):
+        # A handler cancelled while the process is being made would leave it unknown to stop(): running, unreaped,
+        # its tab's place already free. The making finishes, so that stop() finds the process and reaps it.
+        opening = asyncio.ensure_future(super()._open_app_process(width, height))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await opening
+            raise
+
     async def stop(self) -> None:
         if self._process is None:
             return
