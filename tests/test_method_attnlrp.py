@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_batch, tiny_model
+from conftest import assert_layer_views_alone_equal_batch, random_batch, tiny_model
 from families import family_model
 
 from compute.adapters import adapter_for
@@ -174,20 +174,7 @@ def test_alone_equals_padded_batch(family):
     else:
         model = family_model(family, dtype=torch.float32)
     ad = adapter_for(model)
-    lengths = [5, 9, 2]
-    batch = random_batch("llama" if family != "bert" else "bert", lengths)
-    with torch.no_grad():
-        cap = ad.capture(batch, frozenset())
-    m = get_method("attnlrp")
-    together = m.compute(cap, ad, cap.pred)
-    assert torch.isfinite(together.layer_scores).all()
-    for b, n in enumerate(lengths):
-        with torch.no_grad():
-            alone_cap = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
-        alone = m.compute(alone_cap, ad, cap.pred[b:b + 1])
-        scale = float(alone.layer_scores.abs().max())
-        torch.testing.assert_close(together.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
-        assert (together.layer_scores[b, :, n:] == 0).all()
+    assert_layer_views_alone_equal_batch(get_method("attnlrp"), ad, "llama" if family != "bert" else "bert")
 
 
 def test_refused_in_one_line_where_no_hook_reaches():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import random_batch, tiny_model
+from conftest import assert_layer_views_alone_equal_batch, random_batch, tiny_model
 from families import family_heads, family_model
 
 from compute.adapters import adapter_for
@@ -200,20 +200,7 @@ def test_alone_equals_padded_batch(family, name):
     """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN."""
     model = tiny_model("llama", layers=2) if family == "llama" else family_model(family)
     ad = adapter_for(model)
-    lengths = [5, 9, 2]
-    batch = random_batch("llama", lengths)
-    with torch.no_grad():
-        cap = ad.capture(batch, frozenset())
-    m = get_method(name)
-    together = m.compute(cap, ad, cap.pred)
-    assert torch.isfinite(together.layer_scores).all()
-    for b, n in enumerate(lengths):
-        with torch.no_grad():
-            alone_cap = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
-        alone = m.compute(alone_cap, ad, cap.pred[b:b + 1])
-        scale = max(float(alone.layer_scores.abs().max()), 1e-30)
-        torch.testing.assert_close(together.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
-        assert (together.layer_scores[b, :, n:] == 0).all()
+    assert_layer_views_alone_equal_batch(get_method(name), ad, "llama", scale_floor=1e-30)
 
 
 @pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
