@@ -294,14 +294,28 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
     return Estimate(method, max(stages.values()), stages)
 
 
-def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, itemsize: int = 2) -> int:
-    """The most tokens whose batch-1 peak stays within ``card_bytes`` (0: not even 16)."""
+def longest(fits) -> int:
+    """The most tokens, to 16, for which ``fits(n)`` holds (it holds up to some n and not beyond; 0: not even 16)."""
     lo, hi = 0, 1 << 17
     while hi - lo > 16:
         mid = (lo + hi) // 2 // 16 * 16
-        ok = estimate(method, m, Run(mid, itemsize, Budgets.gpu(card_bytes))).peak <= card_bytes
-        lo, hi = (mid, hi) if ok else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, itemsize: int = 2) -> int:
+    """The most tokens whose batch-1 peak stays within ``card_bytes`` (0: not even 16)."""
+    return longest(lambda n: estimate(method, m, Run(n, itemsize, Budgets.gpu(card_bytes))).peak <= card_bytes)
+
+
+def per_batch(method: str, m: ModelShape, r: Run) -> tuple[int, int]:
+    """(fixed, each): a batch of b examples of ``r.n`` tokens peaks at about fixed + b x each bytes above the model's
+    weights (--batch-size auto). What does not grow with the batch: the block budgets (a block holds its budget
+    whatever the batch) and the LRP family's float64 copy of the model; everything else is one example's, b times."""
+    bare = replace(r, budgets=Budgets(0, 0, 0, 0, 0))  # the smallest blocks: one layer, one token, one row
+    copy = m.params * 8 if FORMULAS[method].stage == "float64 copy" else 0
+    one = estimate(method, m, bare).peak
+    return copy + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - copy
 
 
 # --- the table ------------------------------------------------------------------------------------------------
