@@ -25,19 +25,19 @@ def room_of(card: int, shape=LLAMA, itemsize: int = 2) -> int:
 
 def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_longest_input_that_fits():
     """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says grad_l2 fits up to 2,400 tokens, rollout
-    up to 3,248, norm fits; the refusal names grad_l2 (the shortest), the others that do not fit, and 2,400."""
+    up to 3,248, norm fits; the refusal names grad_l2 (the shortest) and 2,400, and every method that does not fit."""
     with pytest.raises(AttrscopeError) as err:
         auto_batch.modelled_size(["norm", "rollout", "grad_l2"], LLAMA, 4096, 2, room_of(CARD), mm.Budgets.gpu(CARD),
                                  1024)
     line = str(err.value)
     assert "\n" not in line
     need = mm.estimate("grad_l2", LLAMA, mm.Run(4096, 2, mm.Budgets.gpu(CARD))).peak - mm.weights(LLAMA, mm.Run(0))
-    assert line == (f"--batch-size auto: grad_l2 (and rollout) needs about {need / 2**30:.1f} GiB for one example of "
-                    f"4096 tokens, {room_of(CARD) / 2**30:.1f} GiB are free (the memory model, docs/scaling.md): the "
-                    "longest input that fits is about 2400 tokens; lower --max-length to 2400, or leave grad_l2 out")
+    assert line == (f"--batch-size auto: grad_l2 needs about {need / 2**30:.1f} GiB for one example of 4096 tokens, "
+                    f"{room_of(CARD) / 2**30:.1f} GiB are free (the memory model, docs/scaling.md): the longest input "
+                    "that fits is about 2400 tokens; lower --max-length to 2400, or leave out rollout and grad_l2")
     assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 2400  # the same boundary as the table's
     # none fits at all: no length to lower to
-    with pytest.raises(AttrscopeError, match="about 0 tokens; run on a device with more memory, or leave lrp out"):
+    with pytest.raises(AttrscopeError, match="about 0 tokens; run on a device with more memory, or leave out lrp"):
         auto_batch.modelled_size(["lrp"], LLAMA, 4096, 2, room_of(24 * mm.GB), mm.Budgets.gpu(24 * mm.GB), 8)
 
 

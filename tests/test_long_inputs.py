@@ -101,3 +101,33 @@ def test_the_export_of_a_long_store_reads_each_token_row_once_and_no_matrices(lo
     assert not [name for name in read if "matri" in name or "layer" in name or "grad_l2" in name]
     assert {name: size for name, size in read.items() if name.endswith("scores")} == {
         "methods/rollout/scores": tokens, "methods/norm/scores": tokens}
+
+
+def test_auto_on_the_cpu_refuses_a_long_input_the_memory_model_says_does_not_fit_before_measuring(
+        long_model, long_data, tmp_path, monkeypatch):
+    """--batch-memory-mb is the CPU's budget: rollout's captured attentions of 2,100 tokens (2 layers x 4 heads x
+    2,100^2 in float32, twice while stacked: about 280 MB) do not fit 100 MB; refused in one line naming rollout and
+    the memory model's longest input, before any batch is measured and before the store is made."""
+    import torch
+
+    from compute import memory
+    from compute import memory_model as mm
+    from compute.models import load_model
+    from compute.run.auto_batch import model_shape
+
+    def never(work):
+        raise AssertionError("a batch was measured")
+
+    monkeypatch.setattr(memory, "peak_bytes", never)
+    out = tmp_path / "o.h5"
+    line = one_line(invoke(long_data, "--model", long_model, "--device", "cpu", "--methods", "norm,rollout",
+                           "--max-length", MAX_LENGTH, "--batch-size", "auto", "--batch-memory-mb", 100, "-o", out))
+    assert not out.exists()
+    shape = model_shape(load_model(str(long_model), device=torch.device("cpu")), 2)
+    room = 100 << 20
+    longest = mm.longest(lambda n: sum(mm.per_batch("rollout", shape, mm.Run(n, 4, mm.Budgets.cpu()))) <= room)
+    assert 1000 < longest < MAX_LENGTH
+    # norm too: the forward's one layer of eager attention (4 x 2,100^2, scores and softmax) is about 140 MB
+    assert ": rollout needs about 0.3 GiB" in line and f"of {MAX_LENGTH} tokens, 0.1 GiB are free" in line
+    assert line.endswith(f"the longest input that fits is about {longest} tokens; lower --max-length to {longest}, "
+                         "or leave out norm and rollout")

@@ -212,12 +212,11 @@ def modelled_size(methods: list[str], shape: mm.ModelShape, n: int, itemsize: in
     if too_big:
         fit = {name: mm.longest(lambda k, name=name: peak(name, k) <= room) for name in too_big}
         worst = min(too_big, key=fit.get)
-        more = f" (and {', '.join(sorted(set(too_big) - {worst}))})" if len(too_big) > 1 else ""
         hint = f"lower --max-length to {fit[worst]}" if fit[worst] else "run on a device with more memory"
         raise AttrscopeError(
-            f"--batch-size auto: {worst}{more} needs about {peak(worst, n) / 2**30:.1f} GiB for one example of {n} "
-            f"tokens, {room / 2**30:.1f} GiB are free (the memory model, docs/scaling.md): the longest input that "
-            f"fits is about {fit[worst]} tokens; {hint}, or leave {worst} out")
+            f"--batch-size auto: {worst} needs about {peak(worst, n) / 2**30:.1f} GiB for one example of {n} tokens, "
+            f"{room / 2**30:.1f} GiB are free (the memory model, docs/scaling.md): the longest input that fits is "
+            f"about {fit[worst]} tokens; {hint}, or leave out {' and '.join(too_big)}")
     most = limit
     for name in known:
         fixed, each = mm.per_batch(name, shape, mm.Run(n, itemsize, budgets))
