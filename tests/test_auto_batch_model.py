@@ -33,8 +33,8 @@ def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_long
     assert "\n" not in line
     need = mm.estimate("grad_l2", LLAMA, mm.Run(4096, 2, mm.Budgets.gpu(CARD))).peak - mm.weights(LLAMA, mm.Run(0))
     assert line == (f"--batch-size auto: grad_l2 needs about {need / 2**30:.1f} GiB for one example of 4096 tokens, "
-                    f"{room_of(CARD) / 2**30:.1f} GiB are free (the memory model, docs/scaling.md): the longest input "
-                    "that fits is about 2400 tokens; lower --max-length to 2400, or leave out rollout and grad_l2")
+                    f"beyond the {room_of(CARD) / 2**30:.1f} GiB free (the memory model, docs/scaling.md): the longest "
+                    "input that fits is about 2400 tokens; lower --max-length to 2400, or leave out rollout and grad_l2")
     assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 2400  # the same boundary as the table's
     # none fits at all: no length to lower to
     with pytest.raises(AttrscopeError, match="about 0 tokens; run on a device with more memory, or leave out lrp"):
@@ -106,8 +106,10 @@ def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkey
                                         "cls", 8192, None, memory=gpu)
 
     if refused:
-        with pytest.raises(AttrscopeError, match="rollout needs about .* the longest input that fits is about 3248 "
-                                                 "tokens; lower --max-length to 3248"):
+        free = (CARD - mm.weights(LLAMA, mm.Run(0))) / 2**30
+        with pytest.raises(AttrscopeError, match=f"rollout needs about .* tokens, beyond the {free:.1f} GiB free on "
+                                                 "cuda .* the longest input that fits is about 3248 tokens; lower "
+                                                 "--max-length to 3248"):
             auto()
         assert gpu.runs == []
     else:

@@ -176,11 +176,12 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
 
     itemsize = next(lm.model.parameters()).dtype.itemsize
     if device.type != "cuda":
-        room, budgets = cpu_budget_mb << 20, mm.Budgets.cpu()
+        room, budgets, where = cpu_budget_mb << 20, mm.Budgets.cpu(), f"--batch-memory-mb {cpu_budget_mb}"
     else:
         memory = memory or DeviceMemory(device)
         room, budgets = memory.limit() - memory.allocated(), mm.Budgets.gpu(memory.total())
-    most = modelled_size(list(methods), model_shape(lm, num_labels), n, itemsize, room, budgets, limit)
+        where = f"the {room / 2**30:.1f} GiB free on {device}"
+    most = modelled_size(list(methods), model_shape(lm, num_labels), n, itemsize, room, budgets, limit, where)
 
     def run(size: int, part_tokens: dict | None = None, probe: Probe | None = None) -> None:
         # the confirming batch (with part budgets) runs each part-wise method on one part: the others repeat it
@@ -198,30 +199,25 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
 
 
 def modelled_size(methods: list[str], shape: mm.ModelShape, n: int, itemsize: int, room: int, budgets: mm.Budgets,
-                  limit: int) -> int:
+                  limit: int, where: str = "") -> int:
     """The most examples of ``n`` tokens (at most ``limit``) whose peak above the model's weights the memory model
-    (compute/memory_model.py: ``per_batch``) keeps within ``room`` bytes for each of ``methods`` (one without a
-    formula, a test's own, is left to the trials). One example that does not fit is refused in one line, naming the
-    method whose longest fitting input is the shortest and that length."""
-    def peak(name: str, length: int, batch: int = 1) -> int:
-        fixed, each = mm.per_batch(name, shape, mm.Run(length, itemsize, budgets))
-        return fixed + batch * each
+    (compute/memory_model.py: ``per_batch``) keeps within ``room`` bytes (``where``: what they are, for the message)
+    for each of ``methods`` (one without a formula, a test's own, is left to the trials). One example that does not
+    fit is refused in one line, naming the method whose longest fitting input is the shortest and that length."""
+    def peak(name: str, length: int) -> int:
+        return sum(mm.per_batch(name, shape, mm.Run(length, itemsize, budgets)))
 
-    known = [name for name in methods if name in mm.FORMULAS]
-    too_big = [name for name in known if peak(name, n) > room]
+    parts = {name: mm.per_batch(name, shape, mm.Run(n, itemsize, budgets)) for name in methods if name in mm.FORMULAS}
+    too_big = [name for name, (fixed, each) in parts.items() if fixed + each > room]
     if too_big:
         fit = {name: mm.longest(lambda k, name=name: peak(name, k) <= room) for name in too_big}
         worst = min(too_big, key=fit.get)
         hint = f"lower --max-length to {fit[worst]}" if fit[worst] else "run on a device with more memory"
         raise AttrscopeError(
-            f"--batch-size auto: {worst} needs about {peak(worst, n) / 2**30:.1f} GiB for one example of {n} tokens, "
-            f"{room / 2**30:.1f} GiB are free (the memory model, docs/scaling.md): the longest input that fits is "
-            f"about {fit[worst]} tokens; {hint}, or leave out {' and '.join(too_big)}")
-    most = limit
-    for name in known:
-        fixed, each = mm.per_batch(name, shape, mm.Run(n, itemsize, budgets))
-        most = min(most, max(1, (room - fixed) // max(each, 1)))
-    return most
+            f"--batch-size auto: {worst} needs about {sum(parts[worst]) / 2**30:.1f} GiB for one example of {n} "
+            f"tokens, beyond {where or f'the {room / 2**30:.1f} GiB free'} (the memory model, docs/scaling.md): the "
+            f"longest input that fits is about {fit[worst]} tokens; {hint}, or leave out {' and '.join(too_big)}")
+    return min([limit] + [max(1, (room - fixed) // max(each, 1)) for fixed, each in parts.values()])
 
 
 def model_shape(lm: LoadedModel, num_labels: int) -> mm.ModelShape:
