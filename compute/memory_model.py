@@ -5,8 +5,10 @@ Each method's peak is the model's weights and KV cache plus the largest of the s
 pass that captures what it ``needs`` (the layer lists kept in the model's dtype, then stacked and widened to float32,
 ``compute.adapters._stack_and_upcast``), or the gradient pass (every layer's activations kept for the backward), and
 then the method's own tensors. Only the terms that grow with the layers times n^2 or n d, or with the model, are
-counted: a term of one layer's n d is left out. ``python -m compute.memory_model`` prints the table;
-tests/test_memory_model.py holds the n^2 terms against the measured peak of a tiny model on the CPU.
+counted: a term of one layer's n d is left out. ``python -m compute.memory_model`` prints the table, ``--fits`` the
+fit tables of five public models (``MODELS``) on 24, 48 and 80 GB cards; --batch-size auto asks ``per_batch`` first
+(compute/run/auto_batch.py). tests/test_memory_model.py holds the n^2 terms against the measured peak of a tiny model
+on the CPU.
 """
 
 from __future__ import annotations
