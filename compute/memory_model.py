@@ -5,8 +5,10 @@ Each method's peak is the model's weights and KV cache plus the largest of the s
 pass that captures what it ``needs`` (the layer lists kept in the model's dtype, then stacked and widened to float32,
 ``compute.adapters._stack_and_upcast``), or the gradient pass (every layer's activations kept for the backward), and
 then the method's own tensors. Only the terms that grow with the layers times n^2 or n d, or with the model, are
-counted: a term of one layer's n d is left out. ``python -m compute.memory_model`` prints the table;
-tests/test_memory_model.py holds the n^2 terms against the measured peak of a tiny model on the CPU.
+counted: a term of one layer's n d is left out. ``python -m compute.memory_model`` prints the table, ``--fits`` the
+fit tables of five public models (``MODELS``) on 24, 48 and 80 GB cards; --batch-size auto asks ``per_batch`` first
+(compute/run/auto_batch.py). tests/test_memory_model.py holds the n^2 terms against the measured peak of a tiny model
+on the CPU.
 """
 
 from __future__ import annotations
@@ -31,19 +33,39 @@ class ModelShape:
     gated: bool = True  # SwiGLU: three d x d_ff matrices a layer (Llama, Mistral), else two
     kv_cache: bool = True  # a decoder's forward builds a KV cache (use_cache), kept with the output
     labels: int = 2  # a sequence-classification head
+    head_dim: int = 0  # each head's width (0: d / heads); Gemma 2's H d_h is wider than d
+    norms: int = 2  # norms a layer (Gemma 2's sandwich: four)
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
+    positions: int = 0  # max_position_embeddings: the longest input the model takes (0: not stated)
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.d // self.heads
 
     @property
     def d_kv(self) -> int:
-        return self.d * self.kv_heads // self.heads
+        return self.kv_heads * self.d_head
 
     @property
     def params(self) -> int:
-        per_layer = 2 * self.d * self.d + 2 * self.d * self.d_kv + (3 if self.gated else 2) * self.d * self.d_ff
-        return self.vocab * self.d + self.layers * (per_layer + 2 * self.d) + self.d + self.d * self.labels
+        d_q = self.heads * self.d_head
+        per_layer = 2 * self.d * d_q + 2 * self.d * self.d_kv + (3 if self.gated else 2) * self.d * self.d_ff
+        per_layer += self.qkv_bias * (d_q + 2 * self.d_kv) + self.norms * self.d
+        return self.vocab * self.d + self.layers * per_layer + self.d + self.d * self.labels
 
 
-LLAMA2_7B = ModelShape("Llama-2-7B", layers=32, d=4096, heads=32, kv_heads=32, d_ff=11008, vocab=32000)
-MISTRAL_7B = ModelShape("Mistral-7B", layers=32, d=4096, heads=32, kv_heads=8, d_ff=14336, vocab=32000)
+# The public configs (config.json on the Hugging Face hub), with a two-class head instead of the language model's
+LLAMA2_7B = ModelShape("Llama-2-7B", layers=32, d=4096, heads=32, kv_heads=32, d_ff=11008, vocab=32000,
+                       positions=4096)
+MISTRAL_7B = ModelShape("Mistral-7B", layers=32, d=4096, heads=32, kv_heads=8, d_ff=14336, vocab=32000,
+                        positions=32768)
+LLAMA3_8B = ModelShape("Llama-3-8B", layers=32, d=4096, heads=32, kv_heads=8, d_ff=14336, vocab=128256,
+                       positions=8192)
+QWEN25_7B = ModelShape("Qwen2.5-7B", layers=28, d=3584, heads=28, kv_heads=4, d_ff=18944, vocab=152064,
+                       qkv_bias=True, positions=131072)
+GEMMA2_9B = ModelShape("Gemma-2-9B", layers=42, d=3584, heads=16, kv_heads=8, d_ff=14336, vocab=256000,
+                       head_dim=256, norms=4, positions=8192)
+MODELS = (LLAMA2_7B, MISTRAL_7B, LLAMA3_8B, QWEN25_7B, GEMMA2_9B)
 
 
 @dataclass(frozen=True)
@@ -274,14 +296,28 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
     return Estimate(method, max(stages.values()), stages)
 
 
-def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, itemsize: int = 2) -> int:
-    """The most tokens whose batch-1 peak stays within ``card_bytes`` (0: not even 16)."""
+def longest(fits) -> int:
+    """The most tokens, to 16, for which ``fits(n)`` holds (it holds up to some n and not beyond; 0: not even 16)."""
     lo, hi = 0, 1 << 17
     while hi - lo > 16:
         mid = (lo + hi) // 2 // 16 * 16
-        ok = estimate(method, m, Run(mid, itemsize, Budgets.gpu(card_bytes))).peak <= card_bytes
-        lo, hi = (mid, hi) if ok else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, itemsize: int = 2) -> int:
+    """The most tokens whose batch-1 peak stays within ``card_bytes`` (0: not even 16)."""
+    return longest(lambda n: estimate(method, m, Run(n, itemsize, Budgets.gpu(card_bytes))).peak <= card_bytes)
+
+
+def per_batch(method: str, m: ModelShape, r: Run) -> tuple[int, int]:
+    """(fixed, each): a batch of b examples of ``r.n`` tokens peaks at about fixed + b x each bytes above the model's
+    weights (--batch-size auto). What does not grow with the batch: the block budgets (a block holds its budget
+    whatever the batch) and the LRP family's float64 copy of the model; everything else is one example's, b times."""
+    bare = replace(r, budgets=Budgets(0, 0, 0, 0, 0))  # the smallest blocks: one layer, one token, one row
+    copy = m.params * 8 if FORMULAS[method].stage == "float64 copy" else 0
+    one = estimate(method, m, bare).peak
+    return copy + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - copy
 
 
 # --- the table ------------------------------------------------------------------------------------------------
@@ -313,11 +349,80 @@ def chunk_table(n: int = 4096, card_bytes: int = CARD_BYTES) -> str:
     return head + "\n" + "\n".join(rows)
 
 
+FIT_LENGTHS = (4096, 16384)
+FIT_CARDS_GB = (24, 48, 80)
+# docs/scaling.md's generated fit tables lie between these lines (``--fits --write`` replaces them)
+FITS_BEGIN = "<!-- fit tables: python -m compute.memory_model --fits --write docs/scaling.md -->"
+FITS_END = "<!-- end of the fit tables -->"
+
+
+def shapes_table(models=MODELS) -> str:
+    """The shapes the fit tables are computed from."""
+    lines = ["| model | layers | d | heads | KV heads | head dim | d_ff | vocab | positions | parameters (two-class "
+             "head) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        lines.append(f"| {m.name} | {m.layers} | {m.d} | {m.heads} | {m.kv_heads} | {m.d_head} | {m.d_ff} | "
+                     f"{m.vocab:,} | {m.positions:,} | {m.params / 1e9:.2f}B |")
+    return "\n".join(lines)
+
+
+def fit_table(m: ModelShape, lengths=FIT_LENGTHS, cards_gb=FIT_CARDS_GB, itemsize: int = 2) -> str:
+    """Every method's batch-1 peak on ``m`` at each of ``lengths`` and, per card, whether it fits at each length and
+    the longest input that fits (block budgets as on that card)."""
+    from .methods import REGISTRY
+
+    head = " / ".join(f"{n:,}" for n in lengths)
+    lines = ["| method | " + " | ".join(f"GB at {n:,}" for n in lengths) + " | "
+             + " | ".join(f"{c} GB: fits {head}; longest n" for c in cards_gb) + " |",
+             "|---" * (1 + len(lengths) + len(cards_gb)) + "|"]
+    for name in REGISTRY:
+        peaks = [estimate(name, m, Run(n, itemsize, Budgets.gpu(max(cards_gb) * GB))).peak for n in lengths]
+        cells = []
+        for c in cards_gb:
+            card = c * GB
+            fits = ["yes" if estimate(name, m, Run(n, itemsize, Budgets.gpu(card))).peak <= card else "no"
+                    for n in lengths]
+            cells.append(" / ".join(fits) + f"; {longest_fitting(name, m, card, itemsize) or 'none'}")
+        lines.append(f"| {name} | " + " | ".join(f"{p / GB:.1f}" for p in peaks) + " | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def fit_tables(models=MODELS) -> str:
+    """docs/scaling.md's generated block: the shapes, then one fit table per model, in bfloat16 at batch 1."""
+    parts = [shapes_table(models)]
+    for m in models:
+        parts += [f"**{m.name}** (bfloat16, batch 1; GB at the {max(FIT_CARDS_GB)} GB card's block budgets):",
+                  fit_table(m)]
+    return "\n\n".join(parts)
+
+
+def write_fits(path: str) -> None:
+    """Replace the fit tables between FITS_BEGIN and FITS_END in ``path`` with :func:`fit_tables`."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    begin, end = text.find(FITS_BEGIN), text.find(FITS_END)
+    if begin < 0 or end < begin:
+        raise SystemExit(f"{path}: no lines '{FITS_BEGIN}' ... '{FITS_END}' to replace: add them where the tables go")
+    text = text[:begin] + FITS_BEGIN + "\n\n" + fit_tables() + "\n\n" + text[end:]
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", type=int, default=4096, help="tokens [4096]")
     ap.add_argument("--card-gb", type=int, default=CARD_BYTES // GB, help="the card's memory in GB [80]")
+    ap.add_argument("--fits", action="store_true",
+                    help=f"the fit tables instead: {', '.join(m.name for m in MODELS)} at "
+                         f"{' and '.join(map(str, FIT_LENGTHS))} tokens on {', '.join(map(str, FIT_CARDS_GB))} GB")
+    ap.add_argument("--write", metavar="DOC", help="with --fits: replace the fit tables in DOC (docs/scaling.md)")
     a = ap.parse_args(argv)
+    if a.fits:
+        if a.write:
+            write_fits(a.write)
+        else:
+            print(fit_tables())
+        return
     print(table(a.n, a.card_gb * GB))
     print()
     print(chunk_table(a.n, a.card_gb * GB))

@@ -124,7 +124,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            parse=batch_size_value, check=batch_size_check,
            help="The most examples in a batch; auto: on CUDA the token budget (and the parts of the n^2 methods) "
                 "that a memory model from trial batches says fit the GPU, recorded in the store; "
-                f"{DEFAULT_BATCH_SIZE} on CPU. A batch that runs out of GPU memory is halved and retried."),
+                f"{DEFAULT_BATCH_SIZE} on CPU. Under auto, a longest example that the methods' memory model "
+                "(docs/scaling.md) says does not fit is refused before anything runs. A batch that runs out of GPU "
+                "memory is halved and retried."),
     Option("batch_tokens", type=int, metavar="N", resume=True, check=at_least(1),
            help="The most padded tokens in a batch (examples x its longest example); a batch is also cut where "
                 "padding would add more than 15% to its tokens (a length bucket) [default: "

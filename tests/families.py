@@ -193,3 +193,26 @@ def matrix_markdown() -> str:
     lines = ["| method | " + " | ".join(MATRIX_FAMILIES) + " |", "|---|" + "---|" * len(MATRIX_FAMILIES)]
     lines += [f"| `{name}` | " + " | ".join(row[f] for f in MATRIX_FAMILIES) + " |" for name, row in m.items()]
     return "\n".join(lines)
+
+
+def write_long_model_dir(path: Path, positions: int = 8192, seed: int = 0,
+                         model_max_length: int | None = None) -> Path:
+    """A saved tiny Llama sequence classifier (2 layers, d 32, 4 heads, rotary positions) that takes ``positions``
+    tokens, with conftest's WordPiece tokenizer (``model_max_length``: what the tokenizer declares, if anything):
+    long documents (issue 36)."""
+    import json
+
+    from conftest import tiny_model, write_tiny_model_dir
+
+    write_tiny_model_dir(path, "bert", seed=seed)  # the tokenizer (and a BERT model, replaced below)
+    for f in ("model.safetensors", "config.json"):
+        (path / f).unlink()
+    model = tiny_model("llama", seed=seed, dtype=torch.float32, layers=2)
+    model.config.max_position_embeddings = positions
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    model.save_pretrained(path)
+    if model_max_length is not None:
+        config = path / "tokenizer_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": model_max_length}))
+    return path

@@ -33,10 +33,62 @@ def test_the_shapes_are_the_published_models():
     assert mm.MISTRAL_7B.d_kv == 1024
 
 
+def test_the_shapes_of_the_other_models_are_their_published_parameter_counts():
+    """Llama-3-8B and Qwen2.5-7B (untied language-model heads; Qwen's q, k, v biases), Gemma-2-9B (the head is the
+    embedding: tied; head_dim 256 with 16 heads, so H d_h = 4096 beside d 3584; four norms a layer)."""
+    def with_lm_head(s, tied=False):
+        return s.params - s.d * s.labels + (0 if tied else s.vocab * s.d)
+
+    assert with_lm_head(mm.LLAMA3_8B) == 8_030_261_248
+    assert with_lm_head(mm.QWEN25_7B) == 7_615_616_512
+    assert with_lm_head(mm.GEMMA2_9B, tied=True) == 9_241_705_984
+    assert (mm.LLAMA3_8B.d_kv, mm.QWEN25_7B.d_kv, mm.GEMMA2_9B.d_kv) == (1024, 512, 2048)
+    assert mm.MODELS == (mm.LLAMA2_7B, mm.MISTRAL_7B, mm.LLAMA3_8B, mm.QWEN25_7B, mm.GEMMA2_9B)
+
+
 def test_scaling_doc_holds_the_generated_tables():
     doc = (REPO / "docs" / "scaling.md").read_text()
     assert mm.table() in doc, "docs/scaling.md's memory table is stale: paste `python -m compute.memory_model`"
     assert mm.chunk_table() in doc, "docs/scaling.md's chunk table is stale: paste `python -m compute.memory_model`"
+
+
+def test_scaling_doc_holds_the_generated_fit_tables_of_the_five_models():
+    """The block between the markers is exactly what `python -m compute.memory_model --fits` prints, and --write
+    puts it there (a stale block is replaced, the text around it kept)."""
+    doc = (REPO / "docs" / "scaling.md").read_text()
+    block = doc[doc.index(mm.FITS_BEGIN) + len(mm.FITS_BEGIN):doc.index(mm.FITS_END)]
+    assert block.strip() == mm.fit_tables(), \
+        "docs/scaling.md's fit tables are stale: python -m compute.memory_model --fits --write docs/scaling.md"
+    for m in mm.MODELS:
+        assert f"**{m.name}**" in block and f"| {m.name} | {m.layers} | {m.d} | {m.heads} | {m.kv_heads} |" in block
+
+
+def test_fits_write_replaces_the_block_and_keeps_the_rest(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(mm, "fit_tables", lambda: "| the | tables |")  # the tables themselves: the test above
+    doc = tmp_path / "scaling.md"
+    doc.write_text(f"before\n{mm.FITS_BEGIN}\nstale\n{mm.FITS_END}\nafter\n")
+    mm.main(["--fits", "--write", str(doc)])
+    assert doc.read_text() == f"before\n{mm.FITS_BEGIN}\n\n| the | tables |\n\n{mm.FITS_END}\nafter\n"
+    mm.main(["--fits"])
+    assert capsys.readouterr().out == "| the | tables |\n"
+    doc.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no lines"):
+        mm.main(["--fits", "--write", str(doc)])
+
+
+def test_a_fit_table_row_is_the_estimates():
+    """One row by hand: Gemma-2-9B's norm at 4,096 and 16,384 tokens, and its verdicts and longest inputs per card."""
+    table = mm.fit_table(mm.GEMMA2_9B)
+    row = next(line for line in table.splitlines() if line.startswith("| norm |"))
+    peak = [mm.estimate("norm", mm.GEMMA2_9B, mm.Run(n, 2, mm.Budgets.gpu(80 * mm.GB))).peak for n in (4096, 16384)]
+    cells = [f"{p / mm.GB:.1f}" for p in peak]
+    for c in (24, 48, 80):
+        card = c * mm.GB
+        fits = [mm.estimate("norm", mm.GEMMA2_9B, mm.Run(n, 2, mm.Budgets.gpu(card))).peak <= card
+                for n in (4096, 16384)]
+        longest = mm.longest_fitting("norm", mm.GEMMA2_9B, card)
+        cells.append(" / ".join("yes" if f else "no" for f in fits) + f"; {longest}")
+    assert row == "| norm | " + " | ".join(cells) + " |"
 
 
 def test_the_7b_verdicts():

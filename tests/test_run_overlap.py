@@ -252,6 +252,9 @@ class FakeGPU:
     def limit(self):
         return self.capacity
 
+    def total(self):
+        return self.capacity
+
     def run(self, size, part_tokens=None, probe=None):
         from compute.run.dispatch import Probe
 
@@ -373,10 +376,12 @@ def test_auto_batching_runs_copies_of_the_longest_example_on_cuda(monkeypatch):
     lengths = [5, 40, 12, 40, 7] * 100  # 500 examples, the longest 40 tokens
     tok = Tokenized([[1] * n for n in lengths], None, None, [[0] * n for n in lengths], lengths)
     cuda = torch.device("cuda")
-    config = SimpleNamespace(hidden_size=32, intermediate_size=64)
-    lm = SimpleNamespace(model=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(device=cuda)]), config=config),
+    config = SimpleNamespace(hidden_size=32, intermediate_size=64, vocab_size=120)
+    lm = SimpleNamespace(model=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(device=cuda,
+                                                                                          dtype=torch.float32)]),
+                                               config=config),
                          tokenizer=SimpleNamespace(pad_token_id=0),
-                         adapter=SimpleNamespace(n_layers=3, n_heads=4))
+                         adapter=SimpleNamespace(n_layers=3, n_heads=4, n_kv_heads=4, decoder=False))
     gpu, seen = FakeGPU(40 * GB, {"forward": STAGES["forward"], "rollout": STAGES["rollout"]}), []
 
     def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,

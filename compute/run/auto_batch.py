@@ -1,5 +1,10 @@
 """--batch-size auto: how the run batches when asked to choose.
 
+First, before anything runs, the memory model of compute/memory_model.py (each method's peak from the model's shapes)
+for the run's methods at the longest example's length: a run whose one example does not fit the memory (on CUDA what
+is free, on the CPU --batch-memory-mb) is refused in one line naming the method and the longest input that fits,
+and no batch larger than the model lets fit is tried (``modelled_size``).
+
 On CUDA, a memory model of every stage of a batch (the forward pass, each method), from two trial batches of one
 and two copies of the run's longest example: the memory each stage starts from (the captured forward, what earlier
 methods keep) and what it adds while it runs, each a line in the batch size, the slope at least what the method
@@ -16,10 +21,11 @@ On the CPU, with ``--batch-memory-mb``, the largest batch whose measured peak re
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import memory_model as mm
 from ..errors import AttrscopeError
 from ..methods import Method
 from ..methods._internals.base import Shape
@@ -63,6 +69,10 @@ class DeviceMemory:
 
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
+
+    def total(self) -> int:
+        """The card's memory (the methods' GPU block budgets are a share of it)."""
+        return torch.cuda.get_device_properties(self.device).total_memory
 
     def allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device)
@@ -164,6 +174,15 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     limit = min(AUTO_BATCH_LIMIT, len(tok))
 
+    itemsize = next(lm.model.parameters()).dtype.itemsize
+    if device.type != "cuda":
+        room, budgets, where = cpu_budget_mb << 20, mm.Budgets.cpu(), f"--batch-memory-mb {cpu_budget_mb}"
+    else:
+        memory = memory or DeviceMemory(device)
+        room, budgets = memory.limit() - memory.allocated(), mm.Budgets.gpu(memory.total())
+        where = f"the {room / 2**30:.1f} GiB free on {device}"
+    most = modelled_size(list(methods), model_shape(lm, num_labels), n, itemsize, room, budgets, limit, where)
+
     def run(size: int, part_tokens: dict | None = None, probe: Probe | None = None) -> None:
         # the confirming batch (with part budgets) runs each part-wise method on one part: the others repeat it
         launch_batch(lm, methods, encode(tok, [longest] * size, pad_id, device), rows.take([longest] * size),
@@ -171,9 +190,45 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
                      first_part_only=part_tokens is not None, heads=heads).result()
 
     if device.type != "cuda":
-        return _cpu_batching(run, cpu_budget_mb, limit, n, tokens_asked, device)
-    memory = memory or DeviceMemory(device)
-    return cuda_batching(run, memory, methods, _shape(lm, n), limit, tokens_asked, device)
+        batching = _cpu_batching(run, cpu_budget_mb, most, n, tokens_asked, device)
+    else:
+        batching = cuda_batching(run, memory, methods, _shape(lm, n), most, tokens_asked, device)
+    if most < limit:
+        batching = replace(batching, how=f"{batching.how}; at most {most} by the memory model")
+    return batching
+
+
+def modelled_size(methods: list[str], shape: mm.ModelShape, n: int, itemsize: int, room: int, budgets: mm.Budgets,
+                  limit: int, where: str = "") -> int:
+    """The most examples of ``n`` tokens (at most ``limit``) whose peak above the model's weights the memory model
+    (compute/memory_model.py: ``per_batch``) keeps within ``room`` bytes (``where``: what they are, for the message)
+    for each of ``methods`` (one without a formula, a test's own, is left to the trials). One example that does not
+    fit is refused in one line, naming the method whose longest fitting input is the shortest and that length."""
+    def peak(name: str, length: int) -> int:
+        return sum(mm.per_batch(name, shape, mm.Run(length, itemsize, budgets)))
+
+    parts = {name: mm.per_batch(name, shape, mm.Run(n, itemsize, budgets)) for name in methods if name in mm.FORMULAS}
+    too_big = [name for name, (fixed, each) in parts.items() if fixed + each > room]
+    if too_big:
+        fit = {name: mm.longest(lambda k, name=name: peak(name, k) <= room) for name in too_big}
+        worst = min(too_big, key=fit.get)
+        hint = f"lower --max-length to {fit[worst]}" if fit[worst] else "run on a device with more memory"
+        raise AttrscopeError(
+            f"--batch-size auto: {worst} needs about {sum(parts[worst]) / 2**30:.1f} GiB for one example of {n} "
+            f"tokens, beyond {where or f'the {room / 2**30:.1f} GiB free'} (the memory model, docs/scaling.md): the "
+            f"longest input that fits is about {fit[worst]} tokens; {hint}, or leave out {' and '.join(too_big)}")
+    return min([limit] + [max(1, (room - fixed) // max(each, 1)) for fixed, each in parts.values()])
+
+
+def model_shape(lm: LoadedModel, num_labels: int) -> mm.ModelShape:
+    """The memory model's shape of the loaded model (its config and adapter)."""
+    config, adapter = lm.model.config, lm.adapter
+    shape = _shape(lm, 0)
+    block = getattr(adapter, "block", None)
+    return mm.ModelShape(getattr(config, "model_type", "model"), layers=shape.layers, d=shape.d, heads=shape.heads,
+                         kv_heads=adapter.n_kv_heads, d_ff=shape.d_ff, vocab=int(getattr(config, "vocab_size", 0)),
+                         gated=block is not None and block.mlp_kind != "plain", kv_cache=adapter.decoder,
+                         labels=num_labels, head_dim=int(getattr(config, "head_dim", None) or 0))
 
 
 def cuda_batching(run: Callable, memory: DeviceMemory, methods: dict[str, Method], shape: Shape, limit: int,

@@ -88,13 +88,16 @@ def task_columns(cfg, lm: LoadedModel) -> dict:
 
 
 def max_length(asked: int | None, lm: LoadedModel) -> int:
-    limit = int(getattr(lm.model.config, "max_position_embeddings", 512))
+    """--max-length, at most the model's positions; by default the positions or the tokenizer's declared length,
+    whichever is shorter (a tokenizer's model_max_length is its default truncation, not the model's limit: some
+    checkpoints declare less than the model takes)."""
+    positions = int(getattr(lm.model.config, "max_position_embeddings", 512))
     if lm.info["model_type"] in ("roberta", "xlm-roberta", "camembert"):
-        limit -= 2  # positions start after padding_idx
-    tok_max = getattr(lm.tokenizer, "model_max_length", limit) or limit
-    limit = min(limit, tok_max if tok_max < 1_000_000 else limit)
+        positions -= 2  # positions start after padding_idx
     if asked is None:
-        return limit
-    if asked > limit:
-        raise UsageError(f"--max-length {asked} exceeds what the model accepts ({limit})")
+        tok_max = getattr(lm.tokenizer, "model_max_length", positions) or positions
+        return min(positions, tok_max if tok_max < 1_000_000 else positions)
+    if asked > positions:
+        raise UsageError(f"--max-length {asked} exceeds the model's {positions} positions (max_position_embeddings): "
+                         f"use at most {positions}")
     return asked
