@@ -261,14 +261,14 @@ def _set_version(path: Path, version: str) -> None:
 def test_newer_minor_version_warns(tmp_path):
     path = tmp_path / "minor.h5"
     make_store(str(path))
-    _set_version(path, "1.7.0")
-    with pytest.warns(UserWarning, match="1.7.0"):
+    _set_version(path, "2.1.0")
+    with pytest.warns(UserWarning, match="2.1.0"):
         s = open_store(path)
     with s:
         assert len(s) == 12
 
 
-@pytest.mark.parametrize("version", ["2.0.0", "0.9.1"])
+@pytest.mark.parametrize("version", ["3.0.0", "0.9.1"])
 def test_other_major_version_raises(tmp_path, version):
     path = tmp_path / "major.h5"
     make_store(str(path))
@@ -276,7 +276,7 @@ def test_other_major_version_raises(tmp_path, version):
     with pytest.raises(StoreError) as info:
         open_store(path)
     msg = one_line(str(info.value))
-    assert version in msg and "1.x" in msg
+    assert version in msg and "reads formats 1.x to 2.x" in msg and "\n" not in str(info.value)
 
 
 def test_not_hdf5_raises(tmp_path):
@@ -614,7 +614,7 @@ def test_resume_rewrites_a_format_1_2_store_in_the_current_format(tmp_path):
     w.append([_fixture_example(10), _fixture_example(11)])
     w.close(complete=True)
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "1.6.0" and len(s) == 12
+        assert s.format_version == ENCODING_VERSION == "2.0.0" and len(s) == 12
         for i in range(12):
             assert_example(s[i], _fixture_example(i))
             np.testing.assert_array_equal(s[i].evidence, _fixture_example(i).evidence)
@@ -948,7 +948,7 @@ def test_adding_metrics_to_a_format_1_2_store_keeps_its_metrics(tmp_path):
     new = _metric("logat", "sufficiency", 10, 3)
     add_metrics(str(path), [new])
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "1.6.0" and s.complete and len(s) == 10
+        assert s.format_version == ENCODING_VERSION == "2.0.0" and s.complete and len(s) == 10
         _assert_metric(s, new)
         np.testing.assert_allclose(s.metric_values("rollout", "aopc@attcat"), np.linspace(-0.5, 0.5, 10), rtol=1e-6)
         for i in range(10):
