@@ -2,9 +2,9 @@
 how long every flat dataset is after a given committed example. The writer, its resume copy and the reader all
 derive their datasets from here. docs/store.md documents it for users.
 
-Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
+Layout (format 2.0; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
 the task: root attr task, the index's task fields and /examples/task, 1.5 the per-head attention: root attr heads,
-/heads/attention, 1.6 /examples/digests):
+/heads/attention, 1.6 /examples/digests, 2.0 generation: the index's step fields, /steps, step_scores):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete),
@@ -32,7 +32,14 @@ the task: root attr task, the index's task fields and /examples/task, 1.5 the pe
     /methods/<name>/layer_scores  float32 [T * V]        per example a [V, n] block (V = n_layer_views)
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
     /methods/<name>/class_scores  float32 [T * C]        per example a [C, n] block (--target all)
-    /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta")
+    /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta"),
+                                                          in a generation store one per step [S]
+    /methods/<name>/step_scores   float32 [G]            generation (2.0): per example a [T, n] block at grid_off, row t
+                                                          the attribution of the token generated at step t (position
+                                                          prompt_len + t) over the tokens before it, NaN from there on
+    /methods/<name>/step_layer_scores float32 [G * V]    generation: per example a [T, V, n] block (NaN as above)
+    /steps/probs, output, foil_ids, foil_probs   [S]     generation: per step p(token), the explained output, the
+                                                          foil (-1: none) and p(foil) (NaN: none), at step_off
     /methods/<name>/scale/summary float64 [K, 6]         per view (final, layer 1..V, matrix layer 1..L): count, min,
     /methods/<name>/scale/hist    int64   [K, B]         max, max |x|, sum, sum of squares; histogram of |x| (1.3,
                                                           written when the store is complete)

@@ -568,6 +568,7 @@ def test_refresh_across_index_chunks(tmp_path, writer_factory):
 
 FIXTURE_1_2 = TESTS / "fixtures" / "store-1.2.h5"  # written by the format-1.2 writer (commit 5adfd87), see README there
 FIXTURE_1_3 = TESTS / "fixtures" / "store-1.3.h5"  # the same content by the format-1.3 writer (make_store_1_3.py)
+FIXTURE_1_6 = TESTS / "fixtures" / "store-1.6.h5"  # and by the format-1.6 writer (commit b3bbb1a), with digests
 
 
 def _fixture_example(i: int) -> ExampleData:
@@ -576,7 +577,7 @@ def _fixture_example(i: int) -> ExampleData:
     return ex
 
 
-@pytest.mark.parametrize("fixture, version", [(FIXTURE_1_2, "1.2.0"), (FIXTURE_1_3, "1.3.0")])
+@pytest.mark.parametrize("fixture, version", [(FIXTURE_1_2, "1.2.0"), (FIXTURE_1_3, "1.3.0"), (FIXTURE_1_6, "1.6.0")])
 def test_reads_a_format_1_2_or_1_3_store(fixture, version):
     """Stores written by earlier writers (checked in) read as they were written."""
     with open_store(fixture) as s:
