@@ -85,7 +85,7 @@ class CompareScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- data
     def _show(self) -> None:
-        cached = self.app.cache.get(self.index)
+        cached = self.app.example(self.index)
         if cached is not None:
             self.example = cached
             self._draw()
@@ -108,7 +108,7 @@ class CompareScreen(ModalScreen[None]):
     def _loaded(self, ex: LoadedExample) -> None:
         self.app.cache.put(ex.index, ex)
         if ex.index == self.index:
-            self.example = ex
+            self.example = ex.at_step(self.app.step)
             self._draw()
 
     # ---------------------------------------------------------------- drawing
@@ -125,10 +125,11 @@ class CompareScreen(ModalScreen[None]):
         ex, app = self.example, self.app
         if ex is None:
             return
+        ex = ex.at_step(app.step)  # a generation store's: the step cursor's token, as on the browse screen
         methods = [m for m in self.methods if m in ex.scores]
         signed = self._signed()
         raw = {m: ex.scores[m] for m in methods}
-        sc = scales(raw, signed, self.shared, app.scale_keep(ex, methods))
+        sc = {m: ex.cut(v) for m, v in scales(raw, signed, self.shared, app.scale_keep(ex, methods)).items()}
         k = self.top
         first = raw[methods[0]]
         table = Table(box=None, pad_edge=False, padding=(0, 1), header_style=Style(bold=True))
@@ -227,7 +228,7 @@ class CompareScreen(ModalScreen[None]):
 
     def action_export(self) -> None:
         if self.example is not None:
-            self.app.export_figure(self.example, self.methods, shared=self.shared)
+            self.app.export_figure(self.example.at_step(self.app.step), self.methods, shared=self.shared)
 
     def action_close(self) -> None:
         self.dismiss(None)
