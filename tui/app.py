@@ -451,9 +451,9 @@ class AttrApp(App[int]):
     def set_step(self, step: int) -> None:
         """The step cursor to generated token ``step`` (clamped to the current example's); every screen follows."""
         ex = self.cache.get(self.current) if self.current is not None else None
-        if ex is None or ex.steps is None:
+        if ex is None or ex.steps is None or not ex.steps.n:  # no steps here: the cursor stays for the next example
             return
-        self.step = min(max(step, 0), max(ex.steps.n - 1, 0))
+        self.step = min(max(step, 0), ex.steps.n - 1)
         self.token = None
         for screen in self.screen_stack:
             redraw = getattr(screen, "redraw", None)

@@ -130,7 +130,7 @@ def generation_lines(task: dict, n: int) -> list[Text]:
     more = Text(no_wrap=True, overflow="ellipsis")
     T, P = task.get("n_steps", 0), task.get("prompt_len", n)
     if task.get("step", -1) < 0:
-        step.append("no generated tokens: the model ended at the first step", DIM)
+        step.append("no generated tokens (EOS first)", DIM)
         more.append(f"prompt {n} tokens", DIM)
         return [step, more]
     step.append(f"<step {task['step'] + 1}/{T}> ", DIM)  # < and > move it
@@ -141,7 +141,7 @@ def generation_lines(task: dict, n: int) -> list[Text]:
         step.append(" vs ", DIM)
         step.append(_word(task["foil_word"], task["foil_token"]), BOLD)
         step.append(f" {_number(task['foil_prob'])}")
-    more.append("logit difference " if foil else "logit ", DIM)
+    more.append("logit diff. " if foil else "logit ", DIM)
     more.append(_signed(task["output"]) if foil else _number(task["output"]))
     more.append(f"  prompt {P} + {T} generated", DIM)
     return [step, more]

@@ -231,7 +231,7 @@ class GenerationScreen(ModalScreen[None]):
         status.append(printable(ex.tokens[k0]) if k0 < len(ex.tokens) else "?", Style(bold=True))
         status.append(f" ({k0 + 1}{'' if geom.fc == 1 else f'-{min(k0 + geom.fc, len(ex.tokens))}'})  ", _DIM)
         v = float(self.grid(ex)[ex.step, k0]) if geom.fc == 1 else float(cells[r, c])
-        status.append("no attribution (at or after the target)" if not np.isfinite(v) else
+        status.append("none: at or after the target" if not np.isfinite(v) else
                       format_score(v) + ("" if geom.fc == 1 else " (block mean)"))
         return status
 
