@@ -6,6 +6,9 @@ synthetic writer (tests/generation_stores.py: no model, no torch); at 80x24 and 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -260,3 +263,44 @@ def test_snapshot_generation_no_color(snap_compare, gen_store, monkeypatch):
 
     set_color_env(monkeypatch, no_color=True)
     assert snap_compare(create_app(gen_store), terminal_size=(80, 24), run_before=_run("j", "greater_than_sign"))
+
+
+def test_snapshot_generation_heatmap_no_color(snap_compare, gen_store, monkeypatch):
+    from tui.app import create_app
+
+    set_color_env(monkeypatch, no_color=True)
+    assert snap_compare(create_app(gen_store), terminal_size=(80, 24), run_before=_run("j", "v", "down"))
+
+
+# ---------------------------------------------------------------- a real terminal
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux installed")
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_steps_and_heatmap_in_tmux(gen_store, tmp_path, size):
+    """attr-tui in tmux: the step cursor, the heatmap at the step, export, and q twice ends it with status 0."""
+    from test_tui_tmux import ROOT, _tmux, _wait
+
+    sock = f"attr-tui-gen-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    env = f"env PYTHONPATH={ROOT} TERM=xterm-256color"
+    cmd = f"sh -c 'cd {tmp_path} && {env} {sys.executable} -m tui.cli {gen_store}; echo $? > {status}'"
+
+    def pane() -> str:
+        return _tmux(sock, "capture-pane", "-p")
+
+    try:
+        _tmux(sock, "-f", os.devnull, "new-session", "-d", "-x", str(size[0]), "-y", str(size[1]), "-c", str(ROOT),
+              cmd)
+        assert _wait(lambda: "<step 1/3> ▸Ġthe" in pane()), pane()
+        _tmux(sock, "send-keys", ">")
+        assert _wait(lambda: "<step 2/3> ▸Ġmat" in pane()), pane()
+        _tmux(sock, "send-keys", "e")
+        assert _wait(lambda: any(p.name.endswith("-step2-attention.svg") for p in tmp_path.iterdir())), pane()
+        _tmux(sock, "send-keys", "v")
+        assert _wait(lambda: "step 2/3 ▸Ġmat" in pane() and "3 steps × 7 tokens" in pane()), pane()
+        _tmux(sock, "send-keys", "q")
+        assert _wait(lambda: "<step 2/3> ▸Ġmat" in pane()), pane()
+        _tmux(sock, "send-keys", "q")
+        assert _wait(status.exists, 20), pane()
+        assert _wait(lambda: status.read_text().strip() != "", 5) and status.read_text().strip() == "0"
+    finally:
+        _tmux(sock, "kill-server")

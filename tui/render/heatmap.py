@@ -21,6 +21,7 @@ from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, sign_mark, token
 UPPER_HALF = "▀"
 CURSOR_MARK = "●"  # the cursor's cell when a line draws one row: on the cell's own colour, or reversed without colour
 CURSOR_STYLE = Style(reverse=True, bold=True)
+NO_VALUE_MARK = "·"  # a cell without a value, drawn without colour
 
 
 def block_factor(n: int, room: int) -> int:
@@ -67,8 +68,11 @@ def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] 
             t = Text(no_wrap=True, overflow="crop")
             for c in range(C):
                 x = v[r, c]
-                if not np.isfinite(x):  # no value: blank (block_nanmean)
-                    t.append((CURSOR_MARK.center(cell_width), CURSOR_STYLE) if cursor == (r, c) else " " * cell_width)
+                if not np.isfinite(x):  # no value (block_nanmean): a dim dot, apart from the blank of the lowest fifth
+                    if cursor == (r, c):
+                        t.append(CURSOR_MARK.center(cell_width), CURSOR_STYLE)
+                    else:
+                        t.append(NO_VALUE_MARK.center(cell_width), Style(dim=True))
                     continue
                 if cell_width == 1:
                     ch = sign_mark(x) if x < 0 else glyph(x)  # a negative cell shows its sign, not its size
