@@ -124,9 +124,9 @@ class LoadedExample:
                            explain_pos=-1, step=-1, upto=0, task={**(self.task or {}), "step": -1})
         t = min(max(int(t), 0), s.n - 1)
         pos = s.prompt_len + t
-        task = {"task": "generate", "step": t, "n_steps": s.n, "prompt_len": s.prompt_len, "target_word": self.tokens[pos],
-                "prob": float(s.probs[t]), "output": float(s.outputs[t]), "foil_token": int(s.foil_tokens[t]),
-                "foil_word": s.foil_words[t], "foil_prob": float(s.foil_probs[t])}
+        task = {"task": "generate", "step": t, "n_steps": s.n, "prompt_len": s.prompt_len,
+                "target_word": self.tokens[pos], "prob": float(s.probs[t]), "output": float(s.outputs[t]),
+                "foil_token": int(s.foil_tokens[t]), "foil_word": s.foil_words[t], "foil_prob": float(s.foil_probs[t])}
         return replace(self, scores={m: a[t] for m, a in s.scores.items()},
                        layer_scores={m: None if a is None else a[t] for m, a in s.layer_scores.items()},
                        values={m: {k: float(v[t]) for k, v in vals.items()} for m, vals in s.values.items()},

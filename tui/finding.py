@@ -106,8 +106,8 @@ def disagreement(store, a: str, b: str, progress=None, cancel: threading.Event |
                 rows.append((ex.step_scores(a)[t], ex.step_scores(b)[t], ex.step_position(t)) if t >= 0 else None)
             width = np.array([r[2] if r else 0 for r in rows], np.int64)
             cut = [(r[0][:r[2]], r[1][:r[2]]) if r else (np.zeros(0), np.zeros(0)) for r in rows]
-            out[lo:hi] = 1.0 - grouped_spearman(np.concatenate([x for x, _ in cut]), np.concatenate([y for _, y in cut]),
-                                                width, np.full(len(rows), -1))
+            a_rows, b_rows = np.concatenate([x for x, _ in cut]), np.concatenate([y for _, y in cut])
+            out[lo:hi] = 1.0 - grouped_spearman(a_rows, b_rows, width, np.full(len(rows), -1))
         return out
     for lo, hi in _chunks(n, progress, cancel):
         rows = store.index_rows(lo, hi)
