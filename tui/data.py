@@ -73,6 +73,7 @@ class Steps:
     foil_tokens: np.ndarray  # [T] -1: no foil
     foil_probs: np.ndarray  # [T]
     foil_words: list  # [T] str | None
+    explain_pos: int = -1  # the index row's (the row --matrices cls keeps), whatever step is shown
 
     @property
     def n(self) -> int:
@@ -454,7 +455,7 @@ def _read_generation(store: Store, ex, methods: tuple[str, ...], metric_values: 
     steps = Steps(ex.prompt_len, {m: np.asarray(ex.step_scores(m), np.float32) for m in methods},
                   {m: None if v is None else np.asarray(v, np.float32) for m, v in layers.items()},
                   {m: ex.step_values(m) for m in methods}, ex.step_probs, ex.step_outputs, ex.step_foil_tokens,
-                  ex.step_foil_probs, ex.step_foil_words)
+                  ex.step_foil_probs, ex.step_foil_words, int(ex.explain_pos))
     base = LoadedExample(index=ex.index, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
                          explain_pos=int(ex.explain_pos), metric_values=metric_values, task={"task": "generate"},
