@@ -153,7 +153,7 @@ class MatrixScreen(ModalScreen[None]):
 
     def _draw(self) -> None:
         app = self.app
-        ex = app.cache.get(self.index)
+        ex = app.example(self.index)
         m = self.matrices
         info = self.query_one("#matrix-info")
         if self.loaded_key != (self.index, self.method):
@@ -165,7 +165,9 @@ class MatrixScreen(ModalScreen[None]):
             return
         L, rows, n = m.shape
         lm = m[self.view_layer]
-        explained = ex.explain_pos if ex is not None and rows == 1 else None
+        # the row a --matrices cls store keeps: a generation store's is its index row's, not the step shown
+        stored = ex.steps.explain_pos if ex is not None and ex.steps is not None else getattr(ex, "explain_pos", None)
+        explained = stored if ex is not None and rows == 1 else None
         views = None if ex is None else ex.layer_scores.get(self.method)
         geom, labels = axes_geometry(tokens, rows, n, explained, width=max(self.size.width - 2, 16),
                                      height=max(self.size.height - _FIXED_LINES, 4), mono=app.color_mode == "mono",
