@@ -72,6 +72,11 @@ class Captured:
         become views of it, so the layers are not held twice."""
         st = self.stacks.get(name)
         layers = getattr(self, name)
+        if name == "attention_mean" and not layers and self.attentions:
+            # from the stack of every head's (a capture that kept them): one operation for every layer
+            st = self.stacks[name] = self.stack("attentions").mean(dim=2)
+            self.attention_mean = list(st.unbind(0))
+            return st
         # made already when the list's entries are views of it (their base is the stack's own base: it is a view of
         # the concatenation); else not made yet, or the list was replaced since (a copy's)
         if st is None or layers[0]._base is not (st if st._base is None else st._base):
@@ -131,14 +136,12 @@ def _keep_head_mean(cap: Captured, layers: int):
     return hook
 
 
-def _head_means_of_stack(cap: Captured, keep_attentions: bool) -> None:
-    """``attention_mean`` from the stacked attentions (one operation for every layer); the attentions dropped unless
-    a method of the batch reads them."""
-    st = cap.stacks["attention_mean"] = cap.stack("attentions").mean(dim=2)
-    cap.attention_mean = list(st.unbind(0))
-    if not keep_attentions:
-        cap.attentions = []
-        del cap.stacks["attentions"]
+def _head_means_of_stack(cap: Captured) -> None:
+    """``attention_mean`` from the stacked attentions (one operation for every layer), which are then dropped: no
+    method of the batch reads them."""
+    cap.stack("attention_mean")
+    cap.attentions = []
+    del cap.stacks["attentions"]
 
 
 def _stack_and_upcast(cap: Captured) -> None:
@@ -609,9 +612,7 @@ class Adapter:
         if not grad:  # a graph's tensors stay as they are (a copy would not be differentiated)
             _stack_and_upcast(cap)
         if stacked_means:
-            _head_means_of_stack(cap, keep_attentions=False)
-        elif "attention_mean" in needs and "attentions" in needs:
-            _head_means_of_stack(cap, keep_attentions=True)
+            _head_means_of_stack(cap)
         return cap
 
     def streams_attention(self, input_ids: torch.Tensor) -> bool:

@@ -20,7 +20,7 @@ class WFixedRes(LayerwiseProduct):
         return fixed_residual(cap.stack("attention_mean"), cap.mask)  # every layer at once: [L, B, n, n]
 
     def layer_matrix(self, cap, adapter, l):
-        return fixed_residual(cap.attention_mean[l], cap.mask)
+        return fixed_residual(cap.stack("attention_mean")[l], cap.mask)
 
 
 def fixed_residual(A_bar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
