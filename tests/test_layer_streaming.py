@@ -119,3 +119,19 @@ def test_a_model_without_eager_attention_is_named(monkeypatch):
     with pytest.raises(Exception, match="attn_implementation='eager'"):
         with torch.no_grad():
             ad.capture(random_batch("bert", [6]), frozenset({"attention_mean"}))
+
+
+@pytest.mark.parametrize("family", ["albert", "opt_postln"])
+def test_streamed_head_means_of_a_family_without_description(family, monkeypatch):
+    """The generic capture (the model class's own record; ALBERT's one layer called at every depth): layer by layer
+    as from the stack."""
+    from families import family_capture, family_model, family_heads
+
+    task = family_heads(family)[0]
+    ad = adapter_for(family_model(family, task, layers=3, dtype=torch.float32), task)
+    batch = random_batch("bert", LENGTHS)
+    with torch.no_grad():
+        ref = family_capture(ad, batch, frozenset({"attentions"})).stack("attentions").mean(dim=2)
+        streamed(monkeypatch)
+        cap = family_capture(ad, batch, frozenset({"attention_mean"}))
+    assert cap.attentions == [] and torch.equal(cap.stack("attention_mean"), ref)

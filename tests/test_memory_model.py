@@ -112,3 +112,19 @@ def test_peak_memory_grows_as_the_formulas_say():
 @needs_linux
 def test_peak_memory_at_4096_tokens_is_the_formulas():
     check_against_measurement(["raw_attention", "rollout", "alti", "norm", "grad_l2"], [1024, 2048, 4096])
+
+
+@pytest.mark.slow
+@needs_linux
+def test_streamed_methods_on_the_tiny_but_long_model():
+    """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
+    head-mean methods' peak above the bare forward within 15% of the model's, and within twice one layer's float32
+    [H, n, n] plus what they store."""
+    from memory_model_check import BARE, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
+
+    n = 2048
+    got = measure_fresh([BARE, *STREAMED], [n], LONG)
+    for name in STREAMED:
+        above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
+        assert above == pytest.approx(predicted_above_forward(name, n, LONG), rel=0.15), name
+        assert above <= bound(name, n, LONG), name
