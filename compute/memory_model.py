@@ -122,13 +122,14 @@ def captured_lists(m: ModelShape, r: Run, needs: frozenset[str]) -> list[int]:
 def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
     """(peak, kept) bytes of the forward that captures ``needs``: the lists in the model's dtype, each then stacked
     (a copy) and widened to float32 (another) one after another. The head means ("attention_mean", float32 [L, n, n])
-    are taken layer by layer as the forward makes each attention where ``streams_attention`` says so (the [L, n, n]
-    made at the first layer), else from the float32 stack of every layer's attention, which is then dropped."""
+    are taken layer by layer as the forward makes each attention where ``streams_attention`` says so (into the
+    [L, n, n] made at the first layer, resident as each layer is written), else from the float32 stack of every layer's attention, which is then dropped."""
     if "attention_mean" in needs and "attentions" not in needs:
         means = m.layers * r.n ** 2 * F32
         if streams_attention(m.layers, m.heads, 1, r.n, r.budgets.stack):
             peak, kept = capture(m, r, needs - {"attention_mean"})
-            return peak + means, kept + means
+            # its pages are written layer by layer: the last layer's attention finds L - 1 layers' means
+            return max(peak + means - r.n ** 2 * F32, kept + means), kept + means
         peak, kept = capture(m, r, needs - {"attention_mean"} | {"attentions"})
         return max(peak, kept + means), kept - m.layers * m.heads * r.n ** 2 * F32 + means
     w, wide = r.itemsize, max(r.itemsize, F32)

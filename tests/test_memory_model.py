@@ -49,11 +49,12 @@ def test_the_7b_verdicts():
     A = 32 * 32 * 4096 ** 2
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
     assert (peak, kept) == (6 * A, 4 * A)
-    # the head means layer by layer: one layer's forward and the float32 [L, n, n] beside it, never [L, H, n, n]
-    means = 32 * 4096 ** 2 * 4
+    # the head means layer by layer: the last layer's forward and the 31 float32 [n, n] written before it, never
+    # [L, H, n, n]; then all 32
+    mean = 4096 ** 2 * 4
     assert mm.streams_attention(32, 32, 1, 4096, run.budgets.stack)
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attention_mean"}))
-    assert (peak, kept) == (mm.layer_transient(mm.LLAMA2_7B, run) + means, means)
+    assert (peak, kept) == (mm.layer_transient(mm.LLAMA2_7B, run) + 31 * mean, 32 * mean)
     # below the block budget the stack of every layer's attention is made and reduced at once (the op budgets)
     short = mm.Run(128)
     assert not mm.streams_attention(32, 32, 1, 128, short.budgets.stack)
