@@ -120,6 +120,19 @@ def layer_transient(m: ModelShape, r: Run) -> int:
     return max(attention, 3 * r.n * m.d_ff * r.itemsize) + 6 * r.n * m.d * r.itemsize
 
 
+def streams_attention(layers: int, heads: int, batch: int, n: int, budget: int) -> bool:
+    """Whether the capture of the head-mean attentions ("attention_mean") takes each layer's mean as the forward
+    makes its attention (issue 36), keeping one layer's [B, H, n, n] at a time: where the float32 stack of every
+    layer's would exceed the block budget. Below it the layers are stacked and reduced in one operation (a GPU's
+    launches; tests/test_op_budget.py)."""
+    return layers * batch * heads * n * n * F32 > budget
+
+
+def bare_forward(m: ModelShape, r: Run) -> int:
+    """The peak of a forward that captures nothing: the weights, the KV cache and one layer's transient."""
+    return weights(m, r) + kv_cache(m, r) + layer_transient(m, r)
+
+
 def captured_lists(m: ModelShape, r: Run, needs: frozenset[str]) -> list[int]:
     """Elements of each captured layer list, in the order _stack_and_upcast stacks them (adapters.STACKED)."""
     L, n = m.layers, r.n
@@ -130,7 +143,17 @@ def captured_lists(m: ModelShape, r: Run, needs: frozenset[str]) -> list[int]:
 
 def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
     """(peak, kept) bytes of the forward that captures ``needs``: the lists in the model's dtype, each then stacked
-    (a copy) and widened to float32 (another) one after another."""
+    (a copy) and widened to float32 (another) one after another. The head means ("attention_mean", float32 [L, n, n])
+    are taken layer by layer as the forward makes each attention where ``streams_attention`` says so (into the
+    [L, n, n] made at the first layer, resident as each layer is written), else from the float32 stack of every layer's attention, which is then dropped."""
+    if "attention_mean" in needs and "attentions" not in needs:
+        means = m.layers * r.n ** 2 * F32
+        if streams_attention(m.layers, m.heads, 1, r.n, r.budgets.stack):
+            peak, kept = capture(m, r, needs - {"attention_mean"})
+            # its pages are written layer by layer: the last layer's attention finds L - 1 layers' means
+            return max(peak + means - r.n ** 2 * F32, kept + means), kept + means
+        peak, kept = capture(m, r, needs - {"attention_mean"} | {"attentions"})
+        return max(peak, kept + means), kept - m.layers * m.heads * r.n ** 2 * F32 + means
     w, wide = r.itemsize, max(r.itemsize, F32)
     sizes = captured_lists(m, r, needs)
     # the last layer's attention is both the transient's output and the list's last entry
@@ -195,7 +218,7 @@ def ffn_weights(m: ModelShape) -> int:
 
 
 # --- the methods ----------------------------------------------------------------------------------------------
-ATTN, HIDDEN = frozenset({"attentions"}), frozenset({"hidden_states"})
+MEANS, HIDDEN = frozenset({"attention_mean"}), frozenset({"hidden_states"})
 DECOMP = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 
 
@@ -228,10 +251,10 @@ def _add(names, f: Formula):
         FORMULAS[name] = f
 
 
-_add("raw_attention", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32,
-                              "capture [L,H,n,n]; head mean and its valid block, 2 [L,n,n]", ATTN))
-_add("rollout w_fixedres", Formula("capture", lambda m, r: _mats(m, r, 3) + r.n ** 2 * F32,
-                                   "capture [L,H,n,n]; 3 [L,n,n] (mean, +I, normalised)", ATTN))
+_add("raw_attention", Formula("capture", lambda m, r: _mats(m, r, 1) + r.n ** 2 * F32,
+                              "head means [L,n,n] (layer by layer); their valid block [L,n,n]", MEANS))
+_add("rollout w_fixedres", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32,
+                                   "head means [L,n,n] (layer by layer); 2 [L,n,n] (normalised, stored)", MEANS))
 _add("norm_n norm_fixedres norm_res norm_resln globenc w_res", Formula("capture", layerwise,
      "capture [L,H,n,n] + 5 L n d; a stack of K layers' [n,H,d] + 3 [H,n,n]; 2 [L,n,n]; L d^2", DECOMP))
 _add("alti", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32 + r.budgets.alti,
@@ -278,7 +301,7 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         peak, kept = capture(m, r, f.needs)
         stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}
         return Estimate(method, max(stages.values()), stages)
-    fwd = base + layer_transient(m, r)  # the runner's plain forward (nothing captured) comes first
+    fwd = bare_forward(m, r)  # the runner's plain forward (nothing captured) comes first
     if f.stage == "float64 copy":  # Adapter.twin: a deep copy of the model, then converted
         mt = replace(r, itemsize=8)
         twin = m.params * 8

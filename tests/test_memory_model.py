@@ -95,11 +95,24 @@ def test_the_7b_verdicts():
     """At 4,096 tokens in bfloat16 on 80 GB: what fits and the terms that decide it (the figures by hand)."""
     run = mm.Run(4096)
     fits = {name for name in REGISTRY if mm.estimate(name, mm.LLAMA2_7B, run).peak <= mm.CARD_BYTES}
-    assert fits == {"norm", "logat", "normxlogit"}
+    # issue 36: the attention methods that read only the heads' mean take it layer by layer
+    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres"}
     # the captured attentions: 32 x 32 x 4096^2 in bfloat16, then their float32 stack beside them
     A = 32 * 32 * 4096 ** 2
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
     assert (peak, kept) == (6 * A, 4 * A)
+    # the head means layer by layer: the last layer's forward and the 31 float32 [n, n] written before it, never
+    # [L, H, n, n]; then all 32
+    mean = 4096 ** 2 * 4
+    assert mm.streams_attention(32, 32, 1, 4096, run.budgets.stack)
+    peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attention_mean"}))
+    assert (peak, kept) == (mm.layer_transient(mm.LLAMA2_7B, run) + 31 * mean, 32 * mean)
+    # below the block budget the stack of every layer's attention is made and reduced at once (the op budgets)
+    short = mm.Run(128)
+    assert not mm.streams_attention(32, 32, 1, 128, short.budgets.stack)
+    A, means = 32 * 32 * 128 ** 2, 32 * 128 ** 2 * 4
+    assert mm.capture(mm.LLAMA2_7B, short, frozenset({"attention_mean"})) == (
+        mm.capture(mm.LLAMA2_7B, short, frozenset({"attentions"}))[0], means)
     assert mm.weights(mm.LLAMA2_7B, run) == 2 * 6_607_351_808
     assert mm.kv_cache(mm.LLAMA2_7B, run) == 2 * 32 * 4096 * 4096 * 2
     assert mm.kv_cache(mm.MISTRAL_7B, run) == 2 * 32 * 4096 * 1024 * 2
@@ -152,3 +165,19 @@ def test_peak_memory_grows_as_the_formulas_say():
 @needs_linux
 def test_peak_memory_at_4096_tokens_is_the_formulas():
     check_against_measurement(["raw_attention", "rollout", "alti", "norm", "grad_l2"], [1024, 2048, 4096])
+
+
+@pytest.mark.slow
+@needs_linux
+def test_streamed_methods_on_the_tiny_but_long_model():
+    """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
+    head-mean methods' peak above the bare forward within 15% of the model's, and within twice one layer's float32
+    [H, n, n] plus what they store."""
+    from memory_model_check import BARE, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
+
+    n = 2048
+    got = measure_fresh([BARE, *STREAMED], [n], LONG)
+    for name in STREAMED:
+        above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
+        assert above == pytest.approx(predicted_above_forward(name, n, LONG), rel=0.15), name
+        assert above <= bound(name, n, LONG), name

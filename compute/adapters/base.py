@@ -21,8 +21,11 @@ from ..tasks.readout import Readout
 from .block import Block
 
 # Internals a method can ask for (Method.needs). "attn_out" (the attention output before any norm on it) is captured
-# only where the family's block needs it (Block.attn_out_captured).
-NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
+# only where the family's block needs it (Block.attn_out_captured). "attention_mean": every layer's head-mean
+# attention in float32 [B, n, n], taken from each layer's attention as the forward makes it where the stack of every
+# layer's [B, H, n, n] would exceed the block budget (issue 36: compute.memory_model.streams_attention), else from
+# that stack (one operation for every layer: the op budgets).
+NEEDS = frozenset({"attentions", "attention_mean", "hidden_states", "values", "ln1", "ln2", "attn_out"})
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Captured:
     inputs: dict = field(default_factory=dict)  # the model's forward inputs (gradient methods re-run the model)
     hidden_states: list[torch.Tensor] = field(default_factory=list)
     attentions: list[torch.Tensor] = field(default_factory=list)  # [B, H, n, n]
+    attention_mean: list[torch.Tensor] = field(default_factory=list)  # [B, n, n] float32: the heads' mean
     values: list[torch.Tensor] = field(default_factory=list)  # [B, n, d] = W_V x + b_V
     ln1_in: list[torch.Tensor] = field(default_factory=list)
     ln1_out: list[torch.Tensor] = field(default_factory=list)
@@ -68,6 +72,11 @@ class Captured:
         become views of it, so the layers are not held twice."""
         st = self.stacks.get(name)
         layers = getattr(self, name)
+        if name == "attention_mean" and not layers and self.attentions:
+            # from the stack of every head's (a capture that kept them): one operation for every layer
+            st = self.stacks[name] = self.stack("attentions").mean(dim=2)
+            self.attention_mean = list(st.unbind(0))
+            return st
         # made already when the list's entries are views of it (their base is the stack's own base: it is a view of
         # the concatenation); else not made yet, or the list was replaced since (a copy's)
         if st is None or layers[0]._base is not (st if st._base is None else st._base):
@@ -107,7 +116,32 @@ def _keep_attention(lst):
     return hook
 
 
-STACKED = ("hidden_states", "attentions", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out", "attn_out")  # Captured's layer lists
+STACKED = ("hidden_states", "attentions", "attention_mean", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out",
+           "attn_out")  # Captured's layer lists
+
+
+def _keep_head_mean(cap: Captured, layers: int):
+    """A hook keeping only the heads' mean of each layer's attention, in float32 at least, written into the [L, B, n, n]
+    stack made at the first layer (no stack copied at the end): the layer's [B, H, n, n] is freed when the forward
+    moves on."""
+    def hook(_m, _inp, out):
+        a = out[1]
+        if a is None:  # not an eager attention: the capture's check names the fix
+            return
+        st = cap.stacks.get("attention_mean")
+        if st is None:  # float32 at least, as _stack_and_upcast widens
+            wide = a.dtype if a.element_size() >= 4 else torch.float32
+            st = cap.stacks["attention_mean"] = a.new_empty((layers, a.shape[0], *a.shape[2:]), dtype=wide)
+        cap.attention_mean.append(torch.mean(a, dim=1, dtype=st.dtype, out=st[len(cap.attention_mean)]))
+    return hook
+
+
+def _head_means_of_stack(cap: Captured) -> None:
+    """``attention_mean`` from the stacked attentions (one operation for every layer), which are then dropped: no
+    method of the batch reads them."""
+    cap.stack("attention_mean")
+    cap.attentions = []
+    del cap.stacks["attentions"]
 
 
 def _stack_and_upcast(cap: Captured) -> None:
@@ -503,12 +537,15 @@ class Adapter:
                 if "attentions" in needs:
                     handles.append(self.attention_probs_module(layer).register_forward_hook(
                         _keep_attention(cap.attentions)))
+                elif "attention_mean" in needs:
+                    handles.append(self.attention_probs_module(layer).register_forward_hook(
+                        _keep_head_mean(cap, self.n_layers)))
                 if "values" in needs:
                     handles.append(self.value_module(layer).register_forward_hook(
                         _keep_value(cap.values, self.value_of)))
                 if "attn_out" in needs and self.block is not None and self.block.attn_out_captured:
                     handles.append(self.out_proj(layer).register_forward_hook(keep(cap.attn_out)))
-                if self.block is not None and self.block.attention_flag and "attentions" in needs:
+                if self.block is not None and self.block.attention_flag and needs & {"attentions", "attention_mean"}:
                     handles.append(self.attention_probs_module(layer).register_forward_pre_hook(
                         _ask_for_attentions, with_kwargs=True))
                 for name, mod in (("ln1", self.ln1(layer)), ("ln2", self.ln2(layer))):
@@ -553,21 +590,37 @@ class Adapter:
         if unknown:
             raise ValueError(f"unknown internals requested: {sorted(unknown)}")
         input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+        needs = frozenset(needs)
+        # the head means from the stacked attentions where the stack fits the budget, else layer by layer
+        stacked_means = "attention_mean" in needs and "attentions" not in needs and not self.streams_attention(input_ids)
+        hooked = needs | {"attentions"} if stacked_means else needs
         cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
                        explain_pos=self.explain_positions(input_ids, mask), logits=None,
                        special=self.special_mask(input_ids, mask), sep=self.sep_mask(input_ids, mask),
                        inputs=self.forward_inputs(enc))
-        with self.hooks(cap, frozenset(needs)), torch.set_grad_enabled(grad):
+        with self.hooks(cap, hooked), torch.set_grad_enabled(grad):
             out = self.model(**cap.inputs)
         cap.output = out
         cap.logits = out.logits if self.task in ("classification", "regression") else None
         L = self.n_layers
         if "hidden_states" in needs and len(cap.hidden_states) != L + 1:
             raise RuntimeError(f"captured {len(cap.hidden_states)} hidden states for {L} layers")
-        if "attentions" in needs:
-            if len(cap.attentions) != L or any(a is None for a in cap.attentions):
-                raise AttrscopeError(
-                    "the model returned no attention probabilities: load it with attn_implementation='eager'")
+        if "attentions" in hooked and (len(cap.attentions) != L or any(a is None for a in cap.attentions)) or \
+                "attentions" not in hooked and "attention_mean" in needs and len(cap.attention_mean) != L:
+            raise AttrscopeError(
+                "the model returned no attention probabilities: load it with attn_implementation='eager'")
         if not grad:  # a graph's tensors stay as they are (a copy would not be differentiated)
             _stack_and_upcast(cap)
+        if stacked_means:
+            _head_means_of_stack(cap)
         return cap
+
+    def streams_attention(self, input_ids: torch.Tensor) -> bool:
+        """Whether a capture of the head means takes them layer by layer (compute.memory_model.streams_attention):
+        the float32 stack of every layer's attention for this batch beside the block budget of its device."""
+        from ..memory_model import streams_attention
+        from ..methods._internals.budget import work_bytes
+        from ..methods._internals.layerwise import CPU_STACK_BYTES
+
+        B, n = input_ids.shape
+        return streams_attention(self.n_layers, self.n_heads, B, n, work_bytes(input_ids.device, CPU_STACK_BYTES))

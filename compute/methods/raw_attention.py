@@ -10,12 +10,12 @@ class RawAttention(Method):
     name = "raw_attention"
     description = "head-mean attention of each layer; final = row of the explained token in the last layer"
     reference = "METHODS.md 2.4 (ALTI baselines), 4.3 without the [CLS,CLS] zeroing"
-    needs = frozenset({"attentions"})
+    needs = frozenset({"attention_mean"})
     has_layer_views = True
     has_matrices = True
 
     def compute(self, cap, adapter, target):
         # A_bar^l = mean_h A^{l,h}; pad queries/keys zeroed so stored matrices hold only the valid block.
-        mats = valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask)  # [L, B, n, n]
+        mats = valid_pairs(cap.stack("attention_mean"), cap.mask)  # [L, B, n, n]
         layer_scores = rows_at(mats, cap.explain_pos)  # [B, L, n]
         return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=mats.transpose(0, 1))

@@ -3,7 +3,7 @@ the left. Layer view l = row of the explained token in M^l ... M^1. Nothing zero
 
 from __future__ import annotations
 
-from ._internals.aggregate import add_identity_row_normalise, rows_of_products, valid_pairs
+from ._internals.aggregate import add_identity_row_normalise_, rows_of_products, valid_pairs
 from ._internals.base import Method, MethodResult
 
 
@@ -11,14 +11,14 @@ class Rollout(Method):
     name = "rollout"
     description = "attention rollout: product of row-normalised (head-mean attention + I) over layers"
     reference = "Abnar & Zuidema 2020; METHODS.md 1.2 (ROLL), 2.4"
-    needs = frozenset({"attentions"})
+    needs = frozenset({"attention_mean"})
     has_layer_views = True
     has_matrices = True
 
     def compute(self, cap, adapter, target):
         # Every layer's M^l = (A_bar^l + I) / rowsum at once, on the valid block (pad rows become identity rows,
-        # never reached): [L, B, n, n].
-        mats = add_identity_row_normalise(valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask))
+        # never reached): [L, B, n, n], in place on the valid block (the capture's head means are shared).
+        mats = add_identity_row_normalise_(valid_pairs(cap.stack("attention_mean"), cap.mask))
         layer_scores = rows_of_products(mats, cap.explain_pos)  # [B, L, n]
         stored = valid_pairs(mats, cap.mask).transpose(0, 1)
         return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=stored)

@@ -13,14 +13,14 @@ class WFixedRes(LayerwiseProduct):
     name = "w_fixedres"
     description = "W_FIXEDRES: half head-mean attention, half identity, multiplied over layers"
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
-    needs = frozenset({"attentions"})
+    needs = frozenset({"attention_mean"})
     row_stochastic = True
 
     def layer_matrices(self, cap, adapter):
-        return fixed_residual(cap.stack("attentions").mean(dim=2), cap.mask)  # every layer at once: [L, B, n, n]
+        return fixed_residual(cap.stack("attention_mean"), cap.mask)  # every layer at once: [L, B, n, n]
 
     def layer_matrix(self, cap, adapter, l):
-        return fixed_residual(cap.attentions[l].mean(dim=1), cap.mask)
+        return fixed_residual(cap.stack("attention_mean")[l], cap.mask)
 
 
 def fixed_residual(A_bar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

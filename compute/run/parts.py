@@ -16,7 +16,7 @@ from ..adapters.base import STACKED
 # How each field of a Captured is cut: [B, n] | [B, ...] | lists of [B, n, ...] | lists of [B, H, n, n] | as is
 _TOKEN_FIELDS = frozenset({"input_ids", "mask", "special", "sep"})
 _ROW_FIELDS = frozenset({"lengths", "explain_pos", "logits", "foil"})
-_PAIR_LISTS = frozenset({"attentions"})
+_PAIR_LISTS = frozenset({"attentions", "attention_mean"})  # [B, H, n, n] and [B, n, n]
 _TOKEN_LISTS = frozenset(STACKED) - _PAIR_LISTS  # every other captured layer list is [B, n, ...]
 _KEPT = frozenset({"passes", "readout"})
 
@@ -43,7 +43,7 @@ def cut_capture(cap: Captured, rows: slice, n: int) -> Captured:
         elif f.name in _TOKEN_LISTS:
             out[f.name] = [t[rows, :n].contiguous() for t in value]
         elif f.name in _PAIR_LISTS:
-            out[f.name] = [t[rows, :, :n, :n].contiguous() for t in value]
+            out[f.name] = [t[rows, ..., :n, :n].contiguous() for t in value]
         elif f.name == "inputs":  # the model's [B, n] inputs (a method may run the model again)
             out[f.name] = {k: t[rows, :n].contiguous() for k, t in value.items()}
         else:

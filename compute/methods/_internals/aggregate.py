@@ -28,6 +28,13 @@ def add_identity_row_normalise(M: torch.Tensor) -> torch.Tensor:
     return M / M.sum(dim=-1, keepdim=True)
 
 
+def add_identity_row_normalise_(M: torch.Tensor) -> torch.Tensor:
+    """``add_identity_row_normalise`` in place on ``M`` (no second [L, B, n, n] beside it): the same numbers where
+    M has no -0.0 (x + 0 turns it into +0.0 off the diagonal; attention's head means have none)."""
+    M.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    return M.div_(M.sum(dim=-1, keepdim=True))
+
+
 def rows_of_products(mats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Row ``pos`` of every prefix product: out[:, l] = e_pos^T M^{l+1} M^l ... M^1, for l = 0..L-1.
 
