@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from synthetic import make_store
-from test_tui import _damaged_past_the_first_example, async_test, color_env, settle  # noqa: F401 - a fixture
+from test_tui import _damaged_past_the_first_example, async_test, color_env, screen_text, settle  # noqa: F401 - a fixture
 
 
 def _count_reads(monkeypatch) -> list[tuple[str, int]]:
@@ -165,3 +165,33 @@ def test_attr_tui_imports_only_what_the_first_screen_draws():
     loaded = set(json.loads(out.stdout))
     assert "tui.screens.browse" in loaded and "store.reader" in loaded
     assert sorted(m for m in NOT_FOR_THE_FIRST_SCREEN if m in loaded) == []
+
+
+@async_test
+async def test_the_next_example_is_laid_out_once(tmp_path, monkeypatch, color_env):
+    """j to an example already read (the read-ahead's) lays the screen out once: a panel whose height followed its
+    content (the token view, the text) asked Textual for a second layout after the first had placed it (its virtual
+    size), a third of "next example" on the 100k benchmark store. What is drawn is the example's (tokens, header)."""
+    from textual.screen import Screen
+
+    from tui.app import create_app
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    layouts = []
+    real = Screen._refresh_layout
+    monkeypatch.setattr(Screen, "_refresh_layout", lambda self, *a, **k: (layouts.append(1), real(self, *a, **k))[1])
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        per_key = []
+        for i in range(1, 9):
+            before = len(layouts)
+            await pilot.press("j")
+            await settle(pilot)
+            assert app.current == i
+            per_key.append(len(layouts) - before)
+            text = screen_text(app)
+            assert f"ex{i}  {i + 1}/12  {len(exs[i].tokens)} tokens" in text
+            assert app.browse.query_one("#tokens").layout_data.cells[1].text == exs[i].tokens[1]
+    assert per_key == [1] * 8, per_key
