@@ -240,7 +240,6 @@ class AttrApp(App[int]):
         try:
             with self.store_lock:
                 meta = read_meta(self.store)
-            self.post_message(MetaLoaded(meta))
         except Exception as err:  # a damaged store: say so, keep the UI alive
             self.post_message(ReadFailed("the store header", str(err)))
             return
@@ -248,10 +247,23 @@ class AttrApp(App[int]):
             with self.store_lock:
                 metrics, _ = read_metrics(self.store, curves=False)
         except Exception as err:  # the examples stay browsable without them
+            self.post_message(MetaLoaded(meta))
             self.post_message(ReadFailed("the metrics", str(err)))
             return
+        # The first example with the header, posted before it: the list's first highlight then draws it from the
+        # cache in the frame that draws the list (its own read waited for the header's trip through the UI).
+        first = None
+        if meta.n:
+            try:
+                with self.store_lock:
+                    first = read_example(self.store, 0, tuple(m.name for m in meta.methods), metrics.keys())
+            except Exception:  # noqa: BLE001 - the highlight reads it again and says what failed
+                first = None
+        self.post_message(MetaLoaded(meta))
         if metrics.names:
             self.post_message(MetricValuesLoaded(metrics))
+        if first is not None:
+            self.post_message(ExampleLoaded(first))
 
     def _load(self, index: int) -> None:
         self.run_worker(partial(self._read_examples, [index] + self._neighbours(index)), thread=True,
