@@ -195,3 +195,54 @@ async def test_the_next_example_is_laid_out_once(tmp_path, monkeypatch, color_en
             assert f"ex{i}  {i + 1}/12  {len(exs[i].tokens)} tokens" in text
             assert app.browse.query_one("#tokens").layout_data.cells[1].text == exs[i].tokens[1]
     assert per_key == [1] * 8, per_key
+
+
+@async_test
+async def test_opening_reads_each_example_once(tmp_path, monkeypatch, color_env):
+    """The first example and the read-ahead's neighbours are read once each on opening (the header's worker reads
+    the first with the header: it was read again when the metric names came in after the list had asked for it)."""
+    from store import add_metrics, MetricData
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    add_metrics(str(path), [MetricData("rollout", "comprehensiveness", np.linspace(0, 1, 12), {}, {"mean": 0.5}, True)])
+    reads = _count_reads(monkeypatch)
+    app, errors = await _open_and_settle(path)
+    assert not errors
+    scores = [k for name, k in reads if name == "methods/rollout/scores"]
+    assert scores == [len(exs[i].tokens) for i in (0, 1, 2)], scores
+    assert app.cache.get(0).metric_values == {("rollout", "comprehensiveness"): 0.0}
+
+
+@async_test
+async def test_the_footer_is_built_again_only_when_its_keys_change(tmp_path, monkeypatch, color_env):
+    """Opening builds the footer's keys twice (before the bindings are known, then with them), not at every
+    refresh_bindings (four times); a key that changes no binding builds nothing; a method without layer views
+    disables the layer keys, and the footer is built again to show it."""
+    from tui.app import create_app
+    from tui.widgets.footer import FittedFooter
+
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=6)
+    builds = []
+    real = FittedFooter.compose
+    monkeypatch.setattr(FittedFooter, "compose", lambda self: (builds.append(1), (yield from real(self)))[1])
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert len(builds) == 2
+        footer = app.browse.query_one(FittedFooter)
+        layer_key = next(k for k in footer.query("FooterKey") if k.key == "left_square_bracket")
+        assert not layer_key.has_class("-disabled")
+        await pilot.press("j")
+        await settle(pilot)
+        assert len(builds) == 2
+        for _ in range(2):  # rollout -> normxlogit -> norm (no layer views)
+            await pilot.press("m")
+            await settle(pilot)
+        assert app.method.name == "norm"
+        for _ in range(5):  # the new keys are mounted after the frame that asked for them
+            await pilot.pause()
+        assert len(builds) == 3
+        layer_key = next(k for k in footer.query("FooterKey") if k.key == "left_square_bracket")
+        assert layer_key.has_class("-disabled")
