@@ -67,15 +67,25 @@ _RGB = {(c.name, cold): np.array([xterm_rgb(i) for i in (c.cold_256 if cold else
 def rgb(value: float, cmap: str = DEFAULT_COLORMAP) -> tuple[int, int, int] | None:
     """The colour of a normalised value in ``cmap``, interpolated along its ramp (negative values on the cold one);
     None for a non-finite value."""
-    v = float(value)
-    if not np.isfinite(v):
-        return None
-    ramp = COLORMAPS[cmap].rgb(v < 0)
-    x = min(abs(v), 1.0) * (len(ramp) - 1)
-    i = min(int(x), len(ramp) - 2)
-    mix = ramp[i] + (ramp[i + 1] - ramp[i]) * (x - i)
-    r, g, b = (int(round(c)) for c in mix)
-    return r, g, b
+    return rgb_many([value], cmap)[0]
+
+
+def rgb_many(values, cmap: str = DEFAULT_COLORMAP) -> list[tuple[int, int, int] | None]:
+    """:func:`rgb` of every value, computed at once (a layer strip or a heatmap colours hundreds of cells a frame)."""
+    v = np.asarray(values, np.float64).ravel()
+    out: list[tuple[int, int, int] | None] = [None] * v.size
+    finite = np.isfinite(v)
+    for cold in (False, True):
+        at = np.flatnonzero(finite & ((v < 0) == cold))
+        if not at.size:
+            continue
+        ramp = COLORMAPS[cmap].rgb(cold)
+        x = np.minimum(np.abs(v[at]), 1.0) * (len(ramp) - 1)
+        i = np.minimum(x.astype(np.int64), len(ramp) - 2)
+        mix = ramp[i] + (ramp[i + 1] - ramp[i]) * (x - i)[:, None]
+        for k, c in zip(at.tolist(), np.round(mix).astype(np.int64).tolist()):
+            out[k] = (c[0], c[1], c[2])
+    return out
 
 
 def lightness(rgb_: tuple[int, int, int]) -> float:

@@ -23,7 +23,7 @@ from rich.style import Style
 # The scales as numbers are store/'s (its HTML views colour tokens without rich); this module re-exports them.
 from store.palette import (COLORMAPS, DEFAULT_COLORMAP, DOMINANCE, SCALE_TOKEN_NAMES, SCALE_TOKENS,  # noqa: F401
                            Scale, clip_legend, clip_mark, content_tokens, default_scale_tokens, explained_dominates,
-                           format_score, normalize, normalize_within, rgb, scale_keep)
+                           format_score, normalize, normalize_within, rgb, rgb_many, scale_keep)
 from store.palette import lightness as rgb_lightness
 
 Mode = Literal["truecolor", "256", "16", "mono"]
@@ -103,6 +103,38 @@ def background(value: float, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Color 
         ramp = c.cold_256 if cold else c.warm_256
         return Color.from_ansi(ramp[_level(v, len(ramp))])
     return Color.from_rgb(*rgb(v, cmap))
+
+
+def background_styles(values, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> list[Style]:
+    """``Style(bgcolor=background(v, mode, cmap))`` of every value: the colours computed at once, each distinct
+    colour's style made once (a layer strip built them cell by cell: half of the browse screen's draw)."""
+    v = np.asarray(values, np.float64).ravel()
+    if mode == "mono":
+        return [_NO_BACKGROUND] * v.size
+    if mode == "truecolor":
+        keys = rgb_many(v, cmap)
+        make = Color.from_rgb
+    else:  # the ramp's step of each value, as _level rounds it
+        c = COLORMAPS[cmap]
+        ramps = {False: c.warm_16, True: c.cold_16} if mode == "16" else {False: c.warm_256, True: c.cold_256}
+        size = np.minimum(np.abs(np.nan_to_num(v)), 1.0)
+        steps = {cold: np.clip(np.round(size * (len(r) - 1)), 0, len(r) - 1).astype(int).tolist()
+                 for cold, r in ramps.items()}
+        keys = [(bool(x < 0), steps[bool(x < 0)][j]) if np.isfinite(x) else None for j, x in enumerate(v.tolist())]
+
+        def make(cold, k):
+            return Color.from_ansi(ramps[cold][k])
+    styles = {None: _NO_BACKGROUND}
+    out = []
+    for key in keys:
+        style = styles.get(key)
+        if style is None:
+            style = styles[key] = Style(bgcolor=make(*key))
+        out.append(style)
+    return out
+
+
+_NO_BACKGROUND = Style(bgcolor=None)
 
 
 def lightness(color: Color) -> float:
