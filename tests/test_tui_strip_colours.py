@@ -72,3 +72,13 @@ def test_the_strip_is_the_cell_by_cell_strip(mode, signed):
                                    cmap="light")
         assert got.plain == want.plain
         assert got.spans == want.spans
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cmap", list(COLORMAPS))
+def test_token_styles_are_token_style_of_each_token(mode, cmap):
+    from tui.colors import token_style, token_styles
+
+    top = {0, 5, 17, len(VALUES) - 1}
+    assert token_styles(VALUES, mode, top, cmap) == [token_style(v, mode, top=i in top, cmap=cmap)
+                                                     for i, v in enumerate(VALUES)]

@@ -108,22 +108,7 @@ def background(value: float, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Color 
 def background_styles(values, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> list[Style]:
     """``Style(bgcolor=background(v, mode, cmap))`` of every value: the colours computed at once, each distinct
     colour's style made once (a layer strip built them cell by cell: half of the browse screen's draw)."""
-    v = np.asarray(values, np.float64).ravel()
-    if mode == "mono":
-        return [_NO_BACKGROUND] * v.size
-    if mode == "truecolor":
-        keys = rgb_many(v, cmap)
-        make = Color.from_rgb
-    else:  # the ramp's step of each value, as _level rounds it
-        c = COLORMAPS[cmap]
-        ramps = {False: c.warm_16, True: c.cold_16} if mode == "16" else {False: c.warm_256, True: c.cold_256}
-        size = np.minimum(np.abs(np.nan_to_num(v)), 1.0)
-        steps = {cold: np.clip(np.round(size * (len(r) - 1)), 0, len(r) - 1).astype(int).tolist()
-                 for cold, r in ramps.items()}
-        keys = [(bool(x < 0), steps[bool(x < 0)][j]) if np.isfinite(x) else None for j, x in enumerate(v.tolist())]
-
-        def make(cold, k):
-            return Color.from_ansi(ramps[cold][k])
+    keys, make = _background_keys(values, mode, cmap)
     styles = {None: _NO_BACKGROUND}
     out = []
     for key in keys:
@@ -132,6 +117,47 @@ def background_styles(values, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> list[
             style = styles[key] = Style(bgcolor=make(*key))
         out.append(style)
     return out
+
+
+def token_styles(values, mode: Mode, top, cmap: str = DEFAULT_COLORMAP) -> list[Style]:
+    """``token_style(v, mode, top=i in top, cmap)`` of every value (the i-th), each distinct style made once: a
+    4,096-token example's colours one token at a time were most of its draw."""
+    keys, make = _background_keys(values, mode, cmap)
+    styles: dict = {}
+    out = []
+    for i, key in enumerate(keys):
+        t = i in top
+        style = styles.get((key, t))
+        if style is None:
+            if key is None:
+                style = Style(bold=t, underline=t)
+            else:
+                bg = make(*key)
+                light = lightness(bg) > 60
+                if mode == "16":
+                    fg = Color.from_ansi(0) if light else Color.from_ansi(15)
+                else:
+                    fg = Color.from_rgb(0, 0, 0) if light else Color.from_rgb(255, 255, 255)
+                style = Style(color=fg, bgcolor=bg, bold=t, underline=t)
+            styles[(key, t)] = style
+        out.append(style)
+    return out
+
+
+def _background_keys(values, mode: Mode, cmap: str):
+    """(a key per value, None where background() is None; ``make(*key)``: the key's colour)."""
+    v = np.asarray(values, np.float64).ravel()
+    if mode == "mono":
+        return [None] * v.size, None
+    if mode == "truecolor":
+        return rgb_many(v, cmap), Color.from_rgb
+    c = COLORMAPS[cmap]  # the ramp's step of each value, as _level rounds it
+    ramps = {False: c.warm_16, True: c.cold_16} if mode == "16" else {False: c.warm_256, True: c.cold_256}
+    size = np.minimum(np.abs(np.nan_to_num(v)), 1.0)
+    steps = {cold: np.clip(np.round(size * (len(r) - 1)), 0, len(r) - 1).astype(int).tolist()
+             for cold, r in ramps.items()}
+    keys = [(bool(x < 0), steps[bool(x < 0)][j]) if np.isfinite(x) else None for j, x in enumerate(v.tolist())]
+    return keys, lambda cold, k: Color.from_ansi(ramps[cold][k])
 
 
 _NO_BACKGROUND = Style(bgcolor=None)
