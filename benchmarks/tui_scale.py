@@ -23,6 +23,7 @@ and opening the metrics screen ten times (targets: last < 100 ms, RSS within 20 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -157,8 +158,13 @@ def measure_pilot(tree: str, path: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+# A tmux server of this run's own: the machine's default one is shared (another program's kill-server, or its last
+# session closing as this run opened one, ended a run with "server exited unexpectedly").
+TMUX = ["tmux", "-L", f"tui-scale-{os.getpid()}"]
+
+
 def _screen(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+    return subprocess.run([*TMUX, "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
 def _token_line(screen: str) -> str | None:
@@ -182,10 +188,10 @@ def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(
                 raise SystemExit(f"{what}: nothing drawn after 60 s; the screen:\n{screen}")
 
     t0 = time.perf_counter()
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]), "-c", tree,
+    subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]), "-c", tree,
                     f"exec {sys.executable} -m tui.cli {path}"], check=True)
     try:
-        pid = int(subprocess.run(["tmux", "display-message", "-p", "-t", session, "#{pane_pid}"],
+        pid = int(subprocess.run([*TMUX, "display-message", "-p", "-t", session, "#{pane_pid}"],
                                  capture_output=True, text=True, check=True).stdout)
         wait(lambda sc: shown(sc, 0), t0, "open")
         out = {"open_s": time.perf_counter() - t0, "open_cpu_s": cpu_seconds(pid)}
@@ -195,7 +201,7 @@ def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(
         for i in range(1, presses + 1):
             time.sleep(0.15)
             t = time.perf_counter()
-            subprocess.run(["tmux", "send-keys", "-t", session, "j"], check=True)
+            subprocess.run([*TMUX, "send-keys", "-t", session, "j"], check=True)
             screen = wait(lambda sc: shown(sc, i) and _token_line(sc) != before, t, "next")
             lat.append(time.perf_counter() - t)
             before = _token_line(screen)
@@ -204,7 +210,7 @@ def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(
         out["next_max_ms"] = 1000 * max(lat)
         return out
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", session], capture_output=True)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -251,7 +257,11 @@ def main() -> None:
     for n, path in paths.items():
         with open_store(path) as s:
             ids[n] = s.ids_range(0, args.presses + 1)
-    with tempfile.TemporaryDirectory(prefix="tui-scale-") as tmp:
+    # one session kept for the run: the server stays up between measurements (its exit as the next one opened was
+    # the same race)
+    subprocess.run([*TMUX, "new-session", "-d", "-s", "keep", "sleep 100000"], check=True)
+    with tempfile.TemporaryDirectory(prefix="tui-scale-") as tmp, contextlib.ExitStack() as cleanup:
+        cleanup.callback(subprocess.run, [*TMUX, "kill-server"], capture_output=True)
         trees = {"this tree": str(REPO)}
         if args.before:
             trees[args.before] = archive(args.before, tmp)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .palette import DEFAULT_COLORMAP, Scale, clip_legend, clip_mark, lightness, rgb
+from .palette import DEFAULT_COLORMAP, Scale, clip_legend, clip_mark, lightness, rgb, rgb_many
 from .text import printable
 
 BAR_STEPS = 11
@@ -37,10 +37,11 @@ class Figure:
         out = []
         for name, scale in self.rows:
             row = []
+            colours = rgb_many([float(scale.values[i]) if i < len(scale.values) else 0.0
+                                for i in range(len(self.tokens))], self.cmap)  # at once: a long example's
             for i, tok in enumerate(self.tokens):
-                v = float(scale.values[i]) if i < len(scale.values) else 0.0
                 joined = i > 0 and tok.startswith("##") and len(tok) > 2
-                colour = rgb(v, self.cmap)
+                colour = colours[i]
                 row.append((printable(tok[2:] if joined else tok) + clip_mark(scale, i), joined,
                             "#%02x%02x%02x" % colour if colour else "#ffffff",
                             colour is None or lightness(colour) > 60))

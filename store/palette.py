@@ -78,6 +78,25 @@ def rgb(value: float, cmap: str = DEFAULT_COLORMAP) -> tuple[int, int, int] | No
     return r, g, b
 
 
+def rgb_many(values, cmap: str = DEFAULT_COLORMAP) -> list[tuple[int, int, int] | None]:
+    """:func:`rgb` of every value, computed at once with numpy (a layer strip colours hundreds of cells a frame;
+    one value stays rgb's: an array per call made it 3x slower). The same numbers: tests/test_tui_strip_colours.py."""
+    v = np.asarray(values, np.float64).ravel()
+    out: list[tuple[int, int, int] | None] = [None] * v.size
+    finite = np.isfinite(v)
+    for cold in (False, True):
+        at = np.flatnonzero(finite & ((v < 0) == cold))
+        if not at.size:
+            continue
+        ramp = COLORMAPS[cmap].rgb(cold)
+        x = np.minimum(np.abs(v[at]), 1.0) * (len(ramp) - 1)
+        i = np.minimum(x.astype(np.int64), len(ramp) - 2)
+        mix = ramp[i] + (ramp[i + 1] - ramp[i]) * (x - i)[:, None]
+        for k, c in zip(at.tolist(), np.round(mix).astype(np.int64).tolist()):
+            out[k] = (c[0], c[1], c[2])
+    return out
+
+
 def lightness(rgb_: tuple[int, int, int]) -> float:
     """CIE L* (0 black .. 100 white) of an RGB colour: how bright it looks."""
 

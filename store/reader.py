@@ -26,7 +26,6 @@ from .digests import columns, crcs
 from .errors import StoreError
 from .attrs import read_attrs
 from .integrity import damaged, open_for_reading
-from .render_html import example_html, store_html
 from .scale import ScaleAccumulator, ViewScale, view_keys
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
@@ -807,6 +806,8 @@ class Store:
 
     def _repr_html_(self) -> str:
         """A notebook's view: the store's facts and its first examples (store/render_html.py)."""
+        from .render_html import store_html  # a notebook's only: the TUI and compute never import it
+
         return store_html(self)
 
 
@@ -844,6 +845,8 @@ class Example:
 
     def _repr_html_(self) -> str:
         """A notebook's view: every method's tokens coloured as the TUI and its exported figures colour them."""
+        from .render_html import example_html
+
         return example_html(self)
 
     # metadata ------------------------------------------------------------------

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from synthetic import make_store
-from test_tui import _damaged_past_the_first_example, async_test, color_env, settle  # noqa: F401 - a fixture
+from test_tui import _damaged_past_the_first_example, async_test, color_env, screen_text, settle  # noqa: F401 - a fixture
 
 
 def _count_reads(monkeypatch) -> list[tuple[str, int]]:
@@ -139,3 +139,110 @@ def test_reading_the_next_example_looks_up_no_dataset_again(tmp_path, monkeypatc
         ex = read_example(s, 3, methods)
         assert ex.tokens == exs[3].tokens
         assert lookups  # a new handle: its datasets opened anew
+
+
+# What only the other screens (and the writing side of store/) need: importing it was a third of attr-tui's start
+# (imports 0.58 s of CPU before the first frame on the 2-core machine; plotext alone 0.14 s under -X importtime).
+NOT_FOR_THE_FIRST_SCREEN = (
+    "plotext", "textual_plotext", "store.writer", "store.copying", "store.metrics", "store.compact", "store.h5",
+    "store.render_html", "tui.export", "tui.screens.metrics", "tui.screens.heads", "tui.screens.attention",
+    "tui.screens.compare", "tui.screens.matrix", "tui.screens.head_matrix", "tui.screens.help",
+    "tui.widgets.curve_chart", "tui.widgets.head_grid", "tui.widgets.metric_table", "tui.render.head_grid",
+    "tui.render.attention_grid", "tui.render.matrix_axes", "tui.render.compare")
+
+
+def test_attr_tui_imports_only_what_the_first_screen_draws():
+    """`attr-tui STORE` imports the CLI and the app (the browse screen): no other screen, no plotting library, no
+    store-writing module; each is imported when it is first opened."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    code = "import json, sys, tui.cli, tui.app; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    loaded = set(json.loads(out.stdout))
+    assert "tui.screens.browse" in loaded and "store.reader" in loaded
+    assert sorted(m for m in NOT_FOR_THE_FIRST_SCREEN if m in loaded) == []
+
+
+@async_test
+async def test_the_next_example_is_laid_out_once(tmp_path, monkeypatch, color_env):
+    """j to an example already read (the read-ahead's) lays the screen out once: a panel whose height followed its
+    content (the token view, the text) asked Textual for a second layout after the first had placed it (its virtual
+    size), a third of "next example" on the 100k benchmark store. What is drawn is the example's (tokens, header)."""
+    from textual.screen import Screen
+
+    from tui.app import create_app
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    layouts = []
+    real = Screen._refresh_layout
+    monkeypatch.setattr(Screen, "_refresh_layout", lambda self, *a, **k: (layouts.append(1), real(self, *a, **k))[1])
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        per_key = []
+        for i in range(1, 9):
+            before = len(layouts)
+            await pilot.press("j")
+            await settle(pilot)
+            assert app.current == i
+            per_key.append(len(layouts) - before)
+            text = screen_text(app)
+            assert f"ex{i}  {i + 1}/12  {len(exs[i].tokens)} tokens" in text
+            assert app.browse.query_one("#tokens").layout_data.cells[1].text == exs[i].tokens[1]
+    assert per_key == [1] * 8, per_key
+
+
+@async_test
+async def test_opening_reads_each_example_once(tmp_path, monkeypatch, color_env):
+    """The first example and the read-ahead's neighbours are read once each on opening (the header's worker reads
+    the first with the header: it was read again when the metric names came in after the list had asked for it)."""
+    from store import add_metrics, MetricData
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    add_metrics(str(path), [MetricData("rollout", "comprehensiveness", np.linspace(0, 1, 12), {}, {"mean": 0.5}, True)])
+    reads = _count_reads(monkeypatch)
+    app, errors = await _open_and_settle(path)
+    assert not errors
+    scores = [k for name, k in reads if name == "methods/rollout/scores"]
+    assert scores == [len(exs[i].tokens) for i in (0, 1, 2)], scores
+    assert app.cache.get(0).metric_values == {("rollout", "comprehensiveness"): 0.0}
+
+
+@async_test
+async def test_the_footer_is_built_again_only_when_its_keys_change(tmp_path, monkeypatch, color_env):
+    """Opening builds the footer's keys twice (before the bindings are known, then with them), not at every
+    refresh_bindings (four times); a key that changes no binding builds nothing; a method without layer views
+    disables the layer keys, and the footer is built again to show it."""
+    from tui.app import create_app
+    from tui.widgets.footer import FittedFooter
+
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=6)
+    builds = []
+    real = FittedFooter.compose
+    monkeypatch.setattr(FittedFooter, "compose", lambda self: (builds.append(1), (yield from real(self)))[1])
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert len(builds) == 2
+        footer = app.browse.query_one(FittedFooter)
+        layer_key = next(k for k in footer.query("FooterKey") if k.key == "left_square_bracket")
+        assert not layer_key.has_class("-disabled")
+        await pilot.press("j")
+        await settle(pilot)
+        assert len(builds) == 2
+        for _ in range(2):  # rollout -> normxlogit -> norm (no layer views)
+            await pilot.press("m")
+            await settle(pilot)
+        assert app.method.name == "norm"
+        for _ in range(5):  # the new keys are mounted after the frame that asked for them
+            await pilot.pause()
+        assert len(builds) == 3
+        layer_key = next(k for k in footer.query("FooterKey") if k.key == "left_square_bracket")
+        assert layer_key.has_class("-disabled")

@@ -31,14 +31,7 @@ from .live import file_state, writer_alive
 from .render.metric_table import short_name
 from .render.task import list_cells
 from .render.tokens import printable
-from .screens.attention import AttentionScreen
-from .screens.browse import BrowseScreen
-from .screens.compare import CompareScreen
-from .screens.generation import GenerationScreen
-from .screens.heads import HeadsScreen
-from .screens.help import HelpScreen
-from .screens.matrix import MatrixScreen
-from .screens.metrics import MetricsScreen
+from .screens.browse import BrowseScreen  # the other screens are imported when first opened (a faster start)
 from .view import ListView
 from .widgets import ExampleList
 from .widgets.example_list import BLOCK as ROW_BLOCK
@@ -248,7 +241,6 @@ class AttrApp(App[int]):
         try:
             with self.store_lock:
                 meta = read_meta(self.store)
-            self.post_message(MetaLoaded(meta))
         except Exception as err:  # a damaged store: say so, keep the UI alive
             self.post_message(ReadFailed("the store header", str(err)))
             return
@@ -256,10 +248,23 @@ class AttrApp(App[int]):
             with self.store_lock:
                 metrics, _ = read_metrics(self.store, curves=False)
         except Exception as err:  # the examples stay browsable without them
+            self.post_message(MetaLoaded(meta))
             self.post_message(ReadFailed("the metrics", str(err)))
             return
+        # The first example with the header, posted before it: the list's first highlight then draws it from the
+        # cache in the frame that draws the list (its own read waited for the header's trip through the UI).
+        first = None
+        if meta.n:
+            try:
+                with self.store_lock:
+                    first = read_example(self.store, 0, tuple(m.name for m in meta.methods), metrics.keys())
+            except Exception:  # noqa: BLE001 - the highlight reads it again and says what failed
+                first = None
+        self.post_message(MetaLoaded(meta))
         if metrics.names:
             self.post_message(MetricValuesLoaded(metrics))
+        if first is not None:
+            self.post_message(ExampleLoaded(first))
 
     def _load(self, index: int) -> None:
         self.run_worker(partial(self._read_examples, [index] + self._neighbours(index)), thread=True,
@@ -382,8 +387,8 @@ class AttrApp(App[int]):
         if message.metrics is not None and self._metric_state(message.metrics) != self._metric_state(self.metrics):
             self.store_generation += 1
             self.on_metric_values_loaded(MetricValuesLoaded(message.metrics))
-            screen = self.screen
-            if isinstance(screen, MetricsScreen):
+            screen = self._metrics_screen_shown()
+            if screen is not None:
                 screen.on_screen_resume()  # it reads them again (its key counts the store's changes)
 
     @staticmethod
@@ -408,8 +413,9 @@ class AttrApp(App[int]):
         self.cache.put(message.example.index, message.example)
         if message.example.index == self.current:
             self._render_current()
-            if isinstance(self.screen, MetricsScreen):  # its line of the example's values, now read
-                self.screen.show_example_values()
+            screen = self._metrics_screen_shown()
+            if screen is not None:  # its line of the example's values, now read
+                screen.show_example_values()
 
     def on_read_failed(self, message: ReadFailed) -> None:
         if not self._alive():
@@ -426,8 +432,9 @@ class AttrApp(App[int]):
             self.token = None
         self.current = message.index
         self.browse.query_one("#tokens").scroll_home(animate=False)
-        if isinstance(self.screen, MetricsScreen):  # its line of the current example's values follows
-            self.screen.show_example_values()
+        screen = self._metrics_screen_shown()
+        if screen is not None:  # its line of the current example's values follows
+            screen.show_example_values()
         if self.meta is None:
             return
         if message.index in self.cache:
@@ -553,19 +560,31 @@ class AttrApp(App[int]):
         self.clear_notifications()
         return super().switch_screen(screen)
 
+    def _metrics_screen_shown(self):
+        """The metrics screen when it is the one shown, else None (without importing it: it may never be opened)."""
+        if self.is_screen_installed("metrics") and self.screen is self.get_screen("metrics"):
+            return self.screen
+        return None
+
     def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.color_mode, self.colormap,
                                         generation=self.meta is not None and self.meta.generation))
 
     def action_heads(self) -> None:
         """The heads screen: the store's head masks (it reads them itself, on a worker)."""
+        from .screens.heads import HeadsScreen
+
         if not isinstance(self.screen, HeadsScreen):
             self.push_screen(HeadsScreen(self.color_mode))
 
     def action_attention(self) -> None:
         """The attention screen: the current example's per-head attention (it reads it itself, on a worker); a
         store without per-head attention says so in one line and reads nothing."""
+        from .screens.attention import AttentionScreen
+
         if self.meta is None or self.current is None or isinstance(self.screen, AttentionScreen):
             return
         if self.meta.heads == "none":
@@ -586,11 +605,15 @@ class AttrApp(App[int]):
         """Choose the compare screen's methods (2 to 6; kept across examples and used by the export)."""
         self.compare_methods = list(methods)[:6]
         self.notify("compare: " + ", ".join(printable(m) for m in self.compare_methods), timeout=3, markup=False)
+        from .screens.compare import CompareScreen
+
         if isinstance(self.screen, CompareScreen):
             self.screen.set_methods(self.compare_methods)
 
     def action_compare(self) -> None:
         """The compare screen: the compare set side by side for the current example."""
+        from .screens.compare import CompareScreen
+
         if self.meta is None or self.current is None or isinstance(self.screen, CompareScreen):
             return
         if len(self.meta.methods) < 2:
@@ -600,6 +623,8 @@ class AttrApp(App[int]):
 
     def action_generation(self) -> None:
         """The generation screen: the current example's whole generation, target x source, in the current method."""
+        from .screens.generation import GenerationScreen
+
         if self.meta is None or self.current is None or isinstance(self.screen, GenerationScreen):
             return
         if not self.meta.generation:
@@ -609,6 +634,8 @@ class AttrApp(App[int]):
 
     def action_matrix(self) -> None:
         """The matrix screen: the current method's token-to-token matrix (or the first method that has one)."""
+        from .screens.matrix import MatrixScreen
+
         if self.meta is None or self.current is None or isinstance(self.screen, MatrixScreen):
             return
         with_matrices = [m.name for m in self.meta.methods if m.matrices != "none"]
@@ -661,8 +688,10 @@ class AttrApp(App[int]):
 
     def action_metrics(self) -> None:
         """The metrics screen: methods × faithfulness metrics (it reads them itself, on a worker)."""
-        if isinstance(self.screen, MetricsScreen):
+        if self._metrics_screen_shown() is not None:
             return
+        from .screens.metrics import MetricsScreen
+
         # One screen for the app's life (installed, so closing it keeps it): opening it again builds nothing and
         # reads nothing unless the store changed; its sort and cursor stay as the user left them.
         if not self.is_screen_installed("metrics"):

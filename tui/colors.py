@@ -23,7 +23,7 @@ from rich.style import Style
 # The scales as numbers are store/'s (its HTML views colour tokens without rich); this module re-exports them.
 from store.palette import (COLORMAPS, DEFAULT_COLORMAP, DOMINANCE, SCALE_TOKEN_NAMES, SCALE_TOKENS,  # noqa: F401
                            Scale, clip_legend, clip_mark, content_tokens, default_scale_tokens, explained_dominates,
-                           format_score, normalize, normalize_within, rgb, scale_keep)
+                           format_score, normalize, normalize_within, rgb, rgb_many, scale_keep)
 from store.palette import lightness as rgb_lightness
 
 Mode = Literal["truecolor", "256", "16", "mono"]
@@ -103,6 +103,64 @@ def background(value: float, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Color 
         ramp = c.cold_256 if cold else c.warm_256
         return Color.from_ansi(ramp[_level(v, len(ramp))])
     return Color.from_rgb(*rgb(v, cmap))
+
+
+def background_styles(values, mode: Mode, cmap: str = DEFAULT_COLORMAP) -> list[Style]:
+    """``Style(bgcolor=background(v, mode, cmap))`` of every value: the colours computed at once, each distinct
+    colour's style made once (a layer strip built them cell by cell: half of the browse screen's draw)."""
+    keys, make = _background_keys(values, mode, cmap)
+    styles = {None: _NO_BACKGROUND}
+    out = []
+    for key in keys:
+        style = styles.get(key)
+        if style is None:
+            style = styles[key] = Style(bgcolor=make(*key))
+        out.append(style)
+    return out
+
+
+def token_styles(values, mode: Mode, top, cmap: str = DEFAULT_COLORMAP) -> list[Style]:
+    """``token_style(v, mode, top=i in top, cmap)`` of every value (the i-th), each distinct style made once: a
+    4,096-token example's colours one token at a time were most of its draw."""
+    keys, make = _background_keys(values, mode, cmap)
+    styles: dict = {}
+    out = []
+    for i, key in enumerate(keys):
+        t = i in top
+        style = styles.get((key, t))
+        if style is None:
+            if key is None:
+                style = Style(bold=t, underline=t)
+            else:
+                bg = make(*key)
+                light = lightness(bg) > 60
+                if mode == "16":
+                    fg = Color.from_ansi(0) if light else Color.from_ansi(15)
+                else:
+                    fg = Color.from_rgb(0, 0, 0) if light else Color.from_rgb(255, 255, 255)
+                style = Style(color=fg, bgcolor=bg, bold=t, underline=t)
+            styles[(key, t)] = style
+        out.append(style)
+    return out
+
+
+def _background_keys(values, mode: Mode, cmap: str):
+    """(a key per value, None where background() is None; ``make(*key)``: the key's colour)."""
+    v = np.asarray(values, np.float64).ravel()
+    if mode == "mono":
+        return [None] * v.size, None
+    if mode == "truecolor":
+        return rgb_many(v, cmap), Color.from_rgb
+    c = COLORMAPS[cmap]  # the ramp's step of each value, as _level rounds it
+    ramps = {False: c.warm_16, True: c.cold_16} if mode == "16" else {False: c.warm_256, True: c.cold_256}
+    size = np.minimum(np.abs(np.nan_to_num(v)), 1.0)
+    steps = {cold: np.clip(np.round(size * (len(r) - 1)), 0, len(r) - 1).astype(int).tolist()
+             for cold, r in ramps.items()}
+    keys = [(bool(x < 0), steps[bool(x < 0)][j]) if np.isfinite(x) else None for j, x in enumerate(v.tolist())]
+    return keys, lambda cold, k: Color.from_ansi(ramps[cold][k])
+
+
+_NO_BACKGROUND = Style(bgcolor=None)
 
 
 def lightness(color: Color) -> float:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 
-from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, normalize_within
+from ..colors import DEFAULT_COLORMAP, Mode, background_styles, glyph, normalize_within
 from .heatmap import block_factor, block_mean
 
 CURRENT_MARK = "▶"
@@ -47,21 +47,39 @@ def strip_text(lines: np.ndarray, labels: list[str], current: int | None, signed
         f, cw = strip_geometry(n, room)
     cells, _ = block_mean(lines, 1, f)
     vals = normalize_within(cells, signed).values.reshape(cells.shape)
-    out = Text(no_wrap=True, overflow="crop")
     shown = window(V, V - 1 if current is None else current, rows)
+    styles = None if mode == "mono" else background_styles(vals[shown.start:shown.stop], mode, cmap)
+    # the text and its spans as Text.append makes them, one span per cell, without a call per cell
+    plain: list[str] = []
+    spans: list[Span] = []
+    at = 0
+
+    def put(text: str, style: Style) -> None:
+        nonlocal at
+        plain.append(text)
+        if style:  # as Text.append: a null style (no colour for a non-finite value) makes no span
+            spans.append(Span(at, at + len(text), style))
+        at += len(text)
+
     for k, r in enumerate(shown):
         cur = r == current
         label = f"{CURRENT_MARK if cur else ' '}{labels[r]}"
         # lines left out above or below the window: marked after the first or the last label shown
         above, below = k == 0 and shown.start > 0, k == len(shown) - 1 and shown.stop < V
         mark = "↕" if above and below else "↑" if above else "↓" if below else " "
-        out.append(label[:label_w - 1].ljust(label_w - 1), Style(bold=True) if cur else _DIM)
-        out.append(mark, Style(bold=True) if mark != " " else _DIM)
-        for x in vals[r]:
-            if mode == "mono":
-                out.append(glyph(x) * cw, Style(bold=cur))
-            else:
-                out.append(" " * cw, Style(bgcolor=background(x, mode, cmap)))
+        put(label[:label_w - 1].ljust(label_w - 1), Style(bold=True) if cur else _DIM)
+        put(mark, Style(bold=True) if mark != " " else _DIM)
+        if styles is None:
+            bold = Style(bold=cur)
+            for x in vals[r]:
+                put(glyph(x) * cw, bold)
+        else:
+            cell = " " * cw
+            for style in styles[k * len(vals[r]):(k + 1) * len(vals[r])]:
+                put(cell, style)
         if k < len(shown) - 1:
-            out.append("\n")
+            plain.append("\n")
+            at += 1
+    out = Text("".join(plain), no_wrap=True, overflow="crop")
+    out.spans = spans
     return out

@@ -16,7 +16,8 @@ from rich.text import Text
 from store.figure import EXPLAINED_MARK
 from store.text import printable, printable_text  # noqa: F401 (shown as the HTML views show them; re-exported)
 
-from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, clip_mark, format_score, glyph, sign_mark, token_style
+from ..colors import (DEFAULT_COLORMAP, GLYPHS, Mode, Scale, clip_mark, format_score, glyph, sign_mark, token_style,
+                      token_styles)
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
 _JOIN_STYLE = Style(dim=True)
@@ -44,8 +45,10 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
     generation step's tokens from its target on, palette.cut_after) is drawn without colour and glyph, dim (the
     explained one bold)."""
     cells = []
+    values = [float(scale.values[i]) if i < len(scale.values) else 0.0 for i in range(len(tokens))]
+    styles = token_styles(values, mode, top, cmap)
     for i, tok in enumerate(tokens):
-        v = float(scale.values[i]) if i < len(scale.values) else 0.0
+        v = values[i]
         joined = i > 0 and tok.startswith("##") and len(tok) > 2
         shown = printable(tok[2:] if joined else tok)
         if not np.isfinite(v):
@@ -59,7 +62,7 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
         if i == explained_end:
             shown += SPAN_END_MARK
         shown += clip_mark(scale, i)  # beyond the scale, drawn at its end
-        cells.append(TokenCell(shown, token_style(v, mode, top=i in top, cmap=cmap), joined))
+        cells.append(TokenCell(shown, styles[i], joined))
     return cells
 
 

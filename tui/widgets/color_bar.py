@@ -6,10 +6,11 @@ from textual.widgets import Static
 
 from ..colors import Scale
 from ..render.tokens import ColorBar
+from .laid_out_once import LaidOutOnce
 
 
 
-class ColorBarView(Static):
+class ColorBarView(LaidOutOnce, Static):
     DEFAULT_CSS = "ColorBarView { height: 1; }"
 
     def show(self, scale: Scale, mode, glyphs: bool, top_k: int, scope: str = "", cmap: str = "dark",

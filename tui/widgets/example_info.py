@@ -14,6 +14,7 @@ from textual.widgets import Static
 from ..data import LoadedExample
 from ..render.task import task_lines
 from ..render.tokens import printable, printable_text
+from .laid_out_once import LaidOutOnce
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -25,7 +26,7 @@ def _label_name(labels: dict[int, str], k: int | None) -> str:
     return printable(labels.get(int(k), str(int(k))))
 
 
-class InfoPanel(Static):
+class InfoPanel(LaidOutOnce, Static):
     """Two lines: id, position, length, truncation; gold label, prediction with its probability, correct mark (other
     tasks: up to two lines of what the example explains, render/task.py)."""
 
@@ -79,7 +80,7 @@ class Clipped:
         yield Text("\n").join(wrapped)
 
 
-class TextPanel(Static):
+class TextPanel(LaidOutOnce, Static):
     """The example's text (and pair text), literally, cut to TEXT_LINES lines (marked "…")."""
 
     TEXT_LINES = 3

@@ -18,7 +18,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -92,7 +92,7 @@ class ExampleList(ScrollView, can_focus=True):
     ExampleList:focus > .example-list--cursor { background: $block-cursor-background; color: $block-cursor-foreground; }
     """
 
-    cursor: reactive[int] = reactive(0, always_update=False, init=False)
+    cursor: reactive[int] = reactive(0, always_update=False, init=False, repaint=False)  # watch_cursor repaints
 
     class Highlighted(Message):
         def __init__(self, index: int):
@@ -354,8 +354,13 @@ class ExampleList(ScrollView, can_focus=True):
 
     # ---------------------------------------------------------------- cursor
     def watch_cursor(self, old: int, new: int) -> None:
+        top = int(self.scroll_offset.y)
         self._scroll_to_cursor()
-        self.refresh()
+        if int(self.scroll_offset.y) == top:  # the two rows the cursor left and reached, not the whole list
+            width = self.size.width
+            self.refresh(*(Region(0, pos - top + 1, width, 1) for pos in (old, new)))
+        else:
+            self.refresh()
         if self.row_count:
             self.post_message(self.Highlighted(self.row_at(new)))
 

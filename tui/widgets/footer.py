@@ -14,9 +14,34 @@ COMPACT_BELOW = 90  # columns: below this the footer drops its spacing
 
 
 class FittedFooter(Footer):
+    _shown: tuple | None = None  # what the keys were last built from (_keys_shown)
+    _building = False  # a build is scheduled: it reads the bindings when it runs
+
     def compose(self):
+        self._building = False
         self._drop_closed_watchers()
+        self._shown = self._keys_shown() if self._bindings_ready else None
         yield from super().compose()
+
+    def bindings_changed(self, screen) -> None:
+        """Footer.bindings_changed, but the keys are built again only when what they show changed, and once for
+        changes that come together: Textual rebuilt all of them (20 widgets) at each refresh_bindings, four times
+        while attr-tui opens."""
+        self._bindings_ready = True
+        if not screen.app.app_focus or not (self.is_attached and screen is self.screen):
+            return
+        if self._building or self._keys_shown() == self._shown:
+            return
+        self._building = True
+        self.call_after_refresh(self.recompose)
+
+    def _keys_shown(self) -> tuple:
+        """What the keys are built from (Footer.compose): each shown binding, whether it is enabled, its tooltip;
+        the palette's key; the footer's own settings."""
+        keys = tuple((b.key, b.key_display, b.description, b.action, b.group, enabled, tooltip)
+                     for _, b, enabled, tooltip in self.screen.active_bindings.values()
+                     if b.show or b.action == "command_palette")
+        return keys, self.compact, self.show_command_palette
 
     def _drop_closed_watchers(self) -> None:
         for watchers in getattr(self, "__watchers", {}).values():

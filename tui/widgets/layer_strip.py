@@ -6,10 +6,11 @@ import numpy as np
 from textual.widgets import Static
 
 from ..render.layer_strip import strip_text
+from .laid_out_once import LaidOutOnce
 
 
 
-class LayerStrip(Static):
+class LayerStrip(LaidOutOnce, Static):
     """Layers x tokens of the current method (:func:`tui.render.layer_strip.strip_text`): a line per layer view and
     one for the final scores, the current one marked; hidden for methods without layer views."""
 

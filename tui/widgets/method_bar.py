@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from ..data import MethodInfo
 from ..render.tokens import printable
+from .laid_out_once import LaidOutOnce
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -43,7 +44,7 @@ class _LayerLadder:
         yield t
 
 
-class MethodBar(Static):
+class MethodBar(LaidOutOnce, Static):
     """Line 1 (wrapped): the method, its position among the methods, signed or not, its description. Next (only in
     stores with metrics): the
     current example's faithfulness metrics for this method. Last line: the layer ladder, unless the layer strip

@@ -8,11 +8,16 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from ..render.tokens import TokenLayout
+from .laid_out_once import LaidOutOnce
 
 _DIM = Style(dim=True)
 
 
-class TokenView(VerticalScroll):
+class _TokenText(LaidOutOnce, Static):
+    pass
+
+
+class TokenView(LaidOutOnce, VerticalScroll):
     """Scrollable token text (tab focuses it; arrows then scroll)."""
 
     DEFAULT_CSS = """
@@ -21,7 +26,7 @@ class TokenView(VerticalScroll):
     """
 
     def compose(self):
-        yield Static(id="token-text")
+        yield _TokenText(id="token-text")
 
     @property
     def body(self) -> Static:
