@@ -22,6 +22,7 @@ from ..tasks import Outcome, Part, TaskRows
 from ..tasks.base import long_tensor
 from .batches import parts as parts_of
 from .parts import TOKEN_AXES, cut_capture, put_back
+from .steps import Steps, explaining_steps, rows_capture, step_foils, step_logits, step_outcome
 from .transfer import HostCopy, Stopwatch
 from .plan import RunPlan
 from .progress import Progress
@@ -219,6 +220,60 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
             results[g] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
             values[g] = {k: _added([v[k] for v in vals]) for k in vals[0]}
     return PendingBatch(results, values, outcome, clock, timings, device, kept_heads)
+
+
+@torch.no_grad()
+def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], steps: Steps,
+                       contrast: str | None, matrices: str, timings: Timings, probe: Probe | None = None) -> PendingBatch:
+    """Queue one batch of generations (--task generate; ``enc``: prompt + continuation, right-padded): one forward
+    pass, then every method on every step (compute/run/steps.py), each step explaining its generated token (less
+    its foil: ``contrast`` top2, column or None). The results have one row per step: scores [R, n] and layer_scores
+    [R, V, n], zero after the step's position; matrices (``matrices`` all) a class-independent method's of the pass
+    [B, L, n, n], a class-specific one's per step [R, L, n, n], or (cls) each step's explained row [R, L, 1, n]."""
+    device = enc["input_ids"].device
+    probe = probe or Probe()
+    clock = Stopwatch(device)
+    needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
+    probe.begin("forward")
+    t0 = clock.now()
+    cap = lm.adapter.capture(enc, needs)
+    cap.passes = frozenset().union(*(m.passes for m in methods.values()))
+    logits = step_logits(cap, steps)
+    foil = step_foils(logits, steps, contrast)
+    outcome = step_outcome(logits, steps, foil)
+    clock.span("forward", t0)
+    probe.end("forward")
+    cap.output = None  # the [B, n, V] logits are not kept while the methods run
+    made: list[Captured] = []
+
+    def rows() -> Captured:  # the step rows, made for the first method that reads them, shared by the others
+        if not made:
+            made.append(explaining_steps(rows_capture(cap, steps), logits, foil))
+        return made[0]
+
+    step_mask = steps.mask(cap.mask)
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    values: dict[str, dict[str, torch.Tensor]] = {}
+    for name, m in methods.items():
+        probe.begin(name)
+        t0 = clock.now()
+        res = m.compute(rows(), lm.adapter, steps.target) if m.class_specific else \
+            m.compute_rows(cap, lm.adapter, steps, rows)
+        out = {"scores": res.scores * step_mask}
+        if res.layer_scores is not None:
+            out["layer_scores"] = res.layer_scores * step_mask[:, None]
+        if res.matrices is not None and matrices != "none":
+            per_step = res.matrices.shape[0] == len(steps.example) and m.class_specific
+            if matrices == "all":
+                out["matrices"] = res.matrices
+            else:  # each step's explained row, of the pass's matrices or its own
+                M = res.matrices if per_step else res.matrices[steps.example]
+                out["matrices"] = M.gather(2, steps.position.view(-1, 1, 1, 1).expand(-1, M.shape[1], 1, M.shape[3]))
+        results[name] = {k: v.detach().float() for k, v in out.items()}
+        values[name] = {k: v.detach().float() for k, v in (res.example_values or {}).items()}
+        clock.span(name, t0)
+        probe.end(name)
+    return PendingBatch(results, values, outcome, clock, timings, device)
 
 
 def _kept_heads(cap: Captured, heads: str, kept_row: torch.Tensor) -> torch.Tensor:
