@@ -34,6 +34,7 @@ class Steps:
     grid: torch.Tensor  # [B, S] the positions as a padded grid (S: the most steps of an example; padding repeats 0)
     flat: torch.Tensor  # [R] each row's index into the grid flattened (b * S + t)
     counts: list[int]  # steps per example
+    prompt_last: torch.Tensor  # [B] each prompt's last position (the store's explained position of the example)
 
     @classmethod
     def of(cls, prompt_lengths: list[int], targets: list[list[int]], foils: list[list[int]] | None,
@@ -50,7 +51,8 @@ class Steps:
         return cls(example=long_tensor(example, device), position=long_tensor(position, device),
                    target=long_tensor([t for row in targets for t in row], device),
                    foil=long_tensor(flat_foils, device), grid=long_tensor(grid, device),
-                   flat=long_tensor(example * max(S, 1) + step, device), counts=counts)
+                   flat=long_tensor(example * max(S, 1) + step, device), counts=counts,
+                   prompt_last=long_tensor([p - 1 for p in prompt_lengths], device))
 
     def rows(self, per_example_steps: torch.Tensor) -> torch.Tensor:
         """[B, S, ...] (one entry per grid cell) -> [R, ...] (one per step row)."""
