@@ -164,3 +164,26 @@ def test_a_continuation_that_does_not_retokenise_to_itself_is_refused(llama_dir,
 def test_generate_options_out_of_place_are_usage_errors(llama_dir, tmp_path, args, message):
     data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "the movie", "c": " fun", "f": " bad"}])
     assert message in refused(tmp_path, data, "--model", llama_dir, *args, code=2)
+
+
+def test_the_perturbation_metrics_of_a_generation_are_its_steps_next_token_metrics(llama_dir, tmp_path):
+    """Point 5: each step's metric is the next-token metric of its prefix and token (its target probability
+    perturbed); an example stores the mean over its steps."""
+    k = 3
+    data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p, "cont": c} for p, c in zip(PROMPTS[:k], CONTINUATIONS)])
+    metrics = ("--metrics", "comprehensiveness,sufficiency,aopc,lodds")
+    gen = tmp_path / "gen.h5"
+    ok(invoke("run", data, "--model", llama_dir, "-o", gen, "--task", "generate", "--methods", "rollout,grad_l2",
+              "--continuation-column", "cont", *metrics, *RUN))
+    prefixes = [{"text": p + "".join(" " + w for w in c.split()[:t]), "target": c.split()[t]}
+                for p, c in zip(PROMPTS[:k], CONTINUATIONS) for t in range(len(c.split()))]
+    nt = tmp_path / "nt.h5"
+    ok(invoke("run", write_jsonl(tmp_path / "nt.jsonl", prefixes), "--model", llama_dir, "-o", nt, "--task",
+              "next-token", "--methods", "rollout,grad_l2", *metrics, *RUN))
+    owner = np.repeat(np.arange(k), [len(c.split()) for c in CONTINUATIONS[:k]])
+    with open_store(str(gen)) as g, open_store(str(nt)) as ref:
+        for m in ("rollout", "grad_l2"):
+            for name in ("comprehensiveness", "sufficiency", "aopc", "lodds"):
+                per_step = ref.metric_values(m, name)
+                want = [np.nanmean(per_step[owner == i]) for i in range(k)]
+                np.testing.assert_allclose(g.metric_values(m, name), want, rtol=1e-5, atol=1e-7, err_msg=f"{m} {name}")
