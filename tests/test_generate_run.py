@@ -187,3 +187,42 @@ def test_the_perturbation_metrics_of_a_generation_are_its_steps_next_token_metri
                 per_step = ref.metric_values(m, name)
                 want = [np.nanmean(per_step[owner == i]) for i in range(k)]
                 np.testing.assert_allclose(g.metric_values(m, name), want, rtol=1e-5, atol=1e-7, err_msg=f"{m} {name}")
+
+
+def test_a_stopped_sampled_generation_resumes_with_the_same_generations(llama_dir, tmp_path, monkeypatch):
+    """--do-sample --seed: a run stopped after its first window and resumed stores what one uninterrupted run does
+    (each example decodes from its own generator, whatever the window it is decoded in)."""
+    import compute.runner as runner
+    from compute import interrupts
+    from compute.runner import RunConfig, run
+
+    data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p} for p in PROMPTS])
+    common = dict(dataset=str(data), model=str(llama_dir), task="generate", methods="rollout,grad_l2",
+                  do_sample=True, seed=3, max_new_tokens=4, batch_size=2, window=1, device="cpu")
+    full = tmp_path / "full.h5"
+    run(RunConfig(output=str(full), **common))
+    submitted = []
+    submit = runner.WindowWriter.submit
+
+    def stop_at_the_second(self, examples):
+        submitted.append(len(examples))
+        if len(submitted) == 2:
+            raise KeyboardInterrupt
+        return submit(self, examples)
+
+    monkeypatch.setattr(runner.WindowWriter, "submit", stop_at_the_second)
+    part = tmp_path / "part.h5"
+    with pytest.raises(interrupts.Interrupted, match="--resume"):
+        run(RunConfig(output=str(part), **common))
+    monkeypatch.undo()
+    with open_store(str(part)) as s:
+        assert len(s) == 2 and not s.complete
+    run(RunConfig(output=str(part), resume=True, **common))
+    with open_store(str(full)) as a, open_store(str(part)) as b:
+        assert len(a) == len(b) == len(PROMPTS) and b.complete
+        assert sum(a[i].n_steps for i in range(len(a))) > len(PROMPTS)  # sampled, several tokens each
+        for i in range(len(a)):
+            assert list(a[i].generated_ids) == list(b[i].generated_ids)
+            np.testing.assert_allclose(a[i].step_probs, b[i].step_probs, rtol=1e-6)
+            for m in ("rollout", "grad_l2"):
+                np.testing.assert_allclose(a[i].step_scores(m), b[i].step_scores(m), rtol=1e-6, atol=1e-7)
