@@ -160,6 +160,8 @@ def test_a_continuation_that_does_not_retokenise_to_itself_is_refused(llama_dir,
     (("--task", "generate", "--continuation-column", "c", "--do-sample"), "--continuation-column gives the continuation"),
     (("--task", "generate", "--seed", "3"), "--seed seeds --do-sample's draws"),
     (("--task", "generate", "--contrast-column", "f"), "--contrast-column gives one foil per continuation token"),
+    (("--task", "generate", "--batch-size", "auto"), "--batch-size auto measures one-target batches"),
+    (("--task", "generate", "--target", "label"), "--target label has no meaning for --task generate"),
 ])
 def test_generate_options_out_of_place_are_usage_errors(llama_dir, tmp_path, args, message):
     data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "the movie", "c": " fun", "f": " bad"}])

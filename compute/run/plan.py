@@ -110,6 +110,9 @@ def check_generate(cfg: RunConfig) -> None:
     if cfg.contrast_column is not None and cfg.continuation_column is None:
         raise UsageError("--contrast-column gives one foil per continuation token, so it needs --continuation-column "
                          "(or use --contrast top2 with generated continuations)")
+    if cfg.task == "generate" and cfg.batch_size == "auto":
+        raise UsageError("--batch-size auto measures one-target batches, not a generation's steps: pass --batch-size N "
+                         "with --task generate")
     if cfg.task == "generate" and cfg.target not in (None, "predicted"):
         raise UsageError(f"--target {cfg.target} has no meaning for --task generate (each step explains its own "
                          "token): drop it")
