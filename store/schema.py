@@ -281,8 +281,9 @@ def task_row_problem(rows: np.ndarray, task: str, num_labels: int) -> tuple[int,
     elif task == "regression":
         checks.append(("the value not finite", np.isfinite(probs).all(axis=1)))
     if task == GENERATE:  # the tokens are the prompt, then the steps' tokens
+        P, T = rows["prompt_len"], rows["n_steps"]
         checks.append(("prompt_len + n_steps not n_tokens (prompt_len >= 1, n_steps >= 0)",
-                       (rows["prompt_len"] >= 1) & (rows["n_steps"] >= 0) & (rows["prompt_len"] + rows["n_steps"] == n)))
+                       (P >= 1) & (T >= 0) & (P + T == n)))
     elif task in TASKS:
         checks.append(("step fields outside a generation store", (rows["prompt_len"] == -1) & (rows["n_steps"] == 0)))
     for what, ok in checks:

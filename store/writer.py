@@ -180,7 +180,7 @@ class StoreWriter:
         for key, values in zip(_ROW_FIELDS, zip(*map(attrgetter(*_ROW_FIELDS), examples))):
             rows[key] = values
         # the steps (a generation store: the tokens after the prompt; none in others)
-        T = np.where(rows["prompt_len"] >= 0, n - rows["prompt_len"], 0).astype(np.int64) if self.generation else 0 * n
+        T = n - rows["prompt_len"] if self.generation else np.zeros_like(n)  # a bad prompt_len: task_row_problem
         rows["n_steps"] = T
         step_ends, grid_ends = np.cumsum(T), np.cumsum(T * n)
         rows["step_off"], rows["grid_off"] = e.steps + step_ends - T, e.grid + grid_ends - T * n
@@ -262,8 +262,8 @@ class StoreWriter:
                                        [(t,) + inner + (k,) for t, k in zip(T.tolist(), n.tolist())], examples)
                 arrays = [_nan_after_steps(a.astype(np.float32), ex.prompt_len) for a, ex in zip(arrays, examples)]
                 out.append((f"{g}/{key}", np.concatenate(arrays, axis=None)))
-                views[key] = (np.concatenate([np.moveaxis(a.reshape(a.shape[0], rows, a.shape[-1]), 1, 0).reshape(rows, -1)
-                                              for a in arrays], axis=1), T * n)
+                per_view = [np.moveaxis(a.reshape(a.shape[0], rows, a.shape[-1]), 1, 0).reshape(rows, -1) for a in arrays]
+                views[key] = (np.concatenate(per_view, axis=1), T * n)
         else:
             leading["scores"] = ()
             if layout.n_layer_views:

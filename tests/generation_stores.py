@@ -28,7 +28,8 @@ def layouts() -> list[MethodLayout]:
 
 
 def generation_examples(seed: int = 0) -> list[ExampleData]:
-    """The examples of PROMPTS: every step array filled everywhere (the writer stores NaN after each step's position)."""
+    """The examples of PROMPTS, every step array filled everywhere (the writer stores NaN after each step's
+    position)."""
     rng = np.random.default_rng(seed)
     out = []
     for i, (prompt, generated, foils) in enumerate(PROMPTS):
