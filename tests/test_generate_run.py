@@ -103,9 +103,11 @@ def test_greedy_generation_and_eos_at_the_first_step(llama_dir, tmp_path):
     data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
     out = tmp_path / "gen.h5"
     ok(invoke("run", data, "--model", model, "-o", out, "--task", "generate", "--max-new-tokens", "3",
-              "--methods", "rollout,grad_l2", "--contrast", "top2", *RUN))
+              "--methods", "rollout,grad_l2", "--contrast", "top2", "--heads", *RUN))
     with open_store(str(out)) as g:
         assert g[0].n_steps == 0 and g[0].step_scores("rollout").shape == (0, g[0].prompt_len)
+        n = len(g[1].tokens)  # the pass's attention per head over prompt + continuation, as the matrices
+        assert g[1].heads().shape == (3, 4, n, n) and g[1].matrices("rollout").shape == (3, n, n)
         for i in (1, 2):
             ex = g[i]
             want = [t for t in greedy_chain(llama_dir, PROMPTS[i], 3)]
