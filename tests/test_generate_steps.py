@@ -84,14 +84,26 @@ def steps_run(lm, names, prompts, made, foils, contrast):
     return steps, launch_steps_batch(lm, methods, enc, steps, contrast, "cls", Timings()).result()
 
 
-def assert_steps_equal_prefixes(names, ref, got, seqs):
+def assert_steps_equal_prefixes(names, ref, got, seqs, steps):
     assert got.outcome.explain_pos.tolist() == ref.outcome.explain_pos.tolist()
     for key in ("target_token", "foil_token", "pred"):
         assert np.asarray(got.outcome.__dict__[key]).tolist() == np.asarray(ref.outcome.__dict__[key]).tolist(), key
     np.testing.assert_allclose(got.outcome.output, ref.outcome.output, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got.outcome.probs, ref.outcome.probs, rtol=1e-5, atol=1e-9)
+    first = np.cumsum([0] + steps.counts)[:-1]  # each example's step 0: its prompt alone
     for name in names:
+        if "matrices" in ref.results[name]:  # per example: a class-independent method's pass, its prompt's last row
+            have = got.results[name].get("matrices")
+            assert (have is None) == REGISTRY[name].class_specific, name
+            for b, (r, c) in enumerate(zip(first, steps.counts)):
+                if have is not None and c:
+                    k = len(seqs[r])
+                    np.testing.assert_allclose(have[b][..., :k], ref.results[name]["matrices"][r][..., :k],
+                                               rtol=0, atol=1e-5 * max(float(np.abs(have[b]).max()), 1e-30))
+                    assert (have[b][..., k:] == 0).all(), name
         for key, want in ref.results[name].items():
+            if key == "matrices":
+                continue
             have = got.results[name][key]
             for r, s in enumerate(seqs):
                 k = len(s)
@@ -113,7 +125,7 @@ def test_every_step_equals_the_next_token_run_on_its_prefix(arch):
     steps, got = steps_run(lm, names, prompts, made, None, None)
     assert steps.counts == STEPS and len(seqs) == sum(STEPS)
     assert (np.asarray(got.outcome.foil_token) == -1).all()
-    assert_steps_equal_prefixes(names, ref, got, seqs)
+    assert_steps_equal_prefixes(names, ref, got, seqs, steps)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -138,4 +150,4 @@ def test_contrasted_steps_equal_the_foil_runs_on_their_prefixes(arch, contrast):
     it = iter(per_step.tolist())
     step_foils = [[next(it) for _ in g] for g in made]
     seqs, ref = prefixes_run(lm, names, prompts, made, step_foils)
-    assert_steps_equal_prefixes(names, ref, got, seqs)
+    assert_steps_equal_prefixes(names, ref, got, seqs, steps)
