@@ -169,3 +169,38 @@ def test_decompx_feed_forward_blocks_do_not_change_the_result():
         tv.CPU_BLOCK_BYTES = real
     torch.testing.assert_close(blocked.scores, whole.scores, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(blocked.layer_scores, whole.layer_scores, rtol=1e-12, atol=1e-14)
+
+
+def blocks_of_sources(monkeypatch, k: int, run):
+    """``run()`` with the decomposition in blocks of k source tokens (token_vectors.source_blocks), and the most
+    source columns any attention step read: (result, widest)."""
+    import compute.methods._internals.token_vectors as tv
+
+    widths, attention = [], tv._attention
+
+    def spy(step, X, *a, **kw):
+        widths.append(X.shape[1])
+        return attention(step, X, *a, **kw)
+
+    monkeypatch.setattr(tv, "_attention", spy)
+    monkeypatch.setattr(tv, "source_blocks", lambda *a: k)
+    return run(), max(widths)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@torch.no_grad()
+def test_decompx_source_blocks_do_not_change_the_result(k, monkeypatch):
+    """Blocks of k source tokens through every layer (the stage's bias shares summed in passes before) give the
+    whole decomposition's every output, and no attention step holds more than k sources."""
+    model, ad, batch, _, m, whole = _run("bert", model=tiny_model("bert", layers=3))
+    every = m.compute_classes(ad.capture(batch, m.needs), ad, 2)
+
+    def blocked():
+        cap = ad.capture(batch, m.needs)  # a fresh batch memo
+        return m.compute(cap, ad, cap.pred), m.compute_classes(cap, ad, 2)
+
+    (res, classes), widest = blocks_of_sources(monkeypatch, k, blocked)
+    assert widest == k
+    torch.testing.assert_close(res.scores, whole.scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(res.layer_scores, whole.layer_scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(classes, every, rtol=1e-10, atol=1e-12)
