@@ -407,10 +407,11 @@ def _first_layer(first, U: torch.Tensor, explained: torch.Tensor | None, J: slic
     if explained is not None:  # a one-layer model: its only layer is the last one
         A = A[torch.arange(B, device=A.device), :, explained, None]  # [B, j, 1, H]
     Z = torch.matmul(A, U[:, J]).transpose(1, 2).contiguous()  # [B, r, j, d]
-    r = Z.shape[1]
+    r, k = Z.shape[1:3]
+    b = torch.arange(B, device=Z.device)[:, None]
     own = torch.arange(r, device=Z.device).expand(B, r) if explained is None else explained[:, None]
-    bb, ii = torch.nonzero((own >= J.start) & (own < J.stop), as_tuple=True)
-    Z[bb, ii, own[bb, ii] - J.start] += first.x[bb, own[bb, ii]]
+    inside = ((own >= J.start) & (own < J.stop)).to(Z.dtype)  # the receiving token is among the sources J
+    Z[b, torch.arange(r, device=Z.device), (own - J.start).clamp(0, k - 1)] += first.x[b, own] * inside[..., None]
     return Z.flatten(0, 1)
 
 
