@@ -204,3 +204,18 @@ def test_decompx_source_blocks_do_not_change_the_result(k, monkeypatch):
     torch.testing.assert_close(res.scores, whole.scores, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(res.layer_scores, whole.layer_scores, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(classes, every, rtol=1e-10, atol=1e-12)
+
+
+def test_the_memory_model_blocks_decompx_as_the_propagation_does():
+    """compute.memory_model's DecompX block (k source tokens within the state budget) is token_vectors.source_blocks'
+    at batch 1, whole below the budget and in blocks above it."""
+    from dataclasses import replace
+
+    from compute import memory_model as mm
+    from compute.methods._internals.token_vectors import source_blocks
+
+    shape = mm.ModelShape("tiny-but-long Llama", layers=4, d=256, heads=8, kv_heads=8, d_ff=1024, vocab=100)
+    for n, budget in ((256, 4 << 30), (256, 64 << 20), (2048, 4 << 30), (4096, 20 * 10**9)):
+        run = mm.Run(n, 4, replace(mm.Budgets.cpu(), decompx_state=budget))
+        assert mm.decompx_block_tokens(shape, run) == source_blocks(1, n, 256, 4, budget)
+    assert source_blocks(1, 256, 256, 4, 64 << 20) == 51 < 256 == source_blocks(1, 256, 256, 4, 4 << 30)
