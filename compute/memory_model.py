@@ -78,13 +78,19 @@ class Budgets:
     value_zeroing: int  # a block of zeroed tokens (value_zeroing.CPU_BLOCK_BYTES)
     decompx: int  # DecompX's feed-forward blocks of source tokens (token_vectors.CPU_BLOCK_BYTES)
     ig: int  # integrated gradients' rows of one pass (gradients.IG_CPU_BYTES)
+    # DecompX's decomposition, [n, k, d] for k source tokens (token_vectors.CPU_STATE_BYTES; a GPU's 1 /
+    # STATE_GPU_SHARE)
+    decompx_state: int = 0
 
     @classmethod
     def gpu(cls, card_bytes: int = CARD_BYTES) -> Budgets:
         from .methods._internals.budget import GPU_SHARE
 
+        from .methods._internals.token_vectors import STATE_GPU_SHARE
+
         share = card_bytes // GPU_SHARE
-        return cls(stack=share, alti=share, value_zeroing=share, decompx=share, ig=card_bytes // 8)
+        return cls(stack=share, alti=share, value_zeroing=share, decompx=share, ig=card_bytes // 8,
+                   decompx_state=card_bytes // STATE_GPU_SHARE)
 
     @classmethod
     def cpu(cls) -> Budgets:
@@ -93,7 +99,7 @@ class Budgets:
 
         return cls(stack=layerwise.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
                    value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
-                   ig=gradients.IG_CPU_BYTES)
+                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -213,6 +219,25 @@ def ig_rows(m: ModelShape, r: Run) -> int:
     return max(1, r.budgets.ig // per_row)
 
 
+def decompx_block_tokens(m: ModelShape, r: Run) -> int:
+    """DecompX's source tokens per block (token_vectors.source_blocks): STATE_COPIES [n, k, d] within the budget."""
+    from .methods._internals.token_vectors import STATE_COPIES
+
+    return max(1, min(r.n, r.budgets.decompx_state // (STATE_COPIES * r.n * m.d * F32)))
+
+
+def decompx(m: ModelShape, r: Run) -> int:
+    """DecompX's work: STATE_COPIES of a block's parts [n, k, d] (PSEUDO columns more while a stage's sums are
+    sought), and where k < n each share's dots over every source and their weights, 2 PSEUDO [n, n]; the
+    feed-forward blocks (budget); every layer's weights in float32 and per-token factors."""
+    from .methods._internals.token_vectors import PSEUDO, STATE_COPIES
+
+    k = decompx_block_tokens(m, r)
+    blocked = k < r.n
+    state = STATE_COPIES * r.n * (k + PSEUDO * blocked) * m.d * F32 + blocked * 2 * PSEUDO * r.n ** 2 * F32
+    return state + r.budgets.decompx + ffn_weights(m) + m.layers * 2 * m.d * m.d * F32 + m.layers * r.n * m.d * F32 * 4
+
+
 def ffn_weights(m: ModelShape) -> int:
     return m.layers * (3 if m.gated else 2) * m.d * m.d_ff * F32  # stacked_ffn: every layer's weights in float32
 
@@ -264,9 +289,9 @@ _add("alti_l2 alti_logit", Formula("capture", lambda m, r: layerwise(m, r) + r.b
      "as the norm family, and ALTI's [n,k,d] blocks (budget)", DECOMP))
 _add("value_zeroing", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
      "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP))
-_add("decompx decompx_nohead", Formula("capture", lambda m, r: 4 * r.n ** 2 * m.d * F32 + r.budgets.decompx
-     + ffn_weights(m) + m.layers * 2 * m.d * m.d * F32 + m.layers * r.n * m.d * F32 * 4,
-     "capture; every token's decomposition [n,n,d] x 4 (not chunked); FFN blocks (budget); float32 weights", DECOMP))
+_add("decompx decompx_nohead", Formula("capture", decompx,
+     "capture; the decomposition of k source tokens [n,k,d] x 5 (k from its budget; k < n: 10 [n,n] of bias-share "
+     "sums); FFN blocks (budget); float32 weights", DECOMP))
 _add("norm logat normxlogit", Formula("capture", lambda m, r: (m.layers + 1) * r.n * m.d * F32,
                                       "hidden states [L+1,n,d]; the forward's one-layer attention", HIDDEN))
 _add("grad_l2 gxi_l2 gxi_mean grads cat", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32,

@@ -280,3 +280,23 @@ def test_next_token_shares_sum_to_the_word_logit(family):
         assert not res.scores[i, k:].any()
     nohead = get_method("decompx_nohead").compute(cap, ad, target)
     torch.testing.assert_close(nohead.layer_scores, res.layer_scores, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@torch.no_grad()
+def test_source_blocks_do_not_change_the_result(pre_ln, k, monkeypatch):
+    """Blocks of k source tokens through every layer give the whole decomposition (every layer's explained row and
+    the logits), no attention step holding more than k sources (pre-LN stages run from one attention to the next,
+    N1's beta shared in the stage before)."""
+    from test_method_decompx import blocks_of_sources
+
+    model, ad, batch, cap = pre_ln
+    cap.memo.clear()
+    whole = propagate(cap, ad, None)
+    cap.memo.clear()
+    blocked, widest = blocks_of_sources(monkeypatch, k, lambda: propagate(cap, ad, None))
+    cap.memo.clear()
+    assert widest == k
+    torch.testing.assert_close(blocked.rows, whole.rows, rtol=1e-10, atol=1e-12)
+    if whole.logits is not None:
+        torch.testing.assert_close(blocked.logits, whole.logits, rtol=1e-10, atol=1e-12)

@@ -169,3 +169,53 @@ def test_decompx_feed_forward_blocks_do_not_change_the_result():
         tv.CPU_BLOCK_BYTES = real
     torch.testing.assert_close(blocked.scores, whole.scores, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(blocked.layer_scores, whole.layer_scores, rtol=1e-12, atol=1e-14)
+
+
+def blocks_of_sources(monkeypatch, k: int, run):
+    """``run()`` with the decomposition in blocks of k source tokens (token_vectors.source_blocks), and the most
+    source columns any attention step read: (result, widest)."""
+    import compute.methods._internals.token_vectors as tv
+
+    widths, attention = [], tv._attention
+
+    def spy(step, X, *a, **kw):
+        widths.append(X.shape[1])
+        return attention(step, X, *a, **kw)
+
+    monkeypatch.setattr(tv, "_attention", spy)
+    monkeypatch.setattr(tv, "source_blocks", lambda *a: k)
+    return run(), max(widths)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@torch.no_grad()
+def test_decompx_source_blocks_do_not_change_the_result(k, monkeypatch):
+    """Blocks of k source tokens through every layer (the stage's bias shares summed in passes before) give the
+    whole decomposition's every output, and no attention step holds more than k sources."""
+    model, ad, batch, _, m, whole = _run("bert", model=tiny_model("bert", layers=3))
+    every = m.compute_classes(ad.capture(batch, m.needs), ad, 2)
+
+    def blocked():
+        cap = ad.capture(batch, m.needs)  # a fresh batch memo
+        return m.compute(cap, ad, cap.pred), m.compute_classes(cap, ad, 2)
+
+    (res, classes), widest = blocks_of_sources(monkeypatch, k, blocked)
+    assert widest == k
+    torch.testing.assert_close(res.scores, whole.scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(res.layer_scores, whole.layer_scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(classes, every, rtol=1e-10, atol=1e-12)
+
+
+def test_the_memory_model_blocks_decompx_as_the_propagation_does():
+    """compute.memory_model's DecompX block (k source tokens within the state budget) is token_vectors.source_blocks'
+    at batch 1, whole below the budget and in blocks above it."""
+    from dataclasses import replace
+
+    from compute import memory_model as mm
+    from compute.methods._internals.token_vectors import source_blocks
+
+    shape = mm.ModelShape("tiny-but-long Llama", layers=4, d=256, heads=8, kv_heads=8, d_ff=1024, vocab=100)
+    for n, budget in ((256, 4 << 30), (256, 64 << 20), (2048, 4 << 30), (4096, 20 * 10**9)):
+        run = mm.Run(n, 4, replace(mm.Budgets.cpu(), decompx_state=budget))
+        assert mm.decompx_block_tokens(shape, run) == source_blocks(1, n, 256, 4, budget)
+    assert source_blocks(1, 256, 256, 4, 64 << 20) == 51 < 256 == source_blocks(1, 256, 256, 4, 4 << 30)

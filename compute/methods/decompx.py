@@ -26,8 +26,13 @@ from ._internals.token_vectors import propagate
 MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True,
                        check=at_least(1),
                        help="decompx, decompx_nohead: memory budget of one block of source tokens in the feed-forward "
-                            "block (the [n, n, d] decomposition itself is kept whole) [default: 64 on the CPU, 1/64 of "
-                            "the GPU's memory on a GPU].")
+                            "block [default: 64 on the CPU, 1/64 of the GPU's memory on a GPU].")
+STATE_OPTION = Option("decompx_state_mb", type=int, metavar="MB", param="state_mb", resume=True, check=at_least(1),
+                      help="decompx, decompx_nohead: memory budget of the decomposition, [B n, k, d] for k source "
+                           "tokens at a time; where the whole [B n, n, d] is over it, the sources go through the "
+                           "layers in blocks, each layer's bias shares summed in a pass of the blocks through the "
+                           "layers below it (about L/2 times the work) [default: 4096 on the CPU, 1/4 of the GPU's "
+                           "memory on a GPU].")
 
 
 class DecompXBase(Method):
@@ -37,15 +42,15 @@ class DecompXBase(Method):
     tasks = SEQUENCE_HEAD_TASKS | {"next-token"}
     op_budget = 1.0  # the decomposition is carried from layer to layer (a step per layer)
     cost_exponent = 2  # [n, n, d] decomposed vectors through every layer
-    run_options = (MEMORY_OPTION,)
+    run_options = (MEMORY_OPTION, STATE_OPTION)
 
     @classmethod
     def memory_per_example(cls, shape, params):
         # the feed-forward block at one source token per block: [B, n, 1, d_ff] pre-activations and their product
         return shape.n * 2 * shape.d_ff * shape.itemsize
 
-    def __init__(self, memory_mb: int | None = None, **params):
-        super().__init__(memory_mb=memory_mb, **params)
+    def __init__(self, memory_mb: int | None = None, state_mb: int | None = None, **params):
+        super().__init__(memory_mb=memory_mb, state_mb=state_mb, **params)
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
@@ -69,7 +74,7 @@ class DecompXBase(Method):
 
     def propagated(self, cap, adapter):
         self.check_architecture(adapter)
-        return propagate(cap, adapter, self.params["memory_mb"])
+        return propagate(cap, adapter, self.params["memory_mb"], self.params["state_mb"])
 
     def layer_views(self, cap, adapter) -> torch.Tensor:
         """[B, L, n]: ||x^l_{e<-j}||_2 per layer."""

@@ -16,9 +16,11 @@ Each step keeps sum_j (vectors) equal to the real state, so x'_i = sum_j x'_{i<-
 head reads the explained token e: pooled_j = theta * (W_p x_{e<-j} + b_p share), theta = act(p)/p, then
 logits_j = W_c pooled_j + b_c share (one share per token for every class: |<W_c pooled_j, b_c>|).
 
-Memory: the state is [B, n, n, d]; the feed-forward block goes through blocks of source tokens whose [B, n, k, d_ff]
-activations fit the budget; its bias shares need sums over all sources, which are dot products with fixed vectors
-(<W1 y, b1> = <y, W1^T b1>) or are added after the last block. The last layer is computed for the explained row only.
+Memory: the state is [B, n, n, d], or [B, n, k, d] for blocks of k source tokens where the whole is over its budget
+(``_blocked``: each bias share's sums over all sources come from a pass of the blocks before); the feed-forward block
+goes through blocks of source tokens whose [B, n, k, d_ff] activations fit its budget; its bias shares need sums over
+all sources, which are dot products with fixed vectors (<W1 y, b1> = <y, W1^T b1>) or are added after the last
+block. The last layer is computed for the explained row only.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ from .linear_mlp import factors, linear_mlps, zero_origin_slope
 from .pre_ln import mlp_output_norm
 
 CPU_BLOCK_BYTES = 64 << 20  # the feed-forward block's activations of one block of source tokens, on the CPU
+# The decomposition of a block of sources, [B n, k, d]: this many of its size alive at once (a layer's input, its
+# attention's values and mixture, the LN1 and feed-forward outputs), within CPU_STATE_BYTES on the CPU and 1 /
+# STATE_GPU_SHARE of a GPU. Blocks cost passes (about L/2 times the work), so the budget is all that is safe to take.
+STATE_COPIES = 5
+CPU_STATE_BYTES = 4 << 30
+STATE_GPU_SHARE = 4
 
 
 @dataclass
@@ -95,55 +103,188 @@ class Step:
     beta2: torch.Tensor
 
 
-def propagate(cap, adapter, memory_mb: int | None) -> Propagated:
+# --- how a step shares a bias among the parts ---------------------------------------------------------------------
+# Every bias is shared among the parts of a receiving row in proportion to |<part, c>| over all its source tokens
+# (absdot). With every source's parts at hand (``Whole``) the fused operations compute the weights; with a block of
+# sources, the sums over every source (the weights' denominators) come from passes before (``Known``): for each
+# stage (the steps from one attention to the next, which only mixes receiving rows) one pass of the blocks through
+# the stages below it, in which the stage's shares are left as unknowns (``Collect``) and their sums solved for
+# (``solve``). Everything else is fixed by the forward (the norms' scales, the feed-forward factors), so a part is
+# linear in the parts of the layer below and in the shares' weights.
+
+PSEUDO = 5  # the most bias shares in one stage (post-LN: the attention's, LN1's, b1, b2, LN2's)
+
+
+class Whole:
+    """The parts of every source token at once: each share's weights normalised over them (compute.methods.
+    _internals.fused)."""
+
+    def weights(self, V: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return absdot_weights(V, c)
+
+    def share_(self, V: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        absdot_share_(V, bias)
+        return V
+
+    def ln(self, V: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        return ln_share(V, gain, beta)
+
+
+class Known(Whole):
+    """A block of source tokens in a stage whose sums over every source are known, [R, 1, 1] per share in the order
+    the stage shares its biases (fused._weights' operations, its sum replaced)."""
+
+    def __init__(self, sums: list[torch.Tensor]):
+        self.sums = iter(sums)
+
+    def weights(self, V, c):
+        return torch.matmul(V, c[:, None]).abs_().div_(next(self.sums))
+
+    def share_(self, V, bias):
+        return V.addcmul_(self.weights(V, bias), bias)
+
+    def ln(self, V, gain, beta):
+        return self.share_(center(V).mul_(gain), beta)
+
+
+class Collect(Known):
+    """A block of k source tokens through the stage whose sums are sought, its parts [R, k + PSEUDO, D] (``pad``):
+    share m's bias goes into the extra column k + m instead of the parts, so that after it a part is its column plus
+    the extra columns times its (unknown) weights; the dots of every column with each shared vector are kept."""
+
+    def __init__(self, k: int):
+        self.k, self.dots = k, []
+
+    def weights(self, V, c):
+        self.dots.append(torch.matmul(V, c[:, None])[..., 0])  # [R, k + PSEUDO]
+        w = V.new_zeros(*V.shape[:-1], 1)
+        w[:, self.k + len(self.dots) - 1] = 1
+        return w
+
+
+def pad(V: torch.Tensor) -> torch.Tensor:
+    """The parts [R, k, D] with PSEUDO zero columns after them (the shares' columns of ``Collect``)."""
+    return torch.cat([V, V.new_zeros(V.shape[0], PSEUDO, V.shape[-1])], 1)
+
+
+def solve(blocks: list[Collect]) -> list[torch.Tensor]:
+    """The sums over every source token [R, 1, 1] of each share of a stage, from its blocks' dots: share m's dot of
+    part j is its column's plus the earlier shares' weights times their columns' (the same in every block)."""
+    sums, weights = [], []
+    first = blocks[0]
+    for m in range(len(first.dots)):
+        d = torch.cat([c.dots[m][:, :c.k] for c in blocks], 1)  # [R, n]
+        extra = first.dots[m][:, first.k:]  # [R, PSEUDO]
+        for i, w in enumerate(weights):
+            d.addcmul_(w, extra[:, i:i + 1])
+        a = d.abs_()
+        s = a.sum(-1, keepdim=True).clamp_min_(torch.finfo(a.dtype).tiny)
+        weights.append(a / s)
+        sums.append(s[..., None])
+    return sums
+
+
+def source_blocks(B: int, n: int, d: int, itemsize: int, budget: int) -> int:
+    """Source tokens per block: STATE_COPIES of the parts [B n, k, d] within ``budget``."""
+    return max(1, min(n, budget // max(1, STATE_COPIES * B * n * d * itemsize)))
+
+
+def _blocked(walk, stages, n: int, k: int, finish):
+    """Every source token's parts through the stages: ``walk(J, sharer, stop)`` takes the sources J through the
+    stages up to ``stop`` (None: to the last layer's attention, whose explained rows [B, |J|, ...] it returns),
+    each stage's shares by ``sharer(stage)``; ``finish`` the explained rows of every source. One block when k >= n
+    (the fused operations); else a pass of the blocks for each stage in ``stages`` before the last."""
+    if k >= n:
+        return finish(*walk(slice(0, n), lambda _: Whole(), None))
+    blocks = [slice(j0, min(n, j0 + k)) for j0 in range(0, n, k)]
+    sums = {}
+    for s in stages:
+        collected = []
+        for J in blocks:
+            interrupts.check()  # a stop asked for: between blocks
+            c = Collect(J.stop - J.start)
+            walk(J, lambda t, c=c: c if t == s else Known(sums[t]), s)
+            collected.append(c)
+        sums[s] = solve(collected) if collected[0].dots else []
+    parts = []
+    for J in blocks:
+        interrupts.check()
+        parts.append(walk(J, lambda t: Known(sums[t]), None))
+    return finish(*(torch.cat(p, 1) for p in zip(*parts)))
+
+
+def propagate(cap, adapter, memory_mb: int | None, state_mb: int | None = None) -> Propagated:
     """The decomposition of every layer's explained row and of the logits, shared by the DecompX methods of one
     batch (and by --target all's classes) through the batch's memo.
 
     What does not depend on the carried decomposition (the frozen LayerNorm scales gamma / sigma_i, the
     feed-forward slopes act(h_i) / h_i of the real states, the fixed bias vectors) is computed for every layer at
     once before the layers are stepped through; each layer then costs a few large products and fused steps
-    (compute.methods._internals.fused), with the decomposition laid out as [rows x parts, d] for the products."""
-    key = ("decompx", memory_mb)
-    if key not in cap.memo and adapter.pre_ln:
-        cap.memo[key] = _propagate_pre_ln(cap, adapter, memory_mb)
+    (compute.methods._internals.fused), with the decomposition laid out as [rows x parts, d] for the products. The
+    parts go through the layers in blocks of source tokens within ``state_mb`` (``_blocked``)."""
+    key = ("decompx", memory_mb, state_mb)
     if key not in cap.memo:
         p = layer_stack(cap, adapter)  # [L, B, ...]
-        L, B, n, d = p.x.shape
-        H = p.A.shape[2]
-        ffn = stacked_ffn(adapter, p.x.dtype, p.x.device)
-        W = decompx_weights(adapter, p.weights, ffn.W1, ffn.b1, ffn.W2, p.x.dtype, p.x.device)
-        b, e = torch.arange(B, device=p.x.device), cap.explain_pos
-        gain1 = p.gamma1 / p.sigma1[..., None]  # [L, B, n, d]
-        gain2 = p.gamma2 / p.sigma2[..., None]
-        pre = torch.baddbmm(ffn.b1[:, None], p.y.view(L, B * n, d), W.W1t)  # [L, B n, d_ff]
-        theta = zero_origin_slope(pre, ffn.act(pre)).view(L, B, n, -1)
+        k = source_blocks(*p.x.shape[1:], p.x.element_size(), work_bytes(p.x.device, CPU_STATE_BYTES, state_mb,
+                                                                            STATE_GPU_SHARE))
+        run = _propagate_pre_ln if adapter.pre_ln else _propagate_post_ln
+        cap.memo[key] = run(cap, adapter, p, memory_mb, k)
+    return cap.memo[key]
 
-        def rows(t, l):  # the receiving rows of layer l: every token, the explained one in the last layer
-            return (t[l].flatten(0, 1) if l < L - 1 else t[l, b, e])[:, None]
 
-        steps = [Step(A=(p.A[l] if l < L - 1 else p.A[l][b, :, e, None]).flatten(0, 1), gain1=rows(gain1, l),
-                      gain2=rows(gain2, l), theta=rows(theta, l), W_Vt=W_Vt, W_Ot=W_Ot, bias=bias, W1t=W1t, b1=b1,
-                      W2t=W2t, b2=b2, W1b1=W1b1, beta1=beta1, beta2=beta2)
-                 for l, (W_Vt, W_Ot, bias, W1t, b1, W2t, b2, W1b1, beta1, beta2) in enumerate(zip(*(
-                     t.unbind(0) for t in (W.W_Vt, W.W_Ot, W.bias, W.W1t, ffn.b1, W.W2t, ffn.b2, W.W1b1,
-                                           p.weights.beta1, p.weights.beta2))))]
-        budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
-        out = p.x.new_empty(B, L, n, d)
+def _propagate_post_ln(cap, adapter, p, memory_mb, k) -> Propagated:
+    L, B, n, d = p.x.shape
+    H = p.A.shape[2]
+    ffn = stacked_ffn(adapter, p.x.dtype, p.x.device)
+    W = decompx_weights(adapter, p.weights, ffn.W1, ffn.b1, ffn.W2, p.x.dtype, p.x.device)
+    b, e = torch.arange(B, device=p.x.device), cap.explain_pos
+    gain1 = p.gamma1 / p.sigma1[..., None]  # [L, B, n, d]
+    gain2 = p.gamma2 / p.sigma2[..., None]
+    pre = torch.baddbmm(ffn.b1[:, None], p.y.view(L, B * n, d), W.W1t)  # [L, B n, d_ff]
+    theta = zero_origin_slope(pre, ffn.act(pre)).view(L, B, n, -1)
+
+    def rows(t, l):  # the receiving rows of layer l: every token, the explained one in the last layer
+        return (t[l].flatten(0, 1) if l < L - 1 else t[l, b, e])[:, None]
+
+    steps = [Step(A=(p.A[l] if l < L - 1 else p.A[l][b, :, e, None]).flatten(0, 1), gain1=rows(gain1, l),
+                  gain2=rows(gain2, l), theta=rows(theta, l), W_Vt=W_Vt, W_Ot=W_Ot, bias=bias, W1t=W1t, b1=b1,
+                  W2t=W2t, b2=b2, W1b1=W1b1, beta1=beta1, beta2=beta2)
+             for l, (W_Vt, W_Ot, bias, W1t, b1, W2t, b2, W1b1, beta1, beta2) in enumerate(zip(*(
+                 t.unbind(0) for t in (W.W_Vt, W.W_Ot, W.bias, W.W1t, ffn.b1, W.W2t, ffn.b2, W.W1b1,
+                                       p.weights.beta1, p.weights.beta2))))]
+    steps[0].bias = p.weights.b_O[0]  # layer 1's value bias stays in v_j
+    first = p.layer(0)
+    U = first.project(first.W_O)  # [B, n, H, d]
+    budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
+    out = p.x.new_empty(B, L, n, d)
+
+    def layer(sh, step, Z):  # a layer after its attention: the bias, LN1, the feed-forward block, LN2
+        Z = sh.share_(Z, step.bias)
+        Y = sh.ln(Z, step.gain1, step.beta1)
+        Y += _ffn(step, Y, budget, sh)
+        return sh.ln(Y, step.gain2, step.beta2)  # [R, k, d]
+
+    def walk(J, sharer, stop):
         X = None
         for l, step in enumerate(steps):
             interrupts.check()  # a stop asked for: between layers
             if X is None:
-                Z = _first_layer(p, e if l == L - 1 else None)
+                Z = _first_layer(first, U, e if l == L - 1 else None, J)
             else:
                 Z = _attention(step, X, H, None if l < L - 1 else (b, e))
-            absdot_share_(Z, step.bias if l > 0 else p.weights.b_O[0])
-            Y = ln_share(Z, step.gain1, step.beta1)
-            Y += _ffn(step, Y, budget)
-            X = ln_share(Y, step.gain2, step.beta2)  # [R, n, d]
-            out[:, l] = X if l == L - 1 else X.view(B, n, n, d)[b, e]
-        logits = _logits(adapter, cap, out[:, -1])
-        cap.memo[key] = Propagated(rows=out, logits=logits)
-    return cap.memo[key]
+            if l == L - 1:
+                return (Z,)
+            sh = sharer(l)
+            X = layer(sh, step, pad(Z) if isinstance(sh, Collect) else Z)
+            if l == stop:
+                return
+            out[:, l, J] = X.view(B, n, -1, d)[b, e]
+
+    def finish(Z):
+        out[:, -1] = layer(Whole(), steps[-1], Z)
+        return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
+
+    return _blocked(walk, range(L - 1), n, k, finish)
 
 
 def _norm_scale(u: torch.Tensor, eps: float, centred: bool) -> torch.Tensor:
@@ -151,23 +292,24 @@ def _norm_scale(u: torch.Tensor, eps: float, centred: bool) -> torch.Tensor:
     return (ln_sigma(u, eps) if centred else (u.square().mean(-1) + eps).sqrt())[..., None]
 
 
-def _normed(X: torch.Tensor, gain: torch.Tensor | None, beta: torch.Tensor | None, centred: bool) -> torch.Tensor:
+def _normed(X: torch.Tensor, gain: torch.Tensor | None, beta: torch.Tensor | None, centred: bool,
+            sh: Whole) -> torch.Tensor:
     """A norm at its frozen scale applied to the parts X [R, n, d] (gain [R, 1, d] = gamma / sigma of each row's real
     state; None: the block has no such norm), its beta shared by absdot (RMSNorm has none)."""
     if gain is None:
         return X
     if centred and beta is not None:
-        return ln_share(X, gain, beta)
+        return sh.ln(X, gain, beta)
     return (center(X) if centred else X) * gain  # OLMo's LayerNorm keeps no bias
 
 
-def _propagate_pre_ln(cap, adapter, memory_mb: int | None) -> Propagated:
+def _propagate_pre_ln(cap, adapter, p, memory_mb, k) -> Propagated:
     """docs/methods.md 6.3: the parts of every token's layer input x go through N1 (folded per token), attention
     (its biases shared), the norm on its output, the residual (no norm), N2, the MLP as its linear maps around the
     factors frozen at the real input (compute.methods._internals.linear_mlp), the norm on the MLP's output; the
     explained row of the last layer through the final norm N_f, then the head. Every norm's scale is the real
-    state's, computed for every layer at once before the layers are stepped through."""
-    p = layer_stack(cap, adapter)  # [L, B, ...]
+    state's, computed for every layer at once before the layers are stepped through. A stage runs from one
+    layer's attention to the next one's (N1 of the next layer in it; stage -1: layer 1's N1)."""
     L, B, n, d = p.x.shape
     H = p.A.shape[2]
     block, w = adapter.block, p.weights
@@ -202,72 +344,99 @@ def _propagate_pre_ln(cap, adapter, memory_mb: int | None) -> Propagated:
     def rows(t, l):  # the receiving rows of layer l: every token, the explained one in the last layer
         return None if t is None else (t[l].flatten(0, 1) if l < L - 1 else t[l, b, e])[:, None]
 
+    def n1(sh, X, l):  # layer l's N1 on the parts of every token
+        return _normed(X, None if gain1 is None else gain1[l].flatten(0, 1)[:, None], w.beta1[l], centred, sh)
+
     budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
     out = p.x.new_empty(B, L, n, d)
-    X = p.x.new_zeros(B, n, n, d)  # layer 1: every token's input is its own
-    X.diagonal(dim1=1, dim2=2).copy_(p.x[0].transpose(1, 2))
-    X = X.view(B * n, n, d)
-    for l in range(L):
-        interrupts.check()  # a stop asked for: between layers
-        top = l == L - 1
-        step = Step(A=(p.A[l] if not top else p.A[l][b, :, e, None]).flatten(0, 1), gain1=None, gain2=None,
-                    theta=rows(theta, l), W_Vt=W.W_Vt[l], W_Ot=W.W_Ot[l], bias=W.bias[l], W1t=W.W1t[l],
-                    b1=mlp.b_in[l], W2t=W.W2t[l], b2=mlp.b_out[l], W1b1=W.W1b1[l], beta1=w.beta1[l],
-                    beta2=w.beta2[l])
-        Y = _normed(X, None if gain1 is None else gain1[l].flatten(0, 1)[:, None], w.beta1[l], centred)
-        a = _attention(step, Y, H, (b, e) if top else None, residual=False)  # [R, n, d]
-        absdot_share_(a, step.bias)
+    steps = [Step(A=(p.A[l] if l < L - 1 else p.A[l][b, :, e, None]).flatten(0, 1), gain1=None, gain2=None,
+                  theta=rows(theta, l), W_Vt=W.W_Vt[l], W_Ot=W.W_Ot[l], bias=W.bias[l], W1t=W.W1t[l],
+                  b1=mlp.b_in[l], W2t=W.W2t[l], b2=mlp.b_out[l], W1b1=W.W1b1[l], beta1=w.beta1[l],
+                  beta2=w.beta2[l]) for l in range(L)]
+
+    def layer(sh, l, a, own):  # a layer after its attention a [R, k, d], its residual own
+        step = steps[l]
+        a = sh.share_(a, step.bias)
         if gain_o is not None:
             a.mul_(rows(gain_o, l))
-        own = X.view(B, n, n, d)[b, e] if top else X
         h = a.add_(own)
-        mixed = _normed(own if block.parallel else h, rows(gain2, l), w.beta2[l], centred)
-        F_ = _ffn(step, mixed, budget)
+        mixed = _normed(own if block.parallel else h, rows(gain2, l), w.beta2[l], centred, sh)
+        F_ = _ffn(step, mixed, budget, sh)
         if gain_p is not None:
             F_.mul_(rows(gain_p, l))
-        X = h.add_(F_)
-        out[:, l] = X if top else X.view(B, n, n, d)[b, e]
-    out[:, -1] = _normed(out[:, -1], gain_f, beta_f, w.centred_f)  # the state the head reads
-    return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
+        return h.add_(F_)
+
+    def walk(J, sharer, stop):
+        k = J.stop - J.start
+        X = p.x.new_zeros(B, n, k, d)  # layer 1: every token's input is its own
+        X[:, J].diagonal(dim1=1, dim2=2).copy_(p.x[0][:, J].transpose(1, 2))
+        X = X.view(B * n, k, d)
+        sh = sharer(-1)
+        if isinstance(sh, Collect):
+            X = pad(X)
+        Y = n1(sh, X, 0)
+        if stop == -1:
+            return
+        for l in range(L):
+            interrupts.check()  # a stop asked for: between layers
+            top = l == L - 1
+            a = _attention(steps[l], Y, H, (b, e) if top else None, residual=False)  # [R, k, d]
+            if top:
+                return a, X.view(B, n, k, d)[b, e]
+            sh = sharer(l)
+            X = layer(sh, l, *((pad(a), pad(X)) if isinstance(sh, Collect) else (a, X)))
+            Y = n1(sh, X, l + 1)
+            if l == stop:
+                return
+            out[:, l, J] = X.view(B, n, -1, d)[b, e]
+
+    def finish(a, own):
+        out[:, -1] = layer(Whole(), L - 1, a, own)
+        out[:, -1] = _normed(out[:, -1], gain_f, beta_f, w.centred_f, Whole())  # the state the head reads
+        return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
+
+    return _blocked(walk, range(-1, L - 1), n, k, finish)
 
 
-def _first_layer(p, explained: torch.Tensor | None) -> torch.Tensor:
-    """Layer 1's z_{i<-j} = sum_h A_ij^h W_O^h v_j^h (the value bias inside v_j) + [i=j] x_i [R, n, d] (the residual
-    part is the token's own embedding output), for every receiving row or for the ``explained`` ones."""
-    first = p.layer(0)
+def _first_layer(first, U: torch.Tensor, explained: torch.Tensor | None, J: slice) -> torch.Tensor:
+    """Layer 1's z_{i<-j} = sum_h A_ij^h W_O^h v_j^h (the value bias inside v_j) + [i=j] x_i [R, k, d] (the residual
+    part is the token's own embedding output) of the sources J, for every receiving row or for the ``explained``
+    ones; U [B, n, H, d] = W_O^h v_j^h."""
     B, H, n, _ = first.A.shape
-    A = first.A.permute(0, 3, 2, 1)  # [B, j, i, H]
+    A = first.A.permute(0, 3, 2, 1)[:, J]  # [B, j, i, H]
     if explained is not None:  # a one-layer model: its only layer is the last one
         A = A[torch.arange(B, device=A.device), :, explained, None]  # [B, j, 1, H]
-    Z = torch.matmul(A, first.project(first.W_O)).transpose(1, 2).contiguous()  # [B, r, j, d]
-    r = Z.shape[1]
+    Z = torch.matmul(A, U[:, J]).transpose(1, 2).contiguous()  # [B, r, j, d]
+    r, k = Z.shape[1:3]
     b = torch.arange(B, device=Z.device)[:, None]
-    i = torch.arange(r, device=Z.device)
-    own = i.expand(B, r) if explained is None else explained[:, None]
-    Z[b, i, own] += first.x[b, own]
+    own = torch.arange(r, device=Z.device).expand(B, r) if explained is None else explained[:, None]
+    inside = ((own >= J.start) & (own < J.stop)).to(Z.dtype)  # the receiving token is among the sources J
+    Z[b, torch.arange(r, device=Z.device), (own - J.start).clamp(0, k - 1)] += first.x[b, own] * inside[..., None]
     return Z.flatten(0, 1)
 
 
 def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = True) -> torch.Tensor:
-    """z_{i<-j} = sum_h sum_k A_ik^h W_O^h W_V^h x_{k<-j} + x_{i<-j} [R, n, d] from the previous layer's parts X
-    [B n, n, d] (the value and output biases are shared afterwards); without ``residual`` the first term only."""
-    Bn, n, d = X.shape
+    """z_{i<-j} = sum_h sum_k A_ik^h W_O^h W_V^h x_{k<-j} + x_{i<-j} [R, k, d] from the previous layer's parts X
+    [B n, k, d] of k sources (the value and output biases are shared afterwards); without ``residual`` the first
+    term only."""
+    Bn, k, d = X.shape
+    n = step.A.shape[-1]
     B, dh = Bn // n, d // H
-    V = torch.mm(X.view(-1, d), step.W_Vt).view(B, n, n, H, dh).permute(0, 3, 1, 2, 4).reshape(B * H, n, n * dh)
+    V = torch.mm(X.view(-1, d), step.W_Vt).view(B, n, k, H, dh).permute(0, 3, 1, 2, 4).reshape(B * H, n, k * dh)
     r = step.A.shape[1]
-    C = torch.bmm(step.A, V).view(B, H, r, n, dh).permute(0, 2, 3, 1, 4).reshape(B * r * n, d)
+    C = torch.bmm(step.A, V).view(B, H, r, k, dh).permute(0, 2, 3, 1, 4).reshape(B * r * k, d)
     if not residual:
-        return torch.mm(C, step.W_Ot).view(B * r, n, d)
-    own = X.view(-1, d) if explained is None else X.view(B, n, n, d)[explained].view(-1, d)
-    return torch.addmm(own, C, step.W_Ot).view(B * r, n, d)
+        return torch.mm(C, step.W_Ot).view(B * r, k, d)
+    own = X.view(-1, d) if explained is None else X.view(B, n, k, d)[explained].view(-1, d)
+    return torch.addmm(own, C, step.W_Ot).view(B * r, k, d)
 
 
-def _ffn(step: Step, Y: torch.Tensor, budget: int) -> torch.Tensor:
+def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole) -> torch.Tensor:
     """f_{i<-j} [R, n, d] for the LN1 decomposition Y [R, n, d]: W2 (theta_i * (W1 y_{i<-j} + w_ij b1)) + w'_ij b2,
     the biases shared by absdot. Source tokens go in blocks whose [R, k, d_ff] activations fit ``budget``."""
     R, n, d = Y.shape
     d_ff = step.W1t.shape[1]
-    w1 = absdot_weights(Y, step.W1b1)  # <W1 y_{i<-j}, b1> = <y_{i<-j}, W1^T b1>, for every source at once
+    w1 = sh.weights(Y, step.W1b1)  # <W1 y_{i<-j}, b1> = <y_{i<-j}, W1^T b1>, for every source at once
     k = budget // max(1, R * 2 * d_ff * Y.element_size())  # source tokens per block: [R, k, d_ff] and a product
     if k >= n:
         out = _ffn_block(step, Y, w1)
@@ -276,8 +445,7 @@ def _ffn(step: Step, Y: torch.Tensor, budget: int) -> torch.Tensor:
         for j0 in range(0, n, max(k, 1)):
             J = slice(j0, min(n, j0 + max(k, 1)))
             out[:, J] = _ffn_block(step, Y[:, J].contiguous(), w1[:, J])
-    absdot_share_(out, step.b2)
-    return out
+    return sh.share_(out, step.b2)
 
 
 def _ffn_block(step: Step, Y: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
