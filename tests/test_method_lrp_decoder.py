@@ -66,8 +66,9 @@ def _float64_model(monkeypatch):
     return seen
 
 
-def _reference(model, batch, target, pos, seen, head_mask=None):
-    """(R at every layer's input [L, B, n], R^{A,l} [L, B, H, n, n]) with every rule written out top-down."""
+def _reference(model, batch, target, pos, seen, head_mask=None, head="score", foil=None):
+    """(R at every layer's input [L, B, n], R^{A,l} [L, B, H, n, n]) with every rule written out top-down; the
+    relevance starts at the head's output row ``pos``: one at the target, minus one at the foil (-1: none)."""
     import transformers.models.llama.modeling_llama as ml
 
     rec = {}
@@ -95,10 +96,12 @@ def _reference(model, batch, target, pos, seen, head_mask=None):
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     B, n = batch["input_ids"].shape
     dh = cfg.hidden_size // H
-    x, y = rec["score"]
+    x, y = rec[head]
     R = torch.zeros_like(y)
     R[torch.arange(B), pos, target] = 1.0
-    R = _ab(R, x, model.score.weight, y)
+    if foil is not None:
+        R[torch.arange(B), pos, foil.clamp_min(0)] -= (foil >= 0).to(R.dtype)
+    R = _ab(R, x, model.get_submodule(head).weight, y)
     # the final RMSNorm: the identity (elementwise linear with rms detached: LRP-0 gives R_in = R_out)
     inputs, attention = [], []
     for li in range(cfg.num_hidden_layers - 1, -1, -1):
@@ -191,6 +194,52 @@ def test_mask_lrp_with_a_head_mask_equals_the_rules_written_out(monkeypatch):
     plain = get_method("transatt").compute(cap, ad, cap.pred)
     torch.testing.assert_close(ones.layer_scores, plain.layer_scores, rtol=0, atol=1e-12)
     assert not torch.allclose(got.layer_scores, plain.layer_scores)
+
+
+def test_next_token_equals_the_rules_written_out_from_the_lm_head_with_a_foil(monkeypatch):
+    """--task next-token: the relevance starts at the language-model head's row at the explained position, one at the
+    target word minus one at the foil (an example without one: the target alone)."""
+    from conftest import tiny_task_model
+    from families import family_capture
+
+    seen = _float64_model(monkeypatch)
+    model = tiny_task_model("llama", "next-token", layers=3)
+    ad = adapter_for(model, "next-token")
+    batch = random_batch("llama", LENGTHS)
+    with torch.no_grad():
+        cap = family_capture(ad, batch, frozenset())
+    cap.foil = torch.tensor([5, -1, 7, 9])
+    target = torch.tensor([11, 12, 13, 9])  # the last: foil = target, nothing to explain
+    lrp = get_method("lrp").compute(cap, ad, target)
+    partial = get_method("partial_lrp").compute(cap, ad, target)
+    inputs, att = _reference(model, batch, target, cap.explain_pos, seen, head="lm_head", foil=cap.foil)
+    want = _zero_self(inputs.transpose(0, 1) * cap.mask[:, None], cap.explain_pos)
+    assert want[:3].abs().max() > 1e-3 and (want[3] == 0).all()
+    for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
+        get_method(name).check_task("next-token")  # the run's check
+    torch.testing.assert_close(lrp.layer_scores, want, rtol=0, atol=1e-8)
+    b = torch.arange(len(LENGTHS))
+    rows = att.clamp_min(0).mean(2).transpose(0, 1)[b, :, cap.explain_pos]
+    torch.testing.assert_close(partial.layer_scores, _zero_self(rows * cap.mask[:, None], cap.explain_pos),
+                               rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_next_token_relevance_starts_at_one_through_a_soft_capped_head(family):
+    """The logit soft-capping after the LM head (c tanh(z / c)) is elementwise: its identity rule hands the head's
+    output the explained logit's relevance, one, not the cap's derivative; the alpha1-beta0 rule of the head
+    conserves it, so the last hidden state's relevance sums to 1 per example."""
+    from compute.methods._internals.gradients import spec_from
+    from families import family_capture
+
+    model = family_model(family, "next-token")
+    assert model.config.final_logit_softcapping
+    ad = adapter_for(model, "next-token")
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    gp = gradient_pass(cap, ad, spec_from({"rules": "chefer_decoder"}))
+    last = gp.hidden_states[-1] * gp.grads(cap.pred)["hidden"][-1]
+    torch.testing.assert_close(last.sum((1, 2)), torch.ones(len(LENGTHS), dtype=last.dtype), rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2",

@@ -4,7 +4,8 @@ uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the so
 
 * every Linear (the layers' and the head's): alpha1-beta0, bias ignored; its backward turns the output's relevance
   R_out = y g into the input's gradient R_in / x (the rule's R_in is x times a factor: that factor, 0 where x = 0);
-  the head's last Linear starts the relevance at the selected output's gradient itself (one-hot, minus the foil);
+  the head's last Linear starts the relevance at one on the explained logit, minus one on the foil's (the sign of
+  its output's gradient: a soft cap or logit scale after the head is elementwise, its identity rule);
 * each residual add: LRP-0 per operand, both rescaled per example (Chefer's add rule), as a Function on the
   sublayer's output that also corrects the skip operand's gradient (the skip receives g through the add already);
 * Mask-LRP's head mask: the gradient of the attention output before the output projection times M[l, h] per query
@@ -81,7 +82,9 @@ class _AlphaBeta(torch.autograd.Function):
         x, y = ctx.saved_tensors
         b = ctx.module.bias
         WaT, W_both = _weights(ctx.module)
-        R = g if ctx.start else y * g
+        # the start: one at the explained logit, minus one at the foil's; the sign of the gradient, which carries
+        # the derivative of what follows the head elementwise (a soft cap, a logit scale: the identity rule)
+        R = torch.sign(g) if ctx.start else y * g
         Yu = y if b is None else y - b
         S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
         # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
