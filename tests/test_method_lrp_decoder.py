@@ -242,8 +242,74 @@ def test_next_token_relevance_starts_at_one_through_a_soft_capped_head(family):
     torch.testing.assert_close(last.sum((1, 2)), torch.ones(len(LENGTHS), dtype=last.dtype), rtol=0, atol=1e-7)
 
 
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_experts_rule_equals_the_rules_written_out_per_token_and_conserves(family):
+    """The routed experts with the routing fixed as in the forward: per token and chosen expert, its routing weight
+    times its output's relevance through the down projection (alpha1-beta0, four products), half to the gate's and
+    half to the up projection's output (the gated product's uniform rule, the activation's identity), the [gate |
+    up] projection (alpha1-beta0); each token's relevance conserved (no bias), nothing to the router."""
+    from compute.methods._internals.chefer_decoder_rules import chefer_decoder_rules
+
+    model = family_model(family, family_heads(family)[0])
+    ad = adapter_for(model, family_heads(family)[0])
+    moe = model.model.layers[0].mlp
+    experts = moe.experts
+    g0 = torch.Generator().manual_seed(3)
+    x = torch.randn(11, 32, generator=g0, dtype=torch.float64)
+    with torch.no_grad():
+        _, w, idx = moe.gate(x)
+    g = torch.randn(11, 32, generator=g0, dtype=torch.float64)
+    with chefer_decoder_rules(ad):
+        xg = x.clone().requires_grad_(True)
+        wg = w.detach().clone().requires_grad_(True)
+        y = experts(xg, idx, wg)
+        gx, gw = torch.autograd.grad(y, (xg, wg), g, allow_unused=True)
+    with torch.no_grad():
+        assert torch.equal(y, experts(x, idx, w))  # the module's own value
+        assert gw is None or (gw == 0).all()  # the routing fixed
+        want = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(idx.shape[1]):
+                e = int(idx[t, j])
+                W_gu, W_d = experts.gate_up_proj[e], experts.down_proj[e]
+                gu = x[t:t + 1] @ W_gu.T
+                gate, up = gu.chunk(2, dim=-1)
+                h = experts.act_fn(gate) * up
+                o = h @ W_d.T
+                R_h = _ab(w[t, j].to(o.dtype) * o * g[t:t + 1], h, W_d, o)
+                want[t] += _ab(torch.cat([R_h / 2, R_h / 2], dim=-1), x[t:t + 1], W_gu, gu)[0]
+        got = x * gx
+        assert want.abs().max() > 1e-3
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10 * float(want.abs().max()))
+        scale = float((y * g).abs().sum(-1).max())  # the rules' eps moves a sum by ~1e-9 / Z of its terms
+        torch.testing.assert_close(got.sum(-1), (y * g).sum(-1), rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_relevance_conserved_through_the_mixtures_of_experts(family):
+    """W_O = 0 (the attention adds nothing): the score head, the residual adds, the norms' identity, the routed
+    experts and Qwen2-MoE's shared expert under its fixed sigmoid gate conserve the explained logit's one, so each
+    example's relevance sums to 1 at every layer's input (to HF's float32 RMSNorm inside a float64 model)."""
+    from compute.methods._internals.gradients import spec_from
+    from compute.methods._internals.relevance import decoder_relevance
+
+    model = family_model(family, layers=3)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+    ad = adapter_for(model)
+    batch, cap = _capture(ad)
+    rel = decoder_relevance(cap, ad, spec_from({}), cap.pred)
+    torch.testing.assert_close(rel.inputs.sum(-1), torch.ones(ad.n_layers, len(LENGTHS), dtype=torch.float64),
+                               rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2",
-                                    "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
+                                    "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
+                                    "qwen2_moe", "qwen3_moe"])
 @pytest.mark.parametrize("name", ["lrp", "transatt"])
 def test_alone_equals_padded_batch(family, name):
     """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN."""
@@ -252,7 +318,8 @@ def test_alone_equals_padded_batch(family, name):
     assert_layer_views_alone_equal_batch(get_method(name), ad, "llama", scale_floor=1e-30)
 
 
-@pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
+@pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
+                                    "qwen2_moe", "qwen3_moe"])
 def test_mask_lrp_beyond_llamas_block(family):
     """A fused [q | k | v] projection (Phi-3: grouped value heads; GPT-BigCode: one shared value head; GPT-NeoX: per
     head), norms after the sublayers (OLMo 2: the add's operands are the norms' outputs, the attention's skip its own
@@ -281,8 +348,7 @@ def test_mask_lrp_beyond_llamas_block(family):
         torch.testing.assert_close(got.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("family, why", [("mixtral", "mixture-of-experts"),
-                                         ("gpt2", "Conv1D"),
+@pytest.mark.parametrize("family, why", [("gpt2", "Conv1D"),
                                          ("opt", "not one module"), ("olmo", "clip_qkv"),
                                          ("granite", "residual multiplier")])
 def test_refused_in_one_line_where_no_rule_set_is_written(family, why):

@@ -18,12 +18,16 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from ...adapters import Adapter
-from ...adapters.base import module_at
-from .attnlrp_rules import attnlrp_rules
+from ...adapters.base import linear_weight, module_at
+from .attnlrp_rules import attnlrp_rules, is_experts
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .safe_divide import EPS
+
+
+LINEARS = (nn.Linear, Conv1D)
 
 
 def unsupported(adapter: Adapter) -> str | None:
@@ -34,10 +38,11 @@ def unsupported(adapter: Adapter) -> str | None:
     block = adapter.block
     if block.parallel and block.ln2 is None:
         return "its parallel block's one shared norm is not tested under the rules"
-    if block.mlp_kind == "moe":
-        return "its mixture-of-experts MLP's routed sum is not written as a hook"
-    if any(type(m).__name__ == "Conv1D" for m in adapter.layers()[0].modules()):
-        return "its projections are Conv1D modules, which the alpha1-beta0 hook does not read"
+    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "has_post_expert_norm": False}
+    if any(is_experts(m) and any(getattr(m, k, v) != v for k, v in layout.items())
+           for layer in adapter.layers() for m in layer.modules()):
+        return "its experts' weights are not the [gate | up] and down stacks without bias the experts' rule reads"
     # tested fused layouts (tests/test_method_lrp_decoder): Phi-3's and GPT-BigCode's, GPT-NeoX's per head
     if block.qkv not in ("separate", "concat_gqa") and not (block.qkv == "per_head" and block.parallel):
         return "its fused query/key/value layout is not tested under the rules"
@@ -53,22 +58,35 @@ def unsupported(adapter: Adapter) -> str | None:
     return None
 
 
-def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|W|^T, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
-    W = module.weight
-    hit = module.__dict__.get("_alpha_beta_weights")
+def _weights(module: nn.Module, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+    """(|W|^T, [W, |W|]) of the module's weight ``name`` in nn.Linear's convention ([out, in]: a Conv1D's transposed;
+    an experts module's [E, out, in] stacks), kept on the module while it is the same tensor, unmodified."""
+    W = getattr(module, name)
+    cache = module.__dict__.setdefault("_alpha_beta_weights", {})
+    hit = cache.get(name)
     if hit is None or hit[0] is not W or hit[1] != W._version:
         with torch.no_grad():
-            Wa = W.detach().abs()
-            hit = module.__dict__["_alpha_beta_weights"] = (W, W._version, Wa.T.contiguous(),
-                                                               torch.cat([W.detach(), Wa], dim=1))
+            Wl = linear_weight(module).detach() if name == "weight" else W.detach()
+            Wa = Wl.abs()
+            hit = cache[name] = (W, W._version, Wa.transpose(-1, -2).contiguous(), torch.cat([Wl, Wa], dim=-1))
     return hit[2], hit[3]
 
 
+def _alpha_beta_grad(R: torch.Tensor, x: torch.Tensor, Yu: torch.Tensor, WaT: torch.Tensor,
+                     W_both: torch.Tensor) -> torch.Tensor:
+    """The gradient of x whose product with x is alpha1-beta0's input relevance, from the output's relevance R and
+    the unbiased output Yu = x W^T. Z = x+ W+^T + x- W-^T = (Yu + |x| |W|^T) / 2 >= 0, so the rule's division needs
+    no sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands
+    down); R_in = x (S W) + |x| (S |W|) (linear_relprop), so the gradient is S W + sign(x) S |W|."""
+    S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
+    SW = torch.matmul(S, W_both)
+    d = x.shape[-1]
+    return SW[..., :d].addcmul(torch.sign(x), SW[..., d:])
+
+
 class _AlphaBeta(torch.autograd.Function):
-    """y = the Linear's own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``: R_out = g)
-    to the gradient of x. Z = x+ W+^T + x- W-^T = (y - b + |x| |W|^T) / 2 >= 0, so the rule's division needs no
-    sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands down)."""
+    """y = the Linear's (or Conv1D's) own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``:
+    the explained logit's one) to the gradient of x."""
 
     @staticmethod
     def forward(ctx, x, box, start):
@@ -81,16 +99,47 @@ class _AlphaBeta(torch.autograd.Function):
     def backward(ctx, g):
         x, y = ctx.saved_tensors
         b = ctx.module.bias
-        WaT, W_both = _weights(ctx.module)
         # the start: one at the explained logit, minus one at the foil's; the sign of the gradient, which carries
         # the derivative of what follows the head elementwise (a soft cap, a logit scale: the identity rule)
         R = torch.sign(g) if ctx.start else y * g
-        Yu = y if b is None else y - b
-        S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
-        # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
-        SW = torch.matmul(S, W_both)
-        d = x.shape[-1]
-        return SW[..., :d].addcmul(torch.sign(x), SW[..., d:]), None, None
+        return _alpha_beta_grad(R, x, y if b is None else y - b, *_weights(ctx.module)), None, None
+
+
+class _Experts(torch.autograd.Function):
+    """A mixture of experts' output (the module's own, in a box with the module, the chosen experts [T, k] and their
+    routing weights [T, k]); backward, the routing fixed as in the forward: each chosen expert's share of the output
+    (its output times its routing weight) through its down projection (alpha1-beta0), the gated product's uniform
+    rule and the activation's identity (half to the gate's and half to the up projection's output) and its [gate |
+    up] projection (alpha1-beta0) to the gradient of x [T, d]; nothing to the router. The experts' intermediates are
+    recomputed, one expert at a time over its tokens, as the eager forward computes them."""
+
+    @staticmethod
+    def forward(ctx, x, box):
+        out, module, index, weights = box
+        ctx.save_for_backward(x, index, weights)
+        ctx.module = module
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, index, weights = ctx.saved_tensors
+        m = ctx.module
+        WaT_gu, Wb_gu = _weights(m, "gate_up_proj")
+        WaT_d, Wb_d = _weights(m, "down_proj")
+        gx = torch.zeros_like(x)
+        for e in range(m.num_experts):
+            tok, slot = torch.where(index == e)  # as the eager forward finds them
+            if tok.numel() == 0:
+                continue
+            xe = x[tok]
+            gu = torch.matmul(xe, m.gate_up_proj[e].T)
+            gate, up = gu.chunk(2, dim=-1)
+            h = m.act_fn.forward(gate) * up  # forward: not through the rules' activation hook
+            o = torch.matmul(h, m.down_proj[e].T)
+            R_h = h * _alpha_beta_grad(o * g[tok] * weights[tok, slot, None].to(g.dtype), h, o, WaT_d[e], Wb_d[e])
+            R_gu = (R_h / 2).repeat(1, 2)
+            gx.index_add_(0, tok, _alpha_beta_grad(R_gu, xe, gu, WaT_gu[e], Wb_gu[e]))
+        return gx, None
 
 
 class _AddRule(torch.autograd.Function):
@@ -144,6 +193,11 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
     in_layers = {m for layer in layers for m in layer.modules()}
     embedding = set(adapter.embeddings().modules())
 
+    def experts_hook(module, args, kwargs, out):
+        vals = dict(zip(("hidden_states", "top_k_index", "top_k_weights"), args), **kwargs)
+        return _Experts.apply(vals["hidden_states"], (out, module, vals["top_k_index"],
+                                                      vals["top_k_weights"].detach()))
+
     def alpha_beta(start):
         def hook(module, inp, out):
             return _AlphaBeta.apply(inp[0], (out, module), start)
@@ -177,14 +231,19 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
     try:
         # the Linears' hooks first: AttnLRP's gradient scaling of a projection's output attaches to what they return
         heads = [m for m in adapter.model.modules()
-                 if isinstance(m, nn.Linear) and m not in in_layers and m not in embedding]
+                 if isinstance(m, LINEARS) and m not in in_layers and m not in embedding]
         for i, m in enumerate(heads):  # the last one outputs the explained logits
             handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
         for layer in layers:
             for m in layer.modules():
-                if isinstance(m, nn.Linear):
+                if isinstance(m, LINEARS):
                     handles.append(m.register_forward_hook(alpha_beta(False)))
-        with attnlrp_rules(adapter):
+                elif is_experts(m):
+                    handles.append(m.register_forward_hook(experts_hook, with_kwargs=True))
+            shared_gate = getattr(module_at(layer, block.mlp), "shared_expert_gate", None)
+            if block.mlp_kind == "moe" and shared_gate is not None:  # a routing weight too: fixed
+                handles.append(shared_gate.register_forward_hook(lambda _m, _i, out: out.detach()))
+        with attnlrp_rules(adapter, routing="fixed"):
             for li, layer in enumerate(layers):
                 slot: dict = {}
                 attn_prefix = block.attention + "."
