@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_layer_views_alone_equal_batch, random_batch, tiny_model
-from families import family_heads, family_model
+from conftest import assert_layer_views_alone_equal_batch, random_batch, tiny_model, tiny_task_model
+from families import family_capture, family_heads, family_model
 
 from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
@@ -288,20 +288,27 @@ def test_experts_rule_equals_the_rules_written_out_per_token_and_conserves(famil
         torch.testing.assert_close(got.sum(-1), (y * g).sum(-1), rtol=0, atol=1e-6 * scale)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
-def test_relevance_conserved_through_the_mixtures_of_experts(family):
-    """W_O = 0 (the attention adds nothing): the score head, the residual adds, the norms' identity, the routed
-    experts and Qwen2-MoE's shared expert under its fixed sigmoid gate conserve the explained logit's one, so each
-    example's relevance sums to 1 at every layer's input (to HF's float32 RMSNorm inside a float64 model)."""
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "falcon_7b"])
+def test_relevance_conserved_where_the_attention_adds_nothing(family):
+    """W_O = 0 (the attention adds nothing) and no bias: the head (the score head, or the causal LM's through its
+    logit scale), the residual adds, the norms' identity (LayerNorm's centring), the activations', the gated
+    products' halves, the routed experts and Qwen2-MoE's shared expert under its fixed sigmoid gate conserve the
+    explained logit's one, so each example's relevance sums to 1 at every layer's input (to the rules' eps; to HF's
+    float32 RMSNorm inside a float64 model)."""
+    from families import family_capture
+
     from compute.methods._internals.gradients import spec_from
     from compute.methods._internals.relevance import decoder_relevance
 
-    model = family_model(family, layers=3)
+    task = "classification" if family == "gpt2" else family_heads(family)[0]
+    model = tiny_task_model("gpt2", task, layers=3) if family == "gpt2" else family_model(family, task, layers=3)
+    ad = adapter_for(model, task)
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-    ad = adapter_for(model)
-    batch, cap = _capture(ad)
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith(ad.block.out_proj + ".weight"):
+                p.zero_()
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
     rel = decoder_relevance(cap, ad, spec_from({}), cap.pred)
     torch.testing.assert_close(rel.inputs.sum(-1), torch.ones(ad.n_layers, len(LENGTHS), dtype=torch.float64),
                                rtol=1e-6, atol=0)
@@ -309,28 +316,44 @@ def test_relevance_conserved_through_the_mixtures_of_experts(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2",
                                     "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
-                                    "qwen2_moe", "qwen3_moe"])
+                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere"])
 @pytest.mark.parametrize("name", ["lrp", "transatt"])
 def test_alone_equals_padded_batch(family, name):
-    """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN."""
-    model = tiny_model("llama", layers=2) if family == "llama" else family_model(family)
-    ad = adapter_for(model)
-    assert_layer_views_alone_equal_batch(get_method(name), ad, "llama", scale_floor=1e-30)
+    """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN (a causal LM
+    only, Cohere's: its next token)."""
+    from families import family_capture
+
+    model = tiny_model(family, layers=2) if family in ("llama", "gpt2") else family_model(family)
+    ad = adapter_for(model, "classification" if family in ("llama", "gpt2") else family_heads(family)[0])
+    assert_layer_views_alone_equal_batch(get_method(name), ad, "llama", scale_floor=1e-30, capture=family_capture)
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral", "cohere"])
+def test_next_token_alone_equals_padded_batch(family):
+    """--task next-token: mask_lrp (a mask of every other head), each example alone = in a padded batch."""
+    from families import family_capture
+
+    model = tiny_task_model("llama", "next-token", layers=2) if family == "llama" else family_model(family,
+                                                                                                  "next-token")
+    ad = adapter_for(model, "next-token")
+    mask = np.array([[(l + h) % 2 for h in range(ad.n_heads)] for l in range(ad.n_layers)], dtype=np.float64)
+    assert_layer_views_alone_equal_batch(get_method("mask_lrp", head_mask=mask), ad, "llama", scale_floor=1e-30,
+                                         capture=family_capture)
 
 
 @pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
-                                    "qwen2_moe", "qwen3_moe"])
+                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere"])
 def test_mask_lrp_beyond_llamas_block(family):
     """A fused [q | k | v] projection (Phi-3: grouped value heads; GPT-BigCode: one shared value head; GPT-NeoX: per
     head), norms after the sublayers (OLMo 2: the add's operands are the norms' outputs, the attention's skip its own
     input) or a parallel block (GPT-NeoX, Phi: one add of three operands): the rollout's unmasked R^{A,l} is rebuilt from the
     value columns of the fused output; all ones = transatt; a mask changes the result; padding invariance 1e-5."""
-    model = family_model(family)
-    ad = adapter_for(model)
+    model = tiny_model("gpt2", layers=2) if family == "gpt2" else family_model(family)
+    ad = adapter_for(model, "classification" if family == "gpt2" else family_heads(family)[0])
     lengths = [5, 9, 2]
     batch = random_batch("llama", lengths)
     with torch.no_grad():
-        cap = ad.capture(batch, frozenset())
+        cap = family_capture(ad, batch, frozenset())
     L, H = ad.n_layers, ad.n_heads
     ones = get_method("mask_lrp", head_mask=np.ones((L, H))).compute(cap, ad, cap.pred)
     plain = get_method("transatt").compute(cap, ad, cap.pred)
@@ -342,20 +365,16 @@ def test_mask_lrp_beyond_llamas_block(family):
     assert torch.isfinite(got.layer_scores).all() and not torch.allclose(got.layer_scores, plain.layer_scores)
     for b, n in enumerate(lengths):
         with torch.no_grad():
-            alone_cap = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
+            alone_cap = family_capture(ad, {k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
         alone = m.compute(alone_cap, ad, cap.pred[b:b + 1])
         scale = max(float(alone.layer_scores.abs().max()), 1e-30)
         torch.testing.assert_close(got.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("family, why", [("gpt2", "Conv1D"),
-                                         ("opt", "not one module"), ("olmo", "clip_qkv"),
+@pytest.mark.parametrize("family, why", [                                         ("opt", "not one module"), ("olmo", "clip_qkv"),
                                          ("granite", "residual multiplier")])
 def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
-    if family == "gpt2":
-        ad = adapter_for(tiny_model("gpt2"))
-    else:
-        ad = adapter_for(family_model(family), family_heads(family)[0])
+    ad = adapter_for(family_model(family), family_heads(family)[0])
     for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_architecture(ad)

@@ -44,7 +44,7 @@ def unsupported(adapter: Adapter) -> str | None:
            for layer in adapter.layers() for m in layer.modules()):
         return "its experts' weights are not the [gate | up] and down stacks without bias the experts' rule reads"
     # tested fused layouts (tests/test_method_lrp_decoder): Phi-3's and GPT-BigCode's, GPT-NeoX's per head
-    if block.qkv not in ("separate", "concat_gqa") and not (block.qkv == "per_head" and block.parallel):
+    if block.qkv not in ("separate", "concat", "concat_gqa") and not (block.qkv == "per_head" and block.parallel):
         return "its fused query/key/value layout is not tested under the rules"
     if block.ln2 is None or (block.ln1 is None and block.attn_out_norm is None):
         return "its residual adds' skip operands are not located"
@@ -263,7 +263,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                     handles.append(module_at(layer, branch).register_forward_hook(add_hook(slot, (key,))))
                 if head_mask is not None:
                     out_proj = module_at(layer, block.out_proj)
-                    dh = out_proj.in_features // adapter.n_heads
+                    dh = linear_weight(out_proj).shape[1] // adapter.n_heads
                     cols = torch.tensor(head_mask[li], dtype=torch.float64).repeat_interleave(dh)
                     layer_kept = kept.setdefault(li, {"g_ctx": []}) if kept is not None else {"g_ctx": []}
                     handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"])))
