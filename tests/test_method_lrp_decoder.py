@@ -288,7 +288,8 @@ def test_experts_rule_equals_the_rules_written_out_per_token_and_conserves(famil
         torch.testing.assert_close(got.sum(-1), (y * g).sum(-1), rtol=0, atol=1e-6 * scale)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "falcon_7b"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "falcon_7b", "opt", "olmo",
+                                    "granite", "olmoe", "bloom", "falcon", "falcon_rw", "falcon_1ln", "mpt"])
 def test_relevance_conserved_where_the_attention_adds_nothing(family):
     """W_O = 0 (the attention adds nothing) and no bias: the head (the score head, or the causal LM's through its
     logit scale), the residual adds, the norms' identity (LayerNorm's centring), the activations', the gated

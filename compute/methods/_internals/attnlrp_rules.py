@@ -85,7 +85,9 @@ ACTIVATIONS = (nn.SiLU, nn.GELU, nn.Tanh, nn.ReLU, nn.Sigmoid, nn.Mish)
 
 
 def is_activation(module: nn.Module) -> bool:
-    return isinstance(module, ACTIVATIONS) or type(module).__module__ == "transformers.activations"
+    """An elementwise activation module: torch's, transformers' own, or a model's GELU class (BLOOM's BloomGelu)."""
+    return (isinstance(module, ACTIVATIONS) or type(module).__module__ == "transformers.activations"
+            or type(module).__name__.endswith("Gelu"))
 
 
 def _norm_hook(adapter: Adapter, kind: str):

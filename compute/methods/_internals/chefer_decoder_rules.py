@@ -14,6 +14,7 @@ uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the so
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -22,7 +23,8 @@ from transformers.pytorch_utils import Conv1D
 
 from ...adapters import Adapter
 from ...adapters.base import linear_weight, module_at
-from .attnlrp_rules import attnlrp_rules, is_experts
+from ...adapters.block import MLPMaps
+from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .safe_divide import EPS
 
@@ -43,19 +45,48 @@ def unsupported(adapter: Adapter) -> str | None:
     if any(is_experts(m) and any(getattr(m, k, v) != v for k, v in layout.items())
            for layer in adapter.layers() for m in layer.modules()):
         return "its experts' weights are not the [gate | up] and down stacks without bias the experts' rule reads"
-    # tested fused layouts (tests/test_method_lrp_decoder): Phi-3's and GPT-BigCode's, GPT-NeoX's per head
-    if block.qkv not in ("separate", "concat", "concat_gqa") and not (block.qkv == "per_head" and block.parallel):
-        return "its fused query/key/value layout is not tested under the rules"
     if block.ln2 is None or (block.ln1 is None and block.attn_out_norm is None):
         return "its residual adds' skip operands are not located"
-    if isinstance(module_at(adapter.layers()[0], block.mlp), nn.Linear):
-        return "its MLP is not one module, so the MLP's residual add is not located"
-    cfg = adapter.config
-    if getattr(cfg, "clip_qkv", None) is not None:
-        return "its clip_qkv changes the projections' outputs in place"
-    if getattr(cfg, "residual_multiplier", 1.0) != 1.0:
-        return "its residual multiplier scales the branch between the sublayer and the add"
+    layer = adapter.layers()[0]
+    mlp = module_at(layer, block.mlp)
+    if (isinstance(mlp, LINEARS) or _adds_residual(mlp)) and not isinstance(block.mlp_maps, MLPMaps):
+        return "its MLP's operand of the residual add is no module's output (no MLP maps declared)"
     return None
+
+
+def qkv_clip(cfg) -> float | None:
+    """clip_qkv: the query, key and value projections' outputs clamped to [-clip, clip] (OLMo, OLMoE; MPT's in its
+    attention config)."""
+    return getattr(cfg, "clip_qkv", None) or getattr(getattr(cfg, "attn_config", None), "clip_qkv", None) or None
+
+
+def qkv_paths(block) -> list[str]:
+    """The query, key and value projections' paths in a layer (a fused one: its one path)."""
+    if block.qkv != "separate":
+        return [block.value]
+    parent, _, name = block.value.rpartition(".")
+    return [block.value, *(f"{parent}.{qk}" if parent else qk for qk in QK_NAMES[name])]
+
+
+def _adds_residual(module: nn.Module) -> bool:
+    """The module takes the residual and adds it to its output itself (BLOOM's attention and MLP, MPT's MLP)."""
+    return "residual" in inspect.signature(module.forward).parameters
+
+
+def branches(block, layer: nn.Module) -> tuple[str, str]:
+    """The paths of the modules whose outputs are the attention's and the MLP's operands of the residual adds: the
+    sublayer's output norm where there is one (Gemma 2, OLMo 2), its last projection where the sublayer adds the
+    residual itself or is no module (OPT's fc1, act, fc2 on the layer), else the sublayer."""
+    attn_prefix = block.attention + "."
+    mlp_norm = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), None)
+    attn = block.attn_out_norm or (block.out_proj if _adds_residual(module_at(layer, block.attention))
+                                   else block.attention)
+    mlp = module_at(layer, block.mlp)
+    if mlp_norm is not None:
+        return attn, mlp_norm
+    if isinstance(mlp, LINEARS):  # the maps' paths from the layer
+        return attn, block.mlp_maps.down
+    return attn, f"{block.mlp}.{block.mlp_maps.down}" if _adds_residual(mlp) else block.mlp
 
 
 def _weights(module: nn.Module, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,10 +121,13 @@ class _AlphaBeta(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, box, start):
-        y, module = box
+        y, module, clip = box
         ctx.save_for_backward(x, y)
-        ctx.module, ctx.start = module, start
-        return y.detach()
+        ctx.module, ctx.start, ctx.clip = module, start, clip
+        # clip_qkv (OLMo, OLMoE, MPT): the value the model then clamps in place, clamped here (a new tensor, so the
+        # model's clamp leaves it and its gradient as they are): the clamp's identity rule hands the projection
+        # R = clamp(y) g, distributed by the unclamped y's contributions
+        return y.detach() if clip is None else y.clamp(-clip, clip)
 
     @staticmethod
     def backward(ctx, g):
@@ -101,7 +135,7 @@ class _AlphaBeta(torch.autograd.Function):
         b = ctx.module.bias
         # the start: one at the explained logit, minus one at the foil's; the sign of the gradient, which carries
         # the derivative of what follows the head elementwise (a soft cap, a logit scale: the identity rule)
-        R = torch.sign(g) if ctx.start else y * g
+        R = torch.sign(g) if ctx.start else (y if ctx.clip is None else y.clamp(-ctx.clip, ctx.clip)) * g
         return _alpha_beta_grad(R, x, y if b is None else y - b, *_weights(ctx.module)), None, None
 
 
@@ -143,23 +177,32 @@ class _Experts(torch.autograd.Function):
 
 
 class _AddRule(torch.autograd.Function):
-    """The branch's value; backward: Chefer's add rule for (branch + skip), the skip's share less the g it gets
+    """The branch's value; backward: Chefer's add rule for (scale branch + skip), the skip's share less the g it gets
     through the add itself. LRP-0 gives the operands a g and b g; rescaled per example, operand o's factor is
-    |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|)."""
+    |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|). The
+    branch's gradient here is ``scale`` times the add's (Granite's residual multiplier between them); ``batch``:
+    the examples, where the operands are [B n, d] (OPT's MLP)."""
 
     @staticmethod
-    def forward(ctx, branch, *skips):  # a parallel block's add has two skips: the stream and the attention output
+    def forward(ctx, branch, how, *skips):  # a parallel block's add has two skips: the stream and the attention output
         ctx.save_for_backward(branch, *skips)
+        ctx.scale, ctx.batch = how
         return branch.clone()
 
     @staticmethod
     def backward(ctx, g):
         branch, *skips = ctx.saved_tensors
-        dims = tuple(range(2, g.dim() + 1))
-        ab = (torch.stack([branch, *skips]) * g).sum(dims, keepdim=True)  # [k, B, 1, 1]: sum o g per operand
+        ge = g if g.dim() == 3 else g.view(ctx.batch, -1, g.shape[-1])
+        ops = torch.stack([branch, *skips])
+        ops = ops if ops.dim() == 4 else ops.view(len(ops), *ge.shape)
+        ab = (ops * ge).sum((2, 3), keepdim=True)  # [k, B, 1, 1]: sum o g per operand
+        gs = ge
+        if ctx.scale != 1:  # the skips' operand gradient is the add's: g / scale
+            gs = ge / ctx.scale
+            ab[1:] /= ctx.scale
         s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
         s_a, *s_skips = s.unbind(0)
-        return g * s_a, *(g * s_o.sub_(1) for s_o in s_skips)
+        return (ge * s_a).view_as(g), None, *((gs * s_o.sub_(1)).view_as(g) for s_o in s_skips)
 
 
 class _HeadMask(torch.autograd.Function):
@@ -198,19 +241,23 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
         return _Experts.apply(vals["hidden_states"], (out, module, vals["top_k_index"],
                                                       vals["top_k_weights"].detach()))
 
-    def alpha_beta(start):
+    def alpha_beta(start, clip=None):
         def hook(module, inp, out):
-            return _AlphaBeta.apply(inp[0], (out, module), start)
+            return _AlphaBeta.apply(inp[0], (out, module, clip), start)
         return hook
 
     def skip_pre_hook(slot, key):
         def hook(module, args, kwargs):  # the attention takes the stream by keyword where no norm precedes it
-            slot[key] = args[0] if args else kwargs["hidden_states"]
+            t = slot[key] = args[0] if args else kwargs["hidden_states"]
+            if t.dim() == 3:  # the examples (the first skip read: OPT's MLP reads the stream as [B n, d])
+                slot["B"] = t.shape[0]
         return hook
+
+    scale = float(getattr(adapter.config, "residual_multiplier", 1.0))  # Granite's, on both sublayers' outputs
 
     def add_hook(slot, keys):
         def hook(module, inp, out):
-            return _with_first(out, _AddRule.apply(_first(out), *(slot[k] for k in keys)))
+            return _with_first(out, _AddRule.apply(_first(out), (scale, slot["B"]), *(slot[k] for k in keys)))
         return hook
 
     def keep_out_hook(slot, key):
@@ -234,10 +281,12 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                  if isinstance(m, LINEARS) and m not in in_layers and m not in embedding]
         for i, m in enumerate(heads):  # the last one outputs the explained logits
             handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
+        clip = qkv_clip(adapter.config)
         for layer in layers:
+            clipped = {module_at(layer, path) for path in qkv_paths(block)} if clip else set()
             for m in layer.modules():
                 if isinstance(m, LINEARS):
-                    handles.append(m.register_forward_hook(alpha_beta(False)))
+                    handles.append(m.register_forward_hook(alpha_beta(False, clip if m in clipped else None)))
                 elif is_experts(m):
                     handles.append(m.register_forward_hook(experts_hook, with_kwargs=True))
             shared_gate = getattr(module_at(layer, block.mlp), "shared_expert_gate", None)
@@ -246,8 +295,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
         with attnlrp_rules(adapter, routing="fixed"):
             for li, layer in enumerate(layers):
                 slot: dict = {}
-                attn_prefix = block.attention + "."
-                mlp_out = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), block.mlp)
+                attn_branch, mlp_out = branches(block, layer)
                 # the skip operand: the input of the norm before the sublayer, or of the sublayer itself where its
                 # norm sits after it (OLMo 2: the add's other operand is that norm's output)
                 if block.parallel:  # x + Attn(LN1 x) + MLP(LN2 x): the add rule over three operands, on the MLP's
@@ -256,7 +304,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                     handles.append(module_at(layer, block.attention).register_forward_hook(keep_out_hook(slot, "a")))
                     handles.append(module_at(layer, mlp_out).register_forward_hook(add_hook(slot, ("a", "x"))))
                 for skip_of, branch, key in (() if block.parallel else (
-                        (block.ln1 or block.attention, block.attn_out_norm or block.attention, "attn"),
+                        (block.ln1 or block.attention, attn_branch, "attn"),
                         (block.ln2, mlp_out, "mlp"))):
                     handles.append(module_at(layer, skip_of).register_forward_pre_hook(skip_pre_hook(slot, key),
                                                                                        with_kwargs=True))
