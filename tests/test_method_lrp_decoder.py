@@ -289,7 +289,8 @@ def test_experts_rule_equals_the_rules_written_out_per_token_and_conserves(famil
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "falcon_7b", "opt", "olmo",
-                                    "granite", "olmoe", "bloom", "falcon", "falcon_rw", "falcon_1ln", "mpt"])
+                                    "granite", "olmoe", "bloom", "falcon", "falcon_rw", "falcon_1ln", "mpt",
+                                    "modernbert"])
 def test_relevance_conserved_where_the_attention_adds_nothing(family):
     """W_O = 0 (the attention adds nothing) and no bias: the head (the score head, or the causal LM's through its
     logit scale), the residual adds, the norms' identity (LayerNorm's centring), the activations', the gated
@@ -317,7 +318,8 @@ def test_relevance_conserved_where_the_attention_adds_nothing(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2",
                                     "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
-                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere"])
+                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "olmoe", "opt", "olmo", "granite",
+                                    "bloom", "falcon", "mpt", "modernbert"])
 @pytest.mark.parametrize("name", ["lrp", "transatt"])
 def test_alone_equals_padded_batch(family, name):
     """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN (a causal LM
@@ -343,7 +345,8 @@ def test_next_token_alone_equals_padded_batch(family):
 
 
 @pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
-                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere"])
+                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "olmoe", "opt", "olmo", "granite",
+                                    "bloom", "falcon", "mpt", "modernbert"])
 def test_mask_lrp_beyond_llamas_block(family):
     """A fused [q | k | v] projection (Phi-3: grouped value heads; GPT-BigCode: one shared value head; GPT-NeoX: per
     head), norms after the sublayers (OLMo 2: the add's operands are the norms' outputs, the attention's skip its own
@@ -363,7 +366,8 @@ def test_mask_lrp_beyond_llamas_block(family):
     mask = np.array([[(l + h) % 2 for h in range(H)] for l in range(L)], dtype=np.float64)
     m = get_method("mask_lrp", head_mask=mask)
     got = m.compute(cap, ad, cap.pred)
-    assert torch.isfinite(got.layer_scores).all() and not torch.allclose(got.layer_scores, plain.layer_scores)
+    assert torch.isfinite(got.layer_scores).all()
+    assert not torch.allclose(got.layer_scores, plain.layer_scores, rtol=1e-6, atol=0)
     for b, n in enumerate(lengths):
         with torch.no_grad():
             alone_cap = family_capture(ad, {k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
@@ -372,8 +376,36 @@ def test_mask_lrp_beyond_llamas_block(family):
         torch.testing.assert_close(got.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("family, why", [                                         ("opt", "not one module"), ("olmo", "clip_qkv"),
-                                         ("granite", "residual multiplier")])
+@pytest.mark.parametrize("family", ["olmo", "mpt", "bloom", "opt", "granite", "qwen2_moe"])
+def test_the_rules_leave_the_models_values(family):
+    """The hooks return the modules' own values (OLMo's and MPT's clip_qkv clamp, BLOOM's and MPT's sublayers adding
+    their residual, OPT's MLP on [B n, d], Granite's multipliers, Qwen2-MoE's experts and fixed shared gate): the
+    pass's logits are the model's, bit for bit, and no hook is left after it."""
+    from compute.methods._internals.gradients import spec_from
+    from families import family_capture
+
+    task = family_heads(family)[0]
+    model = family_model(family, task)
+    ad = adapter_for(model, task)
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    gp = gradient_pass(cap, ad, spec_from({"rules": "chefer_decoder"}))
+    assert torch.equal(gp.logits, cap.logits)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_refused_in_one_line_where_the_experts_layout_is_not_read():
+    """Experts whose weights the rule does not read as [gate | up] and down stacks (here: said to carry biases)."""
+    model = family_model("mixtral")
+    for layer in model.model.layers:
+        layer.mlp.experts.has_bias = True
+    ad = adapter_for(model)
+    with pytest.raises(AttrscopeError) as err:
+        get_method("mask_lrp").check_architecture(ad)
+    assert "\n" not in str(err.value) and "experts' weights" in str(err.value)
+
+
+@pytest.mark.parametrize("family, why", [("deberta-v2", "relative-position")])
 def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
     ad = adapter_for(family_model(family), family_heads(family)[0])
     for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
