@@ -376,6 +376,21 @@ def test_mask_lrp_beyond_llamas_block(family):
         torch.testing.assert_close(got.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
 
 
+def test_float64_twin_of_a_grouped_experts_model_runs_the_eager_loop():
+    """A checkpoint's default experts kernel (the grouped matmul) has no float64 form: the LRP family's float64 twin
+    runs the experts' eager loop (the same function), and gives what a float64 eager model gives."""
+    model = family_model("mixtral", dtype=torch.float32)
+    model.set_experts_implementation("grouped_mm")
+    ad = adapter_for(model)
+    batch, cap = _capture(ad)
+    got = get_method("lrp").compute(cap, ad, cap.pred)
+    eager = adapter_for(family_model("mixtral", dtype=torch.float32).double())
+    want = get_method("lrp", dtype="model").compute(_capture(eager)[1], eager, cap.pred)
+    assert model.config._experts_implementation == "grouped_mm"  # the model itself is left as it is
+    torch.testing.assert_close(got.layer_scores, want.layer_scores.to(got.layer_scores.dtype), rtol=0,
+                               atol=1e-6 * float(want.layer_scores.abs().max()))
+
+
 @pytest.mark.parametrize("family", ["olmo", "mpt", "bloom", "opt", "granite", "qwen2_moe"])
 def test_the_rules_leave_the_models_values(family):
     """The hooks return the modules' own values (OLMo's and MPT's clip_qkv clamp, BLOOM's and MPT's sublayers adding

@@ -8,6 +8,9 @@ uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the so
   its output's gradient: a soft cap or logit scale after the head is elementwise, its identity rule);
 * each residual add: LRP-0 per operand, both rescaled per example (Chefer's add rule), as a Function on the
   sublayer's output that also corrects the skip operand's gradient (the skip receives g through the add already);
+* a mixture of experts: the routing fixed as in the forward, each chosen expert's weighted output through its own
+  rules (alpha1-beta0, the gated product's half), one Function on the experts module's output (_Experts);
+* clip_qkv's clamp: the identity rule (the clamped value's relevance over the unclamped projection);
 * Mask-LRP's head mask: the gradient of the attention output before the output projection times M[l, h] per query
   head (the relevance leaving A.V towards A and V); the unmasked gradient is kept for the rollout's R^{A,l}.
 """
