@@ -205,7 +205,8 @@ class _AddRule(torch.autograd.Function):
             ab[1:] /= ctx.scale
         s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
         s_a, *s_skips = s.unbind(0)
-        return (ge * s_a).view_as(g), None, *((gs * s_o.sub_(1)).view_as(g) for s_o in s_skips)
+        back = (lambda t: t) if ge is g else (lambda t: t.view_as(g))
+        return back(ge * s_a), None, *(back(gs * s_o.sub_(1)) for s_o in s_skips)
 
 
 class _HeadMask(torch.autograd.Function):
