@@ -94,17 +94,19 @@ def alone_vs_batch_tol(arch: str, rtol: float, atol: float) -> dict:
 
 
 def assert_layer_views_alone_equal_batch(method, adapter, arch: str, scale_floor: float = 0.0,
-                                         lengths: tuple[int, ...] = (5, 9, 2)) -> None:
+                                         lengths: tuple[int, ...] = (5, 9, 2), capture=None) -> None:
     """A method's layer views of each example of a padded random batch equal those of the example alone (1e-5 of its
-    scale, at least ``scale_floor``), explaining the batch's own predictions; pads get 0 and nothing is NaN."""
+    scale, at least ``scale_floor``), explaining the batch's own predictions; pads get 0 and nothing is NaN.
+    ``capture(adapter, batch, needs)``: how the batch is captured (default: the adapter's own capture)."""
+    capture = capture or (lambda ad, b, needs: ad.capture(b, needs))
     batch = random_batch(arch, list(lengths))
     with torch.no_grad():
-        cap = adapter.capture(batch, frozenset())
+        cap = capture(adapter, batch, frozenset())
     together = method.compute(cap, adapter, cap.pred)
     assert torch.isfinite(together.layer_scores).all()
     for b, n in enumerate(lengths):
         with torch.no_grad():
-            alone_cap = adapter.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
+            alone_cap = capture(adapter, {k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
         alone = method.compute(alone_cap, adapter, cap.pred[b:b + 1])
         scale = max(float(alone.layer_scores.abs().max()), scale_floor)
         torch.testing.assert_close(together.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)

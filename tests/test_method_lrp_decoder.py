@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_layer_views_alone_equal_batch, random_batch, tiny_model
-from families import family_heads, family_model
+from conftest import assert_layer_views_alone_equal_batch, random_batch, tiny_model, tiny_task_model
+from families import family_capture, family_heads, family_model
 
 from compute.adapters import adapter_for
 from compute.errors import AttrscopeError
@@ -66,8 +66,9 @@ def _float64_model(monkeypatch):
     return seen
 
 
-def _reference(model, batch, target, pos, seen, head_mask=None):
-    """(R at every layer's input [L, B, n], R^{A,l} [L, B, H, n, n]) with every rule written out top-down."""
+def _reference(model, batch, target, pos, seen, head_mask=None, head="score", foil=None):
+    """(R at every layer's input [L, B, n], R^{A,l} [L, B, H, n, n]) with every rule written out top-down; the
+    relevance starts at the head's output row ``pos``: one at the target, minus one at the foil (-1: none)."""
     import transformers.models.llama.modeling_llama as ml
 
     rec = {}
@@ -95,10 +96,12 @@ def _reference(model, batch, target, pos, seen, head_mask=None):
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     B, n = batch["input_ids"].shape
     dh = cfg.hidden_size // H
-    x, y = rec["score"]
+    x, y = rec[head]
     R = torch.zeros_like(y)
     R[torch.arange(B), pos, target] = 1.0
-    R = _ab(R, x, model.score.weight, y)
+    if foil is not None:
+        R[torch.arange(B), pos, foil.clamp_min(0)] -= (foil >= 0).to(R.dtype)
+    R = _ab(R, x, model.get_submodule(head).weight, y)
     # the final RMSNorm: the identity (elementwise linear with rms detached: LRP-0 gives R_in = R_out)
     inputs, attention = [], []
     for li in range(cfg.num_hidden_layers - 1, -1, -1):
@@ -193,28 +196,168 @@ def test_mask_lrp_with_a_head_mask_equals_the_rules_written_out(monkeypatch):
     assert not torch.allclose(got.layer_scores, plain.layer_scores)
 
 
+def test_next_token_equals_the_rules_written_out_from_the_lm_head_with_a_foil(monkeypatch):
+    """--task next-token: the relevance starts at the language-model head's row at the explained position, one at the
+    target word minus one at the foil (an example without one: the target alone)."""
+    from conftest import tiny_task_model
+    from families import family_capture
+
+    seen = _float64_model(monkeypatch)
+    model = tiny_task_model("llama", "next-token", layers=3)
+    ad = adapter_for(model, "next-token")
+    batch = random_batch("llama", LENGTHS)
+    with torch.no_grad():
+        cap = family_capture(ad, batch, frozenset())
+    cap.foil = torch.tensor([5, -1, 7, 9])
+    target = torch.tensor([11, 12, 13, 9])  # the last: foil = target, nothing to explain
+    lrp = get_method("lrp").compute(cap, ad, target)
+    partial = get_method("partial_lrp").compute(cap, ad, target)
+    inputs, att = _reference(model, batch, target, cap.explain_pos, seen, head="lm_head", foil=cap.foil)
+    want = _zero_self(inputs.transpose(0, 1) * cap.mask[:, None], cap.explain_pos)
+    assert want[:3].abs().max() > 1e-3 and (want[3] == 0).all()
+    for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
+        get_method(name).check_task("next-token")  # the run's check
+    torch.testing.assert_close(lrp.layer_scores, want, rtol=0, atol=1e-8)
+    b = torch.arange(len(LENGTHS))
+    rows = att.clamp_min(0).mean(2).transpose(0, 1)[b, :, cap.explain_pos]
+    torch.testing.assert_close(partial.layer_scores, _zero_self(rows * cap.mask[:, None], cap.explain_pos),
+                               rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_next_token_relevance_starts_at_one_through_a_soft_capped_head(family):
+    """The logit soft-capping after the LM head (c tanh(z / c)) is elementwise: its identity rule hands the head's
+    output the explained logit's relevance, one, not the cap's derivative; the alpha1-beta0 rule of the head
+    conserves it, so the last hidden state's relevance sums to 1 per example."""
+    from compute.methods._internals.gradients import spec_from
+    from families import family_capture
+
+    model = family_model(family, "next-token")
+    assert model.config.final_logit_softcapping
+    ad = adapter_for(model, "next-token")
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    gp = gradient_pass(cap, ad, spec_from({"rules": "chefer_decoder"}))
+    last = gp.hidden_states[-1] * gp.grads(cap.pred)["hidden"][-1]
+    torch.testing.assert_close(last.sum((1, 2)), torch.ones(len(LENGTHS), dtype=last.dtype), rtol=0, atol=1e-7)
+
+
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_experts_rule_equals_the_rules_written_out_per_token_and_conserves(family):
+    """The routed experts with the routing fixed as in the forward: per token and chosen expert, its routing weight
+    times its output's relevance through the down projection (alpha1-beta0, four products), half to the gate's and
+    half to the up projection's output (the gated product's uniform rule, the activation's identity), the [gate |
+    up] projection (alpha1-beta0); each token's relevance conserved (no bias), nothing to the router."""
+    from compute.methods._internals.chefer_decoder_rules import chefer_decoder_rules
+
+    model = family_model(family, family_heads(family)[0])
+    ad = adapter_for(model, family_heads(family)[0])
+    moe = model.model.layers[0].mlp
+    experts = moe.experts
+    g0 = torch.Generator().manual_seed(3)
+    x = torch.randn(11, 32, generator=g0, dtype=torch.float64)
+    with torch.no_grad():
+        _, w, idx = moe.gate(x)
+    g = torch.randn(11, 32, generator=g0, dtype=torch.float64)
+    with chefer_decoder_rules(ad):
+        xg = x.clone().requires_grad_(True)
+        wg = w.detach().clone().requires_grad_(True)
+        y = experts(xg, idx, wg)
+        gx, gw = torch.autograd.grad(y, (xg, wg), g, allow_unused=True)
+    with torch.no_grad():
+        assert torch.equal(y, experts(x, idx, w))  # the module's own value
+        assert gw is None or (gw == 0).all()  # the routing fixed
+        want = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(idx.shape[1]):
+                e = int(idx[t, j])
+                W_gu, W_d = experts.gate_up_proj[e], experts.down_proj[e]
+                gu = x[t:t + 1] @ W_gu.T
+                gate, up = gu.chunk(2, dim=-1)
+                h = experts.act_fn(gate) * up
+                o = h @ W_d.T
+                R_h = _ab(w[t, j].to(o.dtype) * o * g[t:t + 1], h, W_d, o)
+                want[t] += _ab(torch.cat([R_h / 2, R_h / 2], dim=-1), x[t:t + 1], W_gu, gu)[0]
+        got = x * gx
+        assert want.abs().max() > 1e-3
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10 * float(want.abs().max()))
+        scale = float((y * g).abs().sum(-1).max())  # the rules' eps moves a sum by ~1e-9 / Z of its terms
+        torch.testing.assert_close(got.sum(-1), (y * g).sum(-1), rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "falcon_7b", "opt", "olmo",
+                                    "granite", "olmoe", "bloom", "falcon", "falcon_rw", "falcon_1ln", "mpt",
+                                    "modernbert"])
+def test_relevance_conserved_where_the_attention_adds_nothing(family):
+    """W_O = 0 (the attention adds nothing) and no bias: the head (the score head, or the causal LM's through its
+    logit scale), the residual adds, the norms' identity (LayerNorm's centring), the activations', the gated
+    products' halves, the routed experts and Qwen2-MoE's shared expert under its fixed sigmoid gate conserve the
+    explained logit's one, so each example's relevance sums to 1 at every layer's input (to the rules' eps; to HF's
+    float32 RMSNorm inside a float64 model)."""
+    from families import family_capture
+
+    from compute.methods._internals.gradients import spec_from
+    from compute.methods._internals.relevance import decoder_relevance
+
+    task = "classification" if family == "gpt2" else family_heads(family)[0]
+    model = tiny_task_model("gpt2", task, layers=3) if family == "gpt2" else family_model(family, task, layers=3)
+    ad = adapter_for(model, task)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith(ad.block.out_proj + ".weight"):
+                p.zero_()
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    rel = decoder_relevance(cap, ad, spec_from({}), cap.pred)
+    torch.testing.assert_close(rel.inputs.sum(-1), torch.ones(ad.n_layers, len(LENGTHS), dtype=torch.float64),
+                               rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "starcoder2",
-                                    "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
+                                    "phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
+                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "olmoe", "opt", "olmo", "granite",
+                                    "bloom", "falcon", "mpt", "modernbert"])
 @pytest.mark.parametrize("name", ["lrp", "transatt"])
 def test_alone_equals_padded_batch(family, name):
-    """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN."""
-    model = tiny_model("llama", layers=2) if family == "llama" else family_model(family)
-    ad = adapter_for(model)
-    assert_layer_views_alone_equal_batch(get_method(name), ad, "llama", scale_floor=1e-30)
+    """Each example alone = in a padded batch (1e-5 of the scale); pads get nothing and nothing is NaN (a causal LM
+    only, Cohere's: its next token)."""
+    from families import family_capture
+
+    model = tiny_model(family, layers=2) if family in ("llama", "gpt2") else family_model(family)
+    ad = adapter_for(model, "classification" if family in ("llama", "gpt2") else family_heads(family)[0])
+    assert_layer_views_alone_equal_batch(get_method(name), ad, "llama", scale_floor=1e-30, capture=family_capture)
 
 
-@pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm"])
+@pytest.mark.parametrize("family", ["llama", "mixtral", "cohere"])
+def test_next_token_alone_equals_padded_batch(family):
+    """--task next-token: mask_lrp (a mask of every other head), each example alone = in a padded batch."""
+    from families import family_capture
+
+    model = tiny_task_model("llama", "next-token", layers=2) if family == "llama" else family_model(family,
+                                                                                                  "next-token")
+    ad = adapter_for(model, "next-token")
+    mask = np.array([[(l + h) % 2 for h in range(ad.n_heads)] for l in range(ad.n_layers)], dtype=np.float64)
+    assert_layer_views_alone_equal_batch(get_method("mask_lrp", head_mask=mask), ad, "llama", scale_floor=1e-30,
+                                         capture=family_capture)
+
+
+@pytest.mark.parametrize("family", ["phi3", "gpt_bigcode", "olmo2", "gpt_neox", "phi", "gptj", "stablelm", "mixtral",
+                                    "qwen2_moe", "qwen3_moe", "gpt2", "cohere", "olmoe", "opt", "olmo", "granite",
+                                    "bloom", "falcon", "mpt", "modernbert"])
 def test_mask_lrp_beyond_llamas_block(family):
     """A fused [q | k | v] projection (Phi-3: grouped value heads; GPT-BigCode: one shared value head; GPT-NeoX: per
     head), norms after the sublayers (OLMo 2: the add's operands are the norms' outputs, the attention's skip its own
     input) or a parallel block (GPT-NeoX, Phi: one add of three operands): the rollout's unmasked R^{A,l} is rebuilt from the
     value columns of the fused output; all ones = transatt; a mask changes the result; padding invariance 1e-5."""
-    model = family_model(family)
-    ad = adapter_for(model)
+    model = tiny_model("gpt2", layers=2) if family == "gpt2" else family_model(family)
+    ad = adapter_for(model, "classification" if family == "gpt2" else family_heads(family)[0])
     lengths = [5, 9, 2]
     batch = random_batch("llama", lengths)
     with torch.no_grad():
-        cap = ad.capture(batch, frozenset())
+        cap = family_capture(ad, batch, frozenset())
     L, H = ad.n_layers, ad.n_heads
     ones = get_method("mask_lrp", head_mask=np.ones((L, H))).compute(cap, ad, cap.pred)
     plain = get_method("transatt").compute(cap, ad, cap.pred)
@@ -223,24 +366,63 @@ def test_mask_lrp_beyond_llamas_block(family):
     mask = np.array([[(l + h) % 2 for h in range(H)] for l in range(L)], dtype=np.float64)
     m = get_method("mask_lrp", head_mask=mask)
     got = m.compute(cap, ad, cap.pred)
-    assert torch.isfinite(got.layer_scores).all() and not torch.allclose(got.layer_scores, plain.layer_scores)
+    assert torch.isfinite(got.layer_scores).all()
+    assert not torch.allclose(got.layer_scores, plain.layer_scores, rtol=1e-6, atol=0)
     for b, n in enumerate(lengths):
         with torch.no_grad():
-            alone_cap = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
+            alone_cap = family_capture(ad, {k: v[b:b + 1, :n] for k, v in batch.items()}, frozenset())
         alone = m.compute(alone_cap, ad, cap.pred[b:b + 1])
         scale = max(float(alone.layer_scores.abs().max()), 1e-30)
         torch.testing.assert_close(got.layer_scores[b, :, :n], alone.layer_scores[0], rtol=0, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("family, why", [("mixtral", "mixture-of-experts"),
-                                         ("gpt2", "Conv1D"),
-                                         ("opt", "not one module"), ("olmo", "clip_qkv"),
-                                         ("granite", "residual multiplier")])
+def test_float64_twin_of_a_grouped_experts_model_runs_the_eager_loop():
+    """A checkpoint's default experts kernel (the grouped matmul) has no float64 form: the LRP family's float64 twin
+    runs the experts' eager loop (the same function), and gives what a float64 eager model gives."""
+    model = family_model("mixtral", dtype=torch.float32)
+    model.set_experts_implementation("grouped_mm")
+    ad = adapter_for(model)
+    batch, cap = _capture(ad)
+    got = get_method("lrp").compute(cap, ad, cap.pred)
+    eager = adapter_for(family_model("mixtral", dtype=torch.float32).double())
+    want = get_method("lrp", dtype="model").compute(_capture(eager)[1], eager, cap.pred)
+    assert model.config._experts_implementation == "grouped_mm"  # the model itself is left as it is
+    torch.testing.assert_close(got.layer_scores, want.layer_scores.to(got.layer_scores.dtype), rtol=0,
+                               atol=1e-6 * float(want.layer_scores.abs().max()))
+
+
+@pytest.mark.parametrize("family", ["olmo", "mpt", "bloom", "opt", "granite", "qwen2_moe"])
+def test_the_rules_leave_the_models_values(family):
+    """The hooks return the modules' own values (OLMo's and MPT's clip_qkv clamp, BLOOM's and MPT's sublayers adding
+    their residual, OPT's MLP on [B n, d], Granite's multipliers, Qwen2-MoE's experts and fixed shared gate): the
+    pass's logits are the model's, bit for bit, and no hook is left after it."""
+    from compute.methods._internals.gradients import spec_from
+    from families import family_capture
+
+    task = family_heads(family)[0]
+    model = family_model(family, task)
+    ad = adapter_for(model, task)
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    gp = gradient_pass(cap, ad, spec_from({"rules": "chefer_decoder"}))
+    assert torch.equal(gp.logits, cap.logits)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_refused_in_one_line_where_the_experts_layout_is_not_read():
+    """Experts whose weights the rule does not read as [gate | up] and down stacks (here: said to carry biases)."""
+    model = family_model("mixtral")
+    for layer in model.model.layers:
+        layer.mlp.experts.has_bias = True
+    ad = adapter_for(model)
+    with pytest.raises(AttrscopeError) as err:
+        get_method("mask_lrp").check_architecture(ad)
+    assert "\n" not in str(err.value) and "experts' weights" in str(err.value)
+
+
+@pytest.mark.parametrize("family, why", [("deberta-v2", "relative-position")])
 def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
-    if family == "gpt2":
-        ad = adapter_for(tiny_model("gpt2"))
-    else:
-        ad = adapter_for(family_model(family), family_heads(family)[0])
+    ad = adapter_for(family_model(family), family_heads(family)[0])
     for name in ("lrp", "partial_lrp", "transatt", "mask_lrp"):
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_architecture(ad)

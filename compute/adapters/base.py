@@ -445,7 +445,10 @@ class Adapter:
         if dtype not in twins:
             import copy
 
-            twin = type(self)(copy.deepcopy(self.model).to(dtype), self.task)
+            model = copy.deepcopy(self.model).to(dtype)
+            if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+                model.set_experts_implementation("eager")  # the grouped matmul has no float64 kernel
+            twin = type(self)(model, self.task)
             twin.mask_token_id, twin.special_ids, twin.sep_token_id = self.mask_token_id, self.special_ids, self.sep_token_id
             twins[dtype] = twin
         return twins[dtype]

@@ -85,7 +85,9 @@ ACTIVATIONS = (nn.SiLU, nn.GELU, nn.Tanh, nn.ReLU, nn.Sigmoid, nn.Mish)
 
 
 def is_activation(module: nn.Module) -> bool:
-    return isinstance(module, ACTIVATIONS) or type(module).__module__ == "transformers.activations"
+    """An elementwise activation module: torch's, transformers' own, or a model's GELU class (BLOOM's BloomGelu)."""
+    return (isinstance(module, ACTIVATIONS) or type(module).__module__ == "transformers.activations"
+            or type(module).__name__.endswith("Gelu"))
 
 
 def _norm_hook(adapter: Adapter, kind: str):
@@ -183,9 +185,16 @@ def _fused_scale(adapter: Adapter):
     return scale
 
 
+def is_experts(module: nn.Module) -> bool:
+    """A mixture of experts' experts module (HF's ``...Experts``: the chosen experts' weighted outputs)."""
+    return type(module).__name__.endswith("Experts")
+
+
 @contextmanager
-def attnlrp_rules(adapter: Adapter):
-    """The rules' hooks on the model's modules for the forward passes run inside (``unsupported`` must be None)."""
+def attnlrp_rules(adapter: Adapter, routing: str = "attnlrp"):
+    """The rules' hooks on the model's modules for the forward passes run inside (``unsupported`` must be None).
+    ``routing``: "attnlrp", the rules of the mixture's products above; "fixed", none on the routed experts and the
+    shared expert's gate (the caller's rules hold the routing as in the forward: chefer_decoder_rules)."""
     block, handles = adapter.block, []
     try:
         embedding = set(adapter.embeddings().modules())
@@ -211,16 +220,18 @@ def attnlrp_rules(adapter: Adapter):
             mlp = module_at(layer, block.mlp)
             gated = [mlp] if block.mlp_kind == "gated" else []
             if block.mlp_kind == "moe":
-                for m in mlp.modules():
-                    if type(m).__name__.endswith("Experts"):
-                        handles.append(m.register_forward_pre_hook(_experts_pre_hook, with_kwargs=True))
                 shared, shared_gate = getattr(mlp, "shared_expert", None), getattr(mlp, "shared_expert_gate", None)
                 if shared is not None:
                     gated.append(shared)
-                    handles.append(shared.register_forward_hook(_grad_scale_hook(0.5)))
-                if shared_gate is not None:
-                    handles.append(shared_gate.register_forward_hook(_sigmoid_gate_hook))
-                if not any(type(m).__name__.endswith("Experts") for m in mlp.modules()) and hasattr(mlp, "down_proj"):
+                if routing == "attnlrp":
+                    for m in mlp.modules():
+                        if is_experts(m):
+                            handles.append(m.register_forward_pre_hook(_experts_pre_hook, with_kwargs=True))
+                    if shared is not None:
+                        handles.append(shared.register_forward_hook(_grad_scale_hook(0.5)))
+                    if shared_gate is not None:
+                        handles.append(shared_gate.register_forward_hook(_sigmoid_gate_hook))
+                if not any(is_experts(m) for m in mlp.modules()) and hasattr(mlp, "down_proj"):
                     gated.append(mlp)  # a dense layer of a mixture of experts (Qwen2-MoE's mlp_only_layers)
             for g in gated:
                 down = [c for c in g.children() if isinstance(c, nn.Linear)][-1]  # down_proj, ModernBERT's Wo

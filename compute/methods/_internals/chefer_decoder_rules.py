@@ -4,25 +4,35 @@ uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the so
 
 * every Linear (the layers' and the head's): alpha1-beta0, bias ignored; its backward turns the output's relevance
   R_out = y g into the input's gradient R_in / x (the rule's R_in is x times a factor: that factor, 0 where x = 0);
-  the head's last Linear starts the relevance at the selected output's gradient itself (one-hot, minus the foil);
+  the head's last Linear starts the relevance at one on the explained logit, minus one on the foil's (the sign of
+  its output's gradient: a soft cap or logit scale after the head is elementwise, its identity rule);
 * each residual add: LRP-0 per operand, both rescaled per example (Chefer's add rule), as a Function on the
   sublayer's output that also corrects the skip operand's gradient (the skip receives g through the add already);
+* a mixture of experts: the routing fixed as in the forward, each chosen expert's weighted output through its own
+  rules (alpha1-beta0, the gated product's half), one Function on the experts module's output (_Experts);
+* clip_qkv's clamp: the identity rule (the clamped value's relevance over the unclamped projection);
 * Mask-LRP's head mask: the gradient of the attention output before the output projection times M[l, h] per query
   head (the relevance leaving A.V towards A and V); the unmasked gradient is kept for the rollout's R^{A,l}.
 """
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from ...adapters import Adapter
-from ...adapters.base import module_at
-from .attnlrp_rules import attnlrp_rules
+from ...adapters.base import linear_weight, module_at
+from ...adapters.block import MLPMaps
+from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .safe_divide import EPS
+
+
+LINEARS = (nn.Linear, Conv1D)
 
 
 def unsupported(adapter: Adapter) -> str | None:
@@ -33,81 +43,170 @@ def unsupported(adapter: Adapter) -> str | None:
     block = adapter.block
     if block.parallel and block.ln2 is None:
         return "its parallel block's one shared norm is not tested under the rules"
-    if block.mlp_kind == "moe":
-        return "its mixture-of-experts MLP's routed sum is not written as a hook"
-    if any(type(m).__name__ == "Conv1D" for m in adapter.layers()[0].modules()):
-        return "its projections are Conv1D modules, which the alpha1-beta0 hook does not read"
-    # tested fused layouts (tests/test_method_lrp_decoder): Phi-3's and GPT-BigCode's, GPT-NeoX's per head
-    if block.qkv not in ("separate", "concat_gqa") and not (block.qkv == "per_head" and block.parallel):
-        return "its fused query/key/value layout is not tested under the rules"
+    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "has_post_expert_norm": False}
+    if any(is_experts(m) and any(getattr(m, k, v) != v for k, v in layout.items())
+           for layer in adapter.layers() for m in layer.modules()):
+        return "its experts' weights are not the [gate | up] and down stacks without bias the experts' rule reads"
     if block.ln2 is None or (block.ln1 is None and block.attn_out_norm is None):
         return "its residual adds' skip operands are not located"
-    if isinstance(module_at(adapter.layers()[0], block.mlp), nn.Linear):
-        return "its MLP is not one module, so the MLP's residual add is not located"
-    cfg = adapter.config
-    if getattr(cfg, "clip_qkv", None) is not None:
-        return "its clip_qkv changes the projections' outputs in place"
-    if getattr(cfg, "residual_multiplier", 1.0) != 1.0:
-        return "its residual multiplier scales the branch between the sublayer and the add"
+    layer = adapter.layers()[0]
+    mlp = module_at(layer, block.mlp)
+    if (isinstance(mlp, LINEARS) or _adds_residual(mlp)) and not isinstance(block.mlp_maps, MLPMaps):
+        return "its MLP's operand of the residual add is no module's output (no MLP maps declared)"
     return None
 
 
-def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|W|^T, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
-    W = module.weight
-    hit = module.__dict__.get("_alpha_beta_weights")
+def qkv_clip(cfg) -> float | None:
+    """clip_qkv: the query, key and value projections' outputs clamped to [-clip, clip] (OLMo, OLMoE; MPT's in its
+    attention config)."""
+    return getattr(cfg, "clip_qkv", None) or getattr(getattr(cfg, "attn_config", None), "clip_qkv", None) or None
+
+
+def qkv_paths(block) -> list[str]:
+    """The query, key and value projections' paths in a layer (a fused one: its one path)."""
+    if block.qkv != "separate":
+        return [block.value]
+    parent, _, name = block.value.rpartition(".")
+    return [block.value, *(f"{parent}.{qk}" if parent else qk for qk in QK_NAMES[name])]
+
+
+def _adds_residual(module: nn.Module) -> bool:
+    """The module takes the residual and adds it to its output itself (BLOOM's attention and MLP, MPT's MLP)."""
+    return "residual" in inspect.signature(module.forward).parameters
+
+
+def branches(block, layer: nn.Module) -> tuple[str, str]:
+    """The paths of the modules whose outputs are the attention's and the MLP's operands of the residual adds: the
+    sublayer's output norm where there is one (Gemma 2, OLMo 2), its last projection where the sublayer adds the
+    residual itself or is no module (OPT's fc1, act, fc2 on the layer), else the sublayer."""
+    attn_prefix = block.attention + "."
+    mlp_norm = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), None)
+    attn = block.attn_out_norm or (block.out_proj if _adds_residual(module_at(layer, block.attention))
+                                   else block.attention)
+    mlp = module_at(layer, block.mlp)
+    if mlp_norm is not None:
+        return attn, mlp_norm
+    if isinstance(mlp, LINEARS):  # the maps' paths from the layer
+        return attn, block.mlp_maps.down
+    return attn, f"{block.mlp}.{block.mlp_maps.down}" if _adds_residual(mlp) else block.mlp
+
+
+def _weights(module: nn.Module, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+    """(|W|^T, [W, |W|]) of the module's weight ``name`` in nn.Linear's convention ([out, in]: a Conv1D's transposed;
+    an experts module's [E, out, in] stacks), kept on the module while it is the same tensor, unmodified."""
+    W = getattr(module, name)
+    cache = module.__dict__.setdefault("_alpha_beta_weights", {})
+    hit = cache.get(name)
     if hit is None or hit[0] is not W or hit[1] != W._version:
         with torch.no_grad():
-            Wa = W.detach().abs()
-            hit = module.__dict__["_alpha_beta_weights"] = (W, W._version, Wa.T.contiguous(),
-                                                               torch.cat([W.detach(), Wa], dim=1))
+            Wl = linear_weight(module).detach() if name == "weight" else W.detach()
+            Wa = Wl.abs()
+            hit = cache[name] = (W, W._version, Wa.transpose(-1, -2).contiguous(), torch.cat([Wl, Wa], dim=-1))
     return hit[2], hit[3]
 
 
+def _alpha_beta_grad(R: torch.Tensor, x: torch.Tensor, Yu: torch.Tensor, WaT: torch.Tensor,
+                     W_both: torch.Tensor) -> torch.Tensor:
+    """The gradient of x whose product with x is alpha1-beta0's input relevance, from the output's relevance R and
+    the unbiased output Yu = x W^T. Z = x+ W+^T + x- W-^T = (Yu + |x| |W|^T) / 2 >= 0, so the rule's division needs
+    no sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands
+    down); R_in = x (S W) + |x| (S |W|) (linear_relprop), so the gradient is S W + sign(x) S |W|."""
+    S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
+    SW = torch.matmul(S, W_both)
+    d = x.shape[-1]
+    return SW[..., :d].addcmul(torch.sign(x), SW[..., d:])
+
+
 class _AlphaBeta(torch.autograd.Function):
-    """y = the Linear's own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``: R_out = g)
-    to the gradient of x. Z = x+ W+^T + x- W-^T = (y - b + |x| |W|^T) / 2 >= 0, so the rule's division needs no
-    sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands down)."""
+    """y = the Linear's (or Conv1D's) own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``:
+    the explained logit's one) to the gradient of x."""
 
     @staticmethod
     def forward(ctx, x, box, start):
-        y, module = box
+        y, module, clip = box
         ctx.save_for_backward(x, y)
-        ctx.module, ctx.start = module, start
-        return y.detach()
+        ctx.module, ctx.start, ctx.clip = module, start, clip
+        # clip_qkv (OLMo, OLMoE, MPT): the value the model then clamps in place, clamped here (a new tensor, so the
+        # model's clamp leaves it and its gradient as they are): the clamp's identity rule hands the projection
+        # R = clamp(y) g, distributed by the unclamped y's contributions
+        return y.detach() if clip is None else y.clamp(-clip, clip)
 
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
         b = ctx.module.bias
-        WaT, W_both = _weights(ctx.module)
-        R = g if ctx.start else y * g
-        Yu = y if b is None else y - b
-        S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
-        # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
-        SW = torch.matmul(S, W_both)
-        d = x.shape[-1]
-        return SW[..., :d].addcmul(torch.sign(x), SW[..., d:]), None, None
+        # the start: one at the explained logit, minus one at the foil's; the sign of the gradient, which carries
+        # the derivative of what follows the head elementwise (a soft cap, a logit scale: the identity rule)
+        R = torch.sign(g) if ctx.start else (y if ctx.clip is None else y.clamp(-ctx.clip, ctx.clip)) * g
+        return _alpha_beta_grad(R, x, y if b is None else y - b, *_weights(ctx.module)), None, None
+
+
+class _Experts(torch.autograd.Function):
+    """A mixture of experts' output (the module's own, in a box with the module, the chosen experts [T, k] and their
+    routing weights [T, k]); backward, the routing fixed as in the forward: each chosen expert's share of the output
+    (its output times its routing weight) through its down projection (alpha1-beta0), the gated product's uniform
+    rule and the activation's identity (half to the gate's and half to the up projection's output) and its [gate |
+    up] projection (alpha1-beta0) to the gradient of x [T, d]; nothing to the router. The experts' intermediates are
+    recomputed, one expert at a time over its tokens, as the eager forward computes them."""
+
+    @staticmethod
+    def forward(ctx, x, box):
+        out, module, index, weights = box
+        ctx.save_for_backward(x, index, weights)
+        ctx.module = module
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, index, weights = ctx.saved_tensors
+        m = ctx.module
+        WaT_gu, Wb_gu = _weights(m, "gate_up_proj")
+        WaT_d, Wb_d = _weights(m, "down_proj")
+        gx = torch.zeros_like(x)
+        for e in range(m.num_experts):
+            tok, slot = torch.where(index == e)  # as the eager forward finds them
+            if tok.numel() == 0:
+                continue
+            xe = x[tok]
+            gu = torch.matmul(xe, m.gate_up_proj[e].T)
+            gate, up = gu.chunk(2, dim=-1)
+            h = m.act_fn.forward(gate) * up  # forward: not through the rules' activation hook
+            o = torch.matmul(h, m.down_proj[e].T)
+            R_h = h * _alpha_beta_grad(o * g[tok] * weights[tok, slot, None].to(g.dtype), h, o, WaT_d[e], Wb_d[e])
+            R_gu = (R_h / 2).repeat(1, 2)
+            gx.index_add_(0, tok, _alpha_beta_grad(R_gu, xe, gu, WaT_gu[e], Wb_gu[e]))
+        return gx, None
 
 
 class _AddRule(torch.autograd.Function):
-    """The branch's value; backward: Chefer's add rule for (branch + skip), the skip's share less the g it gets
+    """The branch's value; backward: Chefer's add rule for (scale branch + skip), the skip's share less the g it gets
     through the add itself. LRP-0 gives the operands a g and b g; rescaled per example, operand o's factor is
-    |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|)."""
+    |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|). The
+    branch's gradient here is ``scale`` times the add's (Granite's residual multiplier between them); ``batch``:
+    the examples, where the operands are [B n, d] (OPT's MLP)."""
 
     @staticmethod
-    def forward(ctx, branch, *skips):  # a parallel block's add has two skips: the stream and the attention output
+    def forward(ctx, branch, how, *skips):  # a parallel block's add has two skips: the stream and the attention output
         ctx.save_for_backward(branch, *skips)
+        ctx.scale, ctx.batch = how
         return branch.clone()
 
     @staticmethod
     def backward(ctx, g):
         branch, *skips = ctx.saved_tensors
-        dims = tuple(range(2, g.dim() + 1))
-        ab = (torch.stack([branch, *skips]) * g).sum(dims, keepdim=True)  # [k, B, 1, 1]: sum o g per operand
+        ge = g if g.dim() == 3 else g.view(ctx.batch, -1, g.shape[-1])
+        ops = torch.stack([branch, *skips])
+        ops = ops if ops.dim() == 4 else ops.view(len(ops), *ge.shape)
+        ab = (ops * ge).sum((2, 3), keepdim=True)  # [k, B, 1, 1]: sum o g per operand
+        gs = ge
+        if ctx.scale != 1:  # the skips' operand gradient is the add's: g / scale
+            gs = ge / ctx.scale
+            ab[1:] /= ctx.scale
         s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
         s_a, *s_skips = s.unbind(0)
-        return g * s_a, *(g * s_o.sub_(1) for s_o in s_skips)
+        back = (lambda t: t) if ge is g else (lambda t: t.view_as(g))
+        return back(ge * s_a), None, *(back(gs * s_o.sub_(1)) for s_o in s_skips)
 
 
 class _HeadMask(torch.autograd.Function):
@@ -141,19 +240,28 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
     in_layers = {m for layer in layers for m in layer.modules()}
     embedding = set(adapter.embeddings().modules())
 
-    def alpha_beta(start):
+    def experts_hook(module, args, kwargs, out):
+        vals = dict(zip(("hidden_states", "top_k_index", "top_k_weights"), args), **kwargs)
+        return _Experts.apply(vals["hidden_states"], (out, module, vals["top_k_index"],
+                                                      vals["top_k_weights"].detach()))
+
+    def alpha_beta(start, clip=None):
         def hook(module, inp, out):
-            return _AlphaBeta.apply(inp[0], (out, module), start)
+            return _AlphaBeta.apply(inp[0], (out, module, clip), start)
         return hook
 
     def skip_pre_hook(slot, key):
         def hook(module, args, kwargs):  # the attention takes the stream by keyword where no norm precedes it
-            slot[key] = args[0] if args else kwargs["hidden_states"]
+            t = slot[key] = args[0] if args else kwargs["hidden_states"]
+            if t.dim() == 3:  # the examples (the first skip read: OPT's MLP reads the stream as [B n, d])
+                slot["B"] = t.shape[0]
         return hook
+
+    scale = float(getattr(adapter.config, "residual_multiplier", 1.0))  # Granite's, on both sublayers' outputs
 
     def add_hook(slot, keys):
         def hook(module, inp, out):
-            return _with_first(out, _AddRule.apply(_first(out), *(slot[k] for k in keys)))
+            return _with_first(out, _AddRule.apply(_first(out), (scale, slot["B"]), *(slot[k] for k in keys)))
         return hook
 
     def keep_out_hook(slot, key):
@@ -174,18 +282,24 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
     try:
         # the Linears' hooks first: AttnLRP's gradient scaling of a projection's output attaches to what they return
         heads = [m for m in adapter.model.modules()
-                 if isinstance(m, nn.Linear) and m not in in_layers and m not in embedding]
+                 if isinstance(m, LINEARS) and m not in in_layers and m not in embedding]
         for i, m in enumerate(heads):  # the last one outputs the explained logits
             handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
+        clip = qkv_clip(adapter.config)
         for layer in layers:
+            clipped = {module_at(layer, path) for path in qkv_paths(block)} if clip else set()
             for m in layer.modules():
-                if isinstance(m, nn.Linear):
-                    handles.append(m.register_forward_hook(alpha_beta(False)))
-        with attnlrp_rules(adapter):
+                if isinstance(m, LINEARS):
+                    handles.append(m.register_forward_hook(alpha_beta(False, clip if m in clipped else None)))
+                elif is_experts(m):
+                    handles.append(m.register_forward_hook(experts_hook, with_kwargs=True))
+            shared_gate = getattr(module_at(layer, block.mlp), "shared_expert_gate", None)
+            if block.mlp_kind == "moe" and shared_gate is not None:  # a routing weight too: fixed
+                handles.append(shared_gate.register_forward_hook(lambda _m, _i, out: out.detach()))
+        with attnlrp_rules(adapter, routing="fixed"):
             for li, layer in enumerate(layers):
                 slot: dict = {}
-                attn_prefix = block.attention + "."
-                mlp_out = next((n for n in block.extra_norms if not n.startswith(attn_prefix)), block.mlp)
+                attn_branch, mlp_out = branches(block, layer)
                 # the skip operand: the input of the norm before the sublayer, or of the sublayer itself where its
                 # norm sits after it (OLMo 2: the add's other operand is that norm's output)
                 if block.parallel:  # x + Attn(LN1 x) + MLP(LN2 x): the add rule over three operands, on the MLP's
@@ -194,14 +308,14 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                     handles.append(module_at(layer, block.attention).register_forward_hook(keep_out_hook(slot, "a")))
                     handles.append(module_at(layer, mlp_out).register_forward_hook(add_hook(slot, ("a", "x"))))
                 for skip_of, branch, key in (() if block.parallel else (
-                        (block.ln1 or block.attention, block.attn_out_norm or block.attention, "attn"),
+                        (block.ln1 or block.attention, attn_branch, "attn"),
                         (block.ln2, mlp_out, "mlp"))):
                     handles.append(module_at(layer, skip_of).register_forward_pre_hook(skip_pre_hook(slot, key),
                                                                                        with_kwargs=True))
                     handles.append(module_at(layer, branch).register_forward_hook(add_hook(slot, (key,))))
                 if head_mask is not None:
                     out_proj = module_at(layer, block.out_proj)
-                    dh = out_proj.in_features // adapter.n_heads
+                    dh = linear_weight(out_proj).shape[1] // adapter.n_heads
                     cols = torch.tensor(head_mask[li], dtype=torch.float64).repeat_interleave(dh)
                     layer_kept = kept.setdefault(li, {"g_ctx": []}) if kept is not None else {"g_ctx": []}
                     handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"])))

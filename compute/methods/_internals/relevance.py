@@ -484,9 +484,9 @@ class RelevanceMethod(Method):
     needs = frozenset()  # the methods run their own forward (and backward, for the gradient-weighted ones)
     passes = frozenset({"forward", "lrp"})
     op_budget = 2.0  # of a bare forward + backward: the pass and one top-down sweep of the rules
-    # the rules start at the head's explained output: a sequence head, a masked LM's vocabulary head, a QA head
-    # (the decoders' next-token task is not enabled yet: its LM-head start is untested, docs/methods.md 8)
-    tasks = frozenset({"classification", "regression", "masked-token", "qa"})
+    # the rules start at the head's explained output: a sequence head, a masked LM's vocabulary head, a QA head, a
+    # decoder's causal-LM head at the next-token position (docs/methods.md 8)
+    tasks = frozenset({"classification", "regression", "masked-token", "qa", "next-token"})
     pre_ln_ok = False  # not on every pre-LN block: where a decoder rule set is written (check_lrp decides)
     # "auto": float64 for all four. Neither float32 nor float32 rules on a float64 forward ("mixed") reproduce the
     # float64 numbers to 1e-3 of the scale with a mean Spearman of 0.9999 on both the shared model and a random
