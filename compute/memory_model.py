@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 
+from .attention_streaming import streams_attention
+
 GB = 10**9
 CARD_BYTES = 80 * GB  # "an 80 GB card"
 F32 = 4  # the methods compute in float32 at least (compute.adapters._stack_and_upcast, gradients.wide)
@@ -95,9 +97,9 @@ class Budgets:
     @classmethod
     def cpu(cls) -> Budgets:
         from .methods import alti, value_zeroing
-        from .methods._internals import gradients, layerwise, token_vectors
+        from .methods._internals import budget, gradients, token_vectors
 
-        return cls(stack=layerwise.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
+        return cls(stack=budget.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
                    value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
                    ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES)
 
@@ -124,14 +126,6 @@ def layer_transient(m: ModelShape, r: Run) -> int:
     and a few [n, d] of the residual stream."""
     attention = m.heads * r.n ** 2 * (r.itemsize + F32) + r.n ** 2 * r.itemsize
     return max(attention, 3 * r.n * m.d_ff * r.itemsize) + 6 * r.n * m.d * r.itemsize
-
-
-def streams_attention(layers: int, heads: int, batch: int, n: int, budget: int) -> bool:
-    """Whether the capture of the head-mean attentions ("attention_mean") takes each layer's mean as the forward
-    makes its attention (issue 36), keeping one layer's [B, H, n, n] at a time: where the float32 stack of every
-    layer's would exceed the block budget. Below it the layers are stacked and reduced in one operation (a GPU's
-    launches; tests/test_op_budget.py)."""
-    return layers * batch * heads * n * n * F32 > budget
 
 
 def bare_forward(m: ModelShape, r: Run) -> int:

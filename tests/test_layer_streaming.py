@@ -14,7 +14,7 @@ import torch
 from compute import memory_model as mm
 from compute.adapters import adapter_for
 from compute.methods import REGISTRY
-from compute.methods._internals import layerwise
+from compute.methods._internals import budget
 from compute.run.parts import cut_capture
 from conftest import random_batch, tiny_model
 
@@ -30,7 +30,7 @@ def model(request):
 
 
 def streamed(monkeypatch):
-    monkeypatch.setattr(layerwise, "CPU_STACK_BYTES", 0)  # every stack above the budget: layer by layer
+    monkeypatch.setattr(budget, "CPU_STACK_BYTES", 0)  # every stack above the budget: layer by layer
 
 
 def watch_attentions(ad):
@@ -47,7 +47,7 @@ def test_the_switch_follows_the_memory_model(model):
     stack = ad.n_layers * B * ad.n_heads * n * n * 4
     assert mm.streams_attention(ad.n_layers, ad.n_heads, B, n, stack) is False
     assert mm.streams_attention(ad.n_layers, ad.n_heads, B, n, stack - 1) is True
-    assert ad.streams_attention(batch["input_ids"]) is (stack > layerwise.CPU_STACK_BYTES)
+    assert ad.streams_attention(batch["input_ids"]) is (stack > budget.CPU_STACK_BYTES)
 
 
 def test_streamed_capture_keeps_one_layers_attention_at_a_time(model, monkeypatch):

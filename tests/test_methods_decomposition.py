@@ -12,7 +12,7 @@ import reference as R
 from compute.adapters import adapter_for
 from compute.methods import get_method
 from compute.methods._internals.aggregate import prod_rows_normalised
-from compute.methods._internals import layerwise
+from compute.methods._internals import budget
 from compute.methods._internals.decomposition import (NEEDS, attention_vectors, decomposed_inner, decomposed_norms,
                                                       decomposed_sq_norms, diagonal_vectors, layer_parts, layer_stack,
                                                       operands)
@@ -151,7 +151,7 @@ def test_groups_of_layers_and_examples_do_not_change_the_result(captured, name, 
     gives the numbers of the single stack of all layers."""
     _, _, ad, _, cap = captured
     whole = get_method(name).compute(cap, ad, cap.pred)
-    monkeypatch.setattr(layerwise, "CPU_STACK_BYTES", 1)
+    monkeypatch.setattr(budget, "CPU_STACK_BYTES", 1)
     cap.memo.clear()
     split = get_method(name).compute(cap, ad, cap.pred)
     cap.memo.clear()

@@ -100,11 +100,11 @@ def test_globenc_norm_resln_and_w_res_on_pre_ln(pre_ln):
 def test_groups_of_layers_and_examples_give_the_same_matrices(pre_ln, monkeypatch):
     """A budget of one (layer, example) per group (compute.methods._internals.decomposition.layer_groups): the last
     layer's final norm is taken in its own group of every example as in the one stack."""
-    import compute.methods._internals.layerwise as layerwise
+    import compute.methods._internals.budget as budget
 
     ad, cap = pre_ln
     whole = {name: get_method(name).compute(cap, ad, cap.pred).matrices for name in ("globenc", "w_res")}
     cap.memo.clear()
-    monkeypatch.setattr(layerwise, "CPU_STACK_BYTES", 1)
+    monkeypatch.setattr(budget, "CPU_STACK_BYTES", 1)
     for name, M in whole.items():
         torch.testing.assert_close(get_method(name).compute(cap, ad, cap.pred).matrices, M, rtol=1e-12, atol=1e-14)

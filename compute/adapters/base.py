@@ -23,7 +23,7 @@ from .block import Block
 # Internals a method can ask for (Method.needs). "attn_out" (the attention output before any norm on it) is captured
 # only where the family's block needs it (Block.attn_out_captured). "attention_mean": every layer's head-mean
 # attention in float32 [B, n, n], taken from each layer's attention as the forward makes it where the stack of every
-# layer's [B, H, n, n] would exceed the block budget (issue 36: compute.memory_model.streams_attention), else from
+# layer's [B, H, n, n] would exceed the block budget (issue 36: compute.attention_streaming), else from
 # that stack (one operation for every layer: the op budgets).
 NEEDS = frozenset({"attentions", "attention_mean", "hidden_states", "values", "ln1", "ln2", "attn_out"})
 
@@ -632,11 +632,11 @@ class Adapter:
         return cap
 
     def streams_attention(self, input_ids: torch.Tensor) -> bool:
-        """Whether a capture of the head means takes them layer by layer (compute.memory_model.streams_attention):
+        """Whether a capture of the head means takes them layer by layer (compute.attention_streaming):
         the float32 stack of every layer's attention for this batch beside the block budget of its device."""
-        from ..memory_model import streams_attention
-        from ..methods._internals.budget import work_bytes
-        from ..methods._internals.layerwise import CPU_STACK_BYTES
+        from ..attention_streaming import streams_attention
+        from ..methods._internals import budget
 
         B, n = input_ids.shape
-        return streams_attention(self.n_layers, self.n_heads, B, n, work_bytes(input_ids.device, CPU_STACK_BYTES))
+        stack = budget.work_bytes(input_ids.device, budget.CPU_STACK_BYTES)
+        return streams_attention(self.n_layers, self.n_heads, B, n, stack)

@@ -16,6 +16,11 @@ import torch
 # batch fit beside the model and the batch's captured tensors.
 GPU_SHARE = 64
 
+# CPU working memory of one stack of layers (the layer-wise products, the capture's choice to stream the head means):
+# the projected value vectors and a few attention-sized temporaries stay close to the caches (a GPU takes a share of
+# its memory: work_bytes).
+CPU_STACK_BYTES = 32 << 20
+
 _gpu_bytes: int | None = None  # ``sized_as_gpu``: blocks sized as on a GPU of this much memory, whatever the device
 
 

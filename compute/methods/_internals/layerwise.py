@@ -14,13 +14,9 @@ import torch
 
 from .aggregate import prod_rows_normalised, rows_of_products, valid_pairs
 from .base import Method, MethodResult
+from . import budget as block_budget
 from .budget import work_bytes
 from .decomposition import NEEDS, LayerParts, layer_parts, over_layers
-
-# CPU working memory of one stack of layers: the projected value vectors and a few attention-sized temporaries stay
-# close to the caches (a GPU takes a share of its memory: budget.work_bytes).
-CPU_STACK_BYTES = 32 << 20
-
 
 class LayerwiseProduct(Method):
     needs = NEEDS
@@ -46,7 +42,7 @@ class LayerwiseProduct(Method):
         n, H = A.shape[-1], A.shape[2]
         d = cap.stack("hidden_states").shape[-1]
         d_ff = getattr(adapter.config, "intermediate_size", None) or 4 * d
-        budget = work_bytes(A.device, CPU_STACK_BYTES)
+        budget = work_bytes(A.device, block_budget.CPU_STACK_BYTES)
 
         mats = over_layers(cap, adapter, lambda p: self.stack_matrices(p, adapter),
                            self.bytes_per_row((n, H, d, d_ff), A.element_size()), budget, eps_quirk=self.eps_quirk)
