@@ -159,6 +159,38 @@ def _examples(s, idx: list[int], method: str, cfg: EvalConfig, other, other_ids)
     return out
 
 
+def _step_examples(s, idx: list[int], method: str, cfg: EvalConfig) -> tuple[list[EvalExample], np.ndarray]:
+    """A generation store's examples ``idx`` as one EvalExample per step: the tokens before the step's token, the
+    step's scores over them, its token as the target (and its foil) read at the last of them, so the metric
+    perturbs that prefix and reads the step's target probability. Returns them and each one's place in ``idx``."""
+    out, owner = [], []
+    for k, i in enumerate(idx):
+        ex = s[i]
+        steps = ex.step_scores(method)
+        others = ex.step_scores(cfg.saliency) if cfg.saliency in s.methods else None
+        for t in range(ex.n_steps):
+            n = ex.prompt_len + t
+            scores = steps[t, :n].astype(np.float64)
+            out.append(EvalExample(
+                index=i, id=ex.id, token_ids=ex.token_ids[:n].astype(np.int64), special=ex.segment[:n] < 0,
+                scores=scores, label=-1, pred=0, explain_pos=n - 1, target_token=int(ex.generated_ids[t]),
+                foil_token=int(ex.step_foil_tokens[t]),
+                other_scores={} if others is None else {cfg.saliency: others[t, :n].astype(np.float64)}))
+            owner.append(k)
+    return out, np.asarray(owner, dtype=np.int64)
+
+
+def per_example_mean(res: MetricResult, owner: np.ndarray, n: int) -> MetricResult:
+    """Step values [S] -> each example's mean over its steps [n] (NaN for an example without a finite one: no step,
+    or none the metric defines); the per-level curves differ in length between steps and are not kept."""
+    v = np.asarray(res.values, dtype=np.float64)
+    ok = np.isfinite(v)
+    total = np.bincount(owner[ok], weights=v[ok], minlength=n)
+    count = np.bincount(owner[ok], minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return MetricResult(values=np.where(count > 0, total / np.maximum(count, 1), np.nan))
+
+
 def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed: bool,
               task: str = "classification") -> dict:
     """A preset's settings, then the command line's overrides the metric accepts, then what it takes from the run."""
@@ -315,9 +347,14 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
             progress.stage(f"{method}/{stored}")
             for a in range(lo, hi, cfg.chunk):
                 interrupts.check()
-                examples = _examples(s, list(range(a, min(a + cfg.chunk, hi))), method, cfg, other, other_ids)
-                parts.append(metric.evaluate(examples, predictor))
-                progress.advance(len(examples))
+                rows = list(range(a, min(a + cfg.chunk, hi)))
+                if s.generation:  # each step explained apart: the metric per step, its mean per example
+                    examples, owner = _step_examples(s, rows, method, cfg)
+                    parts.append(per_example_mean(metric.evaluate(examples, predictor), owner, len(rows)))
+                else:
+                    examples = _examples(s, rows, method, cfg, other, other_ids)
+                    parts.append(metric.evaluate(examples, predictor))
+                progress.advance(len(rows))
             res = _concat(parts, hi - lo)
             timings[f"{method}/{stored}"] = round(time.perf_counter() - t0, 3)
             message(f"metric {method}/{stored}: done in {timings[f'{method}/{stored}']:.1f} s")
@@ -330,6 +367,12 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
 def _check_needs(s, specs, cfg, methods, path) -> None:
     """What the metrics declare they need (``Metric.needs_*``), checked against the store before the model loads."""
     metrics = [REGISTRY[n] for n in dict.fromkeys(name for _, name, _ in specs)]
+    if s.generation:  # one explanation per step, none per class, evidence or paired store
+        undefined = [m.name for m in metrics if m.needs_class_scores or m.needs_other_store or m.needs_evidence]
+        if undefined:
+            raise UsageError(f"metric '{undefined[0]}' is not defined per generation step (store '{path}' explains "
+                             "each generated token): use the perturbation metrics (comprehensiveness, sufficiency, "
+                             "aopc, lodds) or spearman")
     for m in (m for m in metrics if m.needs_class_scores):
         lacking = [x for x in methods if s.method_info(x)["params"].get("class_specific")
                    and not s.method_info(x).get("class_scores")]

@@ -39,7 +39,8 @@ def metrics_path(output: str) -> str:
 def export_store(store_path: str, output: str, methods: list[str] | None = None, *, layers: bool = False,
                  metrics: bool = False, chunk: int | None = None, progress: Progress | None = None) -> dict:
     """Write the token table of ``store_path`` (one row per example x method x token, ordered example -> method
-    -> position) to ``output`` (.parquet or .csv), and with ``metrics`` the metric table (one row per example x
+    -> position; a generation store's per example x step x method x token before the step's, with ``step`` and
+    ``target``) to ``output`` (.parquet or .csv), and with ``metrics`` the metric table (one row per example x
     method) to :func:`metrics_path`. ``chunk``: examples per chunk [default: about CHUNK_ROWS token rows].
     ``progress``: the bar of the examples written, per file.
     Returns {"files": {path: rows}, "examples": N, "complete": bool}.
@@ -124,6 +125,8 @@ def _examples_per_chunk(s, n_methods: int) -> int:
         return 1
     last = s.index_rows(n - 1, n)[0]
     tokens = int(last["tok_off"]) + int(last["n_tokens"])
+    if s.generation:  # a row per step and token before it: at most n per step
+        tokens = max(int(last["grid_off"]) + int(last["n_steps"]) * int(last["n_tokens"]), 1)
     return max(1, CHUNK_ROWS * n // max(tokens * n_methods, 1))
 
 

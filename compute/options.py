@@ -106,6 +106,9 @@ def existing_file(flag: str, value) -> Exception | None:
 # the store.
 DEFAULT_BATCH_SIZE = 32  # --batch-size's default, and auto's on CPU (memory is not probed there)
 DEFAULT_BATCH_TOKENS = 8192  # --batch-tokens' default: padded tokens per batch (examples x the longest)
+DEFAULT_MAX_NEW_TOKENS = 20  # --max-new-tokens' default
+GENERATE_OPTIONS = ("max_new_tokens", "do_sample", "seed", "continuation_column", "chat_template", "contrast",
+                    "contrast_column")  # --task generate's own
 UNKNOWN_SAMPLE = 256  # --max-unknown-share: the first examples whose tokens it counts (about the first batches)
 
 RUN_OPTIONS: tuple[Option, ...] = (
@@ -140,10 +143,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("max_length", type=int, metavar="N", help="Truncate inputs to N tokens [default: the model's limit].",
            resume=True, check=at_least(2, " (room for the special tokens)")),
     Option("task", "auto", show_default=True, resume=True,
-           choices=("auto", "classification", "regression", "masked-token", "next-token", "qa"),
+           choices=("auto", "classification", "regression", "masked-token", "next-token", "qa", "generate"),
            help="What the model predicts and the methods explain (compute.tasks); auto: read off the model's head "
                 "(a 1-output classifier is regression, a masked LM masked-token, a causal LM next-token, a "
-                "question-answering head qa)."),
+                "question-answering head qa); generate (never auto): a causal LM's continuation of each prompt, "
+                "every generated token explained over the tokens before it."),
     Option("text_column", metavar="C", resume=True),
     Option("pair_column", metavar="C", resume=True),
     Option("label_column", metavar="C", resume=True),
@@ -153,6 +157,26 @@ RUN_OPTIONS: tuple[Option, ...] = (
                 "model's own prediction]."),
     Option("foil_column", metavar="C", resume=True,
            help="masked-token / next-token: column of a foil word; the methods then explain target minus foil."),
+    # --task generate (compute/generation.py, compute/run/steps.py); the plan refuses them under another task
+    Option("max_new_tokens", type=int, metavar="N", resume=True, check=at_least(1),
+           help=f"generate: the most tokens generated per prompt, fewer where EOS comes first or the model's length "
+                f"ends [default: {DEFAULT_MAX_NEW_TOKENS}]."),
+    Option("do_sample", False, type=bool, resume=True,
+           help="generate: sample each token from the model's distribution instead of greedy decoding (--seed)."),
+    Option("seed", type=int, metavar="S", resume=True,
+           help="generate --do-sample: the seed; each example draws from a generator of its own (S and its row), so "
+                "its continuation depends neither on the batch nor on a resume [default: 0]."),
+    Option("continuation_column", metavar="C", resume=True,
+           help="generate: column of a continuation to explain instead of generating one (teacher forcing); it must "
+                "tokenise as itself after the prompt."),
+    Option("chat_template", False, type=bool, resume=True,
+           help="generate: wrap each prompt in the tokenizer's chat template (a user turn, the assistant's opened)."),
+    Option("contrast", choices=("top2",), resume=True,
+           help="generate: explain each step against its runner-up, the most probable other token: "
+                "logit(generated) - logit(runner-up)."),
+    Option("contrast_column", metavar="C", resume=True,
+           help="generate --continuation-column: column of a text whose tokens are the steps' foils, one per "
+                "continuation token."),
     Option("word_index_column", metavar="C", resume=True,
            help="masked-token: column of the 0-based index of the word (text.split()) to mask, instead of a mask "
                 "token in the text."),

@@ -23,13 +23,15 @@ from .options import DEFAULT_BATCH_TOKENS
 from .run.auto_batch import Batching, auto_batching
 from .run.batches import Tokenized, batches, encode, matrix_bytes, tokenize, tokenized_windows
 from .run.config import RunConfig
-from .run.dispatch import PendingBatch, StageProbe, Timings, launch_batch, make_methods, run_halving
+from .run.dispatch import (PendingBatch, StageProbe, Timings, launch_batch, launch_steps_batch, make_methods,
+                           run_halving)
+from .run.generate import batch_steps, continued
 from .run.head_masks import attach_head_masks
 from .run.load import Loaded, load
 from .run.metrics import compute_metrics
 from .run.plan import RunPlan, make_plan, method_params
 from .run.progress import Progress
-from .run.write import WindowWriter, examples, layouts, open_writer, provenance
+from .run.write import WindowWriter, examples, generation_examples, layouts, open_writer, provenance
 from .tasks import TaskRows
 
 __all__ = ["RunConfig", "Progress", "run", "method_params", "resume_command"]
@@ -165,6 +167,7 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
     # On a GPU a batch's kernels are queued and the host waits for the one before; on the CPU launching a batch
     # computes it, so its examples are counted at once (the progress bar's rate is then the work done).
     ahead = 1 if device.type == "cuda" else 0
+    generating = lm.task.name == "generate"  # each example's steps (compute/run/generate.py, steps.py)
 
     def commit(window: _Window) -> None:
         """Submit the window's finished rows after those committed, up to the first unfinished one."""
@@ -181,8 +184,9 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
         t0 = clock()
         out = pending.result()
         t1 = clock()
-        new = [(i, ex) for i, ex in zip(rows, examples(out, rows, window.records, window.tok, cfg.matrices,
-                                                       lm.tokenizer.convert_ids_to_tokens, window.task_rows))
+        made = (generation_examples if generating else examples)(
+            out, rows, window.records, window.tok, cfg.matrices, lm.tokenizer.convert_ids_to_tokens, window.task_rows)
+        new = [(i, ex) for i, ex in zip(rows, made)
                if i >= window.committed]  # a resumed window's batch recomputes the rows the store holds: not kept
         window.done.update(new)
         timings.add_host("results", t1 - t0)
@@ -205,8 +209,13 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
             rows_of_window = records[w0:w0 + len(tok)]
             # the task's target and foil tokens, spans (compute.tasks)
             window = _Window(rows_of_window, tok, lm.task.prepare(lm, rows_of_window, tok), committed=max(0, done - w0))
+            if generating:  # the prompts continued: the window's tokens become prompt + continuation
+                t_gen = clock()
+                window.tok = continued(lm, rows_of_window, tok, window.task_rows, batching.size, loaded.max_length)
+                timings.add_host("generate", clock() - t_gen)
+                t0 += clock() - t_gen  # not counted twice (in "batches")
             w0 += len(tok)
-            cut = [batch for batch in batches(tok.lengths, batching.size, batching.tokens, exponent)
+            cut = [batch for batch in batches(window.tok.lengths, batching.size, batching.tokens, exponent)
                    if max(batch) >= window.committed]  # only batches with rows the store does not hold
             timings.add_host("batches", clock() - t0)
 
@@ -216,9 +225,14 @@ def _compute_windows(plan: RunPlan, loaded: Loaded, methods: dict, done: int, ba
                 t1 = clock()
                 launched[0] += 1
                 probe = StageProbe(progress, f"batch {launched[0]} ({len(rows)} ex)")
-                pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode, num_labels,
-                                       cfg.matrices, timings, window.tok.lengths[rows], batching.part_tokens,
-                                       probe=probe, heads=plan.heads)
+                if generating:
+                    pending = launch_steps_batch(lm, methods, enc, batch_steps(window.task_rows, rows, device),
+                                                 lm.task.options["contrast"], cfg.matrices, timings, probe=probe,
+                                                 heads=plan.heads)
+                else:
+                    pending = launch_batch(lm, methods, enc, window.task_rows.take(rows), plan.target_mode,
+                                           num_labels, cfg.matrices, timings, window.tok.lengths[rows],
+                                           batching.part_tokens, probe=probe, heads=plan.heads)
                 timings.add_host("encode", t1 - t0)
                 timings.add_host("launch", clock() - t1)
                 return pending

@@ -29,9 +29,14 @@ def _example_data(e, methods: list[MethodLayout]) -> ExampleData:
     """A stored example as the writer takes it (every array read back through the checked reader)."""
     results = {}
     for m in methods:
-        r = {"scores": e.scores(m.name), "example_values": e.example_values(m.name)}
-        if m.n_layer_views:
-            r["layer_scores"] = e.layer_scores(m.name)
+        if m.steps:  # a generation store's (2.0)
+            r = {schema.STEP_SCORES: e.step_scores(m.name), "example_values": e.step_values(m.name)}
+            if m.n_layer_views:
+                r[schema.STEP_LAYER_SCORES] = e.step_layer_scores(m.name)
+        else:
+            r = {"scores": e.scores(m.name), "example_values": e.example_values(m.name)}
+            if m.n_layer_views:
+                r["layer_scores"] = e.layer_scores(m.name)
         if m.matrices != "none":
             r["matrices"] = e.matrices(m.name).astype(m.params.get("store_dtype", "float16"))
         if m.class_scores:
@@ -40,13 +45,17 @@ def _example_data(e, methods: list[MethodLayout]) -> ExampleData:
     heads = e.heads()
     if heads is not None:
         heads = heads.astype(e._s.heads_dtype)  # back to the stored dtype: the copy is bit for bit
+    steps = {}
+    if e._s.generation:
+        steps = dict(prompt_len=e.prompt_len, step_probs=e.step_probs, step_outputs=e.step_outputs,
+                     step_foil_tokens=e.step_foil_tokens, step_foil_probs=e.step_foil_probs)
     return ExampleData(row=e.row, id=e.id, text=e.text, pair=e.pair, token_ids=e.token_ids, tokens=e.tokens,
                        spans=e.spans, segment=e.segment, label=-1 if e.label is None else e.label, pred=e.pred,
                        probs=e.probs, target=e.target, explain_pos=e.explain_pos, n_orig_tokens=e.n_orig_tokens,
                        truncated=e.truncated, evidence=e.evidence, target_token=e.target_token,
                        foil_token=e.foil_token, span_end=e.span_end, pred_end=e.pred_end, output=e.output,
                        gold_value=np.nan if e.gold_value is None else e.gold_value, task_info=e.task_words,
-                       heads=heads, results=results)
+                       heads=heads, results=results, **steps)
 
 
 def _copy_examples(src: Store, w: StoreWriter, step: int = 512, copied=None) -> None:

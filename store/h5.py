@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import h5py
@@ -195,6 +196,11 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
                   task: dict | None = None, heads: str = "none", heads_dtype: str = "float16") -> None:
     if heads not in schema.HEAD_MODES:
         raise StoreError(f"unknown heads mode '{heads}': one of {', '.join(schema.HEAD_MODES)}")
+    task = checked_task(task)
+    generation = task["name"] == schema.GENERATE
+    methods = [replace(m, steps=generation) for m in methods]  # a generation store's methods keep a row per step
+    if generation and any(m.class_scores for m in methods):
+        raise StoreError("a generation store keeps no class_scores (--target all): leave them out")
     write_attr(f, "encoding-type", schema.ENCODING_TYPE)
     write_attr(f, "encoding-version", schema.ENCODING_VERSION)
     write_attr(f, "created", datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -203,7 +209,7 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     write_attr(f, "num_labels", len(labels))
     write_attr(f, "labels", json.dumps({str(int(k)): v for k, v in labels.items()}))
     write_attr(f, "methods", json.dumps([m.__dict__ for m in methods], sort_keys=True))
-    write_attr(f, "task", json.dumps(checked_task(task), sort_keys=True, default=str))
+    write_attr(f, "task", json.dumps(task, sort_keys=True, default=str))
     write_attr(f, "complete", False)
     if heads != "none":  # absent: no per-head attention (what a store before 1.5 reads as)
         write_attr(f, "heads", heads)
@@ -233,7 +239,7 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     flat(f, schema.METRIC_TEXT, np.uint8, schema.CHUNK_FLAT)
     flats = schema.store_datasets(separate_ids=True, task_words=True, evidence=evidence,
                                   layouts=[m.__dict__ for m in methods], num_labels=len(labels), heads=heads,
-                                  n_layers=n_layers, n_heads=n_heads, heads_dtype=heads_dtype)
+                                  n_layers=n_layers, n_heads=n_heads, heads_dtype=heads_dtype, generation=generation)
     for d in flats:
         flat(f, d.path, np.dtype(d.dtype), d.chunk, d.width)
     digests = flat(f, schema.DIGESTS, np.dtype(schema.DIGEST_DTYPE), schema.CHUNK_ROWS * len(flats), len(flats))

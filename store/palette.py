@@ -145,6 +145,17 @@ def normalize(scores: np.ndarray, signed: bool, keep: np.ndarray | None = None) 
     return Scale(values, lo, hi, False, over)
 
 
+def cut_after(scale: Scale, upto: int) -> Scale:
+    """``scale`` without values from position ``upto`` on (NaN, drawn without colour): a generation step's tokens
+    from its target on carry no attribution. ``upto`` < 0: every position keeps its value."""
+    if upto < 0:
+        return scale
+    values = np.asarray(scale.values, np.float64).copy()
+    values[upto:] = np.nan
+    over = None if scale.over is None else np.where(np.arange(len(scale.over)) < upto, scale.over, 0).astype(np.int8)
+    return Scale(values, scale.lo, scale.hi, scale.signed, over)
+
+
 def normalize_within(values: np.ndarray, signed: bool, lo: float | None = None, hi: float | None = None) -> Scale:
     """Normalise ``values`` on a scale with given ends: [lo, hi] (non-negative) or [-hi, hi] (signed), each end its
     own range where None. Used for scales wider than one view: a whole example, or the whole store."""

@@ -27,7 +27,7 @@ from .errors import StoreError
 from .attrs import read_attrs
 from .integrity import damaged, open_for_reading
 from .render_html import example_html, store_html
-from .scale import ScaleAccumulator, ViewScale
+from .scale import ScaleAccumulator, ViewScale, view_keys
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
 _BLOCK = 1024  # index rows read (and checked) together
@@ -145,13 +145,13 @@ class Store:
             major, minor = (int(x) for x in version.split(".")[:2])
         except ValueError:
             raise StoreError(f"'{self.path}' has an unreadable store version '{version}'") from None
-        if major != _MAJOR:
+        if not schema.OLDEST_MAJOR <= major <= _MAJOR:
             raise StoreError(
-                f"'{self.path}' is store format {version}; this attrscope reads format {_MAJOR}.x: "
-                f"use an attrscope release that reads format {major}.x")
+                f"'{self.path}' is store format {version}; this attrscope reads formats {schema.OLDEST_MAJOR}.x to "
+                f"{_MAJOR}.x: use an attrscope release that reads format {major}.x")
         self.format_version = version
         self._minor = minor
-        if minor > _MINOR:
+        if major == _MAJOR and minor > _MINOR:
             note = (f"'{self.path}' is store format {version}, newer than {schema.ENCODING_VERSION}: unknown parts are "
                     "ignored; upgrade attrscope to read them")
             self.warnings.append(note)
@@ -172,6 +172,9 @@ class Store:
                 or not isinstance(task.get("options", {}), dict)):
             raise damaged(self.path, "the task", f"{task!r} is not {{\"name\": ..., \"options\": {{...}}}}")
         self.task: dict = {"name": task["name"], "options": dict(task.get("options") or {})}
+        self.generation: bool = self.task["name"] == schema.GENERATE  # per-step arrays (format 2.0)
+        if self.generation and not all(m.get("steps") for m in self._method_layouts.values()):
+            raise damaged(self.path, "the method list", "a generation store's method without its per-step layout")
         f = self._f
         self._separate_ids = schema.IDS in f
         self._evidence = schema.TOKEN_EVIDENCE in f
@@ -184,7 +187,8 @@ class Store:
         self._flats = schema.store_datasets(
             separate_ids=self._separate_ids, task_words=self._task_words, evidence=self._evidence,
             layouts=list(self._method_layouts.values()), num_labels=self.num_labels, heads=self.heads,
-            n_layers=self.n_layers, n_heads=self.n_heads, heads_dtype=self.heads_dtype or "")
+            n_layers=self.n_layers, n_heads=self.n_heads, heads_dtype=self.heads_dtype or "",
+            generation=self.generation)
         try:  # each per-example dataset's column in /examples/digests (1.6; none before)
             self._digest_col: dict[str, int] = {p: j for j, p in enumerate(columns(f) or ())}
         except (KeyError, ValueError, TypeError) as err:
@@ -385,10 +389,13 @@ class Store:
         """Index rows [start, start + len(r)) agree with each other, the labels and the datasets' extent."""
         n = r["n_tokens"].astype(np.int64)
         tok, sq = r["tok_off"], r["sq_off"]
+        steps, grid, T = r["step_off"], r["grid_off"], r["n_steps"].astype(np.int64)
         ok = (n >= 1).all() and (r["explain_pos"] >= 0).all() and (r["explain_pos"] < n).all()
         ok &= bool((np.diff(tok) == n[:-1]).all() and (np.diff(sq) == n[:-1] ** 2).all())
+        ok &= bool((np.diff(steps) == T[:-1]).all() and (np.diff(grid) == (T * n)[:-1]).all())
         if start == 0:
-            ok &= bool(tok[0] == 0 and sq[0] == 0)
+            ok &= bool(tok[0] == 0 and sq[0] == 0 and steps[0] == 0 and grid[0] == 0)
+        ok &= bool((steps + T <= self._extent.steps).all() and (grid + T * n <= self._extent.grid).all())
         C = self.num_labels
         ok &= bool(((r["label"] >= -1) & (r["target"] >= 0) & (r["target"] < C) & (r["flags"] <= 1)).all())
         ok &= bool((r["n_orig_tokens"] >= n).all())
@@ -545,8 +552,7 @@ class Store:
             hi = min(lo + step, self._n)
             for i in range(lo, hi):
                 ex = self[i]
-                acc.add_example(layout, {"scores": ex.scores(name), "layer_scores": ex.layer_scores(name),
-                                         "matrices": ex.matrices(name)})
+                acc.add_example(layout, ex.view_arrays(name))
             self._scale_rows[name] = hi
             if progress is not None:
                 progress(hi, self._n)
@@ -810,7 +816,7 @@ def _layout_ok(m) -> bool:
         return (isinstance(m["name"], str) and isinstance(m["signed"], bool) and int(m["n_layer_views"]) >= 0
                 and m["matrices"] in schema.MATRIX_MODES and int(m["n_matrix_layers"]) >= 0
                 and isinstance(m["class_scores"], bool) and all(isinstance(k, str) for k in m.get("example_values", ()))
-                and isinstance(m.get("params", {}), dict))
+                and isinstance(m.get("params", {}), dict) and isinstance(m.get("steps", False), bool))
     except (KeyError, TypeError, ValueError):
         return False
 
@@ -1012,19 +1018,124 @@ class Example:
         self._s._need_method(name)
         return self._s._method_layouts[name]
 
-    def scores(self, method: str) -> np.ndarray:
-        """Final attribution [n]."""
-        self._method(method)
+    def scores(self, method: str, step: int | None = None) -> np.ndarray:
+        """Final attribution [n]; in a generation store that of generated token ``step`` (0-based; required), NaN
+        from its position on (the row of :meth:`step_scores`)."""
+        if self._step_arg(method, step) is not None:
+            return self.step_scores(method)[step]
         return self._read(schema.method_path(method, "scores"), self._tok, self.n_tokens)
 
-    def layer_scores(self, method: str) -> np.ndarray | None:
-        """Per-layer view [V, n] (e.g. the CLS row of the rollout up to layer l), or None for methods without one."""
+    def layer_scores(self, method: str, step: int | None = None) -> np.ndarray | None:
+        """Per-layer view [V, n] (e.g. the CLS row of the rollout up to layer l), or None for methods without one;
+        in a generation store that of generated token ``step`` (required)."""
         v = int(self._method(method)["n_layer_views"])
+        if self._step_arg(method, step) is not None:
+            return None if not v else self.step_layer_scores(method)[step]
         if not v:
             return None
         start, size = self._tok.start * v, v * self.n_tokens
         return self._read(schema.method_path(method, "layer_scores"), slice(start, start + size),
                           size).reshape(v, self.n_tokens)
+
+    # generation (format 2.0) ------------------------------------------------------------------
+    @property
+    def prompt_len(self) -> int:
+        """Generation: the prompt's tokens (the first ``prompt_len`` of :attr:`tokens`); -1 in other stores."""
+        return int(self._row["prompt_len"])
+
+    @property
+    def n_steps(self) -> int:
+        """Generation: the generated tokens T (``tokens[prompt_len:]``; 0 when EOS came first); 0 in other stores."""
+        return int(self._row["n_steps"])
+
+    def step_position(self, step: int) -> int:
+        """The position of generated token ``step`` in :attr:`tokens`; its row's attributions are the cells before."""
+        if not 0 <= step < self.n_steps:
+            raise IndexError(f"step {step} out of range: example {self.index} has {self.n_steps} generated tokens")
+        return self.prompt_len + step
+
+    @property
+    def generated_ids(self) -> np.ndarray:
+        """[T] the generated token ids."""
+        return self.token_ids[self.n_tokens - self.n_steps:]
+
+    @property
+    def generated_tokens(self) -> list[str]:
+        """The T generated token strings (a step's target)."""
+        return self.tokens[self.n_tokens - self.n_steps:]
+
+    def _steps_of(self, path: str) -> np.ndarray:
+        if not self._s.generation:
+            raise ValueError(f"'{self._s.path}' is a {self._s.task_name} store: it has no generated tokens")
+        off = int(self._row["step_off"])
+        return self._read(path, slice(off, off + self.n_steps), self.n_steps)
+
+    @property
+    def step_probs(self) -> np.ndarray:
+        """[T] p(generated token t) at its step."""
+        return self._steps_of(schema.STEP_PROBS)
+
+    @property
+    def step_outputs(self) -> np.ndarray:
+        """[T] the explained output of each step (target logit, or target minus foil logit; NaN: not recorded)."""
+        return self._steps_of(schema.STEP_OUTPUT)
+
+    @property
+    def step_foil_tokens(self) -> np.ndarray:
+        """[T] each step's foil token id (--contrast), -1 without one."""
+        return self._steps_of(schema.STEP_FOIL_IDS)
+
+    @property
+    def step_foil_probs(self) -> np.ndarray:
+        """[T] p(foil) at each step, NaN without one."""
+        return self._steps_of(schema.STEP_FOIL_PROBS)
+
+    @property
+    def step_foil_words(self) -> list[str | None]:
+        """Each step's foil as a string (the task words' "foils"; None without one)."""
+        foils = list(self.task_words.get("foils") or [])
+        return (foils + [None] * self.n_steps)[:self.n_steps]
+
+    def _grid(self, method: str, key: str, views: int) -> np.ndarray:
+        T, n = self.n_steps, self.n_tokens
+        start, size = int(self._row["grid_off"]) * views, T * views * n
+        out = self._read(schema.method_path(method, key), slice(start, start + size), size)
+        return out.reshape((T, n) if key == schema.STEP_SCORES else (T, views, n))
+
+    def step_scores(self, method: str) -> np.ndarray:
+        """Generation: [T, n], row t the attribution of generated token t over every token before it (cells from its
+        position ``prompt_len + t`` on are NaN)."""
+        self._need_steps(method)
+        return self._grid(method, schema.STEP_SCORES, 1)
+
+    def step_layer_scores(self, method: str) -> np.ndarray | None:
+        """Generation: [T, V, n] the per-layer views of every step (NaN from each step's position on), or None for
+        a method without them."""
+        self._need_steps(method)
+        v = int(self._method(method)["n_layer_views"])
+        return self._grid(method, schema.STEP_LAYER_SCORES, v) if v else None
+
+    def _need_steps(self, method: str) -> None:
+        if not self._method(method).get("steps"):
+            raise ValueError(f"'{self._s.path}' is a {self._s.task_name} store: its methods have no per-step arrays")
+
+    def _step_arg(self, method: str, step: int | None) -> int | None:
+        """``step`` checked against the store: required in a generation store (in range), refused in others."""
+        steps = bool(self._method(method).get("steps"))
+        if steps and step is None:
+            raise ValueError(f"'{self._s.path}' is a generation store: its attributions are per generated token, "
+                             "pass step=")
+        if not steps and step is not None:
+            raise ValueError(f"'{self._s.path}' is a {self._s.task_name} store: it has no steps")
+        if step is not None:
+            self.step_position(step)
+        return step
+
+    def view_arrays(self, method: str) -> dict[str, np.ndarray]:
+        """The arrays of the method's views as the writer stores them (store.scale.view_keys)."""
+        read = {"scores": self.scores, "layer_scores": self.layer_scores, "matrices": self.matrices,
+                schema.STEP_SCORES: self.step_scores, schema.STEP_LAYER_SCORES: self.step_layer_scores}
+        return {key: read[key](method) for key, _ in view_keys(self._method(method))}
 
     def matrices(self, method: str) -> np.ndarray | None:
         """Per-layer token-to-token matrices as float32: [L, n, n] (``--matrices all``), [L, 1, n] (only the row
@@ -1084,12 +1195,21 @@ class Example:
         return self._read(schema.method_path(method, "class_scores"), slice(start, start + size),
                           size).reshape(C, self.n_tokens)
 
-    def example_values(self, method: str) -> dict[str, float]:
-        """The method's per-example scalars, e.g. {"ig_delta": ...} for integrated gradients ({} for most methods)."""
+    def example_values(self, method: str, step: int | None = None) -> dict[str, float]:
+        """The method's per-example scalars, e.g. {"ig_delta": ...} for integrated gradients ({} for most methods);
+        in a generation store those of generated token ``step`` (required)."""
         lay = self._method(method)
+        if self._step_arg(method, step) is not None:
+            return {key: float(values[step]) for key, values in self.step_values(method).items()}
         return {key: float(self._read(schema.method_path(method, f"example_values/{key}"),
                                       slice(self.index, self.index + 1), 1)[0])
                 for key in lay.get("example_values", ())}
+
+    def step_values(self, method: str) -> dict[str, np.ndarray]:
+        """Generation: the method's per-step scalars, {key: [T]}."""
+        self._need_steps(method)
+        return {key: self._steps_of(schema.method_path(method, f"example_values/{key}"))
+                for key in self._method(method).get("example_values", ())}
 
     def __repr__(self) -> str:
         return f"<Example {self.index} id={self.id!r} n_tokens={self.n_tokens} label={self.label} pred={self.pred}>"

@@ -22,6 +22,7 @@ class MethodLayout:
     example_values: tuple[str, ...] = ()  # per-example scalars (e.g. the completeness delta of integrated gradients)
     description: str = ""
     params: dict = field(default_factory=dict)
+    steps: bool = False  # one row per generated token (a generation store's methods, 2.0: set by the store itself)
 
 
 @dataclass
@@ -83,6 +84,15 @@ class ExampleData:
     heads: np.ndarray | None = None  # per-head attention (stores made with --heads): [L, H, n, n] or the row [L, H, n]
     results: dict = field(default_factory=dict)  # method name -> {"scores": [n], "layer_scores": [V, n], "matrices": [L, n|1, n], "class_scores": [C, n],
     #                                "example_values": {key: float}}
+    # A generation store's example (task "generate", 2.0; docs/store.md): token_ids are the prompt's prompt_len tokens,
+    # then the T = n - prompt_len generated ones; per step t (the token at prompt_len + t) the values below, and
+    # results[m] = {"step_scores": [T, n], "step_layer_scores": [T, V, n], "matrices": as above,
+    # "example_values": {key: [T]}}, where row t's cells from prompt_len + t on are not attributions (stored as NaN).
+    prompt_len: int = -1
+    step_probs: np.ndarray | None = None  # [T] p(generated token t) at its step
+    step_outputs: np.ndarray | None = None  # [T] the explained output of each step (None: NaN)
+    step_foil_tokens: np.ndarray | None = None  # [T] the foil token id of each step, -1 without one (None: none)
+    step_foil_probs: np.ndarray | None = None  # [T] p(foil), NaN without one (None: none)
 
 
 def layout_from_dict(d: dict) -> MethodLayout:

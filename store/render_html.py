@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from .figure import EXPLAINED_MARK, Figure
-from .palette import DEFAULT_COLORMAP, Scale, content_tokens, format_score, normalize, scale_keep
+from .palette import DEFAULT_COLORMAP, Scale, content_tokens, cut_after, format_score, normalize, scale_keep
 from .text import printable
 
 #: Examples a store's notebook view draws (the first ones: the view reads nothing else of the store).
@@ -66,28 +66,42 @@ def to_html(fig: Figure) -> str:
             + "</title></head><body>\n" + figure_fragment(fig) + "\n</body></html>\n")
 
 
-def example_figure(example, methods: list[str] | None = None, cmap: str = DEFAULT_COLORMAP) -> Figure:
+def example_figure(example, methods: list[str] | None = None, cmap: str = DEFAULT_COLORMAP,
+                   step: int | None = None) -> Figure:
     """An example of a store as a figure: every method's final scores (or ``methods``'), each on its own scale
-    (per view, over the tokens palette.scale_keep chooses: as the TUI's default), the explained token marked."""
+    (per view, over the tokens palette.scale_keep chooses: as the TUI's default), the explained token marked. A
+    generation store's example at generated token ``step`` (default: its last), its target marked and the tokens from
+    it on without colour; one without generated tokens as its prompt, uncoloured."""
     store = example._s
     names = list(store.methods if methods is None else methods)
-    content = content_tokens(np.asarray(example.segment) < 0, example.explain_pos, len(example.tokens))
+    explained, upto, where = example.explain_pos, -1, ""
+    if store.generation:
+        T = example.n_steps
+        step = T - 1 if step is None else step
+        explained = upto = example.step_position(step) if T else -1
+        where = f" · step {step + 1}/{T}: {example.tokens[upto]}" if T else " · no generated tokens"
+    content = content_tokens(np.asarray(example.segment) < 0, explained, len(example.tokens))
     rows = []
     for m in names:  # the tokens that set each scale as in the TUI and its figures (palette.scale_keep)
-        scores = example.scores(m)
-        rows.append((m, normalize(scores, store.is_signed(m), scale_keep(scores, content))))
-    note = f"{os.path.basename(store.path)} · example {example.index}"
+        if store.generation and not example.n_steps:
+            scores = np.full(len(example.tokens), np.nan)
+            upto = 0
+        else:
+            scores = example.scores(m, step=step) if store.generation else example.scores(m)
+        rows.append((m, cut_after(normalize(scores, store.is_signed(m), scale_keep(scores, content)), upto)))
+    note = f"{os.path.basename(store.path)} · example {example.index}{where}"
     if store.task_name == "classification":
         names = store.labels
         if example.label is not None:
             note += f" · label {names.get(example.label, example.label)}"
         note += f" · pred {names.get(example.pred, example.pred)}"
-    return Figure(example.id, example.tokens, rows, example.explain_pos, note, cmap)
+    return Figure(example.id, example.tokens, rows, explained, note, cmap)
 
 
-def example_html(example, methods: list[str] | None = None, cmap: str = DEFAULT_COLORMAP) -> str:
-    """An example's notebook view: :func:`example_figure` as a fragment."""
-    return figure_fragment(example_figure(example, methods, cmap))
+def example_html(example, methods: list[str] | None = None, cmap: str = DEFAULT_COLORMAP,
+                 step: int | None = None) -> str:
+    """An example's notebook view: :func:`example_figure` as a fragment (a generation store's at ``step``)."""
+    return figure_fragment(example_figure(example, methods, cmap, step))
 
 
 def store_html(store, examples: int = STORE_VIEW_EXAMPLES, cmap: str = DEFAULT_COLORMAP) -> str:

@@ -102,11 +102,13 @@ def bin_upper_edge(b: int) -> float:
 
 
 def view_keys(layout: dict) -> list[tuple[str, int]]:
-    """The arrays a method's views come from, in view order, with the rows (views) each holds per example."""
-    keys = [("scores", 1)]
+    """The arrays a method's views come from, in view order, with the rows (views) each holds per example (a
+    generation store's per step: its valid cells only count, the NaN after each step's position are left out)."""
+    steps = bool(layout.get("steps"))
+    keys = [(schema.STEP_SCORES if steps else "scores", 1)]
     v = int(layout.get("n_layer_views") or 0)
     if v:
-        keys.append(("layer_scores", v))
+        keys.append((schema.STEP_LAYER_SCORES if steps else "layer_scores", v))
     if layout.get("matrices", "none") != "none":
         keys.append(("matrices", int(layout["n_matrix_layers"])))
     return keys
@@ -186,6 +188,9 @@ class ScaleAccumulator:
             sizes = np.fromiter(map(np.size, arrays), dtype=np.int64, count=len(arrays)) // rows
             if key == "matrices" and layout["matrices"] == "all":  # [L, n, n]: each example's n * n per layer
                 x = np.concatenate([np.reshape(a, (rows, -1)) for a in arrays], axis=1)
+            elif key in (schema.STEP_SCORES, schema.STEP_LAYER_SCORES):  # [T, n], [T, V, n]: each example's T * n
+                x = np.concatenate([np.moveaxis(np.reshape(a, (-1, rows, np.shape(a)[-1])), 1, 0).reshape(rows, -1)
+                                    for a in arrays], axis=1)
             else:  # [n], [V, n], [L, 1, n]: side by side along the last axis at once
                 x = np.concatenate(arrays, axis=-1).reshape(rows, -1)
             if dtypes and key in dtypes:

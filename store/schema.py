@@ -2,9 +2,9 @@
 how long every flat dataset is after a given committed example. The writer, its resume copy and the reader all
 derive their datasets from here. docs/store.md documents it for users.
 
-Layout (format 1.x; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
+Layout (format 2.0; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
 the task: root attr task, the index's task fields and /examples/task, 1.5 the per-head attention: root attr heads,
-/heads/attention, 1.6 /examples/digests):
+/heads/attention, 1.6 /examples/digests, 2.0 generation: the index's step fields, /steps, step_scores):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete),
@@ -32,7 +32,14 @@ the task: root attr task, the index's task fields and /examples/task, 1.5 the pe
     /methods/<name>/layer_scores  float32 [T * V]        per example a [V, n] block (V = n_layer_views)
     /methods/<name>/matrices      --store-dtype          per example [L, n, n] ("all") or [L, 1, n] ("cls")
     /methods/<name>/class_scores  float32 [T * C]        per example a [C, n] block (--target all)
-    /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta")
+    /methods/<name>/example_values/<key>  float32 [N]   one scalar per example (integrated gradients: "ig_delta"),
+                                                          in a generation store one per step [S]
+    /methods/<name>/step_scores   float32 [G]            generation (2.0): per example a [T, n] block at grid_off, row t
+                                                          the attribution of the token generated at step t (position
+                                                          prompt_len + t) over the tokens before it, NaN from there on
+    /methods/<name>/step_layer_scores float32 [G * V]    generation: per example a [T, V, n] block (NaN as above)
+    /steps/probs, output, foil_ids, foil_probs   [S]     generation: per step p(token), the explained output, the
+                                                          foil (-1: none) and p(foil) (NaN: none), at step_off
     /methods/<name>/scale/summary float64 [K, 6]         per view (final, layer 1..V, matrix layer 1..L): count, min,
     /methods/<name>/scale/hist    int64   [K, B]         max, max |x|, sum, sum of squares; histogram of |x| (1.3,
                                                           written when the store is complete)
@@ -74,9 +81,12 @@ from dataclasses import dataclass
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "1.6.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
+ENCODING_VERSION = "2.0.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
 # 1.4: the task (root attr, index fields target_token .. task_len, /examples/task), 1.5: /heads/attention,
-# 1.6: /examples/digests
+# 1.6: /examples/digests, 2.0: generation (task "generate", the index's step fields, /steps, per-step method arrays).
+# A major version: a 1.x reader would take a generation store's missing /methods/<m>/scores for damage, so it refuses
+# every 2.x store in one line instead; this reader reads every major from OLDEST_MAJOR on.
+OLDEST_MAJOR = 1
 METHOD_ENCODING_TYPE = "attrscope-method"
 # What one method group holds (scores, layer_scores, matrices, class_scores, example_values, scale), versioned per
 # group: a change to one method's layout bumps it there, and a reader that does not know the new version leaves that
@@ -88,7 +98,9 @@ METRIC_ENCODING_TYPE = "attrscope-metric"
 FLAG_TRUNCATED = 1
 
 # What the model is explained for (root attr ``task``; a store without it is a classification store).
-TASKS = ("classification", "regression", "masked-token", "next-token", "qa")
+TASKS = ("classification", "regression", "masked-token", "next-token", "qa", "generate")
+GENERATE = "generate"  # a prompt and its continuation, explained token by token (2.0): the tokens are prompt +
+# continuation, the method arrays one row per generated token (step)
 LM_TASKS = ("masked-token", "next-token")  # a word at one position: target token, optional foil
 DEFAULT_TASK = {"name": "classification", "options": {}}
 
@@ -125,6 +137,11 @@ TOKEN_STR_OFF = "tokens/str_off"
 TOKEN_STR_LEN = "tokens/str_len"
 TOKEN_STRINGS = "tokens/strings"
 TOKEN_EVIDENCE = "tokens/evidence"
+# 2.0, generation stores only: one value per generated token (step), example i's at [step_off, step_off + n_steps)
+STEP_PROBS = "steps/probs"  # p(the generated token) at its step
+STEP_OUTPUT = "steps/output"  # the explained output of the step (target logit, or target minus foil logit)
+STEP_FOIL_IDS = "steps/foil_ids"  # the step's foil (--contrast): its token id, -1 without one
+STEP_FOIL_PROBS = "steps/foil_probs"  # p(foil) at the step, NaN without one
 HEAD_MASKS = "head_masks"
 HEADS = "heads/attention"
 METRICS = "metrics"
@@ -133,6 +150,16 @@ METHODS = "methods"
 
 def method_group(method: str) -> str:
     return f"{METHODS}/{method}"
+
+
+STEP_SCORES = "step_scores"  # a generation store's method arrays (2.0): per example [T, n], row t the attribution of
+STEP_LAYER_SCORES = "step_layer_scores"  # step t over the tokens before it ([T, V, n] per layer view); NaN after it
+
+
+def step_valid(prompt_len: int, n_steps: int, n: int) -> np.ndarray:
+    """[T, n] bool: the cells of a [T, n] step array that hold attributions: row t's first prompt_len + t (every
+    token before the generated token t, which sits at position prompt_len + t)."""
+    return np.arange(n)[None, :] < (prompt_len + np.arange(n_steps))[:, None]
 
 
 def method_path(method: str, part: str) -> str:
@@ -163,7 +190,7 @@ def index_dtype(num_labels: int) -> np.dtype:
             ("explain_pos", "<i4"),  # token position whose row the methods explain ([CLS] for classifiers)
             ("n_orig_tokens", "<i4"),  # tokens before truncation at --max-length
             ("flags", "u1"),
-            # 1.4: the task (readers give older rows the defaults of TASK_FIELD_DEFAULTS)
+            # 1.4: the task (readers give older rows the defaults of FIELD_DEFAULTS)
             ("target_token", "<i4"),  # language model tasks: token id of the explained target word; -1 otherwise
             ("foil_token", "<i4"),  # language model tasks: token id of the foil word; -1: no foil
             ("span_end", "<i4"),  # qa: end position of the explained answer span (explain_pos is its start); -1
@@ -173,13 +200,19 @@ def index_dtype(num_labels: int) -> np.dtype:
             ("task_off", "<i8"),  # into /examples/task
             ("task_len", "<i4"),  # 0: no task words
             ("probs", "<f4", (num_labels,)),  # classification: softmax over the labels; other tasks: see docs/store.md
+            # 2.0: generation (other tasks: the defaults of FIELD_DEFAULTS)
+            ("prompt_len", "<i4"),  # generate: tokens of the prompt (the rest, n_tokens - prompt_len, generated); -1
+            ("n_steps", "<i4"),  # generate: generated tokens T = n_tokens - prompt_len (0: EOS first); 0 otherwise
+            ("step_off", "<i8"),  # sum of n_steps over earlier examples: offset into /steps/* (and per-step values)
+            ("grid_off", "<i8"),  # sum of n_steps * n_tokens over earlier examples: offset of [T, n] arrays / rows
         ]
     )
 
 
-# The index fields added in 1.4 and the value a row written before them reads as.
-TASK_FIELD_DEFAULTS = {"target_token": -1, "foil_token": -1, "span_end": -1, "pred_end": -1, "output": np.nan,
-                       "gold_value": np.nan, "task_off": 0, "task_len": 0}
+# The index fields added in 1.4 and 2.0 and the value a row written before them reads as.
+FIELD_DEFAULTS = {"target_token": -1, "foil_token": -1, "span_end": -1, "pred_end": -1, "output": np.nan,
+                  "gold_value": np.nan, "task_off": 0, "task_len": 0,
+                  "prompt_len": -1, "n_steps": 0, "step_off": 0, "grid_off": 0}
 
 
 def current_rows(rows: np.ndarray, num_labels: int) -> np.ndarray:
@@ -193,7 +226,7 @@ def current_rows(rows: np.ndarray, num_labels: int) -> np.ndarray:
         if name in rows.dtype.names:
             out[name] = rows[name]
         else:
-            out[name] = TASK_FIELD_DEFAULTS[name]
+            out[name] = FIELD_DEFAULTS[name]
     return out
 
 
@@ -247,6 +280,12 @@ def task_row_problem(rows: np.ndarray, task: str, num_labels: int) -> tuple[int,
             checks.append(("a foil without a finite p(foil)", np.isfinite(probs[:, 1]) | (rows["foil_token"] < 0)))
     elif task == "regression":
         checks.append(("the value not finite", np.isfinite(probs).all(axis=1)))
+    if task == GENERATE:  # the tokens are the prompt, then the steps' tokens
+        P, T = rows["prompt_len"], rows["n_steps"]
+        checks.append(("prompt_len + n_steps not n_tokens (prompt_len >= 1, n_steps >= 0)",
+                       (P >= 1) & (T >= 0) & (P + T == n)))
+    elif task in TASKS:
+        checks.append(("step fields outside a generation store", (rows["prompt_len"] == -1) & (rows["n_steps"] == 0)))
     for what, ok in checks:
         if not ok.all():
             return int(np.flatnonzero(~ok)[0]), what
@@ -265,6 +304,8 @@ class Extent:
     string_bytes: int = 0
     token_string_bytes: int = 0
     task_bytes: int = 0  # /examples/task (1.4)
+    steps: int = 0  # sum of n_steps (2.0)
+    grid: int = 0  # sum of n_steps * n_tokens (2.0)
 
 
 @dataclass(frozen=True)
@@ -300,6 +341,10 @@ class Flat:
             start, count = rows["text_off"], np.maximum(rows["text_len"], 0) + np.maximum(rows["pair_len"], 0)
         elif self.per == "task_bytes":
             start, count = rows["task_off"], rows["task_len"]
+        elif self.per == "steps":
+            start, count = rows["step_off"], rows["n_steps"]
+        elif self.per == "grid":
+            start, count = rows["grid_off"], rows["n_steps"].astype(np.int64) * n
         else:
             start, count = token_strings
         return np.asarray(start, np.int64) * self.times, np.asarray(count, np.int64) * self.times
@@ -324,11 +369,20 @@ def example_datasets(separate_ids: bool, task_words: bool) -> list[Flat]:
 
 
 def method_datasets(layout: dict, num_labels: int) -> list[Flat]:
-    """The flat datasets of one method layout (a MethodLayout's fields as a dict)."""
+    """The flat datasets of one method layout (a MethodLayout's fields as a dict). A layout with ``steps`` (every
+    method of a generation store, 2.0) keeps one row per step instead of one per example: step_scores and
+    step_layer_scores in place of scores and layer_scores, its example values one per step."""
     name = layout["name"]
-    out = [Flat(method_path(name, "scores"), "float32", "tokens")]
-    if layout.get("n_layer_views"):
-        out.append(Flat(method_path(name, "layer_scores"), "float32", "tokens", int(layout["n_layer_views"])))
+    steps = bool(layout.get("steps"))
+    views = int(layout.get("n_layer_views") or 0)
+    if steps:
+        out = [Flat(method_path(name, STEP_SCORES), "float32", "grid")]
+        if views:
+            out.append(Flat(method_path(name, STEP_LAYER_SCORES), "float32", "grid", views))
+    else:
+        out = [Flat(method_path(name, "scores"), "float32", "tokens")]
+        if views:
+            out.append(Flat(method_path(name, "layer_scores"), "float32", "tokens", views))
     mode = layout.get("matrices", "none")
     if mode != "none":
         dtype = (layout.get("params") or {}).get("store_dtype", "float16")
@@ -337,8 +391,17 @@ def method_datasets(layout: dict, num_labels: int) -> list[Flat]:
     if layout.get("class_scores"):
         out.append(Flat(method_path(name, "class_scores"), "float32", "tokens", num_labels))
     for key in layout.get("example_values") or ():
-        out.append(Flat(method_path(name, f"example_values/{key}"), "float32", "examples", chunk=CHUNK_ROWS))
+        out.append(Flat(method_path(name, f"example_values/{key}"), "float32", "steps" if steps else "examples",
+                        chunk=CHUNK_ROWS))
     return out
+
+
+def step_datasets(generation: bool) -> list[Flat]:
+    """/steps/*: one value per generated token (2.0; only in a generation store)."""
+    if not generation:
+        return []
+    return [Flat(STEP_PROBS, "float32", "steps"), Flat(STEP_OUTPUT, "float32", "steps"),
+            Flat(STEP_FOIL_IDS, "int32", "steps"), Flat(STEP_FOIL_PROBS, "float32", "steps")]
 
 
 def head_datasets(mode: str, n_layers: int, n_heads: int, dtype: str) -> list[Flat]:
@@ -349,9 +412,9 @@ def head_datasets(mode: str, n_layers: int, n_heads: int, dtype: str) -> list[Fl
 
 
 def store_datasets(*, separate_ids: bool, task_words: bool, evidence: bool, layouts: list[dict], num_labels: int,
-                   heads: str, n_layers: int, n_heads: int, heads_dtype: str) -> list[Flat]:
+                   heads: str, n_layers: int, n_heads: int, heads_dtype: str, generation: bool = False) -> list[Flat]:
     """Every per-example flat dataset of a store, in one order: the columns of /examples/digests (1.6)."""
-    return (example_datasets(separate_ids, task_words) + token_datasets(evidence)
+    return (example_datasets(separate_ids, task_words) + token_datasets(evidence) + step_datasets(generation)
             + [d for m in layouts for d in method_datasets(m, num_labels)]
             + head_datasets(heads, n_layers, n_heads, heads_dtype))
 
@@ -369,7 +432,8 @@ def extent_of_last_row(row: np.void | None, n_examples: int, separate_ids: bool,
                   ids_bytes=id_end if separate_ids else 0,
                   string_bytes=text_end if separate_ids else max(text_end, id_end),
                   token_string_bytes=token_string_end,
-                  task_bytes=int(row["task_off"]) + max(int(row["task_len"]), 0))
+                  task_bytes=int(row["task_off"]) + max(int(row["task_len"]), 0),
+                  steps=int(row["step_off"]) + int(row["n_steps"]), grid=int(row["grid_off"]) + int(row["n_steps"]) * n)
 
 
 # ------------------------------------------------------------------------------------------------- view statistics

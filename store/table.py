@@ -1,7 +1,9 @@
 """Tabular views of a store for the tools researchers analyse with (pandas, Arrow, CSV), as plain numpy columns.
 
-``token_columns``: one row per example x token x method (long format), ordered example -> method -> position, read
-a range of examples at a time with one contiguous slice per dataset, so a whole store streams through in bounded
+``token_columns``: one row per example x token x method (long format), ordered example -> method -> position (a
+generation store: one per example x step x method x position before the step's token, ordered example -> step ->
+method -> position, with the step and its target token beside the position), read a range of examples at a time
+with one contiguous slice per dataset, so a whole store streams through in bounded
 memory and the rows of consecutive ranges concatenate to the rows of their union. ``metric_columns``: one row per
 example x method with a column per metric, ordered example -> method, by ranges too. pandas is only imported by
 ``Store.to_pandas``; ``compute/export.py`` writes these chunks to Parquet / CSV.
@@ -15,6 +17,7 @@ from . import schema
 
 # The token table's fixed columns, in order; with layers, layer_1..layer_V follow.
 TOKEN_COLUMNS = ("example", "id", "position", "token", "label", "pred", "method", "score")
+STEP_TOKEN_COLUMNS = ("example", "id", "step", "target", "position", "token", "label", "pred", "method", "score")
 # The metric table's fixed columns; one column per metric follows.
 METRIC_COLUMNS = ("example", "id", "method")
 
@@ -41,6 +44,8 @@ def token_columns(store, methods: list[str], layers: bool, lo: int, hi: int) -> 
     Column dtypes do not depend on the range (an empty range gives empty columns of the same dtypes)."""
     for m in methods:
         store._need_method(m)
+    if store.generation:
+        return step_token_columns(store, methods, layers, lo, hi)
     rows = store.index_rows(lo, hi)
     n = rows["n_tokens"].astype(np.int64)
     E, M = len(rows), len(methods)
@@ -83,6 +88,69 @@ def token_columns(store, methods: list[str], layers: bool, lo: int, hi: int) -> 
         for v in range(V):
             cols[f"layer_{v + 1}"] = views[method_of, v, tok]
     return cols
+
+
+def step_token_columns(store, methods: list[str], layers: bool, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """A generation store's token table (STEP_TOKEN_COLUMNS, and with ``layers`` layer_1..layer_V) for the examples
+    [lo, hi): per example and step t each method's attribution over the positions 0 .. prompt_len + t - 1, ordered
+    example -> step -> method -> position; ``target`` is the step's generated token."""
+    rows = store.index_rows(lo, hi)
+    n, P, T = (rows[k].astype(np.int64) for k in ("n_tokens", "prompt_len", "n_steps"))
+    E, M = len(rows), len(methods)
+    tok_start = np.cumsum(n) - n  # each example's first token, cell and step within the range
+    grid_start = np.cumsum(T * n) - T * n
+    t0 = int(rows["tok_off"][0]) if E else 0
+    t1 = t0 + int(n.sum())
+    g0 = int(rows["grid_off"][0]) if E else 0
+    G = int((T * n).sum())
+    # One unit per example and step: its sources are the first P + t tokens, M of them (one per method) in a row.
+    ex_of = np.repeat(np.arange(E), T)  # the unit's example
+    step = np.arange(len(ex_of)) - np.repeat(np.cumsum(T) - T, T)
+    width = P[ex_of] + step
+    unit = np.repeat(np.arange(len(ex_of)), M * width)
+    within = np.arange(int(M * width.sum())) - np.repeat(M * (np.cumsum(width) - width), M * width)
+    method_of, position = np.divmod(within, width[unit])
+    ex, t = ex_of[unit], step[unit]
+    cell = grid_start[ex] + t * n[ex] + position  # the row's cell in its example's [T, n] block, within the range
+    strings = _token_strings(store, t0, t1)
+    cols = {
+        "example": (lo + ex).astype(np.int64),
+        "id": np.array(store.ids_range(lo, lo + E), dtype=object)[ex],
+        "step": t.astype(np.int64),
+        "target": strings[tok_start[ex] + P[ex] + t],
+        "position": position.astype(np.int64),
+        "token": strings[tok_start[ex] + position],
+        "label": rows["label"][ex].astype(np.int32),
+        "pred": rows["pred"][ex].astype(np.int32),
+        "method": np.array(methods, dtype=object)[method_of],
+    }
+    scores = np.zeros((M, G), dtype=np.float32)
+    for j, m in enumerate(methods):
+        scores[j] = _grid_run(store, m, schema.STEP_SCORES, 1, g0, G, lo, T * n)
+    cols["score"] = scores[method_of, cell]
+    V = n_layer_columns(store, methods) if layers else 0
+    if V:
+        views = np.full((M, V, G), np.nan, dtype=np.float32)
+        for j, m in enumerate(methods):
+            v_m = int(store._method_layouts[m]["n_layer_views"])
+            if v_m:  # per example a [T, v_m, n] block: to [v_m, cells]
+                flat = _grid_run(store, m, schema.STEP_LAYER_SCORES, v_m, g0, G, lo, T * n)
+                block = np.repeat(grid_start * v_m, T * n)
+                cell_t, cell_p = np.divmod(np.arange(G) - np.repeat(grid_start, T * n), np.repeat(n, T * n))
+                for v in range(v_m):
+                    views[j, v] = flat[block + (cell_t * v_m + v) * np.repeat(n, T * n) + cell_p]
+        for v in range(V):
+            cols[f"layer_{v + 1}"] = views[method_of, v, cell]
+    return cols
+
+
+def _grid_run(store, method: str, key: str, views: int, g0: int, G: int, lo: int, cells: np.ndarray) -> np.ndarray:
+    """The [T, (V,) n] blocks of method ``method``'s ``key`` of the examples from ``lo`` (``cells`` = T * n each),
+    one read, checked against their digests."""
+    path = schema.method_path(method, key)
+    out = store._read(path, slice(g0 * views, (g0 + G) * views), G * views)
+    store.check_digests(path, lo, cells * views, out)
+    return out
 
 
 def metric_names(store, methods: list[str]) -> list[str]:

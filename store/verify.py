@@ -63,8 +63,10 @@ def verify(s: Store, progress=None, slice_values: int = SLICE_VALUES) -> None:
     if n:  # the last example whole: the path every consumer takes first
         ex = s[n - 1]
         _ = ex.tokens, ex.task_info, ex.evidence
+        if s.generation:
+            _ = ex.step_probs, ex.step_outputs, ex.step_foil_tokens, ex.step_foil_probs
         for m in s.methods:
-            ex.scores(m), ex.layer_scores(m), ex.matrices(m), ex.class_scores(m), ex.example_values(m)
+            ex.view_arrays(m), ex.class_scores(m), ex.step_values(m) if s.generation else ex.example_values(m)
 
 
 

@@ -38,7 +38,7 @@ from .records import ExampleData, HeadMaskData, MethodLayout, layout_from_dict
 from .scale import ScaleAccumulator
 
 _ROW_FIELDS = ("row", "label", "pred", "target", "explain_pos", "n_orig_tokens", "target_token", "foil_token",
-               "span_end", "pred_end", "output", "gold_value")  # index fields copied from ExampleData as they are
+               "span_end", "pred_end", "output", "gold_value", "prompt_len")  # index fields copied from ExampleData as they are
 STAMP_ROOM = 1 << 20  # bytes free before a store is marked finished: its attributes and scale statistics, with room
 
 
@@ -54,12 +54,14 @@ class StoreWriter:
         self._evidence = schema.TOKEN_EVIDENCE in f
         self.task: dict = json.loads(read_attrs(f).get("task") or json.dumps(schema.DEFAULT_TASK))
         self.heads: str = read_attrs(f).get("heads", "none")  # per-head attention kept: none, cls or all
+        self.generation = self.task["name"] == schema.GENERATE  # per-step arrays (2.0)
         self._model_shape = (int(read_attrs(f)["n_layers"]), int(read_attrs(f)["n_heads"]))
         # The per-example datasets each commit adds a digest of (format 1.6; a resumed store is rewritten in it).
         flats = {d.path: d for d in schema.store_datasets(
             separate_ids=True, task_words=True, evidence=self._evidence, num_labels=self.num_labels,
             layouts=[m.__dict__ for m in self.methods.values()], heads=self.heads, n_layers=self._model_shape[0],
-            n_heads=self._model_shape[1], heads_dtype=str(f[schema.HEADS].dtype) if self.heads != "none" else "")}
+            n_heads=self._model_shape[1], heads_dtype=str(f[schema.HEADS].dtype) if self.heads != "none" else "",
+            generation=self.generation)}
         self._digested = [flats[p] for p in columns(f) or ()]
         idx = f[schema.INDEX]
         self.n_committed = int(idx.shape[0])
@@ -177,6 +179,12 @@ class StoreWriter:
         tok_end, sq_end = e.tokens + int(ends[-1]), e.squares + int(sq_ends[-1])
         for key, values in zip(_ROW_FIELDS, zip(*map(attrgetter(*_ROW_FIELDS), examples))):
             rows[key] = values
+        # the steps (a generation store: the tokens after the prompt; none in others)
+        T = n - rows["prompt_len"] if self.generation else np.zeros_like(n)  # a bad prompt_len: task_row_problem
+        rows["n_steps"] = T
+        step_ends, grid_ends = np.cumsum(T), np.cumsum(T * n)
+        rows["step_off"], rows["grid_off"] = e.steps + step_ends - T, e.grid + grid_ends - T * n
+        step_end, grid_end = e.steps + int(step_ends[-1]), e.grid + int(grid_ends[-1])
         rows["flags"] = [schema.FLAG_TRUNCATED if ex.truncated else 0 for ex in examples]
         rows["probs"] = np.stack([np.asarray(ex.probs, dtype=np.float32) for ex in examples])
         task_words = [task_json(ex.task_info) for ex in examples]
@@ -186,13 +194,15 @@ class StoreWriter:
         if problem is not None:  # readers would take the store for damaged
             raise ValueError(f"example {examples[problem[0]].id}: {problem[1]} (task {self.task['name']})")
         order: dict = {}  # rows -> _block_order(rows, n), shared by the methods
-        methods = {name: self._method_arrays(name, layout, examples, n, order) for name, layout in self.methods.items()}
+        methods = {name: self._method_arrays(name, layout, examples, n, T, order)
+                   for name, layout in self.methods.items()}
         heads = self._heads_arrays(examples, n) if self.heads != "none" else []
+        steps = self._step_arrays(examples, T) if self.generation else {}
         data = {schema.IDS: np.frombuffer(b"".join(ids), dtype=np.uint8),
                 schema.STRINGS: np.frombuffer(b"".join(strings), dtype=np.uint8),
                 schema.TOKEN_STRINGS: np.frombuffer(tok_strings, dtype=np.uint8),
                 schema.TASK_WORDS: np.frombuffer(b"".join(task_words), dtype=np.uint8),
-                **tok_cols, **dict(pair for arrays in methods.values() for pair in arrays), **dict(heads)}
+                **tok_cols, **steps, **dict(pair for arrays in methods.values() for pair in arrays), **dict(heads)}
         first = np.cumsum(n) - n  # each example's first token in the batch
         data = {path: np.asarray(values, self._d(path).dtype) for path, values in data.items()}  # digested as stored
         digests = self._digests(data, rows, (str_off[first], np.add.reduceat(str_len, first)))
@@ -211,7 +221,8 @@ class StoreWriter:
             self._scales[name].add_joined(self.methods[name].__dict__, self._pending_scales.pop(name))
         self.n_committed += len(examples)
         self._extent = schema.Extent(examples=self.n_committed, tokens=tok_end, squares=sq_end, ids_bytes=id_end,
-                                     string_bytes=str_end, token_string_bytes=tokstr_end, task_bytes=task_end)
+                                     string_bytes=str_end, token_string_bytes=tokstr_end, task_bytes=task_end,
+                                     steps=step_end, grid=grid_end)
 
     def _digests(self, data: dict[str, np.ndarray], rows: np.ndarray,
                  token_strings: tuple[np.ndarray, np.ndarray]) -> np.ndarray | None:
@@ -231,23 +242,36 @@ class StoreWriter:
         return ds
 
     def _method_arrays(self, name: str, layout: MethodLayout, examples: list[ExampleData], n: np.ndarray,
-                       order: dict) -> list[tuple[str, np.ndarray]]:
+                       T: np.ndarray, order: dict) -> list[tuple[str, np.ndarray]]:
         """The method's datasets and the batch's values for each, checked (nothing is written here). Each key's
         arrays are joined side by side at once ([rows, tokens], the scale statistics' layout) and laid out per
-        example from there (each example's [rows, n] block, the store's layout) by one gather."""
+        example from there (each example's [rows, n] block, the store's layout) by one gather. A generation store's
+        (``layout.steps``): each example's [T, n] and [T, V, n] as they come, NaN after each step's position."""
         g = f"{schema.METHODS}/{name}"
         results = [ex.results.get(name) for ex in examples]
         if any(res is None for res in results):
             i = next(i for i, res in enumerate(results) if res is None)
             raise ValueError(f"example {examples[i].id}: no result for method '{name}'")
-        leading = {"scores": ()}  # each example's array: leading + (n,)
-        if layout.n_layer_views:
-            leading["layer_scores"] = (layout.n_layer_views,)
+        out, views = [], {}
+        leading = {}  # each example's array: leading + (n,)
+        if layout.steps:
+            for key, rows in [(schema.STEP_SCORES, 1)] + [(schema.STEP_LAYER_SCORES, layout.n_layer_views)] * bool(
+                    layout.n_layer_views):
+                inner = () if rows == 1 else (rows,)
+                arrays = self._checked(name, key, [res.get(key) for res in results],
+                                       [(t,) + inner + (k,) for t, k in zip(T.tolist(), n.tolist())], examples)
+                arrays = [_nan_after_steps(a.astype(np.float32), ex.prompt_len) for a, ex in zip(arrays, examples)]
+                out.append((f"{g}/{key}", np.concatenate(arrays, axis=None)))
+                per_view = [np.moveaxis(a.reshape(a.shape[0], rows, a.shape[-1]), 1, 0).reshape(rows, -1) for a in arrays]
+                views[key] = (np.concatenate(per_view, axis=1), T * n)
+        else:
+            leading["scores"] = ()
+            if layout.n_layer_views:
+                leading["layer_scores"] = (layout.n_layer_views,)
         if layout.matrices != "none":
             leading["matrices"] = (layout.n_matrix_layers, 1) if layout.matrices == "cls" else None  # None: [L, n, n]
         if layout.class_scores:
             leading["class_scores"] = (self.num_labels,)
-        out, views = [], {}
         for key, lead in leading.items():
             arrays = [res[key] for res in results]
             dtype = self._d(f"{g}/{key}").dtype
@@ -272,10 +296,32 @@ class StoreWriter:
         self._pending_scales[name] = views  # the values as readers will read them, added once the batch is committed
         for key in layout.example_values:
             values = [res.get("example_values", {}).get(key) for res in results]
-            if None in values:
-                i = values.index(None)
+            if any(v is None for v in values):
+                i = next(i for i, v in enumerate(values) if v is None)
                 raise ValueError(f"example {examples[i].id}: method '{name}' gave no value '{key}'")
+            if layout.steps:  # one per step
+                values = np.concatenate(self._checked(name, f"example value '{key}'", values,
+                                                      [(t,) for t in T.tolist()], examples), axis=None)
             out.append((f"{g}/example_values/{key}", np.asarray(values, dtype=np.float32)))
+        return out
+
+    def _step_arrays(self, examples: list[ExampleData], T: np.ndarray) -> dict[str, np.ndarray]:
+        """/steps/*: each example's per-step values ([T] each; a foil's and the output default to none)."""
+        fields = ((schema.STEP_PROBS, "step_probs", None), (schema.STEP_OUTPUT, "step_outputs", np.nan),
+                  (schema.STEP_FOIL_IDS, "step_foil_tokens", -1), (schema.STEP_FOIL_PROBS, "step_foil_probs", np.nan))
+        out = {}
+        for path, attr, default in fields:
+            values = []
+            for ex, t in zip(examples, T.tolist()):
+                v = getattr(ex, attr)
+                if v is None and default is None:
+                    raise ValueError(f"example {ex.id}: no {attr} for its {t} generated tokens")
+                v = np.full(t, default) if v is None else np.asarray(v)
+                if v.shape != (t,):
+                    raise ValueError(f"example {ex.id}: {attr} has shape {v.shape}, expected ({t},) (the tokens "
+                                     f"after its prompt of {ex.prompt_len})")
+                values.append(v)
+            out[path] = np.concatenate(values) if values else np.zeros(0)
         return out
 
     def _joined(self, name: str, key: str, arrays: list, lead: tuple, n: np.ndarray,
@@ -389,6 +435,12 @@ def task_json(words: dict | None) -> bytes:
     if not words:
         return b""
     return json.dumps(words, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _nan_after_steps(a: np.ndarray, prompt_len: int) -> np.ndarray:
+    """A [T, n] or [T, V, n] step array with NaN in the cells that are no attributions (schema.step_valid)."""
+    valid = schema.step_valid(prompt_len, a.shape[0], a.shape[-1])
+    return np.where(valid[:, None, :] if a.ndim == 3 else valid, a, np.float32(np.nan))
 
 
 def _block_order(rows: int, n: np.ndarray) -> np.ndarray:

@@ -675,7 +675,7 @@ def test_evidence_column_with_qa(tmp_path):
 def test_unknown_task_and_missing_mask_token(tmp_path):
     spec = write_jsonl(tmp_path / "d.jsonl", [{"text": "a"}])
     assert usage_error(spec, task="generation") == (
-        "unknown task 'generation': use one of classification, regression, masked-token, next-token, qa")
+        "unknown task 'generation': use one of classification, regression, masked-token, next-token, qa, generate")
     assert usage_error(spec, task="masked-token") == (
         "--task masked-token needs a model with a mask token (a masked-LM tokenizer): use a masked language model")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 RUN = Path(__file__).resolve().parents[1] / "compute" / "run"
 # in the order of a run; config and progress are shared by all of them
-ORDER = ("config", "progress", "plan", "load", "head_masks", "batches", "parts", "transfer", "dispatch", "auto_batch",
-         "write", "metrics")
+ORDER = ("config", "progress", "plan", "load", "head_masks", "batches", "parts", "steps", "generate", "transfer",
+         "dispatch", "auto_batch", "write", "metrics")
 
 
 def relative_imports(path: Path) -> set[str]:

@@ -261,14 +261,14 @@ def _set_version(path: Path, version: str) -> None:
 def test_newer_minor_version_warns(tmp_path):
     path = tmp_path / "minor.h5"
     make_store(str(path))
-    _set_version(path, "1.7.0")
-    with pytest.warns(UserWarning, match="1.7.0"):
+    _set_version(path, "2.1.0")
+    with pytest.warns(UserWarning, match="2.1.0"):
         s = open_store(path)
     with s:
         assert len(s) == 12
 
 
-@pytest.mark.parametrize("version", ["2.0.0", "0.9.1"])
+@pytest.mark.parametrize("version", ["3.0.0", "0.9.1"])
 def test_other_major_version_raises(tmp_path, version):
     path = tmp_path / "major.h5"
     make_store(str(path))
@@ -276,7 +276,7 @@ def test_other_major_version_raises(tmp_path, version):
     with pytest.raises(StoreError) as info:
         open_store(path)
     msg = one_line(str(info.value))
-    assert version in msg and "1.x" in msg
+    assert version in msg and "reads formats 1.x to 2.x" in msg and "\n" not in str(info.value)
 
 
 def test_not_hdf5_raises(tmp_path):
@@ -568,6 +568,7 @@ def test_refresh_across_index_chunks(tmp_path, writer_factory):
 
 FIXTURE_1_2 = TESTS / "fixtures" / "store-1.2.h5"  # written by the format-1.2 writer (commit 5adfd87), see README there
 FIXTURE_1_3 = TESTS / "fixtures" / "store-1.3.h5"  # the same content by the format-1.3 writer (make_store_1_3.py)
+FIXTURE_1_6 = TESTS / "fixtures" / "store-1.6.h5"  # and by the format-1.6 writer (commit b3bbb1a), with digests
 
 
 def _fixture_example(i: int) -> ExampleData:
@@ -576,7 +577,7 @@ def _fixture_example(i: int) -> ExampleData:
     return ex
 
 
-@pytest.mark.parametrize("fixture, version", [(FIXTURE_1_2, "1.2.0"), (FIXTURE_1_3, "1.3.0")])
+@pytest.mark.parametrize("fixture, version", [(FIXTURE_1_2, "1.2.0"), (FIXTURE_1_3, "1.3.0"), (FIXTURE_1_6, "1.6.0")])
 def test_reads_a_format_1_2_or_1_3_store(fixture, version):
     """Stores written by earlier writers (checked in) read as they were written."""
     with open_store(fixture) as s:
@@ -614,7 +615,7 @@ def test_resume_rewrites_a_format_1_2_store_in_the_current_format(tmp_path):
     w.append([_fixture_example(10), _fixture_example(11)])
     w.close(complete=True)
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "1.6.0" and len(s) == 12
+        assert s.format_version == ENCODING_VERSION == "2.0.0" and len(s) == 12
         for i in range(12):
             assert_example(s[i], _fixture_example(i))
             np.testing.assert_array_equal(s[i].evidence, _fixture_example(i).evidence)
@@ -948,7 +949,7 @@ def test_adding_metrics_to_a_format_1_2_store_keeps_its_metrics(tmp_path):
     new = _metric("logat", "sufficiency", 10, 3)
     add_metrics(str(path), [new])
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "1.6.0" and s.complete and len(s) == 10
+        assert s.format_version == ENCODING_VERSION == "2.0.0" and s.complete and len(s) == 10
         _assert_metric(s, new)
         np.testing.assert_allclose(s.metric_values("rollout", "aopc@attcat"), np.linspace(-0.5, 0.5, 10), rtol=1e-6)
         for i in range(10):

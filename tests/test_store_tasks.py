@@ -61,7 +61,7 @@ def test_every_task_field_round_trips(tmp_path, task):
     path = tmp_path / f"{task}.h5"
     exs = write_task_store(path, task)
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "1.6.0"
+        assert s.format_version == ENCODING_VERSION == "2.0.0"
         assert s.task == {"name": task, "options": OPTIONS.get(task, {})} and s.task_name == task
         assert s.labels == LABELS[task] and s.num_labels == len(LABELS[task])
         assert "task" not in s.model_info  # the task is not model provenance
@@ -137,9 +137,13 @@ def test_older_stores_read_as_classification_with_the_defaults(fixture):
             info = ex.task_info
             assert info["task"] == "classification" and info["prefers_target"] is None and info["span"] is None
         rows = s.index_rows(0, 10)
-        assert rows.dtype.names[-9:] == ("target_token", "foil_token", "span_end", "pred_end", "output",
-                                         "gold_value", "task_off", "task_len", "probs")
+        assert rows.dtype.names[-13:] == ("target_token", "foil_token", "span_end", "pred_end", "output",
+                                          "gold_value", "task_off", "task_len", "probs", "prompt_len", "n_steps",
+                                          "step_off", "grid_off")
         np.testing.assert_array_equal(rows["task_len"], 0)
+        np.testing.assert_array_equal(rows["prompt_len"], -1)  # 2.0's step fields: no generation
+        for key in ("n_steps", "step_off", "grid_off"):
+            np.testing.assert_array_equal(rows[key], 0)
 
 
 @pytest.mark.parametrize("fixture", ["store-1.2.h5", "store-1.3.h5"])
@@ -150,7 +154,7 @@ def test_resuming_an_older_store_writes_the_current_format_with_the_defaults(tmp
         before = [(ex.id, ex.pred, ex.probs.tolist(), ex.tokens) for ex in s]
     rewrite(str(path))
     with open_store(path) as s:
-        assert s.format_version == "1.6.0" and s.task_name == "classification" and s.complete
+        assert s.format_version == "2.0.0" and s.task_name == "classification" and s.complete
         assert [(ex.id, ex.pred, ex.probs.tolist(), ex.tokens) for ex in s] == before
         assert all(math.isnan(ex.output) and ex.task_words == {} and ex.target_token == -1 for ex in s)
     with h5py.File(path, "r") as f:

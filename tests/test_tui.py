@@ -791,13 +791,13 @@ async def test_newer_minor_format_is_announced(tmp_path, color_env):
     path = tmp_path / "newer.h5"
     make_store(str(path), n_examples=3)
     with h5py.File(path, "r+") as f:
-        f.attrs["encoding-version"] = np.bytes_(b"1.99.0")  # fixed-length, as the writer stores text attributes
+        f.attrs["encoding-version"] = np.bytes_(b"2.99.0")  # fixed-length, as the writer stores text attributes
     with pytest.warns(UserWarning):
         app = create_app(path)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         notes = [n.message for n in app._notifications]
-        assert any("1.99.0" in n and "newer" in n for n in notes), notes
+        assert any("2.99.0" in n and "newer" in n for n in notes), notes
 
 
 @async_test

@@ -65,6 +65,8 @@ BROWSE = {
     "slash": prompt_open, "escape": prompt_open,
     "n": lambda a: a.current, "N": lambda a: a.current, "r": lambda a: a.view.matches is None,
     "j": lambda a: a.current, "k": lambda a: a.current,
+    # a generation store's (test_generation_keys)
+    "less_than_sign": lambda a: a.step, "greater_than_sign": lambda a: a.step, "v": screen_name,
 }
 EXAMPLE_LIST = {key: (lambda a: a.current) for key in ("j", "k", "down", "up", "pagedown", "pageup", "home", "end")}
 APP = {"h": screen_name, "f": screen_name, "question_mark": screen_name, "q": lambda a: a.is_running,
@@ -74,6 +76,14 @@ COMPARE = {
     "d": lambda a: a.screen.difference, "plus": lambda a: a.screen.top, "equals_sign": lambda a: a.screen.top,
     "minus": lambda a: a.screen.top, "a": lambda a: bool(a.screen.query("SelectionList")), "e": files,
     "escape": screen_name, "c": screen_name, "q": screen_name,
+    "less_than_sign": lambda a: a.step, "greater_than_sign": lambda a: a.step,  # a generation store's
+}
+GENERATION = {
+    "up": lambda a: a.step, "down": lambda a: a.step, "left": lambda a: a.screen.cell,
+    "right": lambda a: a.screen.cell, "left_square_bracket": lambda a: a.screen.view_layer,
+    "right_square_bracket": lambda a: a.screen.view_layer, "m": lambda a: a.screen.method,
+    "s": lambda a: a.screen.norm, "j": lambda a: a.screen.index, "k": lambda a: a.screen.index,
+    "escape": screen_name, "v": screen_name, "q": screen_name,
 }
 MATRIX = {
     "left_square_bracket": lambda a: a.screen.view_layer, "right_square_bracket": lambda a: a.screen.view_layer,
@@ -118,6 +128,7 @@ def test_every_binding_has_a_check():
     from tui.screens.attention import AttentionScreen
     from tui.screens.browse import BrowseScreen
     from tui.screens.compare import CompareScreen
+    from tui.screens.generation import GenerationScreen
     from tui.screens.heads import HeadsScreen
     from tui.screens.help import HelpScreen
     from tui.screens.matrix import MatrixScreen
@@ -126,7 +137,8 @@ def test_every_binding_has_a_check():
 
     for owner, table in ((AttrApp, APP), (BrowseScreen, BROWSE), (ExampleList, EXAMPLE_LIST),
                          (CompareScreen, COMPARE), (MatrixScreen, MATRIX), (MetricsScreen, METRICS),
-                         (HeadsScreen, HEADS), (AttentionScreen, ATTENTION), (HelpScreen, HELP)):
+                         (HeadsScreen, HEADS), (AttentionScreen, ATTENTION), (HelpScreen, HELP),
+                         (GenerationScreen, GENERATION)):
         assert _keys(owner.BINDINGS) == set(table), owner.__name__
 
 
@@ -215,6 +227,32 @@ async def test_compare_keys(full_store, env):
         await settle(pilot)
         assert screen_name(app) == "CompareScreen"
         await close_and_reopen(pilot, COMPARE, ("escape", "c", "q"), "c", CompareScreen, "example")
+
+
+@async_test
+async def test_generation_keys(tmp_path_factory, env):
+    """A generation store's keys: the step cursor on the browse and compare screens, the heatmap screen's."""
+    from generation_stores import write_generation_store
+
+    from tui.app import create_app
+    from tui.screens.compare import CompareScreen
+    from tui.screens.generation import GenerationScreen
+
+    path = tmp_path_factory.mktemp("gen-bindings") / "gen.h5"
+    write_generation_store(path)
+    app = create_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for key in ("greater_than_sign", "less_than_sign"):
+            await press_and_check(pilot, BROWSE, key)
+        await open_modal(pilot, "c", CompareScreen, "example")
+        for key in ("greater_than_sign", "less_than_sign"):
+            await press_and_check(pilot, COMPARE, key)
+        await pilot.press("escape")
+        await open_modal(pilot, "v", GenerationScreen, "geometry")
+        for key in ("down", "up", "right", "left", "right_square_bracket", "left_square_bracket", "s", "m", "j",
+                    "k"):
+            await press_and_check(pilot, GENERATION, key)
+        await close_and_reopen(pilot, GENERATION, ("escape", "v", "q"), "v", GenerationScreen, "geometry")
 
 
 @async_test

@@ -34,6 +34,7 @@ from .render.tokens import printable
 from .screens.attention import AttentionScreen
 from .screens.browse import BrowseScreen
 from .screens.compare import CompareScreen
+from .screens.generation import GenerationScreen
 from .screens.heads import HeadsScreen
 from .screens.help import HelpScreen
 from .screens.matrix import MatrixScreen
@@ -141,6 +142,7 @@ class AttrApp(App[int]):
         self.layer: int | None = None  # None: the method's final scores
         self.current: int | None = None
         self.token: int | None = None  # the browse screen's token cursor (None: none; another example clears it)
+        self.step = 0  # a generation store's step cursor: the generated token explained (kept across examples, clamped)
         self.metrics_cache: tuple | None = None  # the metrics screen's full read, per state of the store
         self.compare_methods: list[str] | None = None  # the compare screen's choice, kept across examples
         self.view = ListView(self)  # sort, filter and search of the example list
@@ -441,6 +443,23 @@ class AttrApp(App[int]):
     def _render_current(self) -> None:
         self.browse.draw()
 
+    def example(self, index: int | None) -> LoadedExample | None:
+        """Example ``index`` as the screens show it, when it is read: in a generation store at the step cursor."""
+        ex = self.cache.get(index) if index is not None else None
+        return None if ex is None else ex.at_step(self.step)
+
+    def set_step(self, step: int) -> None:
+        """The step cursor to generated token ``step`` (clamped to the current example's); every screen follows."""
+        ex = self.cache.get(self.current) if self.current is not None else None
+        if ex is None or ex.steps is None or not ex.steps.n:  # no steps here: the cursor stays for the next example
+            return
+        self.step = min(max(step, 0), ex.steps.n - 1)
+        self.token = None
+        for screen in self.screen_stack:
+            redraw = getattr(screen, "redraw", None)
+            if redraw is not None:
+                redraw()
+
     def read_global_scale(self, method: str) -> None:
         self._read_global_scale(method)
 
@@ -536,7 +555,8 @@ class AttrApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.color_mode, self.colormap))
+            self.push_screen(HelpScreen(self.color_mode, self.colormap,
+                                        generation=self.meta is not None and self.meta.generation))
 
     def action_heads(self) -> None:
         """The heads screen: the store's head masks (it reads them itself, on a worker)."""
@@ -578,6 +598,15 @@ class AttrApp(App[int]):
             return
         self.push_screen(CompareScreen(self.compare_set(), self.current))
 
+    def action_generation(self) -> None:
+        """The generation screen: the current example's whole generation, target x source, in the current method."""
+        if self.meta is None or self.current is None or isinstance(self.screen, GenerationScreen):
+            return
+        if not self.meta.generation:
+            self.notify("this store explains no generation: run attr-compute with --task generate", markup=False)
+            return
+        self.push_screen(GenerationScreen(self.method.name, self.current, self.layer))
+
     def action_matrix(self) -> None:
         """The matrix screen: the current method's token-to-token matrix (or the first method that has one)."""
         if self.meta is None or self.current is None or isinstance(self.screen, MatrixScreen):
@@ -598,11 +627,14 @@ class AttrApp(App[int]):
 
         signed = {m.name: m.signed for m in self.meta.methods}
         methods = [m for m in methods if m in ex.scores]
-        sc = scales({m: ex.scores[m] for m in methods}, signed, shared, self.scale_keep(ex, methods))
+        sc = {m: ex.cut(v) for m, v in scales({m: ex.scores[m] for m in methods}, signed, shared,
+                                               self.scale_keep(ex, methods)).items()}
         note = f"{self.meta.name} · {'shared scale' if shared else 'scale per method'}"
+        if ex.step >= 0:  # a generation store: which generated token the figure explains
+            note += f" · step {ex.step + 1}/{ex.steps.n}: {ex.tokens[ex.explain_pos]}"
         fig = Figure(ex.id, ex.tokens, [(m, sc[m]) for m in methods], ex.explain_pos, note, self.colormap)
         directory = export_directory(getattr(self.store, "path", None))
-        stem = figure_stem(self.meta.name, ex.id, methods, shared=shared)
+        stem = figure_stem(self.meta.name, ex.id, methods, shared=shared, step=ex.step)
         try:
             paths = write_figure(fig, directory, stem)
         except OSError as err:
@@ -614,7 +646,7 @@ class AttrApp(App[int]):
 
     def action_export(self) -> None:
         """Export the current example with the compare set (or the current method) as a paper figure."""
-        ex = self.cache.get(self.current) if self.current is not None else None
+        ex = self.example(self.current)
         if ex is None or self.meta is None or not self.meta.methods:
             return
         methods = self.compare_methods or [self.method.name]

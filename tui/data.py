@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from store import Store
-from store.palette import content_tokens
+from store.palette import content_tokens, cut_after
 
 
 def read_for_screen(screen, reader, loaded, failed) -> None:
@@ -53,6 +53,31 @@ class StoreMeta:
     task: str = "classification"  # what the model is explained for (store.schema.TASKS)
     heads: str = "none"  # per-head attention kept per example (attr-compute --heads): none, cls or all
 
+    @property
+    def generation(self) -> bool:
+        """A generation store (format 2.0): every example's attributions are per generated token (step)."""
+        return self.task == "generate"
+
+
+@dataclass(frozen=True, eq=False)
+class Steps:
+    """A generation example's per-step arrays (store format 2.0): step t explains the token at position
+    ``prompt_len + t`` by the tokens before it (its row's later cells are NaN)."""
+
+    prompt_len: int
+    scores: dict[str, np.ndarray]  # [T, n] per method
+    layer_scores: dict[str, np.ndarray | None]  # [T, V, n] per method, None without layer views
+    values: dict[str, dict[str, np.ndarray]]  # per method {key: [T]}
+    probs: np.ndarray  # [T] p(generated token)
+    outputs: np.ndarray  # [T] the explained output of each step
+    foil_tokens: np.ndarray  # [T] -1: no foil
+    foil_probs: np.ndarray  # [T]
+    foil_words: list  # [T] str | None
+
+    @property
+    def n(self) -> int:
+        return len(self.probs)
+
 
 @dataclass(frozen=True)
 class LoadedExample:
@@ -78,6 +103,38 @@ class LoadedExample:
     task: dict | None = None
     gold_span: tuple[int, int] | None = None
     special: np.ndarray | None = None  # [n] bool: the tokenizer's special tokens ([CLS], [SEP], <s>, ...)
+    # A generation store's example: its steps, the step whose attributions scores / layer_scores / values hold (-1:
+    # none, T = 0) and the first position without attributions (-1: every token has them). at_step() picks a step.
+    steps: Steps | None = None
+    step: int = -1
+    upto: int = -1
+
+    def at_step(self, t: int) -> "LoadedExample":
+        """This example at generated token ``t`` (clamped to its steps): the views are that step's row, the explained
+        token its target; an example of another store as it is."""
+        s = self.steps
+        if s is None:
+            return self
+        n = len(self.tokens)
+        if not s.n:  # EOS first: the prompt without attributions
+            blank = np.full(n, np.nan, np.float32)
+            return replace(self, scores={m: blank for m in s.scores}, values={m: {} for m in s.scores},
+                           layer_scores={m: None if v is None else np.full((v.shape[1], n), np.nan, np.float32)
+                                         for m, v in s.layer_scores.items()},
+                           explain_pos=-1, step=-1, upto=0, task={**(self.task or {}), "step": -1})
+        t = min(max(int(t), 0), s.n - 1)
+        pos = s.prompt_len + t
+        task = {"task": "generate", "step": t, "n_steps": s.n, "prompt_len": s.prompt_len,
+                "target_word": self.tokens[pos], "prob": float(s.probs[t]), "output": float(s.outputs[t]),
+                "foil_token": int(s.foil_tokens[t]), "foil_word": s.foil_words[t], "foil_prob": float(s.foil_probs[t])}
+        return replace(self, scores={m: a[t] for m, a in s.scores.items()},
+                       layer_scores={m: None if a is None else a[t] for m, a in s.layer_scores.items()},
+                       values={m: {k: float(v[t]) for k, v in vals.items()} for m, vals in s.values.items()},
+                       explain_pos=pos, step=t, upto=pos, task=task)
+
+    def cut(self, scale):
+        """``scale`` (of this example's tokens) without colour where the shown step has no attribution."""
+        return cut_after(scale, self.upto)
 
     @property
     def content(self) -> np.ndarray:
@@ -370,6 +427,8 @@ def read_example(store: Store, i: int, methods: tuple[str, ...],
     for m, name in metric_keys:
         v = float(store.metric_values(m, name, i, i + 1)[0])
         metric_values[(m, name)] = v
+    if getattr(store, "generation", False):
+        return _read_generation(store, ex, methods, metric_values)
     for m in methods:
         scores[m] = np.asarray(ex.scores(m), dtype=np.float32)
         ls = ex.layer_scores(m)
@@ -387,6 +446,20 @@ def read_example(store: Store, i: int, methods: tuple[str, ...],
                          explain_pos=int(ex.explain_pos), scores=scores, layer_scores=layers, values=values,
                          metric_values=metric_values, task=task, gold_span=gold_span,
                          special=np.asarray(ex.segment) < 0)
+
+
+def _read_generation(store: Store, ex, methods: tuple[str, ...], metric_values: dict) -> LoadedExample:
+    """A generation example with every step of every method, shown at its first step (LoadedExample.at_step)."""
+    layers = {m: ex.step_layer_scores(m) for m in methods}
+    steps = Steps(ex.prompt_len, {m: np.asarray(ex.step_scores(m), np.float32) for m in methods},
+                  {m: None if v is None else np.asarray(v, np.float32) for m, v in layers.items()},
+                  {m: ex.step_values(m) for m in methods}, ex.step_probs, ex.step_outputs, ex.step_foil_tokens,
+                  ex.step_foil_probs, ex.step_foil_words)
+    base = LoadedExample(index=ex.index, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
+                         pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
+                         explain_pos=int(ex.explain_pos), metric_values=metric_values, task={"task": "generate"},
+                         special=np.asarray(ex.segment) < 0, steps=steps)
+    return base.at_step(0)
 
 
 def read_matrices(store: Store, i: int, method: str) -> np.ndarray | None:

@@ -193,11 +193,14 @@ def safe_stem(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "example"
 
 
-def figure_stem(store_name: str, example_id: str, methods: list[str], *, shared: bool = False) -> str:
-    """The file name (no extension) of an example's figure: the store, the example, the methods (final scores) and
-    a shared scale, so that a figure of other methods never takes another's name."""
-    return "-".join([safe_stem(os.path.splitext(store_name)[0]), safe_stem(example_id),
-                     "+".join(safe_stem(m) for m in methods)] + (["shared"] if shared else []))
+def figure_stem(store_name: str, example_id: str, methods: list[str], *, shared: bool = False,
+                step: int = -1) -> str:
+    """The file name (no extension) of an example's figure: the store, the example, a generation store's step
+    (1-based), the methods (final scores) and a shared scale, so that a figure of other methods never takes another's
+    name."""
+    return "-".join([safe_stem(os.path.splitext(store_name)[0]), safe_stem(example_id)]
+                    + ([f"step{step + 1}"] if step >= 0 else [])
+                    + ["+".join(safe_stem(m) for m in methods)] + (["shared"] if shared else []))
 
 
 def write_figure(fig: Figure, directory: str, stem: str) -> list[str]:

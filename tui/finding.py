@@ -90,11 +90,25 @@ def _grouped_ranks(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     return out
 
 
-def disagreement(store, a: str, b: str, progress=None, cancel: threading.Event | None = None) -> np.ndarray:
+def disagreement(store, a: str, b: str, progress=None, cancel: threading.Event | None = None,
+                 step: int | None = None) -> np.ndarray:
     """1 - Spearman's rho of two methods' final scores, per example (the explained token left out); NaN where the
-    correlation is undefined."""
+    correlation is undefined. A generation store's at generated token ``step`` (an example's last one where it has
+    fewer; NaN without any), over the tokens before it."""
     n = len(store)
     out = np.empty(n)
+    if getattr(store, "generation", False):
+        for lo, hi in _chunks(n, progress, cancel):
+            rows = []
+            for i in range(lo, hi):
+                ex = store[i]
+                t = min(step or 0, ex.n_steps - 1)
+                rows.append((ex.step_scores(a)[t], ex.step_scores(b)[t], ex.step_position(t)) if t >= 0 else None)
+            width = np.array([r[2] if r else 0 for r in rows], np.int64)
+            cut = [(r[0][:r[2]], r[1][:r[2]]) if r else (np.zeros(0), np.zeros(0)) for r in rows]
+            a_rows, b_rows = np.concatenate([x for x, _ in cut]), np.concatenate([y for _, y in cut])
+            out[lo:hi] = 1.0 - grouped_spearman(a_rows, b_rows, width, np.full(len(rows), -1))
+        return out
     for lo, hi in _chunks(n, progress, cancel):
         rows = store.index_rows(lo, hi)
         out[lo:hi] = 1.0 - grouped_spearman(store.scores_range(a, lo, hi), store.scores_range(b, lo, hi),

@@ -101,9 +101,12 @@ class ListView:
                  lambda values: self._set_key(values, f"{name} ({method})", descending, (method, name)))
 
     def sort_by_disagreement(self, a: str, b: str) -> None:
-        self.ask(("disagreement", a, b), f"ranking {a} against {b}",
-                 lambda store, progress, cancel: finding.disagreement(store, a, b, progress, cancel),
-                 lambda d: self._set_key(d, f"1-ρ({a}, {b})", True, column="1-ρ"))
+        meta = self.app.meta
+        step = self.app.step if meta is not None and meta.generation else None  # a generation store's: at the step
+        at = "" if step is None else f" at step {step + 1}"
+        self.ask(("disagreement", a, b, step), f"ranking {a} against {b}{at}",
+                 lambda store, progress, cancel: finding.disagreement(store, a, b, progress, cancel, step),
+                 lambda d: self._set_key(d, f"1-ρ({a}, {b}){at}", True, column="1-ρ"))
 
     def sort_by_store_order(self) -> None:
         self._set_key(None, "", False)

@@ -63,7 +63,9 @@ def adapter_for(model: nn.Module, task: str = "classification") -> Adapter:
     from ..tasks import get_task
 
     model_type = getattr(model.config, "model_type", "?")
-    get_task(task).check_model(model)
+    explained = get_task(task)
+    explained.check_model(model)
+    task = explained.explained_task  # what the methods explain per output (a generation's steps: next-token)
     for cls in ADAPTERS:
         if model_type in cls.model_types and cls.describes(model):
             return cls(model, task)

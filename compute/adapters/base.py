@@ -211,6 +211,19 @@ class Adapter:
                 self.attention_probs_module(layer).register_forward_pre_hook(_finite_mask, with_kwargs=True)
             model._attrscope_nan_rows = True
 
+    @contextmanager
+    def finite_masks(self):
+        """Every attention's additive mask kept finite (``_finite_mask``) while the block runs: a left-padded batch
+        (decoding, compute/generation.py) has pad queries that see only pads, whose float64 mask minimum plus a
+        score is -inf: NaN probabilities, and 0 x NaN reaches the real tokens in the next layer."""
+        handles = [self.attention_probs_module(layer).register_forward_pre_hook(_finite_mask, with_kwargs=True)
+                   for layer in self.layers()]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
     @classmethod
     def describes(cls, model: nn.Module) -> bool:
         """Whether the family's block description holds for this checkpoint's configuration (some families have

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from compute.errors import AttrscopeError, UsageError
 
-from . import classification, masked_token, next_token, qa, regression
+from . import classification, generate, masked_token, next_token, qa, regression
 from .cells import record_id, show
 from .classification import LabelMapper
 from .columns import ColumnFinder, find_column
@@ -19,7 +19,7 @@ from .words import LINZEN_COLUMNS
 # Each task's reader: ``columns(find, flags)`` -> its columns, ``rows(cols, labels, mask_token)`` -> the maker of a
 # row's Record (None: the row is skipped; a maker that skips rows has ``skipped_note``).
 READERS = {"classification": classification, "regression": regression, "masked-token": masked_token,
-           "next-token": next_token, "qa": qa}
+           "next-token": next_token, "qa": qa, "generate": generate}
 TASKS = tuple(READERS)
 
 
@@ -37,6 +37,8 @@ def load_dataset(
     answers_column=None,
     word_index_column=None,
     evidence_column=None,
+    continuation_column=None,
+    contrast_column=None,
     split=None,
     limit=None,
     label2id: dict[str, int] | None = None,
@@ -52,7 +54,8 @@ def load_dataset(
         raise UsageError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     _check_task_flags(task, mask_token, label_column=label_column, target_column=target_column,
                       foil_column=foil_column, answers_column=answers_column, word_index_column=word_index_column,
-                      evidence_column=evidence_column)
+                      evidence_column=evidence_column, continuation_column=continuation_column,
+                      contrast_column=contrast_column)
     if limit is not None and limit <= 0:
         raise UsageError(f"--limit must be a positive number of examples, got {limit}")
 
@@ -71,7 +74,7 @@ def load_dataset(
 
     flags = {"text": text_column, "pair": pair_column, "label": label_column, "id": id_column,
              "target": target_column, "foil": foil_column, "answers": answers_column,
-             "word_index": word_index_column}
+             "word_index": word_index_column, "continuation": continuation_column, "contrast": contrast_column}
     reader = READERS[task]
     cols = reader.columns(ColumnFinder(table.columns, spec), flags)
     if evidence_column is not None:
@@ -130,6 +133,8 @@ def _check_task_flags(task: str, mask_token, **flags) -> None:
         "word_index_column": ("masked-token",),
         "answers_column": ("qa",),
         "evidence_column": ("classification", "regression", "masked-token", "next-token"),
+        "continuation_column": ("generate",),
+        "contrast_column": ("generate",),
     }
     for name, value in flags.items():
         if value is not None and task not in applies[name]:

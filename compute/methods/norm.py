@@ -14,3 +14,6 @@ class Norm(Method):
     def compute(self, cap, adapter, target):
         scores = cap.hidden_states[0].norm(dim=-1) * cap.mask
         return MethodResult(scores=scores)
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        return MethodResult(scores=self.compute(cap, adapter, None).scores[steps.example])  # a step's prefix: masked by the runner

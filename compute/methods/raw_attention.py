@@ -15,7 +15,16 @@ class RawAttention(Method):
     has_matrices = True
 
     def compute(self, cap, adapter, target):
-        # A_bar^l = mean_h A^{l,h}; pad queries/keys zeroed so stored matrices hold only the valid block.
-        mats = valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask)  # [L, B, n, n]
+        mats = self._mats(cap)
         layer_scores = rows_at(mats, cap.explain_pos)  # [B, L, n]
         return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=mats.transpose(0, 1))
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        mats = self._mats(cap)
+        layer_scores = steps.rows(rows_at(mats, steps.grid))  # [R, L, n]
+        return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=mats.transpose(0, 1))
+
+    @staticmethod
+    def _mats(cap):
+        # A_bar^l = mean_h A^{l,h}; pad queries/keys zeroed so stored matrices hold only the valid block.
+        return valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask)  # [L, B, n, n]

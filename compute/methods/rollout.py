@@ -16,9 +16,17 @@ class Rollout(Method):
     has_matrices = True
 
     def compute(self, cap, adapter, target):
+        return self._rows(cap, cap.explain_pos)  # [B, L, n]
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        return self._rows(cap, steps.grid, steps)
+
+    def _rows(self, cap, pos, steps=None) -> MethodResult:
         # Every layer's M^l = (A_bar^l + I) / rowsum at once, on the valid block (pad rows become identity rows,
         # never reached): [L, B, n, n].
         mats = add_identity_row_normalise(valid_pairs(cap.stack("attentions").mean(dim=2), cap.mask))
-        layer_scores = rows_of_products(mats, cap.explain_pos)  # [B, L, n]
+        layer_scores = rows_of_products(mats, pos)
+        if steps is not None:
+            layer_scores = steps.rows(layer_scores)
         stored = valid_pairs(mats, cap.mask).transpose(0, 1)
         return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=stored)

@@ -16,12 +16,14 @@ import torch
 
 from ..errors import AttrscopeError
 from ..methods import Method, get_method
+from ..methods._internals.base import MethodResult
 from ..adapters import Captured
 from ..models import LoadedModel
 from ..tasks import Outcome, Part, TaskRows
 from ..tasks.base import long_tensor
 from .batches import parts as parts_of
 from .parts import TOKEN_AXES, cut_capture, put_back
+from .steps import Steps, explaining_steps, rows_capture, step_foils, step_logits, step_outcome
 from .transfer import HostCopy, Stopwatch
 from .plan import RunPlan
 from .progress import Progress
@@ -39,7 +41,7 @@ def make_methods(plan: RunPlan, lm: LoadedModel, progress: Progress) -> dict[str
             progress.message(f"--methods all: skipping {', '.join(skipped)}, not defined for the "
                              f"{lm.info['model_type']} architecture (METHODS.md section 9) or --task {lm.task.name}")
     for m in methods.values():
-        m.check_task(lm.task.name)
+        m.check_task(lm.task.explained_task)
         m.check_architecture(lm.adapter)
     return methods
 
@@ -218,6 +220,71 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
             outs, vals = zip(*(_joined(p, B, n, matrices) for p in pieces[g]))
             results[g] = {k: _added([o[k] for o in outs if k in o]) for k in outs[0]}
             values[g] = {k: _added([v[k] for v in vals]) for k in vals[0]}
+    return PendingBatch(results, values, outcome, clock, timings, device, kept_heads)
+
+
+@torch.no_grad()
+def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], steps: Steps,
+                       contrast: str | None, matrices: str, timings: Timings, probe: Probe | None = None,
+                       heads: str = "none") -> PendingBatch:
+    """Queue one batch of generations (--task generate; ``enc``: prompt + continuation, right-padded): one forward
+    pass, then every method on every step (compute/run/steps.py), each step explaining its generated token (less
+    its foil: ``contrast`` top2, column or None). The results have one row per step: scores [R, n] and layer_scores
+    [R, V, n], zero after the step's position; a class-independent method's matrices of the pass, per example
+    ([B, L, n, n] under ``matrices`` all, the prompt's last row [B, L, 1, n] under cls; a class-specific method's
+    differ per step and are not kept). ``heads``: the per-head attention of the pass, as launch_batch keeps it (cls:
+    the prompt's last row)."""
+    device = enc["input_ids"].device
+    probe = probe or Probe()
+    clock = Stopwatch(device)
+    needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
+    if heads != "none":
+        needs |= {"attentions"}
+    probe.begin("forward")
+    t0 = clock.now()
+    cap = lm.adapter.capture(enc, needs)
+    cap.passes = frozenset().union(*(m.passes for m in methods.values()))
+    logits = step_logits(cap, steps)
+    foil = step_foils(logits, steps, contrast)
+    outcome = step_outcome(logits, steps, foil)
+    clock.span("forward", t0)
+    probe.end("forward")
+    cap.output = None  # the [B, n, V] logits are not kept while the methods run
+    kept_heads = None if heads == "none" else _kept_heads(cap, heads, steps.prompt_last)
+    made: list[Captured] = []
+
+    def rows() -> Captured:  # the step rows, made for the first method that reads them, shared by the others
+        if not made:
+            made.append(explaining_steps(rows_capture(cap, steps), logits, foil))
+        return made[0]
+
+    step_mask = steps.mask(cap.mask)
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    values: dict[str, dict[str, torch.Tensor]] = {}
+    for name, m in methods.items():
+        probe.begin(name)
+        t0 = clock.now()
+        if m.class_specific and not len(steps.example):  # every example ended at once (EOS first): no step
+            V = m.n_layer_views(lm.adapter)
+            res = MethodResult(scores=cap.mask.new_zeros((0, cap.mask.shape[1]), dtype=torch.float32),
+                               layer_scores=cap.mask.new_zeros((0, V, cap.mask.shape[1]), dtype=torch.float32)
+                               if V else None,
+                               example_values={k: cap.mask.new_zeros(0, dtype=torch.float32) for k in m.example_values})
+        elif m.class_specific:
+            res = m.compute(rows(), lm.adapter, steps.target)
+        else:
+            res = m.compute_rows(cap, lm.adapter, steps, rows)
+        out = {"scores": res.scores * step_mask}
+        if res.layer_scores is not None:
+            out["layer_scores"] = res.layer_scores * step_mask[:, None]
+        if res.matrices is not None and matrices != "none" and not m.class_specific:  # the pass's, per example
+            M = res.matrices
+            out["matrices"] = M if matrices == "all" else M.gather(
+                2, steps.prompt_last.view(-1, 1, 1, 1).expand(-1, M.shape[1], 1, M.shape[3]))
+        results[name] = {k: v.detach().float() for k, v in out.items()}
+        values[name] = {k: v.detach().float() for k, v in (res.example_values or {}).items()}
+        clock.span(name, t0)
+        probe.end(name)
     return PendingBatch(results, values, outcome, clock, timings, device, kept_heads)
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 from ..data import Dataset, load_dataset
 from ..errors import AttrscopeError, UsageError
 from ..models import LoadedModel, load_model, resolve_device
-from ..options import UNKNOWN_SAMPLE
+from ..options import DEFAULT_MAX_NEW_TOKENS, UNKNOWN_SAMPLE
+from ..tasks.generate import chat_prompt
 from ..shards import ShardPlan, plan_shard, token_lengths
 from .plan import RunPlan
 from .progress import Progress
@@ -43,6 +44,11 @@ def load(plan: RunPlan, progress: Progress) -> Loaded:
         first = next(r for r in data.records if r.label < 0)
         raise AttrscopeError(f"--target label needs gold labels, but example '{first.id}' has none: use --target predicted")
     limit = max_length(cfg.max_length, lm)
+    if lm.task.name == "generate":
+        lm.task.options["max_length"] = limit  # a prompt leaves room for a token within it (Generate.prepare)
+        if cfg.chat_template:
+            data = replace(data, records=[replace(r, text=chat_prompt(lm.tokenizer, r.text, cfg.model))
+                                          for r in data.records])
     unknown = unknown_share_error(lm.tokenizer, data.records, cfg.max_unknown_share, limit)
     if unknown is not None:
         raise unknown
@@ -77,6 +83,12 @@ def unknown_share_error(tokenizer, records: list, max_share: float, max_length: 
 
 def task_options(cfg, task: str) -> dict:
     """The task's options from the run's (recorded in the store)."""
+    if task == "generate":
+        contrast = cfg.contrast or ("column" if cfg.contrast_column else None)
+        return {"max_new_tokens": None if cfg.continuation_column else cfg.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                "do_sample": cfg.do_sample, "seed": cfg.seed if cfg.do_sample else None,
+                "forced": cfg.continuation_column is not None, "chat_template": cfg.chat_template,
+                "contrast": contrast}
     return {"regression_rank": cfg.regression_rank} if task == "regression" else {}
 
 
@@ -84,7 +96,8 @@ def task_columns(cfg, lm: LoadedModel) -> dict:
     """load_dataset's task arguments: the task, its mask token, the column flags."""
     return dict(task=lm.task.name, mask_token=getattr(lm.tokenizer, "mask_token", None),
                 target_column=cfg.target_column, foil_column=cfg.foil_column,
-                word_index_column=cfg.word_index_column, answers_column=cfg.answers_column)
+                word_index_column=cfg.word_index_column, answers_column=cfg.answers_column,
+                continuation_column=cfg.continuation_column, contrast_column=cfg.contrast_column)
 
 
 def max_length(asked: int | None, lm: LoadedModel) -> int:

@@ -16,6 +16,7 @@ from store import open_store
 
 from ..errors import AttrscopeError, UsageError
 from ..methods import parse_methods
+from ..options import GENERATE_OPTIONS
 from ..outdir import check_output_dir
 from ..papers import PRESETS
 from ..shards import parse_shard, shard_output
@@ -78,6 +79,7 @@ def check_options(cfg: RunConfig) -> None:
     if cfg.heads and cfg.matrices == "none":
         raise UsageError("--heads stores the attention as --matrices says, and --matrices none keeps nothing: use "
                          "--matrices cls (the explained row) or all")
+    check_generate(cfg)
     for opt in declared_options():
         if opt.check is not None and (err := opt.check(opt.flag, getattr(cfg, opt.name))) is not None:
             raise err
@@ -86,6 +88,34 @@ def check_options(cfg: RunConfig) -> None:
         check_evidence(cfg, known_task(cfg), cfg.dataset or "")
     if cfg.preset is not None and cfg.preset not in PRESETS:
         raise UsageError(f"unknown preset '{cfg.preset}': choose from {', '.join(PRESETS)}")
+
+
+def check_generate(cfg: RunConfig) -> None:
+    """--task generate's options: only under it, and those that exclude each other."""
+    given = [o for o in declared_options() if o.name in GENERATE_OPTIONS and getattr(cfg, o.name) not in (None, False)]
+    if given and cfg.task != "generate":
+        raise UsageError(f"{given[0].flag} applies to --task generate, not {cfg.task}: drop it, or pass --task generate")
+    pairs = (("contrast", "contrast_column", "--contrast top2 contrasts with the runner-up, --contrast-column with the "
+                                             "given foils: pick one"),
+             ("continuation_column", "do_sample", "--continuation-column gives the continuation, --do-sample decodes "
+                                                  "one: pick one"),
+             ("continuation_column", "max_new_tokens", "--continuation-column gives the continuation, so its tokens "
+                                                       "are the steps: drop --max-new-tokens"))
+    for a, b, why in pairs:
+        if getattr(cfg, a) not in (None, False) and getattr(cfg, b) not in (None, False):
+            raise UsageError(why)
+    if cfg.seed is not None and not cfg.do_sample:
+        raise UsageError("--seed seeds --do-sample's draws, and greedy decoding draws none: add --do-sample, or drop "
+                         "--seed")
+    if cfg.contrast_column is not None and cfg.continuation_column is None:
+        raise UsageError("--contrast-column gives one foil per continuation token, so it needs --continuation-column "
+                         "(or use --contrast top2 with generated continuations)")
+    if cfg.task == "generate" and cfg.batch_size == "auto":
+        raise UsageError("--batch-size auto measures one-target batches, not a generation's steps: pass --batch-size N "
+                         "with --task generate")
+    if cfg.task == "generate" and cfg.target not in (None, "predicted"):
+        raise UsageError(f"--target {cfg.target} has no meaning for --task generate (each step explains its own "
+                         "token): drop it")
 
 
 def known_task(cfg: RunConfig) -> str:

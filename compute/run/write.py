@@ -23,6 +23,7 @@ from ..options import show_value
 from .batches import Tokenized
 from .config import declared_options
 from .dispatch import BatchOutput
+from .generate import token_strings
 from .load import Loaded
 from .plan import RunPlan
 from ..tasks import TaskRows
@@ -94,7 +95,8 @@ def layouts(plan: RunPlan, methods: dict[str, Method], adapter) -> list[MethodLa
     cfg, target_mode = plan.cfg, plan.target_mode
     out = []
     for name, m in methods.items():
-        mat = cfg.matrices if m.has_matrices else "none"
+        # a generation keeps the matrices of its one pass; a class-specific method's differ per step (not kept)
+        mat = cfg.matrices if m.has_matrices and not (cfg.task == "generate" and m.class_specific) else "none"
         out.append(MethodLayout(
             name=name, signed=m.signed, n_layer_views=m.n_layer_views(adapter), matrices=mat,
             n_matrix_layers=adapter.n_layers if mat != "none" else 0,
@@ -257,6 +259,45 @@ def examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matric
             task_info=_task_info(target_token, foil_token, outcome["pred"][b],
                                  None if task_rows is None else task_rows.info[i], convert_ids_to_tokens)))
     return examples
+
+
+def generation_examples(out: BatchOutput, batch: list[int], records, tok: Tokenized, matrices: str,
+                        convert_ids_to_tokens, task_rows: TaskRows) -> list[ExampleData]:
+    """A batch of generations as the store keeps them (docs/store.md "Generation stores"): per example its prompt's
+    and continuation's tokens, and per step (the batch's results have one row per step, an example's consecutive)
+    the step's scores [T, n] and layer views [T, V, n], its probabilities, output and foil; the pass's matrices and
+    heads per example."""
+    o = out.outcome
+    counts = [len(task_rows.info[i]["continuation"]) for i in batch]
+    first = np.cumsum([0] + counts)
+    probs, output, foils = np.asarray(o.probs), np.asarray(o.output), np.asarray(o.foil_token)
+    made = []
+    for b, i in enumerate(batch):
+        r, k, s, steps = records[i], int(tok.lengths[i]), int(tok.starts[i]), slice(first[b], first[b + 1])
+        per = {}
+        for name, res in out.results.items():
+            d = {"step_scores": res["scores"][steps, :k],
+                 "example_values": {key: v[steps] for key, v in out.values[name].items()}}
+            if "layer_scores" in res:
+                d["step_layer_scores"] = res["layer_scores"][steps, :, :k]
+            if "matrices" in res:  # the pass's (under --matrices cls its prompt's last row)
+                d["matrices"] = res["matrices"][b, :, :k, :k] if matrices == "all" else res["matrices"][b, :, :, :k]
+            per[name] = d
+        heads = None
+        if out.heads is not None:
+            heads = out.heads[b, :, :, :k, :k] if out.heads.ndim == 5 else out.heads[b, :, :, :k]
+        step_foils = foils[steps]
+        words = [token_strings(convert_ids_to_tokens, [int(f)])[0] if f >= 0 else None for f in step_foils]
+        P = task_rows.position[i] + 1
+        made.append(ExampleData(
+            row=r.row, id=r.id, text=r.text, pair=None, token_ids=tok.flat_ids[s:s + k],
+            tokens=tok.tokens[s:s + k] if tok.tokens is not None else convert_ids_to_tokens(tok.input_ids[i]),
+            spans=tok.flat_spans[s:s + k], segment=tok.flat_segments[s:s + k], label=-1, pred=0,
+            probs=np.array([np.nan, np.nan]), target=0, explain_pos=P - 1, n_orig_tokens=tok.n_orig[i],
+            truncated=False, results=per, heads=heads, prompt_len=P, step_probs=probs[steps, 0],
+            step_outputs=output[steps], step_foil_tokens=step_foils, step_foil_probs=probs[steps, 1],
+            task_info={"foils": words} if any(w is not None for w in words) else None))
+    return made
 
 
 def _task_info(target_token: int, foil_token: int, pred: int, data_info: dict | None, convert_ids_to_tokens) -> dict:

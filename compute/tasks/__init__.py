@@ -5,13 +5,14 @@ from __future__ import annotations
 from ..errors import AttrscopeError
 from .base import Outcome, Part, Task, TaskRows
 from .classification import Classification
+from .generate import Generate
 from .masked_token import MaskedToken
 from .next_token import NextToken
 from .qa import QuestionAnswering
 from .regression import Regression
 
 TASKS: dict[str, type[Task]] = {t.name: t for t in (Classification, Regression, MaskedToken, NextToken,
-                                                       QuestionAnswering)}
+                                                       QuestionAnswering, Generate)}
 
 
 def detect_task(config) -> str:
@@ -19,7 +20,7 @@ def detect_task(config) -> str:
     for sequence heads, the number of outputs: one output (or problem_type regression) is regression."""
     archs = list(getattr(config, "architectures", None) or [])
     found = {name for arch in archs for name, task in TASKS.items()
-             if name != "regression" and arch.endswith(task.class_suffixes)}
+             if name not in ("regression", "generate") and arch.endswith(task.class_suffixes)}
     if len(found) != 1:
         what = ", ".join(archs) if archs else "no architectures in its config"
         raise AttrscopeError(f"cannot tell the model's task from its head ({what}): pass --task "

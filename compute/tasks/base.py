@@ -77,6 +77,13 @@ class Task:
     auto_class: ClassVar[str]  # the transformers Auto class that loads the model
     class_suffixes: ClassVar[tuple[str, ...]]  # model class names it runs, by ending
     target_modes: ClassVar[tuple[str, ...]] = ("predicted", "label")  # --target values that mean something here
+    # The task each explained output is, as the adapters and the methods' task checks see it (a generation's steps
+    # are next-token outputs); None: this task itself.
+    explains_as: ClassVar[str | None] = None
+
+    @property
+    def explained_task(self) -> str:
+        return self.explains_as or self.name
 
     def __init__(self, **options):
         self.options = options  # recorded in the store (e.g. regression_rank)

@@ -69,16 +69,24 @@ class WordTargetTask(Task):
 
     def outcome(self, cap, parts, rows):
         (part,) = parts
-        logits = part.readout(cap.output, part.explain_pos).float()
-        probs = torch.softmax(logits.double(), -1)  # double: a 50k-word softmax keeps small probabilities exact
-        b = torch.arange(logits.shape[0], device=logits.device)
-        p_target = probs[b, part.target]
-        foil = part.foil if part.foil is not None else torch.full_like(part.target, -1)
-        p_foil = torch.where(foil >= 0, probs[b, foil.clamp_min(0)], torch.full_like(p_target, float("nan")))
-        zeros = np.zeros(logits.shape[0], dtype=np.int64)
-        return Outcome(pred=logits.argmax(-1),
-                       probs=torch.stack([p_target, p_foil], 1).float(), target=zeros,
-                       explain_pos=part.explain_pos,
-                       output=explained(logits, part.target, part.foil),
-                       target_token=part.target, foil_token=foil,
-                       span_end=none_like(logits), pred_end=none_like(logits))
+        return word_outcome(part.readout(cap.output, part.explain_pos).float(), part.target, part.foil,
+                            part.explain_pos)
+
+
+def word_outcome(logits: torch.Tensor, target: torch.Tensor, foil: torch.Tensor | None,
+                 explain_pos: torch.Tensor) -> Outcome:
+    """The prediction of a word at one position per row, from its logits [R, V]: the target's and the foil's
+    probabilities, the explained output (target less foil)."""
+    probs = torch.softmax(logits.double(), -1)  # double: a 50k-word softmax keeps small probabilities exact
+    b = torch.arange(logits.shape[0], device=logits.device)
+    p_target = probs[b, target]
+    foil_or_none = foil if foil is not None else torch.full_like(target, -1)
+    p_foil = torch.where(foil_or_none >= 0, probs[b, foil_or_none.clamp_min(0)],
+                         torch.full_like(p_target, float("nan")))
+    zeros = np.zeros(logits.shape[0], dtype=np.int64)
+    return Outcome(pred=logits.argmax(-1),
+                   probs=torch.stack([p_target, p_foil], 1).float(), target=zeros,
+                   explain_pos=explain_pos,
+                   output=explained(logits, target, foil),
+                   target_token=target, foil_token=foil_or_none,
+                   span_end=none_like(logits), pred_end=none_like(logits))

@@ -50,8 +50,10 @@ def scales(rows: dict[str, np.ndarray], signed: dict[str, bool], shared: bool,
 def difference(a: Scale, b: Scale) -> Scale:
     """A minus B of two normalised views, on a diverging scale of its own largest |difference|."""
     d = np.asarray(a.values, np.float64) - np.asarray(b.values, np.float64)
-    big = float(np.abs(d).max()) if d.size else 0.0
-    return Scale(np.clip(d / big, -1, 1) if big > 0 else np.zeros_like(d), -big, big, True)
+    finite = np.isfinite(d)  # a token without a value in either (a generation step's later tokens) has none
+    big = float(np.abs(d[finite]).max()) if finite.any() else 0.0
+    values = np.clip(d / big, -1, 1) if big > 0 else np.where(finite, 0.0, np.nan)
+    return Scale(values, -big, big, True)
 
 
 def aligned_blocks(tokens: list[str], rows: list[Row], width: int, mode: Mode, *, glyphs: bool, k: int,

@@ -21,6 +21,7 @@ from ..colors import DEFAULT_COLORMAP, Mode, background, glyph, sign_mark, token
 UPPER_HALF = "▀"
 CURSOR_MARK = "●"  # the cursor's cell when a line draws one row: on the cell's own colour, or reversed without colour
 CURSOR_STYLE = Style(reverse=True, bold=True)
+NO_VALUE_MARK = "·"  # a cell without a value, drawn without colour
 
 
 def block_factor(n: int, room: int) -> int:
@@ -43,6 +44,17 @@ def block_mean(m: np.ndarray, fr: int, fc: int) -> tuple[np.ndarray, np.ndarray]
     return sums / np.maximum(counts, 1), counts
 
 
+def block_nanmean(m: np.ndarray, fr: int, fc: int) -> np.ndarray:
+    """Block means of ``m`` over its finite entries only; NaN for a block without any (a generation heatmap's cells
+    after each step's target, which carry no attribution, stay blank instead of averaging in as 0)."""
+    m = np.asarray(m, dtype=np.float64)
+    finite = np.isfinite(m)
+    means, counts = block_mean(np.where(finite, m, 0.0), fr, fc)
+    share, _ = block_mean(finite.astype(np.float64), fr, fc)  # the finite fraction of each block
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(share > 0, means / share, np.nan)
+
+
 def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] | None = None,
                      cell_width: int = 1, signed: bool = True, cmap: str = DEFAULT_COLORMAP) -> list[Text]:
     """Lines drawing normalised ``values`` [R, C] (in [-1, 1] or [0, 1]): two rows per line in colour modes, one
@@ -56,6 +68,12 @@ def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] 
             t = Text(no_wrap=True, overflow="crop")
             for c in range(C):
                 x = v[r, c]
+                if not np.isfinite(x):  # no value (block_nanmean): a dim dot, apart from the blank of the lowest fifth
+                    if cursor == (r, c):
+                        t.append(CURSOR_MARK.center(cell_width), CURSOR_STYLE)
+                    else:
+                        t.append(NO_VALUE_MARK.center(cell_width), Style(dim=True))
+                    continue
                 if cell_width == 1:
                     ch = sign_mark(x) if x < 0 else glyph(x)  # a negative cell shows its sign, not its size
                 else:
@@ -72,12 +90,16 @@ def half_block_lines(values: np.ndarray, mode: Mode, *, cursor: tuple[int, int] 
             top = background(v[r0, c], mode, cmap)
             bottom = background(v[r0 + 1, c], mode, cmap) if r0 + 1 < R else None
             style = Style(color=top, bgcolor=bottom)
+            glyph_ = UPPER_HALF
+            if top is None:  # no upper value: its half blank, the lower one drawn as the background
+                glyph_ = " "
             if cursor is not None and cursor[1] == c and cursor[0] in (r0, r0 + 1):
                 # the cursor's half becomes a bright marker so the cell stays visible on any colour
                 mark = "black" if cmap == "light" else "white"  # the colour farthest from the map's zero
                 style = Style(color=mark if cursor[0] == r0 else top, bgcolor=mark if cursor[0] != r0 else bottom,
                               bold=True)
-            t.append(UPPER_HALF * cell_width, style)
+                glyph_ = UPPER_HALF
+            t.append(glyph_ * cell_width, style)
         lines.append(t)
     return lines
 

@@ -114,6 +114,8 @@ def task_lines(task: dict, probs, tokens: list[str], gold_span: tuple[int, int] 
         if task.get("answer"):
             answer.append(" " + printable(task["answer"]))
         return [explained, answer]
+    if name == "generate":  # the step the views show (LoadedExample.at_step)
+        return generation_lines(task, len(tokens))
     # a task of a newer format: its name and output
     line = Text()
     line.append(f"{printable(name)} output ", DIM)
@@ -121,10 +123,34 @@ def task_lines(task: dict, probs, tokens: list[str], gold_span: tuple[int, int] 
     return [line]
 
 
+def generation_lines(task: dict, n: int) -> list[Text]:
+    """A generation example at one step: the step, its target token with its probability and the foil (with
+    --contrast); then the explained output and the prompt's and the continuation's lengths."""
+    step = Text(no_wrap=True, overflow="ellipsis")
+    more = Text(no_wrap=True, overflow="ellipsis")
+    T, P = task.get("n_steps", 0), task.get("prompt_len", n)
+    if task.get("step", -1) < 0:
+        step.append("no generated tokens (EOS first)", DIM)
+        more.append(f"prompt {n} tokens", DIM)
+        return [step, more]
+    step.append(f"<step {task['step'] + 1}/{T}> ", DIM)  # < and > move it
+    step.append(f"▸{printable(task['target_word'])}", BOLD)
+    step.append(f" p {_number(task['prob'])}")
+    foil = task["foil_token"] >= 0
+    if foil:
+        step.append(" vs ", DIM)
+        step.append(_word(task["foil_word"], task["foil_token"]), BOLD)
+        step.append(f" {_number(task['foil_prob'])}")
+    more.append("logit diff. " if foil else "logit ", DIM)
+    more.append(_signed(task["output"]) if foil else _number(task["output"]))
+    more.append(f"  prompt {P} + {T} generated", DIM)
+    return [step, more]
+
+
 # ---------------------------------------------------------------------------------------------- the example list
 #: The example list's two value columns per task (classification: label and prediction, by the list itself).
 LIST_HEADS = {"masked-token": ("output", "p(tgt)"), "next-token": ("output", "p(tgt)"),
-              "regression": ("gold", "value"), "qa": ("span", "pred")}
+              "regression": ("gold", "value"), "qa": ("span", "pred"), "generate": ("prompt", "steps")}
 OTHER_TASK_HEADS = ("output", "")  # a task of a newer format
 
 
@@ -143,6 +169,8 @@ def list_cells(task: str, rows) -> tuple[list[str], list[str], list[bool | None]
     if task == "regression":
         return ([_number(float(v), 3) for v in rows["gold_value"]], [_number(float(v), 3) for v in rows["output"]],
                 [None] * n)
+    if task == "generate":  # the prompt's tokens and the generated ones
+        return ([str(int(v)) for v in rows["prompt_len"]], [str(int(v)) for v in rows["n_steps"]], [None] * n)
     if task == "qa":
         return ([_span((int(a), int(b))) for a, b in zip(rows["explain_pos"], rows["span_end"])],
                 [_span((int(a), int(b))) for a, b in zip(rows["pred"], rows["pred_end"])], [None] * n)

@@ -20,6 +20,7 @@ from ..colors import DEFAULT_COLORMAP, GLYPHS, Mode, Scale, clip_mark, format_sc
 
 JOIN_MARK = "·"  # drawn between a WordPiece "##" continuation and the piece before it
 _JOIN_STYLE = Style(dim=True)
+_NO_VALUE = Style(dim=True)  # a token without an attribution in the shown view
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,18 @@ def token_cells(tokens: list[str], scale: Scale, mode: Mode, *, glyphs: bool, to
     """One cell per token, styled by its normalised score. With ``glyphs`` every token is prefixed by its sign
     mark (signed methods) and its magnitude glyph, which is how NO_COLOR output keeps sign and size. The explained
     token carries :data:`EXPLAINED_MARK`; ``explained_end`` (a qa span's end) :data:`SPAN_END_MARK` after it; a
-    token beyond the scale (drawn at its end) its clip mark (palette.CLIP_MARKS)."""
+    token beyond the scale (drawn at its end) its clip mark (palette.CLIP_MARKS). A token without a value (NaN: a
+    generation step's tokens from its target on, palette.cut_after) is drawn without colour and glyph, dim (the
+    explained one bold)."""
     cells = []
     for i, tok in enumerate(tokens):
         v = float(scale.values[i]) if i < len(scale.values) else 0.0
         joined = i > 0 and tok.startswith("##") and len(tok) > 2
         shown = printable(tok[2:] if joined else tok)
+        if not np.isfinite(v):
+            shown = (EXPLAINED_MARK if i == explained else "") + shown
+            cells.append(TokenCell(shown, Style(bold=True) if i == explained else _NO_VALUE, joined))
+            continue
         if glyphs:
             shown = (sign_mark(v) if scale.signed else "") + glyph(v) + shown
         if i == explained:

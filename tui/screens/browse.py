@@ -45,6 +45,11 @@ class BrowseScreen(Screen[None]):
     BINDINGS = [
         Binding("left_square_bracket", "layer(-1)", "previous layer", id="layer.previous", group=_LAYERS),
         Binding("right_square_bracket", "layer(1)", "next layer", id="layer.next", group=_LAYERS),
+        # a generation store's step cursor (the generated token explained) and its target x source heatmap: in help
+        # and the example's step line ("<step 2/6>"), as 80 columns of footer are full
+        Binding("less_than_sign", "step(-1)", "previous step", id="step.previous", show=False),
+        Binding("greater_than_sign", "step(1)", "next step", id="step.next", show=False),
+        Binding("v", "generation", "heatmap", id="generation", show=False),  # in help: 80 columns are full
         Binding("m", "method(1)", "method", id="method.next"),
         Binding("M", "method(-1)", "previous method", id="method.previous", show=False),
         Binding("g", "toggle_glyphs", "glyphs", id="glyphs", show=False),
@@ -114,14 +119,14 @@ class BrowseScreen(Screen[None]):
     def draw(self) -> None:
         """Draw the current example in the current method, layer and normalisation (when it is read)."""
         app = self.app
-        ex = app.cache.get(app.current) if app.current is not None else None
+        ex = app.example(app.current)
         info = app.method
         if ex is None or info is None:
             return
         if app.layer is not None and app.layer >= info.n_layer_views:
             app.layer = None
         scores = ex.view(info.name, app.layer)
-        scale = self.scale(ex, info, scores)
+        scale = ex.cut(self.scale(ex, info, scores))
         k = default_k(len(ex.tokens))
         top = top_k(scores, info.signed, k, ex.explain_pos)
         mono = app.color_mode == "mono"
@@ -130,12 +135,15 @@ class BrowseScreen(Screen[None]):
         metrics = (MetricLine(app.metrics.of(info.name), ex.index, info.name, ex.metric_values)
                    if app.metrics.names else None)
         views = ex.layer_scores.get(info.name) if app.show_strip else None
+        final = ex.scores[info.name]
+        if ex.upto >= 0 and views is not None:  # a generation step: its sources, the tokens before its target
+            views, final = (views[:, :ex.upto], final[:ex.upto]) if ex.upto else (None, final)
         strip = views is not None and len(views) > 0
         self.query_one(MethodBar).show(info, app.method_index, len(app.meta.methods), app.layer,
                                        ex.values.get(info.name), metrics, ladder=not strip)
         cells = token_cells(ex.tokens, scale, app.color_mode, glyphs=app.glyphs, top=top, explained=ex.explain_pos,
                             explained_end=ex.explained_end, cmap=app.colormap)
-        self.query_one(LayerStrip).show(views, ex.scores[info.name], app.layer, info.signed, app.color_mode,
+        self.query_one(LayerStrip).show(views, final, app.layer, info.signed, app.color_mode,
                                         rows=self._strip_rows(TokenLayout(cells)), cmap=app.colormap)
         scope = {"view": "", "example": "per example, ", "global": "global, "}[app.norm]
         if app.norm == "global" and info.name not in app.global_scales:
@@ -194,6 +202,8 @@ class BrowseScreen(Screen[None]):
             return True if info is not None and info.n_layer_views else None
         if action == "method":
             return True if app.meta is not None and len(app.meta.methods) > 1 else None
+        if action in ("step", "generation"):  # a generation store's keys: absent elsewhere
+            return app.meta is not None and app.meta.generation
         return True
 
     def action_layer(self, step: int) -> None:
@@ -209,6 +219,16 @@ class BrowseScreen(Screen[None]):
 
     def action_method(self, step: int) -> None:
         self.app.set_method(self.app.method_index + step)
+
+    def action_generation(self) -> None:
+        """v: the target x source heatmap of the current example's whole generation."""
+        self.app.action_generation()
+
+    def action_step(self, step: int) -> None:
+        """< / >: the step cursor to the previous / next generated token (a generation store)."""
+        ex = self.app.example(self.app.current)
+        if ex is not None and ex.steps is not None:
+            self.app.set_step(ex.step + step)
 
     def action_toggle_glyphs(self) -> None:
         app = self.app
@@ -226,7 +246,7 @@ class BrowseScreen(Screen[None]):
     def action_scale_tokens(self) -> None:
         """t: the colour scale set by the content tokens (special and explained ones left out) or by all tokens."""
         app = self.app
-        ex = app.cache.get(app.current) if app.current is not None else None
+        ex = app.example(app.current)
         if app.method is None or ex is None:
             return
         now = app.scale_tokens_of(app.method.name, ex)
@@ -248,7 +268,7 @@ class BrowseScreen(Screen[None]):
     def action_token(self, step: int) -> None:
         """. / ,: the token cursor to the next / previous token (from none: the first / the last)."""
         app = self.app
-        ex = app.cache.get(app.current) if app.current is not None else None
+        ex = app.example(app.current)
         if ex is None or not ex.tokens:
             return
         if app.token is None:

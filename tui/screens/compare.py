@@ -52,6 +52,9 @@ class CompareScreen(ModalScreen[None]):
         Binding("a", "choose", "methods", id="compare.choose"),
         Binding("e", "export", "export", id="compare.export"),
         Binding("escape,c,q", "close", "close", id="compare.close"),
+        # a generation store's step cursor, as on the browse screen (its step is in the header line)
+        Binding("less_than_sign", "step(-1)", "previous step", id="compare.step.previous", show=False),
+        Binding("greater_than_sign", "step(1)", "next step", id="compare.step.next", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -85,7 +88,7 @@ class CompareScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- data
     def _show(self) -> None:
-        cached = self.app.cache.get(self.index)
+        cached = self.app.example(self.index)
         if cached is not None:
             self.example = cached
             self._draw()
@@ -108,7 +111,7 @@ class CompareScreen(ModalScreen[None]):
     def _loaded(self, ex: LoadedExample) -> None:
         self.app.cache.put(ex.index, ex)
         if ex.index == self.index:
-            self.example = ex
+            self.example = ex.at_step(self.app.step)
             self._draw()
 
     # ---------------------------------------------------------------- drawing
@@ -125,10 +128,11 @@ class CompareScreen(ModalScreen[None]):
         ex, app = self.example, self.app
         if ex is None:
             return
+        ex = ex.at_step(app.step)  # a generation store's: the step cursor's token, as on the browse screen
         methods = [m for m in self.methods if m in ex.scores]
         signed = self._signed()
         raw = {m: ex.scores[m] for m in methods}
-        sc = scales(raw, signed, self.shared, app.scale_keep(ex, methods))
+        sc = {m: ex.cut(v) for m, v in scales(raw, signed, self.shared, app.scale_keep(ex, methods)).items()}
         k = self.top
         first = raw[methods[0]]
         table = Table(box=None, pad_edge=False, padding=(0, 1), header_style=Style(bold=True))
@@ -149,8 +153,11 @@ class CompareScreen(ModalScreen[None]):
             table.add_row(Text(m), _fmt(rho), _fmt(ov), ends, *values)
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(printable(ex.id), Style(bold=True))
-        head.append(f"  {ex.index + 1}/{app.example_list.store_rows}  {len(ex.tokens)} tokens  "
-                    f"{'shared scale' if self.shared else 'scale per method'}", _DIM)
+        head.append(f"  {ex.index + 1}/{app.example_list.store_rows}  {len(ex.tokens)} tokens  ", _DIM)
+        if ex.step >= 0:  # a generation store: the step shown
+            head.append(f"<step {ex.step + 1}/{ex.steps.n}> ", _DIM)
+            head.append(f"▸{printable(ex.tokens[ex.explain_pos])}  ", Style(bold=True))
+        head.append(f"{'shared scale' if self.shared else 'scale per method'}", _DIM)
         # the rows' own width, less their padding and a vertical scrollbar (always counted: a long example has one,
         # and a block that filled the line to its last cell would wrap its end onto a line without a method label)
         pane = self.query_one("#compare-rows")
@@ -180,6 +187,15 @@ class CompareScreen(ModalScreen[None]):
         self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
         lst.move_to_row(self.index)  # the browse screen follows
         self._show()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "step":  # a generation store's key: absent elsewhere
+            return self.app.meta is not None and self.app.meta.generation
+        return True
+
+    def action_step(self, step: int) -> None:
+        if self.example is not None and self.example.steps is not None:
+            self.app.set_step(self.example.at_step(self.app.step).step + step)  # redraws this screen too
 
     def action_toggle_shared(self) -> None:
         self.shared = not self.shared
@@ -227,7 +243,7 @@ class CompareScreen(ModalScreen[None]):
 
     def action_export(self) -> None:
         if self.example is not None:
-            self.app.export_figure(self.example, self.methods, shared=self.shared)
+            self.app.export_figure(self.example.at_step(self.app.step), self.methods, shared=self.shared)
 
     def action_close(self) -> None:
         self.dismiss(None)

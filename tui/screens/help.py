@@ -30,11 +30,15 @@ _H = Style(bold=True, underline=True)
 _K = Style(bold=True)
 
 
-def help_text(mode: Mode, cmap: str = DEFAULT_COLORMAP) -> Text:
-    """The help page (at most 74 cells wide, about 20 lines, so that it fits 80x24)."""
+GENERATION_KEYS = ("<  >", "step: the generated token", "v", "target × source heatmap")  # a generation store's
+
+
+def help_text(mode: Mode, cmap: str = DEFAULT_COLORMAP, generation: bool = False) -> Text:
+    """The help page (at most 74 cells wide, about 20 lines, so that it fits 80x24); a generation store's step keys
+    after the others."""
     t = Text()
     t.append("Keys\n", _H)
-    for k1, w1, k2, w2 in KEYS:
+    for k1, w1, k2, w2 in KEYS + ((GENERATION_KEYS,) if generation else ()):
         t.append(f"  {k1:<10}", _K)
         t.append(f"{w1:<28}")
         t.append(f"{k2:<11}", _K)
@@ -82,14 +86,15 @@ class HelpScreen(ModalScreen[None]):
     }
     """
 
-    def __init__(self, mode: Mode, cmap: str = DEFAULT_COLORMAP):
+    def __init__(self, mode: Mode, cmap: str = DEFAULT_COLORMAP, generation: bool = False):
         super().__init__()
         self.mode = mode
         self.cmap = cmap
+        self.generation = generation
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(help_text(self.mode, self.cmap), id="help-text")
+            yield Static(help_text(self.mode, self.cmap, self.generation), id="help-text")
 
     def action_dismiss(self) -> None:
         self.dismiss(None)

@@ -153,7 +153,7 @@ class MatrixScreen(ModalScreen[None]):
 
     def _draw(self) -> None:
         app = self.app
-        ex = app.cache.get(self.index)
+        ex = app.example(self.index)
         m = self.matrices
         info = self.query_one("#matrix-info")
         if self.loaded_key != (self.index, self.method):

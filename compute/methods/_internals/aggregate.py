@@ -31,11 +31,20 @@ def add_identity_row_normalise(M: torch.Tensor) -> torch.Tensor:
 def rows_of_products(mats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Row ``pos`` of every prefix product: out[:, l] = e_pos^T M^{l+1} M^l ... M^1, for l = 0..L-1.
 
-    mats: [L, B, n, n] (or a list of L [B, n, n]; layer 1 first); pos: [B]. Returns [B, L, n].
+    mats: [L, B, n, n] (or a list of L [B, n, n]; layer 1 first); pos: [B]. Returns [B, L, n]. With pos [B, S] (the
+    rows of several positions of each example: a generation's steps) [B, S, L, n].
     Only vector-matrix products (O(L^2 n^2)), never the full n x n products: one batched product per layer.
     """
     L = len(mats)
     B, n, _ = mats[0].shape
+    if pos.dim() == 2:
+        S = pos.shape[1]
+        V = torch.zeros(B, S, L, n, dtype=mats[0].dtype, device=mats[0].device)
+        b = torch.arange(B, device=V.device)[:, None]
+        V[b, torch.arange(S, device=V.device)[None], :, pos] = 1.0
+        for k in range(L - 1, -1, -1):  # the S rows of an example share its matrices: one product per layer
+            V[:, :, k:] = torch.bmm(V[:, :, k:].reshape(B, S * (L - k), n), mats[k]).view(B, S, L - k, n)
+        return V
     V = torch.zeros(B, L, n, dtype=mats[0].dtype, device=mats[0].device)
     V[torch.arange(B, device=V.device), :, pos] = 1.0
     # Apply M^k from the top down to every prefix that contains it (rows l >= k).
@@ -53,8 +62,11 @@ def row_at(M: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 def rows_at(M: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Row ``pos[b]`` of every layer's matrix of a layer-stacked [L, B, n, n]: [B, L, n]."""
-    return M[:, torch.arange(M.shape[1], device=M.device), pos].transpose(0, 1)
+    """Row ``pos[b]`` of every layer's matrix of a layer-stacked [L, B, n, n]: [B, L, n] (pos [B, S]: [B, S, L, n])."""
+    b = torch.arange(M.shape[1], device=M.device)
+    if pos.dim() == 2:
+        return M[:, b[:, None], pos].permute(1, 2, 0, 3)
+    return M[:, b, pos].transpose(0, 1)
 
 
 def prod_rows_normalised(mats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -63,7 +75,7 @@ def prod_rows_normalised(mats: torch.Tensor, pos: torch.Tensor, mask: torch.Tens
 
     Unnormalised norm matrices multiply into numbers that overflow float32 on long inputs and deep models, so each
     layer's matrix is first divided by its mean row sum (one positive scalar per example and layer). A scalar leaves
-    the normalised views unchanged. Returns [B, L, n]."""
+    the normalised views unchanged. Returns [B, L, n] (pos [B, S]: [B, S, L, n])."""
     mats = torch.stack(list(mats)) if isinstance(mats, (list, tuple)) else mats
     n_valid = mask.sum(-1).to(mats.dtype).clamp_min(1)[:, None, None]
     tiny = torch.finfo(mats.dtype).tiny

@@ -148,6 +148,15 @@ class Method:
         """``target`` [B]: class explained for each example (ignored by class-independent methods)."""
         raise NotImplementedError
 
+    def compute_rows(self, cap: Captured, adapter: Adapter, steps, rows) -> MethodResult:
+        """A class-independent method's results for the steps of a batch of generations (compute/run/steps.py): one
+        row per step (scores [R, n], layer_scores [R, V, n]) and its matrices of the pass ([B, L, n, n], or None).
+        ``cap`` is the one pass over the B sequences, ``steps.grid`` [B, S] the positions explained, ``rows()`` the
+        step rows' capture (made once per batch). By default the method runs on the step rows; a method whose
+        result is a row of per-pass matrices overrides this to read every step's row off the one pass."""
+        res = self.compute(rows(), adapter, None)
+        return MethodResult(scores=res.scores, layer_scores=res.layer_scores, example_values=res.example_values)
+
     def compute_classes(self, cap: Captured, adapter: Adapter, num_classes: int) -> torch.Tensor:
         """Scores for every class [B, C, n] (``--target all``). Methods with a cheaper joint form override this."""
         return torch.stack([self.compute(cap, adapter, class_target(cap, c)).scores for c in range(num_classes)], dim=1)

@@ -65,6 +65,14 @@ class LayerwiseProduct(Method):
             views = prod_rows_normalised(mats, cap.explain_pos, cap.mask)
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=mats.transpose(0, 1))
 
+    def compute_rows(self, cap, adapter, steps, rows):
+        """Every step's row of the one pass's products (a causal model's row e of M^l depends on tokens up to e)."""
+        self.check_architecture(adapter)
+        mats = self.layer_matrices(cap, adapter)
+        views = steps.rows(rows_of_products(mats, steps.grid) if self.row_stochastic
+                           else prod_rows_normalised(mats, steps.grid, cap.mask))
+        return MethodResult(scores=views[:, -1], layer_scores=views, matrices=mats.transpose(0, 1))
+
 
 def row_normalise(M: torch.Tensor) -> torch.Tensor:
     return M / M.sum(-1, keepdim=True).clamp_min(torch.finfo(M.dtype).tiny)

@@ -1,0 +1,141 @@
+"""--task generate, step by step (compute/run/steps.py): for every method, step t of a batch of generations equals a
+next-token explanation of the prefix (prompt + the first t generated tokens) with the generated token as target,
+to 1e-5 of the scale, on tiny random Llama and GPT-2 models in float64 and 12 prompts; also contrasted with each
+step's runner-up (top2) and with given foils."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compute.adapters import adapter_for
+from compute.errors import AttrscopeError
+from compute.methods import REGISTRY, get_method
+from compute.models import LoadedModel
+from compute.run.dispatch import Timings, launch_steps_batch, run_batch
+from compute.run.steps import Steps
+from compute.tasks import TaskRows, get_task
+from conftest import MASK_ID, tiny_task_model
+
+# 12 prompts: their lengths and how many tokens each generated (0: EOS came first)
+PROMPTS = [3, 7, 1, 5, 9, 4, 6, 2, 8, 5, 3, 10]
+STEPS = [4, 2, 3, 0, 1, 4, 3, 2, 1, 3, 4, 2]
+PARAMS = {"ig_l2": {"steps": 4}, "ig_mean": {"steps": 4}}
+
+
+def loaded(arch: str) -> LoadedModel:
+    model = tiny_task_model(arch, "next-token", seed=3)
+    ad = adapter_for(model, "next-token")
+    ad.mask_token_id = MASK_ID
+    return LoadedModel(model=model, tokenizer=None, adapter=ad, task=get_task("next-token"),
+                       info={"model_type": arch})
+
+
+def every_method(adapter) -> list[str]:
+    out = []
+    for name in REGISTRY:
+        m = get_method(name, **PARAMS.get(name, {}))
+        try:
+            m.check_task("next-token")
+            m.check_architecture(adapter)
+        except AttrscopeError:
+            continue
+        out.append(name)
+    return out
+
+
+def generations(seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(5, 120, (p,), generator=g).tolist() for p in PROMPTS]
+    made = [torch.randint(5, 120, (t,), generator=g).tolist() for t in STEPS]
+    foils = [torch.randint(5, 120, (t,), generator=g).tolist() for t in STEPS]
+    return prompts, made, foils
+
+
+def padded(seqs: list[list[int]]) -> dict:
+    n = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), n, dtype=torch.long)
+    mask = torch.zeros(len(seqs), n, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.as_tensor(s)
+        mask[b, :len(s)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def prefixes_run(lm, names, prompts, made, foils):
+    """The reference: every step's prefix as one example of a next-token batch, its generated token the target."""
+    seqs, rows = [], TaskRows.plain([])
+    for p, gen, foil in zip(prompts, made, foils):
+        for t, tok in enumerate(gen):
+            seqs.append(p + gen[:t])
+            rows = TaskRows(**{k: getattr(rows, k) + getattr(TaskRows.plain([-1]), k) for k in
+                               TaskRows.__dataclass_fields__})
+            rows.position[-1], rows.target_token[-1] = len(seqs[-1]) - 1, tok
+            rows.foil_token[-1] = -1 if foil is None else foil[t]
+    methods = {n: get_method(n, **PARAMS.get(n, {})) for n in names}
+    return seqs, run_batch(lm, methods, padded(seqs), rows, "label", 2, "cls", Timings())
+
+
+def steps_run(lm, names, prompts, made, foils, contrast):
+    methods = {n: get_method(n, **PARAMS.get(n, {})) for n in names}
+    steps = Steps.of([len(p) for p in prompts], made, foils, torch.device("cpu"))
+    enc = padded([p + g for p, g in zip(prompts, made)])
+    return steps, launch_steps_batch(lm, methods, enc, steps, contrast, "cls", Timings()).result()
+
+
+def assert_steps_equal_prefixes(names, ref, got, seqs):
+    assert got.outcome.explain_pos.tolist() == ref.outcome.explain_pos.tolist()
+    for key in ("target_token", "foil_token", "pred"):
+        assert np.asarray(got.outcome.__dict__[key]).tolist() == np.asarray(ref.outcome.__dict__[key]).tolist(), key
+    np.testing.assert_allclose(got.outcome.output, ref.outcome.output, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got.outcome.probs, ref.outcome.probs, rtol=1e-5, atol=1e-9)
+    for name in names:
+        for key, want in ref.results[name].items():
+            have = got.results[name][key]
+            for r, s in enumerate(seqs):
+                k = len(s)
+                w, h = want[r][..., :k], have[r]
+                scale = max(float(np.abs(w).max()), 1e-30)
+                assert (h[..., k:] == 0).all(), (name, key, r)  # nothing after the step's position
+                np.testing.assert_allclose(h[..., :k], w, rtol=0, atol=1e-5 * scale, err_msg=f"{name} {key} step row {r}")
+        for key, want in ref.values[name].items():
+            np.testing.assert_allclose(got.values[name][key], want, rtol=1e-5, atol=1e-7, err_msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_every_step_equals_the_next_token_run_on_its_prefix(arch):
+    lm = loaded(arch)
+    names = every_method(lm.adapter)
+    assert len(names) >= 20, names
+    prompts, made, _ = generations()
+    seqs, ref = prefixes_run(lm, names, prompts, made, [None] * len(made))
+    steps, got = steps_run(lm, names, prompts, made, None, None)
+    assert steps.counts == STEPS and len(seqs) == sum(STEPS)
+    assert (np.asarray(got.outcome.foil_token) == -1).all()
+    assert_steps_equal_prefixes(names, ref, got, seqs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("contrast", ["top2", "column"])
+def test_contrasted_steps_equal_the_foil_runs_on_their_prefixes(arch, contrast):
+    """--contrast top2: each step against its runner-up (the most probable other token, read off the step's
+    logits); --contrast-column: against the given foils; both equal the next-token run with that foil."""
+    lm = loaded(arch)
+    names = every_method(lm.adapter)
+    prompts, made, foils = generations()
+    steps, got = steps_run(lm, names, prompts, made, foils if contrast == "column" else None, contrast)
+    per_step = np.asarray(got.outcome.foil_token)
+    if contrast == "top2":  # the runner-up: the argmax of the step's logits without the generated token
+        seqs = [p + g[:t] for p, g in zip(prompts, made) for t in range(len(g))]
+        with torch.no_grad():
+            logits = lm.model(**padded(seqs)).logits
+        at = logits[torch.arange(len(seqs)), torch.as_tensor([len(s) - 1 for s in seqs])]
+        at[torch.arange(len(seqs)), steps.target] = float("-inf")
+        assert per_step.tolist() == at.argmax(-1).tolist()
+    else:
+        assert per_step.tolist() == [f for row in foils for f in row]
+    it = iter(per_step.tolist())
+    step_foils = [[next(it) for _ in g] for g in made]
+    seqs, ref = prefixes_run(lm, names, prompts, made, step_foils)
+    assert_steps_equal_prefixes(names, ref, got, seqs)
