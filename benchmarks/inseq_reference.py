@@ -27,8 +27,8 @@ generate, stopping at the tokenizer's EOS, [SEP], which the checkpoint's config 
 the attributed function being the target token's logit (`attributed_fn="logit"`; inseq's default is the
 probability, attrscope explains the logit), for saliency, input_x_gradient and integrated_gradients (50 steps,
 Gauss-Legendre: captum's default, as attrscope's). Each gives per step t the raw attribution of every earlier
-token, [positions, steps, hidden]; the fixture keeps its L2 norm and its sum over the hidden dimension (the
-aggregations of attrscope's *_l2 and *_mean methods; gxi_mean is the mean, the test divides), and writes
+token, [positions, steps, hidden]; the fixture keeps its L2 norm, its sum and the sum of its absolute values over the
+hidden dimension (the latter the aggregation of attrscope's *_mean methods, a mean |.|: the test divides), and writes
 tests/fixtures/inseq/inseq_generate.json with the versions and this command line.
 """
 
@@ -162,7 +162,8 @@ def main(argv=None) -> None:
                 steps = []
                 for t in range(len(cont)):  # step t explains token n0 + t from the n0 + t tokens before it
                     a = attr[:n0 + t, t]
-                    steps.append({"l2": torch.linalg.vector_norm(a, dim=-1).tolist(), "sum": a.sum(-1).tolist()})
+                    steps.append({"l2": torch.linalg.vector_norm(a, dim=-1).tolist(), "sum": a.sum(-1).tolist(),
+                                  "abs_sum": a.abs().sum(-1).tolist()})
                 entry["methods"][method].append(steps)
         doc["models"][family] = entry
         print(f"{family}: {len(PROMPTS)} prompts x {MAX_NEW} steps x {len(METHODS)} methods", flush=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, wide
+from ._internals.gradients import GRADIENT_INPUT, GradientMethod, wide
 
 
 class GradL2(GradientMethod):
     name = "grad_l2"
     description = "L2 norm of the gradient of the target output at each token's embedding, normalised to sum 1"
     reference = "Simonyan et al. (2014) saliency; Ferrando et al. (2022) baselines; METHODS.md 2.4"
+    run_options = (GRADIENT_INPUT,)
 
     def from_grads(self, gp, grads, cap):
         a = torch.linalg.vector_norm(wide(grads["X"]), dim=-1) * cap.mask

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, wide
+from ._internals.gradients import GRADIENT_INPUT, GradientMethod, wide
 
 
 class GxIL2(GradientMethod):
     name = "gxi_l2"
     description = "L2 norm of gradient x input at each token's embedding (embedding-module output)"
     reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
+    run_options = (GRADIENT_INPUT,)
 
     def from_grads(self, gp, grads, cap):
         a = torch.linalg.vector_norm(wide(gp.X) * wide(grads["X"]), dim=-1)

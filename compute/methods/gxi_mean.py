@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, wide
+from ._internals.gradients import GRADIENT_INPUT, GradientMethod, wide
 
 
 class GxIMean(GradientMethod):
     name = "gxi_mean"
     description = "mean absolute gradient x input over the hidden dimensions of each token's embedding"
     reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
+    run_options = (GRADIENT_INPUT,)
 
     def from_grads(self, gp, grads, cap):
         a = (wide(gp.X) * wide(grads["X"])).abs().mean(dim=-1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..options import Option, at_least
-from ._internals.gradients import IntegratedGradientsMethod
+from ._internals.gradients import GRADIENT_INPUT, IntegratedGradientsMethod
 
 
 class IGL2(IntegratedGradientsMethod):
@@ -20,6 +20,7 @@ class IGL2(IntegratedGradientsMethod):
                help="Integrated gradients: quadrature rule [default: gausslegendre]."),
         Option("ig_baseline", choices=("mask", "zero"), param="baseline", passed="given", resume=True,
                help="Integrated gradients: [MASK]-sequence or zero baseline [default: mask, or the preset's]."),
+        GRADIENT_INPUT,
         Option("ig_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True, check=at_least(1),
                help="Integrated gradients: memory for the (example, step) rows of one forward/backward "
                     "[default: 1024 on the CPU, 1/8 of the GPU's memory on a GPU]."),

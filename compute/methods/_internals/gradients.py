@@ -1,11 +1,13 @@
 """Gradients of the explained output, shared by the gradient methods of one batch (METHODS.md 1.3, 2.4, 4, 14.4).
 
 The explained function F maps X, the embedding-module output [B, n, d] (word + position + type embeddings after the
-embedding LayerNorm), to one output per example: the pre-softmax logit of the target class (default) or its softmax
+embedding LayerNorm; ``gradient_input="token-embedding"``: the token embeddings alone, inseq's and Captum's input), to
+one output per example: the pre-softmax logit of the target class (default) or its softmax
 probability (ALTI's Captum wrapper). X enters the real model through a forward hook that replaces the embedding
 module's output, so position and type embeddings and the embedding LayerNorm are applied exactly once. With
 ``double_embedding`` (the reference code's quirk, METHODS.md 14.4) X is fed to ``inputs_embeds`` instead and the
-model adds them a second time.
+model adds them a second time. The token embeddings replace the token-embedding module's output instead (what
+``inputs_embeds`` does), and the model adds positions and types once.
 
 One forward pass (with grad) per batch and spec; one backward per target: the selected outputs of all examples are
 summed, and since examples never interact, each example's gradient is its own.
@@ -22,6 +24,7 @@ import torch
 from ... import interrupts
 from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
+from ...options import Option
 from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
 from .attnlrp_rules import attnlrp_rules
@@ -45,6 +48,9 @@ class Explained:
     rules: str = "gradient"
     # "chefer_decoder" only: Mask-LRP's head mask M [L][H] on the relevance leaving A.V (None: all heads kept)
     head_mask: tuple | None = None
+    # X: "embedding-output" (the embedding module's output) | "token-embedding" (get_input_embeddings()(ids), fed as
+    # inputs_embeds: inseq's and Captum's input; the same on a model whose embedding module is the token embedding)
+    gradient_input: str = "embedding-output"
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -53,9 +59,26 @@ def wide(t: torch.Tensor) -> torch.Tensor:
 
 
 def spec_from(params: dict) -> Explained:
+    if params.get("double_embedding") and params.get("gradient_input") == "token-embedding":
+        raise AttrscopeError("--gradient-input token-embedding feeds the token embeddings as inputs_embeds, where the "
+                             "preset's double-embedding quirk feeds the embedding output: drop one")
     return Explained(output=params.get("output", "logit"), double_embedding=bool(params.get("double_embedding")),
                      mask_specials=bool(params.get("mask_specials")), mask_sep=bool(params.get("mask_sep")),
-                     dtype=params.get("dtype", "model"), rules=params.get("rules", "gradient"))
+                     dtype=params.get("dtype", "model"), rules=params.get("rules", "gradient"),
+                     gradient_input=params.get("gradient_input", "embedding-output"))
+
+
+GRADIENT_INPUT = Option(
+    "gradient_input", "embedding-output", choices=("embedding-output", "token-embedding"), show_default=True,
+    param="gradient_input", resume=True,
+    help="Gradient methods (grad_l2, gxi_*, ig_*): differentiate at the embedding module's output (token + position "
+         "(+ type) embeddings, after BERT's embedding LayerNorm) or at the token embeddings fed as inputs_embeds "
+         "(inseq's and Captum's input).")
+
+
+def token_input(spec: Explained) -> bool:
+    """X is the token embeddings, fed through inputs_embeds."""
+    return spec.gradient_input == "token-embedding"
 
 
 def kept_keys(mask: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
@@ -101,6 +124,18 @@ def embedding_output(adapter: Adapter, inputs: dict) -> torch.Tensor:
     return box[0]
 
 
+def token_embedding(adapter: Adapter, ids: torch.Tensor) -> torch.Tensor:
+    """The token embeddings of ``ids`` (what a model takes as inputs_embeds)."""
+    with torch.no_grad():
+        return adapter.model.get_input_embeddings()(ids)
+
+
+def input_at(adapter: Adapter, inputs: dict, spec: Explained) -> torch.Tensor:
+    """X at the data: the embedding-module output or, with ``gradient_input="token-embedding"``, the token
+    embeddings."""
+    return token_embedding(adapter, inputs["input_ids"]) if token_input(spec) else embedding_output(adapter, inputs)
+
+
 def select(logits: torch.Tensor, target: torch.Tensor, output: str, foil: torch.Tensor | None = None) -> torch.Tensor:
     """F for every row: the target's logit or softmax probability [R] (less the foil's, where one is given), in
     float32 at least (a half-precision model's softmax and its backward run in float32; the gradient reaches the
@@ -141,8 +176,11 @@ def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained,
         call = {k: v for k, v in inputs.items() if k != "input_ids"}
         call["inputs_embeds"] = X
     else:
+        # the token embeddings replaced rather than passed as inputs_embeds (the same function): a sequence
+        # classifier finds its last real token in input_ids, and inputs_embeds would hide the padding from it
         call = inputs
-        handles.append(adapter.embeddings().register_forward_hook(lambda _m, _i, _o: X))
+        module = adapter.model.get_input_embeddings() if token_input(spec) else adapter.embeddings()
+        handles.append(module.register_forward_hook(lambda _m, _i, _o: X))
     try:
         ctx = adapter.hooks(internals, frozenset({"hidden_states", "attentions"})) if internals else nullcontext()
         with ctx, torch.set_grad_enabled(grad):
@@ -164,7 +202,7 @@ class GradientPass:
             adapter = adapter.twin(torch.float32)  # only reached for a half-precision model (gradient_pass)
         self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a float64 twin for LRP)
         inputs = model_inputs(cap, spec)
-        E = embedding_output(adapter, inputs)
+        E = input_at(adapter, inputs, spec)
         self.X = E.detach().requires_grad_(True)
         self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
                                   explain_pos=cap.explain_pos, logits=None)
@@ -233,8 +271,9 @@ def quadrature(steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ig_baseline(cap: Captured, adapter: Adapter, spec: Explained, E: torch.Tensor, kind: str) -> torch.Tensor:
-    """Baseline in X space: "mask" = the embedding-module output of the same sequence with every non-special token
-    replaced by [MASK] (same positions and types); "zero" = zeros. Pad rows equal E's (they carry no attribution)."""
+    """Baseline in X space: "mask" = X of the same sequence with every non-special token replaced by [MASK] (the
+    embedding-module output: same positions and types; the token embeddings: [MASK]'s); "zero" = zeros. Pad rows
+    equal E's (they carry no attribution)."""
     if kind == "zero":
         B0 = torch.zeros_like(E)
     elif kind == "mask":
@@ -242,7 +281,7 @@ def ig_baseline(cap: Captured, adapter: Adapter, spec: Explained, E: torch.Tenso
             raise AttrscopeError("integrated gradients' [MASK] baseline needs a tokenizer with a mask token: "
                                  "pass --ig-baseline zero")
         ids = torch.where(cap.special | ~cap.mask, cap.input_ids, torch.full_like(cap.input_ids, adapter.mask_token_id))
-        B0 = embedding_output(adapter, {**model_inputs(cap, spec), "input_ids": ids})
+        B0 = input_at(adapter, {**model_inputs(cap, spec), "input_ids": ids}, spec)
     else:
         raise ValueError(kind)
     return torch.where(cap.mask[..., None], B0, E)
@@ -270,7 +309,7 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     outputs F give the delta; no gradient is taken of them), and run in chunks of ``rows_per_pass`` (one forward and
     one backward per chunk: usually one of each); a row only ever sees its own example."""
     inputs = model_inputs(cap, spec)
-    E = embedding_output(adapter, inputs)
+    E = input_at(adapter, inputs, spec)
     X0 = ig_baseline(cap, adapter, spec, E, baseline)
     alphas, weights = quadrature(steps, rule)
     B, n, d = E.shape
