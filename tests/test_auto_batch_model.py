@@ -24,17 +24,19 @@ def room_of(card: int, shape=LLAMA, itemsize: int = 2) -> int:
 
 
 def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_longest_input_that_fits():
-    """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says grad_l2 fits up to 2,400 tokens, rollout
-    up to 3,248, norm fits; the refusal names grad_l2 (the shortest) and 2,400, and every method that does not fit."""
+    """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says grad_l2 fits up to 2,400 tokens, alti
+    up to 3,104, norm and rollout (streamed head means) fit; the refusal names grad_l2 (the shortest) and 2,400, and
+    every method that does not fit."""
     with pytest.raises(AttrscopeError) as err:
-        auto_batch.modelled_size(["norm", "rollout", "grad_l2"], LLAMA, 4096, 2, room_of(CARD), mm.Budgets.gpu(CARD),
+        auto_batch.modelled_size(["norm", "rollout", "alti", "grad_l2"], LLAMA, 4096, 2, room_of(CARD),
+                                 mm.Budgets.gpu(CARD),
                                  1024)
     line = str(err.value)
     assert "\n" not in line
     need = mm.estimate("grad_l2", LLAMA, mm.Run(4096, 2, mm.Budgets.gpu(CARD))).peak - mm.weights(LLAMA, mm.Run(0))
     assert line == (f"--batch-size auto: grad_l2 needs about {need / 2**30:.1f} GiB for one example of 4096 tokens, "
                     f"beyond the {room_of(CARD) / 2**30:.1f} GiB free (the memory model, docs/scaling.md): the longest "
-                    "input that fits is about 2400 tokens; lower --max-length to 2400, or leave out rollout and grad_l2")
+                    "input that fits is about 2400 tokens; lower --max-length to 2400, or leave out alti and grad_l2")
     assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 2400  # the same boundary as the table's
     # none fits at all: no length to lower to
     with pytest.raises(AttrscopeError, match="about 0 tokens; run on a device with more memory, or leave out lrp"):
@@ -86,12 +88,12 @@ def test_the_model_shape_of_a_loaded_model_is_its_config():
 
 @pytest.mark.parametrize("n,refused", [(4096, True), (3000, False)])
 def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkeypatch, n, refused):
-    """rollout on Llama-2-7B: 4,096 tokens refused before any batch runs (the longest that fits: the table's 3,248);
+    """alti on Llama-2-7B: 4,096 tokens refused before any batch runs (the longest that fits: the table's 3,104);
     3,000 tokens: the model lets one example fit, so one trial batch of one runs and no larger one."""
     from compute.tasks import TaskRows
 
     lm, tok = fake_llama_on_cuda(n)
-    gpu = FakeGPU(CARD, {"forward": (0, 0, 0), "rollout": (0, 0, 0)}, base=mm.weights(LLAMA, mm.Run(0)), n=n)
+    gpu = FakeGPU(CARD, {"forward": (0, 0, 0), "alti": (0, 0, 0)}, base=mm.weights(LLAMA, mm.Run(0)), n=n)
     monkeypatch.setattr(auto_batch, "encode", lambda tok, rows, pad_id, device: list(rows))
 
     def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,
@@ -102,14 +104,14 @@ def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkey
     monkeypatch.setattr(auto_batch, "launch_batch", fake_launch)
 
     def auto():
-        return auto_batch.auto_batching(lm, {"rollout": FakeMethod()}, tok, TaskRows.plain([0] * 3), "predicted", 2,
+        return auto_batch.auto_batching(lm, {"alti": FakeMethod()}, tok, TaskRows.plain([0] * 3), "predicted", 2,
                                         "cls", 8192, None, memory=gpu)
 
     if refused:
         free = (CARD - mm.weights(LLAMA, mm.Run(0))) / 2**30
-        with pytest.raises(AttrscopeError, match=f"rollout needs about .* tokens, beyond the {free:.1f} GiB free on "
-                                                 "cuda .* the longest input that fits is about 3248 tokens; lower "
-                                                 "--max-length to 3248"):
+        with pytest.raises(AttrscopeError, match=f"alti needs about .* tokens, beyond the {free:.1f} GiB free on "
+                                                 "cuda .* the longest input that fits is about 3104 tokens; lower "
+                                                 "--max-length to 3104"):
             auto()
         assert gpu.runs == []
     else:

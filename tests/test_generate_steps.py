@@ -21,7 +21,9 @@ from conftest import MASK_ID, tiny_task_model
 # 12 prompts: their lengths and how many tokens each generated (0: EOS came first)
 PROMPTS = [3, 7, 1, 5, 9, 4, 6, 2, 8, 5, 3, 10]
 STEPS = [4, 2, 3, 0, 1, 4, 3, 2, 1, 3, 4, 2]
-PARAMS = {"ig_l2": {"steps": 4}, "ig_mean": {"steps": 4}}
+# mask_lrp's head mask (3 layers x 4 heads) given, as its head-statistics pass would give one
+PARAMS = {"ig_l2": {"steps": 4}, "ig_mean": {"steps": 4},
+          "mask_lrp": {"head_mask": np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]], dtype=np.float64)}}
 
 
 def loaded(arch: str) -> LoadedModel:

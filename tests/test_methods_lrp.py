@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from conftest import ARCHS, PRE_LN_ARCHS, assert_batch_invariant, random_batch, tiny_model
+from conftest import ARCHS, PRE_LN_ARCHS, assert_batch_invariant, random_batch
 from conftest import TINY_LENGTHS
 from conftest import captured_tiny as setup
 
@@ -147,17 +147,6 @@ def test_batch_invariance_float32(arch, name):
 @pytest.mark.parametrize("arch", PRE_LN_ARCHS)
 def test_gae_batch_invariance_on_decoders(arch):
     assert_batch_invariant(arch, "gae")
-
-
-@pytest.mark.parametrize("arch", ("gpt2",))  # Llama has its rule set: tests/test_method_lrp_decoder.py
-@pytest.mark.parametrize("name", ("lrp", "partial_lrp", "transatt", "mask_lrp"))
-def test_lrp_rules_missing_for_decoders_is_one_line_error(arch, name):
-    model = tiny_model(arch)
-    ad = adapter_for(model)
-    with pytest.raises(AttrscopeError) as err:
-        get_method(name).check_architecture(ad)
-    msg = str(err.value)
-    assert "\n" not in msg and name in msg and arch in msg
 
 
 def test_mask_lrp_mask_of_wrong_shape_is_one_line_error():

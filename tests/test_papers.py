@@ -151,7 +151,7 @@ def test_evaluate_reads_what_a_metric_needs_from_its_class(monkeypatch):
     specs = evaluate.parse_metric_specs("fake_metric@attcat")
     cfg = evaluate.EvalConfig(metrics="fake_metric@attcat", k=7, overrides={"levels": "tenths", "side": None})
     with pytest.raises(UsageError, match="fake_metric compares two stores"):
-        evaluate._check_needs(SimpleNamespace(methods=["m"]), specs, cfg, ["m"], "s.h5")
+        evaluate._check_needs(SimpleNamespace(methods=["m"], generation=False), specs, cfg, ["m"], "s.h5")
     tok = SimpleNamespace(pad_token_id=0, mask_token_id=None)
     # the preset wins over the run's value; levels is not the metric's to override
     assert evaluate._settings("fake_metric", "attcat", cfg, tok, True) == {"side": "bottom", "k": 7}
