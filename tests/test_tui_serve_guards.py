@@ -176,11 +176,22 @@ async def _first_output(ws) -> None:
         assert msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT), msg
 
 
+def _described(pid: int) -> str:
+    """pid, state and the end of its command line (which store, which script), for a failure's message."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} {state} {cmd[-80:]}"
+
+
 class Sampler:
     """The most app processes seen at once, from a thread that looks every 50 ms."""
 
     def __init__(self, served: Served):
         self.served, self.most, self.stop = served, 0, threading.Event()
+        self.seen: list[str] = []  # the processes of the most seen at once: a failure says what they were
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -188,7 +199,8 @@ class Sampler:
         # Those of the scan that are still there after it existed together (the scan is not one instant: an app
         # reaped early in it and the next one, started late in it, would count as two)
         at_once = [p for p in self.served.apps() if Path(f"/proc/{p}").exists()]
-        self.most = max(self.most, len(at_once))
+        if len(at_once) > self.most:
+            self.most, self.seen = len(at_once), [_described(p) for p in at_once]
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
@@ -216,7 +228,7 @@ def test_tabs_are_capped_and_a_closed_tabs_app_is_reaped_whatever_its_state(serv
         closed = time.monotonic()
         assert wait_until(lambda: not s.apps(), REAP_SECONDS), s.apps()
         assert time.monotonic() - closed < REAP_SECONDS
-        assert sampler.most <= 4, sampler.most
+        assert sampler.most <= 4, sampler.seen
         assert 4 <= 30 - len(refused) and set(refused) <= {503}, refused
 
     async def held_then_closed():

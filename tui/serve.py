@@ -118,11 +118,15 @@ class TabApp(AppService):
     async def _open_app_process(self, width: int = 80, height: int = 24):
         # A handler cancelled while the process is being made would leave it unknown to stop(): running, unreaped,
         # its tab's place already free. The making finishes, so that stop() finds the process and reaps it.
+        # A second cancellation while it finishes must not cancel the making either (the process would be made
+        # and never known): asyncio.wait never cancels what it waits for.
         opening = asyncio.ensure_future(super()._open_app_process(width, height))
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
-            await opening
+            while not opening.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({opening})
             raise
 
     async def stop(self) -> None:

@@ -195,6 +195,11 @@ class BrowseScreen(Screen[None]):
         return normalize(scores, info.signed, keep)
 
     # ---------------------------------------------------------------- keys
+    @property
+    def bindings_settled(self) -> bool:
+        """Whether check_action can answer: most keys wait for the store's header (read in a worker)."""
+        return self.app.meta is not None
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         app = self.app
         if action == "layer":

@@ -30,6 +30,8 @@ class FittedFooter(Footer):
         self._bindings_ready = True
         if not screen.app.app_focus or not (self.is_attached and screen is self.screen):
             return
+        if not getattr(screen, "bindings_settled", True):
+            return  # keys that wait for the store's header: built once it has come (it refreshes the bindings)
         if self._building or self._keys_shown() == self._shown:
             return
         self._building = True
