@@ -9,6 +9,9 @@ uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the so
   sublayer's output that also corrects the skip operand's gradient (the skip receives g through the add already);
 * Mask-LRP's head mask: the gradient of the attention output before the output projection times M[l, h] per query
   head (the relevance leaving A.V towards A and V); the unmasked gradient is kept for the rollout's R^{A,l}.
+
+With ``rows`` (rule_rows) the rules apply to the second half of a doubled batch and the first keeps the plain
+gradient: transatt's and mask_lrp's dF/dA in the same pass.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ...adapters import Adapter
 from ...adapters.base import module_at
 from .attnlrp_rules import attnlrp_rules
 from .attnlrp_rules import unsupported as attnlrp_unsupported
+from .rule_rows import RuleRows, scale as rows_scale
 from .safe_divide import EPS
 
 
@@ -70,10 +74,10 @@ class _AlphaBeta(torch.autograd.Function):
     sign guard: R / (2 Z + 2 eps) (where Z = 0, every product of that output is 0 and so is what it hands down)."""
 
     @staticmethod
-    def forward(ctx, x, box, start):
+    def forward(ctx, x, box, start, rows):
         y, module = box
         ctx.save_for_backward(x, y)
-        ctx.module, ctx.start = module, start
+        ctx.module, ctx.start, ctx.rows = module, start, rows
         return y.detach()
 
     @staticmethod
@@ -87,7 +91,10 @@ class _AlphaBeta(torch.autograd.Function):
         # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
         SW = torch.matmul(S, W_both)
         d = x.shape[-1]
-        return SW[..., :d].addcmul(torch.sign(x), SW[..., d:]), None, None
+        g_in = SW[..., :d].addcmul(torch.sign(x), SW[..., d:])
+        if ctx.rows is not None:  # the plain rows: the Linear's own gradient
+            g_in = torch.where(ctx.rows.mask(g.dim()), g_in, torch.matmul(g, ctx.module.weight))
+        return g_in, None, None, None
 
 
 class _AddRule(torch.autograd.Function):
@@ -96,8 +103,9 @@ class _AddRule(torch.autograd.Function):
     |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|)."""
 
     @staticmethod
-    def forward(ctx, branch, *skips):  # a parallel block's add has two skips: the stream and the attention output
+    def forward(ctx, rows, branch, *skips):  # a parallel block's add has two skips: the stream and the attention output
         ctx.save_for_backward(branch, *skips)
+        ctx.rows = rows
         return branch.clone()
 
     @staticmethod
@@ -106,8 +114,10 @@ class _AddRule(torch.autograd.Function):
         dims = tuple(range(2, g.dim() + 1))
         ab = (torch.stack([branch, *skips]) * g).sum(dims, keepdim=True)  # [k, B, 1, 1]: sum o g per operand
         s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
+        if ctx.rows is not None:  # the plain rows: factor 1 (the skip's correction 0)
+            s = torch.where(ctx.rows.mask(g.dim()), s, 1)
         s_a, *s_skips = s.unbind(0)
-        return g * s_a, *(g * s_o.sub_(1) for s_o in s_skips)
+        return None, g * s_a, *(g * s_o.sub_(1) for s_o in s_skips)
 
 
 class _HeadMask(torch.autograd.Function):
@@ -133,9 +143,11 @@ def _with_first(out, t):
 
 
 @contextmanager
-def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept: dict | None = None):
+def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept: dict | None = None,
+                         rows: RuleRows | None = None):
     """The rules' hooks (``unsupported`` must be None). ``head_mask``: M [L][H] (Mask-LRP); ``kept`` receives per
-    layer the value projection's output ("v") and the unmasked gradient of the attention output ("g_ctx")."""
+    layer the value projection's output ("v") and the unmasked gradient of the attention output ("g_ctx"); ``rows``:
+    the rules on those rows of the batch only."""
     block, handles = adapter.block, []
     layers = list(adapter.layers())
     in_layers = {m for layer in layers for m in layer.modules()}
@@ -143,7 +155,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def alpha_beta(start):
         def hook(module, inp, out):
-            return _AlphaBeta.apply(inp[0], (out, module), start)
+            return _AlphaBeta.apply(inp[0], (out, module), start, rows)
         return hook
 
     def skip_pre_hook(slot, key):
@@ -153,7 +165,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def add_hook(slot, keys):
         def hook(module, inp, out):
-            return _with_first(out, _AddRule.apply(_first(out), *(slot[k] for k in keys)))
+            return _with_first(out, _AddRule.apply(rows, _first(out), *(slot[k] for k in keys)))
         return hook
 
     def keep_out_hook(slot, key):
@@ -163,7 +175,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def mask_pre_hook(cols, slot):
         def hook(module, args):
-            return (_HeadMask.apply(args[0], cols, slot), *args[1:])
+            return (_HeadMask.apply(args[0], rows_scale(rows, cols, args[0]), slot), *args[1:])
         return hook
 
     def keep_hook(slot):
@@ -181,7 +193,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
             for m in layer.modules():
                 if isinstance(m, nn.Linear):
                     handles.append(m.register_forward_hook(alpha_beta(False)))
-        with attnlrp_rules(adapter):
+        with attnlrp_rules(adapter, rows):
             for li, layer in enumerate(layers):
                 slot: dict = {}
                 attn_prefix = block.attention + "."

@@ -26,6 +26,7 @@ from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
 from .attnlrp_rules import attnlrp_rules
 from .chefer_decoder_rules import chefer_decoder_rules
+from .rule_rows import RuleRows
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import explained
 
@@ -45,6 +46,8 @@ class Explained:
     rules: str = "gradient"
     # "chefer_decoder" only: Mask-LRP's head mask M [L][H] on the relevance leaving A.V (None: all heads kept)
     head_mask: tuple | None = None
+    # "chefer_decoder" only: the batch doubled, its first half with the plain gradient (rule_rows): transatt's dF/dA
+    plain_rows: bool = False
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -164,10 +167,14 @@ class GradientPass:
             adapter = adapter.twin(torch.float32)  # only reached for a half-precision model (gradient_pass)
         self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a float64 twin for LRP)
         inputs = model_inputs(cap, spec)
+        # a doubled batch: rows B.. run the rules, rows ..B the plain gradient (every tensor of the pass is [2B, ...])
+        self.rows = RuleRows(cap.input_ids.shape[0], cap.input_ids.device) if spec.plain_rows else None
+        twice = (lambda t: t if t is None else torch.cat([t, t])) if spec.plain_rows else (lambda t: t)
+        inputs = {k: twice(v) for k, v in inputs.items()}
         E = embedding_output(adapter, inputs)
         self.X = E.detach().requires_grad_(True)
-        self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
-                                  explain_pos=cap.explain_pos, logits=None)
+        self.internals = Captured(input_ids=twice(cap.input_ids), mask=twice(cap.mask), lengths=twice(cap.lengths),
+                                  explain_pos=twice(cap.explain_pos), logits=None)
         # Every Linear's input and output too, for the LRP rules (_internals.relevance), where a rule set exists and
         # ``record_lrp``: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
         self.records_lrp = record_lrp
@@ -175,12 +182,13 @@ class GradientPass:
         # per layer: the value projection's output and the unmasked gradient of the attention output (chefer_decoder)
         self.kept: dict = {}
         rules = (attnlrp_rules(adapter) if spec.rules == "attnlrp" else
-                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None) if spec.rules == "chefer_decoder"
-                 else nullcontext())
+                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
+                 if spec.rules == "chefer_decoder" else nullcontext())
         with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules:
             self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
-                                     pos=cap.explain_pos)
-        self.foil = cap.foil
+                                     pos=self.internals.explain_pos)
+        self.foil = twice(cap.foil)
+        self._twice = twice
         self._grads: dict[tuple, dict] = {}
 
     @property
@@ -199,7 +207,7 @@ class GradientPass:
             hs, att = self.hidden_states, self.attentions
             wrt = [self.X, *hs, *att]
             with torch.enable_grad():
-                y = select(self.logits, target, self.spec.output, self.foil).sum()
+                y = select(self.logits, self._twice(target), self.spec.output, self.foil).sum()
                 g = output_grads(y, wrt, retain_graph=True)
             g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, wrt)]
             self._grads[key] = {"X": g[0], "hidden": g[1:1 + len(hs)], "attentions": g[1 + len(hs):]}
