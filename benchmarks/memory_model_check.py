@@ -4,6 +4,8 @@ budgets (issue 27 item 6).
 
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --methods raw_attention,rollout,alti,norm,grad_l2 -n 1024,2048,4096
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --hidden 1024 --d-ff 2752 -n 256,1024   # the n d terms
+    MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --layers 4 --hidden 256 --heads 8 --d-ff 1024 \
+        --methods lrp -n 2048   # a tiny-but-long model (issue 36)
 
 Each row: the peak resident memory of the capture and the method above what the process held before
 (compute.memory.peak_bytes, Linux VmHWM) and the model's peak above the weights. Run it with glibc's mmap threshold
@@ -73,12 +75,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default="raw_attention,rollout,alti,norm,grad_l2")
     ap.add_argument("-n", default="1024,2048,4096", help="comma-separated token counts")
+    ap.add_argument("--layers", type=int, default=TINY.layers, help="layers [2]")
+    ap.add_argument("--heads", type=int, default=TINY.heads, help="heads (as many key/value heads) [4]")
     ap.add_argument("--hidden", type=int, default=TINY.d, help="d [32]")
     ap.add_argument("--d-ff", type=int, default=TINY.d_ff, help="the feed-forward width [64]")
     ap.add_argument("--json", action="store_true", help="print the measured bytes as JSON only")
     a = ap.parse_args()
     methods, ns = a.methods.split(","), [int(x) for x in a.n.split(",")]
-    shape = replace(TINY, d=a.hidden, d_ff=a.d_ff)
+    shape = replace(TINY, layers=a.layers, heads=a.heads, kv_heads=a.heads, d=a.hidden, d_ff=a.d_ff)
     got = measure(methods, ns, shape)
     if a.json:
         print(json.dumps(got))

@@ -27,6 +27,7 @@ from .attnlrp_rules import attnlrp_rules
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .rule_rows import RuleRows, scale as rows_scale
 from .safe_divide import EPS
+from .widened import cast_weight
 
 
 def unsupported(adapter: Adapter) -> str | None:
@@ -56,9 +57,15 @@ def unsupported(adapter: Adapter) -> str | None:
     return None
 
 
-def _weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(|W|^T, [W, |W|]) of a Linear, kept on the module while its weight is the same tensor, unmodified."""
+def _weights(module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|W|^T, [W, |W|]) of a Linear in the pass's ``dtype``, kept on the module while its weight is the same tensor,
+    unmodified; made for the step alone where the pass is wider than the model (widened: no wide copy kept)."""
     W = module.weight
+    if W.dtype != dtype:
+        with torch.no_grad():
+            W = W.to(dtype)
+            Wa = W.abs()
+            return Wa.T, torch.cat([W, Wa], dim=1)
     hit = module.__dict__.get("_alpha_beta_weights")
     if hit is None or hit[0] is not W or hit[1] != W._version:
         with torch.no_grad():
@@ -84,16 +91,16 @@ class _AlphaBeta(torch.autograd.Function):
     def backward(ctx, g):
         x, y = ctx.saved_tensors
         b = ctx.module.bias
-        WaT, W_both = _weights(ctx.module)
+        WaT, W_both = _weights(ctx.module, y.dtype)
         R = g if ctx.start else y * g
-        Yu = y if b is None else y - b
+        Yu = y if b is None else y - cast_weight(b, y.dtype)
         S = R / torch.matmul(x.abs(), WaT).add_(Yu).add_(2 * EPS)
         # R_in = x (S W) + |x| (S |W|) (linear_relprop): the gradient is S W + sign(x) S |W|
         SW = torch.matmul(S, W_both)
         d = x.shape[-1]
         g_in = SW[..., :d].addcmul(torch.sign(x), SW[..., d:])
         if ctx.rows is not None:  # the plain rows: the Linear's own gradient
-            g_in = torch.where(ctx.rows.mask(g.dim()), g_in, torch.matmul(g, ctx.module.weight))
+            g_in = torch.where(ctx.rows.mask(g.dim()), g_in, torch.matmul(g, cast_weight(ctx.module.weight, g.dtype)))
         return g_in, None, None, None
 
 

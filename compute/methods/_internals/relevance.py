@@ -344,8 +344,8 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
               rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
               channel: int | None = None, rules_dtype: torch.dtype | None = None) -> Relevance:
     """Relevance from the one-hot target logit (less the foil's; or a QA head's ``channel`` at the explained
-    position) down to the encoder input, for the batch recorded in ``gp`` (on the model gp ran: the float64 twin for
-    --lrp-dtype float64 and mixed). ``rules_dtype``: the rules' precision (None: the pass's own, at least float32);
+    position) down to the encoder input, for the batch recorded in ``gp`` (in the pass's dtype: float64 for --lrp-dtype
+    float64 and mixed). ``rules_dtype``: the rules' precision (None: the pass's own, at least float32);
     mixed runs them in float32 on the float64 pass's activations.
 
     One step per layer, top-down, of a few large operations each: what does not depend on the relevance (|X|, the
@@ -485,10 +485,10 @@ def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Te
 class RelevanceMethod(Method):
     """Base of the methods read off one relevance propagation (lrp, partial_lrp, transatt, mask_lrp). Parameters:
     the Explained ones (mask_sep: Mask-LRP's [SEP]-masked explanation pass) and dtype, the precision (--lrp-dtype):
-    "float64" (forward, backward and rules on the model's float64 twin), "mixed" (forward and backward on the twin,
-    rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
+    "float64" (forward, backward and rules in float64: GradientPass), "mixed" (forward and backward in
+    float64, rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
     result needs), "model" (everything in the model's dtype, the reference), "float32" (the model's dtype where it
-    is float32 or wider, else a float32 copy of the model: auto's choice for transatt and mask_lrp before issue 26,
+    is float32 or wider, else the model cast to float32: auto's choice for transatt and mask_lrp before issue 26,
     named in the params of the stores it wrote), "auto" (``auto_dtype``: the stored params say which one ran).
     Class-specific: relevance starts at the target's one-hot logit."""
 
