@@ -427,3 +427,42 @@ def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_architecture(ad)
         assert "\n" not in str(err.value) and why in str(err.value)
+
+
+def test_float64_holds_one_layers_float64_weights_at_a_time():
+    """--lrp-dtype auto (float64) on a float32 decoder without a float64 copy of it (issue 36): whenever a module's
+    forward starts, the float64 tensors of a weight's shape alive are at most the modules outside the layers'
+    (embeddings, head) and one layer's; the numbers are a float64 model's own (to 1e-12)."""
+    import copy
+    import gc
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    model = tiny_model("llama", layers=6, dtype=torch.float32)
+    ad = adapter_for(model)
+    batch = random_batch("llama", LENGTHS)
+    with torch.no_grad():
+        cap = ad.capture(batch, frozenset())
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+    layer_bytes = sum(p.numel() for p in ad.layers()[0].parameters() if p.dim() == 2) * 8
+    in_layers = {id(p) for layer in ad.layers() for p in layer.parameters()}
+    outside_bytes = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in in_layers) * 8
+    seen = []
+
+    def wide_weight_bytes(*_):
+        seen.append(sum(o.numel() * 8 for o in gc.get_objects() if issubclass(type(o), torch.Tensor)
+                        and o.dtype == torch.float64 and tuple(o.shape) in shapes))
+
+    handle = register_module_forward_pre_hook(wide_weight_bytes)
+    try:
+        got = get_method("transatt").compute(cap, ad, cap.pred)
+    finally:
+        handle.remove()
+    assert len(seen) > 6 and max(seen) <= outside_bytes + layer_bytes, (max(seen), outside_bytes, layer_bytes)
+    assert next(model.parameters()).dtype == torch.float32  # the model as it was
+    ad64 = adapter_for(copy.deepcopy(model).to(torch.float64))
+    with torch.no_grad():
+        cap64 = ad64.capture(batch, frozenset())
+    want = get_method("transatt").compute(cap64, ad64, cap.pred)
+    torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.matrices, want.matrices, rtol=0, atol=1e-12)
