@@ -77,6 +77,10 @@ def widened(adapter: Adapter, dtype: torch.dtype):
         for layer in layers:
             stack.callback(layer.register_forward_pre_hook(enter).remove)
             stack.callback(layer.register_forward_hook(leave, always_call=True).remove)
+        experts = getattr(model.config, "_experts_implementation", None)
+        if experts not in (None, "eager"):  # the grouped matmul has no float64 kernel: the eager loop for the pass
+            model.set_experts_implementation("eager")
+            stack.callback(model.set_experts_implementation, experts)
         swapped = swap(outside)
         stack.callback(put_back, swapped)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
