@@ -207,8 +207,12 @@ def attnlrp_rules(adapter: Adapter, routing: str = "attnlrp", rows: RuleRows | N
     block, handles = adapter.block, []
     try:
         embedding = set(adapter.embeddings().modules())
+        # routing "fixed": the caller recomputes the experts' insides without hooks, and the module's own backward
+        # (the plain rows') must stay plain: an expert's activation sees gathered tokens, which are no rows
+        skipped = embedding | ({sub for m in adapter.model.modules() if is_experts(m) for sub in m.modules()}
+                               if routing == "fixed" else set())
         for m in adapter.model.modules():
-            if m in embedding:
+            if m in skipped:
                 continue
             kind = norm_kind(m)
             if kind is not None:
