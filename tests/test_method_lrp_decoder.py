@@ -466,3 +466,33 @@ def test_float64_holds_one_layers_float64_weights_at_a_time():
     want = get_method("transatt").compute(cap64, ad64, cap.pred)
     torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=0, atol=1e-12)
     torch.testing.assert_close(got.matrices, want.matrices, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["model", "float64"])
+@pytest.mark.parametrize("family", ["llama", "mixtral", "qwen2_moe", "opt", "gpt2", "olmo", "granite", "bloom"])
+def test_the_doubled_pass_plain_half_is_the_plain_gradient(family, dtype):
+    """transatt's and mask_lrp's one pass over a doubled batch (rule_rows): its plain half's gradients of the input,
+    of every layer's output and of every attention are a plain gradient pass's, on every rule the plain rows meet
+    (alpha1-beta0 on Linears and GPT-2's Conv1Ds, OLMo's clip_qkv clamp, the experts' Function and Qwen2-MoE's fixed
+    shared gate, OPT's MLP on [B n, d], Granite's residual multiplier in the add rule, BLOOM's sublayers adding
+    their residual); its logits are the model's on both halves. "float64": a float32 model's pass widened a layer at
+    a time (widened; the rules' weights cast per step) against a float64 copy's plain pass."""
+    from compute.methods._internals.gradients import Explained
+
+    if family in ("llama", "gpt2"):
+        ad = adapter_for(tiny_model(family, layers=2, dtype=torch.float32), "classification")
+    else:
+        task = family_heads(family)[0]
+        ad = adapter_for(family_model(family, task, dtype=torch.float32), task)
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    B = cap.input_ids.shape[0]
+    doubled = gradient_pass(cap, ad, Explained(dtype=dtype, rules="chefer_decoder", plain_rows=True))
+    plain = gradient_pass(cap, ad, Explained(dtype=dtype))
+    close = lambda g, w: torch.testing.assert_close(g, w, rtol=0, atol=1e-5 * float(w.detach().abs().max()) + 1e-12)  # noqa: E731
+    close(doubled.logits[:B], plain.logits)  # float32 kernels may round a doubled batch's rows otherwise
+    close(doubled.logits[B:], plain.logits)
+    got, want = doubled.grads(cap.pred), plain.grads(cap.pred)
+    for key in ("X", "hidden", "attentions"):
+        for g, w in zip(got[key] if key != "X" else [got[key]], want[key] if key != "X" else [want[key]]):
+            close(g[:B], w)
