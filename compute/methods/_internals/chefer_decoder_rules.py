@@ -109,7 +109,7 @@ def _weights(module: nn.Module, dtype: torch.dtype, name: str = "weight",
             Wl = linear_weight(module) if name == "weight" else W if expert is None else W[expert]
             Wl = Wl.detach().to(dtype)
             Wa = Wl.abs()
-            return Wa.transpose(-1, -2), torch.cat([Wl, Wa], dim=-1)
+            return Wa.T, torch.cat([Wl, Wa], dim=-1)  # [out, in]: an expert's, not the stack
     cache = module.__dict__.setdefault("_alpha_beta_weights", {})
     hit = cache.get(name)
     if hit is None or hit[0] is not W or hit[1] != W._version:
