@@ -12,12 +12,13 @@ Report seconds and ratios (method / bare forward). Each timing is the median of 
     python benchmarks/bench_methods.py --methods lrp,partial_lrp,transatt,mask_lrp,gae --repeat 1
     python benchmarks/bench_methods.py --random-base 512 --batch-size 1 --methods alti --alti-paths auto,dense
     python benchmarks/bench_methods.py --join 30 --limit 60 --batch-size 1 --methods alti --alti-paths auto,dense
+    python benchmarks/bench_methods.py --random-base 64 --family llama --methods lrp,transatt,mask_lrp --lrp-dtype model
 
 Gradient, integrated-gradient and LRP methods run their own forward and backward; they are compared with a bare
 forward + backward of the model (integrated gradients with m of them).
 
 ``--random-base N`` replaces the model and data by a seeded random BERT-base-sized classifier (12 layers, hidden
-768, 12 heads) on random token sequences of length N. ``--peak-memory`` adds each method's peak memory: on CUDA the
+768, 12 heads; ``--family llama``: a Llama of that size, 4 key/value heads) on random token sequences of length N. ``--peak-memory`` adds each method's peak memory: on CUDA the
 allocator's peak; on CPU the peak resident memory of a fresh process that builds the model, captures the first batch
 and runs the method (the "capture forward" row: a process that only captures).
 """
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--random-base", type=int, metavar="N", help="random BERT-base-sized model, sequences of length N")
+    ap.add_argument("--family", choices=("bert", "llama"), default="bert", help="--random-base's architecture")
     ap.add_argument("--join", type=int, default=1, metavar="K",
                     help="join every K consecutive texts of the data into one (cut at 512 tokens): long real inputs")
     ap.add_argument("--peak-memory", action="store_true", help="also measure each method's peak memory")
@@ -122,7 +124,7 @@ def main() -> None:
     runs = [sweep() for _ in range(args.repeat)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     base = med["bare forward"]
-    what = f"random BERT-base, n = {args.random_base}" if args.random_base else args.model
+    what = f"random {args.family}-base, n = {args.random_base}" if args.random_base else args.model
     print(f"model {what} on {dev} ({torch.get_num_threads()} threads), {n_ex} examples, "
           f"batch {args.batch_size}, median of {args.repeat}")
     peaks = peak_memory(args, names) if args.peak_memory else {}
@@ -166,12 +168,17 @@ def bare_forward_backward(model, batch) -> None:
 def setup(args, dev):
     """(model, adapter, padded batches on dev, number of examples)."""
     if args.random_base:
-        from transformers import BertConfig, BertForSequenceClassification
+        from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
         from compute.adapters import adapter_for
 
         torch.manual_seed(0)
-        model = BertForSequenceClassification(BertConfig(attn_implementation="eager")).to(dev).eval()
+        if args.family == "llama":  # BERT-base's size as a pre-LN decoder (the LRP family's decoder rules)
+            config = LlamaConfig(hidden_size=768, num_attention_heads=12, num_key_value_heads=4, intermediate_size=3072,
+                                 num_hidden_layers=12, vocab_size=30522, pad_token_id=0, attn_implementation="eager")
+            model = LlamaForSequenceClassification(config).to(dev).eval()
+        else:
+            model = BertForSequenceClassification(BertConfig(attn_implementation="eager")).to(dev).eval()
         n_ex = args.limit or max(args.batch_size, 8)
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(1000, 30000, (n_ex, args.random_base), generator=g)

@@ -5,6 +5,8 @@ budgets (issue 27 item 6).
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --methods raw_attention,rollout,alti,norm,grad_l2 -n 1024,2048,4096
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --hidden 1024 --d-ff 2752 -n 256,1024   # the n d terms
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --long -n 2048,4096   # issue 36's acceptance
+    MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --layers 4 --hidden 256 --heads 8 --d-ff 1024 \
+        --methods lrp -n 2048   # a tiny-but-long model (issue 36)
 
 Each row: the peak resident memory of the capture and the method above what the process held before
 (compute.memory.peak_bytes, Linux VmHWM) and the model's peak above the weights. Run it with glibc's mmap threshold
@@ -121,7 +123,7 @@ def main() -> None:
                     "with --long: forward and the streamed methods]")
     ap.add_argument("-n", default="1024,2048,4096", help="comma-separated token counts")
     ap.add_argument("--layers", type=int, default=TINY.layers, help="layers [2]")
-    ap.add_argument("--heads", type=int, default=TINY.heads, help="heads [4]")
+    ap.add_argument("--heads", type=int, default=TINY.heads, help="heads (as many key/value heads) [4]")
     ap.add_argument("--hidden", type=int, default=TINY.d, help="d [32]")
     ap.add_argument("--d-ff", type=int, default=TINY.d_ff, help="the feed-forward width [64]")
     ap.add_argument("--long", action="store_true", help="the tiny-but-long model, fresh processes, above the forward")

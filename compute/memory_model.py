@@ -49,11 +49,14 @@ class ModelShape:
         return self.kv_heads * self.d_head
 
     @property
-    def params(self) -> int:
+    def layer_params(self) -> int:
         d_q = self.heads * self.d_head
         per_layer = 2 * self.d * d_q + 2 * self.d * self.d_kv + (3 if self.gated else 2) * self.d * self.d_ff
-        per_layer += self.qkv_bias * (d_q + 2 * self.d_kv) + self.norms * self.d
-        return self.vocab * self.d + self.layers * per_layer + self.d + self.d * self.labels
+        return per_layer + self.qkv_bias * (d_q + 2 * self.d_kv) + self.norms * self.d
+
+    @property
+    def params(self) -> int:
+        return self.vocab * self.d + self.layers * self.layer_params + self.d + self.d * self.labels
 
 
 # The public configs (config.json on the Hugging Face hub), with a two-class head instead of the language model's
@@ -244,13 +247,15 @@ DECOMP = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 @dataclass(frozen=True)
 class Formula:
     """How a method runs: on the captured ``needs`` ("capture"), after the gradient pass ("gradients"), as
-    integrated gradients' rows of gradient passes ("integrated"), or after a gradient pass on a float64 copy of the
-    model ("float64 copy", the LRP family); ``work``: (m, r) -> the bytes it adds to what its pass keeps."""
+    integrated gradients' rows of gradient passes ("integrated"), or after a gradient pass in float64, the weights
+    cast a layer at a time ("float64", the LRP family on decoders); ``work``: (m, r) -> the bytes it adds to what its
+    pass keeps."""
 
     stage: str
     work: object
     text: str  # what it materialises, for the doc
     needs: frozenset[str] = frozenset()
+    rows: int = 1  # the pass's rows per example (2: the LRP family's doubled batch, its plain half for dF/dA)
 
 
 def _attention_stacks(k: float, itemsize: int = F32):
@@ -299,11 +304,15 @@ _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
                          "gradient pass + the last layer's attention and its gradient (variant ref)"))
 _add("ig_l2 ig_mean", Formula("integrated", lambda m, r: (50 + 2) * r.n * m.d * F32,
                               "gradient passes of ig_rows rows at once (no dF/dA); the path points"))
-# the relevance propagation's float64 [L, H, n, n] terms: fitted to the measured peak of a tiny BERT (n = 512)
-_add("lrp partial_lrp", Formula("float64 copy", _attention_stacks(2.5, 8),
-                                "a float64 copy of the model; its gradient pass and relevance in float64"))
-_add("transatt mask_lrp", Formula("float64 copy", _attention_stacks(3.75, 8),
-                                  "as lrp, and the attentions' gradients"))
+# the decoder rules' float64 [L, H, n, n] terms beside the gradient pass's: the float64 attention its backward keeps
+# (the pass's formula counts the float32 softmax), R^{A,l}'s stacks of A and dF/dA (lrp, partial_lrp: 3 and the
+# rest, fitted to a tiny Llama's measured peak, 4 layers, d 256, n = 2,048: 3.19); transatt and mask_lrp over the
+# doubled batch (its plain half's dF/dA): twice the pass, the dF/dA stack of both halves, the product and its
+# positive part (3.19 + 4, each a [L, H, n, n] of the plain half or the rules')
+_add("lrp partial_lrp", Formula("float64", _attention_stacks(3.2, 8),
+                                "gradient pass and relevance in float64, a layer's weights cast at a time"))
+_add("transatt mask_lrp", Formula("float64", _attention_stacks(7.2, 8),
+                                  "as lrp over a doubled batch (its plain half: dF/dA)", rows=2))
 
 
 @dataclass(frozen=True)
@@ -311,6 +320,12 @@ class Estimate:
     method: str
     peak: int  # bytes
     stages: dict  # stage -> bytes, each with the weights
+
+
+def float64_casts(m: ModelShape) -> int:
+    """The LRP family's float64 casts (widened): the forward's of the modules outside the layers and of one layer,
+    and the backward's of one Linear (its weight, |W| and [W, |W|] for the alpha1-beta0 rule)."""
+    return 8 * (m.params - m.layers * m.layer_params + m.layer_params + 4 * m.d * m.d_ff)
 
 
 def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
@@ -321,12 +336,11 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}
         return Estimate(method, max(stages.values()), stages)
     fwd = bare_forward(m, r)  # the runner's plain forward (nothing captured) comes first
-    if f.stage == "float64 copy":  # Adapter.twin: a deep copy of the model, then converted
+    if f.stage == "float64":  # widened: no float64 copy of the model
         mt = replace(r, itemsize=8)
-        twin = m.params * 8
         peak, kept = gradient_pass(m, mt)
-        stages = {"forward": fwd, "copy": base + m.params * (r.itemsize + 8),
-                  "gradient pass": base + twin + peak, "method": base + twin + kept + f.work(m, mt)}
+        stages = {"forward": fwd, "gradient pass": base + float64_casts(m) + f.rows * peak,
+                  "method": base + f.rows * kept + f.work(m, mt)}
     elif f.stage == "integrated":  # ig_rows rows of one pass, no gradients of the attentions kept
         peak, kept = gradient_pass(m, r)
         attention_grads = m.layers * m.heads * r.n ** 2 * r.itemsize
@@ -355,11 +369,11 @@ def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, it
 def per_batch(method: str, m: ModelShape, r: Run) -> tuple[int, int]:
     """(fixed, each): a batch of b examples of ``r.n`` tokens peaks at about fixed + b x each bytes above the model's
     weights (--batch-size auto). What does not grow with the batch: the block budgets (a block holds its budget
-    whatever the batch) and the LRP family's float64 copy of the model; everything else is one example's, b times."""
+    whatever the batch) and the LRP family's float64 casts of the weights; everything else is one example's, b times."""
     bare = replace(r, budgets=Budgets(0, 0, 0, 0, 0))  # the smallest blocks: one layer, one token, one row
-    copy = m.params * 8 if FORMULAS[method].stage == "float64 copy" else 0
+    casts = float64_casts(m) if FORMULAS[method].stage == "float64" else 0
     one = estimate(method, m, bare).peak
-    return copy + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - copy
+    return casts + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - casts
 
 
 # --- the table ------------------------------------------------------------------------------------------------

@@ -50,12 +50,12 @@ def test_the_modelled_batch_is_the_largest_whose_every_method_fits():
     run = mm.Run(n, 2, budgets)
     parts = {name: mm.per_batch(name, LLAMA, run) for name in methods}
     for name, (fixed, each) in parts.items():
-        # batch 1 is the estimate; the float64 copy of the LRP family does not grow with the batch
+        # batch 1 is the estimate; the LRP family's float64 casts of the weights do not grow with the batch
         assert fixed + each == mm.estimate(name, LLAMA, run).peak - mm.weights(LLAMA, run)
         assert fixed + most * each <= room_of(CARD)
     assert parts["norm"][0] == 0
     fixed, each = mm.per_batch("lrp", LLAMA, mm.Run(256, 2, budgets))
-    assert fixed >= LLAMA.params * 8 and fixed + each == mm.estimate("lrp", LLAMA, mm.Run(256, 2, budgets)).peak \
+    assert fixed >= mm.float64_casts(LLAMA) and fixed + each == mm.estimate("lrp", LLAMA, mm.Run(256, 2, budgets)).peak \
         - mm.weights(LLAMA, run)
     assert any(fixed + (most + 1) * each > room_of(CARD) for fixed, each in parts.values())
     assert 1 < most < 1024

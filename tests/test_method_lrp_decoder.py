@@ -427,3 +427,72 @@ def test_refused_in_one_line_where_no_rule_set_is_written(family, why):
         with pytest.raises(AttrscopeError) as err:
             get_method(name).check_architecture(ad)
         assert "\n" not in str(err.value) and why in str(err.value)
+
+
+def test_float64_holds_one_layers_float64_weights_at_a_time():
+    """--lrp-dtype auto (float64) on a float32 decoder without a float64 copy of it (issue 36): whenever a module's
+    forward starts, the float64 tensors of a weight's shape alive are at most the modules outside the layers'
+    (embeddings, head) and one layer's; the numbers are a float64 model's own (to 1e-12)."""
+    import copy
+    import gc
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    model = tiny_model("llama", layers=6, dtype=torch.float32)
+    ad = adapter_for(model)
+    batch = random_batch("llama", LENGTHS)
+    with torch.no_grad():
+        cap = ad.capture(batch, frozenset())
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+    layer_bytes = sum(p.numel() for p in ad.layers()[0].parameters() if p.dim() == 2) * 8
+    in_layers = {id(p) for layer in ad.layers() for p in layer.parameters()}
+    outside_bytes = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in in_layers) * 8
+    seen = []
+
+    def wide_weight_bytes(*_):
+        seen.append(sum(o.numel() * 8 for o in gc.get_objects() if issubclass(type(o), torch.Tensor)
+                        and o.dtype == torch.float64 and tuple(o.shape) in shapes))
+
+    handle = register_module_forward_pre_hook(wide_weight_bytes)
+    try:
+        got = get_method("transatt").compute(cap, ad, cap.pred)
+    finally:
+        handle.remove()
+    assert len(seen) > 6 and max(seen) <= outside_bytes + layer_bytes, (max(seen), outside_bytes, layer_bytes)
+    assert next(model.parameters()).dtype == torch.float32  # the model as it was
+    ad64 = adapter_for(copy.deepcopy(model).to(torch.float64))
+    with torch.no_grad():
+        cap64 = ad64.capture(batch, frozenset())
+    want = get_method("transatt").compute(cap64, ad64, cap.pred)
+    torch.testing.assert_close(got.layer_scores, want.layer_scores, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.matrices, want.matrices, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["model", "float64"])
+@pytest.mark.parametrize("family", ["llama", "mixtral", "qwen2_moe", "opt", "gpt2", "olmo", "granite", "bloom"])
+def test_the_doubled_pass_plain_half_is_the_plain_gradient(family, dtype):
+    """transatt's and mask_lrp's one pass over a doubled batch (rule_rows): its plain half's gradients of the input,
+    of every layer's output and of every attention are a plain gradient pass's, on every rule the plain rows meet
+    (alpha1-beta0 on Linears and GPT-2's Conv1Ds, OLMo's clip_qkv clamp, the experts' Function and Qwen2-MoE's fixed
+    shared gate, OPT's MLP on [B n, d], Granite's residual multiplier in the add rule, BLOOM's sublayers adding
+    their residual); its logits are the model's on both halves. "float64": a float32 model's pass widened a layer at
+    a time (widened; the rules' weights cast per step) against a float64 copy's plain pass."""
+    from compute.methods._internals.gradients import Explained
+
+    if family in ("llama", "gpt2"):
+        ad = adapter_for(tiny_model(family, layers=2, dtype=torch.float32), "classification")
+    else:
+        task = family_heads(family)[0]
+        ad = adapter_for(family_model(family, task, dtype=torch.float32), task)
+    with torch.no_grad():
+        cap = family_capture(ad, random_batch("llama", LENGTHS), frozenset())
+    B = cap.input_ids.shape[0]
+    doubled = gradient_pass(cap, ad, Explained(dtype=dtype, rules="chefer_decoder", plain_rows=True))
+    plain = gradient_pass(cap, ad, Explained(dtype=dtype))
+    close = lambda g, w: torch.testing.assert_close(g, w, rtol=0, atol=1e-5 * float(w.detach().abs().max()) + 1e-12)  # noqa: E731
+    close(doubled.logits[:B], plain.logits)  # float32 kernels may round a doubled batch's rows otherwise
+    close(doubled.logits[B:], plain.logits)
+    got, want = doubled.grads(cap.pred), plain.grads(cap.pred)
+    for key in ("X", "hidden", "attentions"):
+        for g, w in zip(got[key] if key != "X" else [got[key]], want[key] if key != "X" else [want[key]]):
+            close(g[:B], w)

@@ -23,9 +23,9 @@ class LRP(RelevanceMethod):
         Option("lrp_dtype", "auto", choices=("auto", "float64", "mixed", "model"), show_default=True, param="dtype",
                resume=True,
                help="Precision of the LRP family (lrp, partial_lrp, transatt, mask_lrp): float64 (forward and rules "
-                    "on a float64 copy of the model), mixed (float64 forward, float32 rules), model (the model's "
-                    "dtype, the reference), auto (float64: the others miss the float64 numbers by more than "
-                    "1e-3 of the scale; see docs/method-details.md, LRP precision)."),
+                    "in float64), mixed (float64 forward, float32 rules), model "
+                    "(the model's dtype, the reference), auto (float64: the others miss the float64 numbers by more "
+                    "than 1e-3 of the scale; see docs/method-details.md, LRP precision)."),
     )
 
     def from_relevance(self, rel, gp, target, cap):

@@ -25,7 +25,10 @@ class TransAtt(RelevanceMethod):
     run_options = LRP.run_options
     def from_relevance(self, rel, gp, target, cap):
         R = rel.attention.transpose(0, 1)  # [B, L, H, n, n]
-        GR = torch.stack(gp.grads(target)["attentions"], dim=1).to(R.dtype).mul_(R)  # one copy, then in place
+        if rel.attention_grad is not None:  # a decoder's pass carried the plain dF/dA (its plain rows)
+            GR = rel.attention_grad.transpose(0, 1).to(R.dtype) * R
+        else:
+            GR = torch.stack(gp.grads(target)["attentions"], dim=1).to(R.dtype).mul_(R)  # one copy, then in place
         maps = valid_block(positive_head_mean(GR), cap.mask)  # [B, L, n, n]
         views = gradient_weighted_rollout(maps, cap.mask, cap.explain_pos)
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=maps)

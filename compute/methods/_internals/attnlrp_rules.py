@@ -25,6 +25,7 @@ from torch import nn
 
 from ...adapters import Adapter
 from ...adapters.base import module_at
+from .rule_rows import RuleRows, scale as rows_scale, select
 
 EPS = 1e-10  # lxt's stabiliser of the identity rule
 
@@ -90,7 +91,7 @@ def is_activation(module: nn.Module) -> bool:
             or type(module).__name__.endswith("Gelu"))
 
 
-def _norm_hook(adapter: Adapter, kind: str):
+def _norm_hook(adapter: Adapter, kind: str, rows: RuleRows | None):
     def hook(module, inp, out):
         x = inp[0]
         with torch.no_grad():
@@ -99,53 +100,60 @@ def _norm_hook(adapter: Adapter, kind: str):
             inv = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + adapter.norm_eps(module))
             gain = adapter.norm_gain(module, x.shape[-1]) if kind == "rmsnorm" else getattr(module, "weight", None)
             factor = (inv if gain is None else inv * gain).to(x.dtype)
-        return _Replace.apply(x, (out, factor), kind == "layernorm")
+        return select(rows, out, _Replace.apply(x, (out, factor), kind == "layernorm"))
     return hook
 
 
-def _identity_hook(module, inp, out):
-    x = inp[0]
-    with torch.no_grad():
-        factor = out / _stable(x)
-    return _Replace.apply(x, (out, factor), False)
+def _identity_hook(rows: RuleRows | None):
+    def hook(module, inp, out):
+        x = inp[0]
+        with torch.no_grad():
+            factor = out / _stable(x)
+        return select(rows, out, _Replace.apply(x, (out, factor), False))
+    return hook
 
 
-def _sigmoid_gate_hook(module, inp, out):
+def _sigmoid_gate_hook(rows: RuleRows | None):
     """The shared expert's gate z: sigmoid(z) multiplies the expert's output. The identity rule on the sigmoid and
     the product's half, as a factor on z's gradient that undoes the sigmoid's own derivative (0 where it is 0)."""
-    with torch.no_grad():
-        s = torch.sigmoid(out)
-        slope = s * (1 - s)
-        factor = torch.where(slope > 0, 0.5 * s / _stable(out) / slope.masked_fill(slope == 0, 1), 0)
-    return _Replace.apply(out, (out, factor), False)
+    def hook(module, inp, out):
+        with torch.no_grad():
+            s = torch.sigmoid(out)
+            slope = s * (1 - s)
+            factor = torch.where(slope > 0, 0.5 * s / _stable(out) / slope.masked_fill(slope == 0, 1), 0)
+        return select(rows, out, _Replace.apply(out, (out, factor), False))
+    return hook
 
 
-def _grad_scale_hook(scale):
+def _grad_scale_hook(scale, rows: RuleRows | None):
     """A forward hook scaling the gradient of the module's output by ``scale`` (a number, or one per column)."""
     def hook(module, inp, out):
         t = out[0] if isinstance(out, tuple) else out
         if t.requires_grad:
-            s = scale(t) if callable(scale) else scale
+            s = rows_scale(rows, scale(t) if callable(scale) else scale, t)
             t.register_hook(lambda g: g * s)
     return hook
 
 
-def _input_scale_pre_hook(scale):
+def _input_scale_pre_hook(scale, rows: RuleRows | None):
     def hook(module, args):
         x = args[0]
         if x.requires_grad:
-            x.register_hook(lambda g: g * scale)
+            s = rows_scale(rows, scale, x)
+            x.register_hook(lambda g: g * s)
     return hook
 
 
-def _experts_pre_hook(module, args, kwargs):
+def _experts_pre_hook(rows: RuleRows | None):
     """An experts module's (hidden_states, top_k_index, top_k_weights): the expert paths 1/4, the routing weights 1/2
     (the router reads the same hidden states: scaled on a copy)."""
-    names = ("hidden_states", "top_k_index", "top_k_weights")
-    vals = dict(zip(names, args), **kwargs)
-    vals["hidden_states"] = _Scaled.apply(vals["hidden_states"], 0.25)
-    vals["top_k_weights"] = _Scaled.apply(vals["top_k_weights"], 0.5)
-    return (), vals
+    def hook(module, args, kwargs):
+        names = ("hidden_states", "top_k_index", "top_k_weights")
+        vals = dict(zip(names, args), **kwargs)
+        for name, s in (("hidden_states", 0.25), ("top_k_weights", 0.5)):
+            vals[name] = _Scaled.apply(vals[name], rows_scale(rows, s, vals[name]))
+        return (), vals
+    return hook
 
 
 # a separate value projection's name -> its query and key projections'
@@ -191,32 +199,37 @@ def is_experts(module: nn.Module) -> bool:
 
 
 @contextmanager
-def attnlrp_rules(adapter: Adapter, routing: str = "attnlrp"):
+def attnlrp_rules(adapter: Adapter, routing: str = "attnlrp", rows: RuleRows | None = None):
     """The rules' hooks on the model's modules for the forward passes run inside (``unsupported`` must be None).
     ``routing``: "attnlrp", the rules of the mixture's products above; "fixed", none on the routed experts and the
-    shared expert's gate (the caller's rules hold the routing as in the forward: chefer_decoder_rules)."""
+    shared expert's gate (the caller's rules hold the routing as in the forward: chefer_decoder_rules). ``rows``: on
+    those rows of the batch only, the others keep the plain gradient (rule_rows)."""
     block, handles = adapter.block, []
     try:
         embedding = set(adapter.embeddings().modules())
+        # routing "fixed": the caller recomputes the experts' insides without hooks, and the module's own backward
+        # (the plain rows') must stay plain: an expert's activation sees gathered tokens, which are no rows
+        skipped = embedding | ({sub for m in adapter.model.modules() if is_experts(m) for sub in m.modules()}
+                               if routing == "fixed" else set())
         for m in adapter.model.modules():
-            if m in embedding:
+            if m in skipped:
                 continue
             kind = norm_kind(m)
             if kind is not None:
-                handles.append(m.register_forward_hook(_norm_hook(adapter, kind)))
+                handles.append(m.register_forward_hook(_norm_hook(adapter, kind, rows)))
             elif is_activation(m):
-                handles.append(m.register_forward_hook(_identity_hook))
+                handles.append(m.register_forward_hook(_identity_hook(rows)))
         fused = None if block.qkv == "separate" else _fused_scale(adapter)
         for layer in adapter.layers():
             value = module_at(layer, block.value)
             if fused is not None:
-                handles.append(value.register_forward_hook(_grad_scale_hook(fused)))
+                handles.append(value.register_forward_hook(_grad_scale_hook(fused, rows)))
             else:
                 parent, _, name = block.value.rpartition(".")
-                handles.append(value.register_forward_hook(_grad_scale_hook(0.5)))
+                handles.append(value.register_forward_hook(_grad_scale_hook(0.5, rows)))
                 for qk in QK_NAMES[name]:
                     mod = module_at(layer, f"{parent}.{qk}" if parent else qk)
-                    handles.append(mod.register_forward_hook(_grad_scale_hook(0.25)))
+                    handles.append(mod.register_forward_hook(_grad_scale_hook(0.25, rows)))
             mlp = module_at(layer, block.mlp)
             gated = [mlp] if block.mlp_kind == "gated" else []
             if block.mlp_kind == "moe":
@@ -226,16 +239,16 @@ def attnlrp_rules(adapter: Adapter, routing: str = "attnlrp"):
                 if routing == "attnlrp":
                     for m in mlp.modules():
                         if is_experts(m):
-                            handles.append(m.register_forward_pre_hook(_experts_pre_hook, with_kwargs=True))
+                            handles.append(m.register_forward_pre_hook(_experts_pre_hook(rows), with_kwargs=True))
                     if shared is not None:
-                        handles.append(shared.register_forward_hook(_grad_scale_hook(0.5)))
+                        handles.append(shared.register_forward_hook(_grad_scale_hook(0.5, rows)))
                     if shared_gate is not None:
-                        handles.append(shared_gate.register_forward_hook(_sigmoid_gate_hook))
+                        handles.append(shared_gate.register_forward_hook(_sigmoid_gate_hook(rows)))
                 if not any(is_experts(m) for m in mlp.modules()) and hasattr(mlp, "down_proj"):
                     gated.append(mlp)  # a dense layer of a mixture of experts (Qwen2-MoE's mlp_only_layers)
             for g in gated:
                 down = [c for c in g.children() if isinstance(c, nn.Linear)][-1]  # down_proj, ModernBERT's Wo
-                handles.append(down.register_forward_pre_hook(_input_scale_pre_hook(0.5)))
+                handles.append(down.register_forward_pre_hook(_input_scale_pre_hook(0.5, rows)))
         yield
     finally:
         for h in handles:

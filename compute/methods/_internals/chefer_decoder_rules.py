@@ -13,6 +13,9 @@ uniform split of A.V and Q.K^T, which is Chefer's half rule in this form; the so
 * clip_qkv's clamp: the identity rule (the clamped value's relevance over the unclamped projection);
 * Mask-LRP's head mask: the gradient of the attention output before the output projection times M[l, h] per query
   head (the relevance leaving A.V towards A and V); the unmasked gradient is kept for the rollout's R^{A,l}.
+
+With ``rows`` (rule_rows) the rules apply to the second half of a doubled batch and the first keeps the plain
+gradient: transatt's and mask_lrp's dF/dA in the same pass.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from ...adapters.base import linear_weight, module_at
 from ...adapters.block import MLPMaps
 from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts
 from .attnlrp_rules import unsupported as attnlrp_unsupported
+from .rule_rows import RuleRows, scale as rows_scale, select
 from .safe_divide import EPS
+from .widened import cast_weight
 
 
 LINEARS = (nn.Linear, Conv1D)
@@ -92,10 +97,19 @@ def branches(block, layer: nn.Module) -> tuple[str, str]:
     return attn, f"{block.mlp}.{block.mlp_maps.down}" if _adds_residual(mlp) else block.mlp
 
 
-def _weights(module: nn.Module, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+def _weights(module: nn.Module, dtype: torch.dtype, name: str = "weight",
+             expert: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(|W|^T, [W, |W|]) of the module's weight ``name`` in nn.Linear's convention ([out, in]: a Conv1D's transposed;
-    an experts module's [E, out, in] stacks), kept on the module while it is the same tensor, unmodified."""
+    an experts module's [E, out, in] stacks, or its ``expert``'s [out, in]) in the pass's ``dtype``, kept on the
+    module while it is the same tensor, unmodified; made for the step alone where the pass is wider than the model
+    (widened: no wide copy kept; of one expert at a time)."""
     W = getattr(module, name)
+    if W.dtype != dtype:
+        with torch.no_grad():
+            Wl = linear_weight(module) if name == "weight" else W if expert is None else W[expert]
+            Wl = Wl.detach().to(dtype)
+            Wa = Wl.abs()
+            return Wa.T, torch.cat([Wl, Wa], dim=-1)  # [out, in]: an expert's, not the stack
     cache = module.__dict__.setdefault("_alpha_beta_weights", {})
     hit = cache.get(name)
     if hit is None or hit[0] is not W or hit[1] != W._version:
@@ -103,7 +117,7 @@ def _weights(module: nn.Module, name: str = "weight") -> tuple[torch.Tensor, tor
             Wl = linear_weight(module).detach() if name == "weight" else W.detach()
             Wa = Wl.abs()
             hit = cache[name] = (W, W._version, Wa.transpose(-1, -2).contiguous(), torch.cat([Wl, Wa], dim=-1))
-    return hit[2], hit[3]
+    return (hit[2], hit[3]) if expert is None else (hit[2][expert], hit[3][expert])
 
 
 def _alpha_beta_grad(R: torch.Tensor, x: torch.Tensor, Yu: torch.Tensor, WaT: torch.Tensor,
@@ -120,13 +134,13 @@ def _alpha_beta_grad(R: torch.Tensor, x: torch.Tensor, Yu: torch.Tensor, WaT: to
 
 class _AlphaBeta(torch.autograd.Function):
     """y = the Linear's (or Conv1D's) own output (passed in a box); backward: alpha1-beta0 from R_out = y g (``start``:
-    the explained logit's one) to the gradient of x."""
+    the explained logit's one) to the gradient of x; on the plain rows (``rows``) the module's own gradient."""
 
     @staticmethod
-    def forward(ctx, x, box, start):
+    def forward(ctx, x, box, start, rows):
         y, module, clip = box
         ctx.save_for_backward(x, y)
-        ctx.module, ctx.start, ctx.clip = module, start, clip
+        ctx.module, ctx.start, ctx.clip, ctx.rows = module, start, clip, rows
         # clip_qkv (OLMo, OLMoE, MPT): the value the model then clamps in place, clamped here (a new tensor, so the
         # model's clamp leaves it and its gradient as they are): the clamp's identity rule hands the projection
         # R = clamp(y) g, distributed by the unclamped y's contributions
@@ -139,7 +153,13 @@ class _AlphaBeta(torch.autograd.Function):
         # the start: one at the explained logit, minus one at the foil's; the sign of the gradient, which carries
         # the derivative of what follows the head elementwise (a soft cap, a logit scale: the identity rule)
         R = torch.sign(g) if ctx.start else (y if ctx.clip is None else y.clamp(-ctx.clip, ctx.clip)) * g
-        return _alpha_beta_grad(R, x, y if b is None else y - b, *_weights(ctx.module)), None, None
+        Yu = y if b is None else y - cast_weight(b, y.dtype)
+        g_in = _alpha_beta_grad(R, x, Yu, *_weights(ctx.module, y.dtype))
+        if ctx.rows is not None:  # the plain rows: the module's own gradient (through the model's clamp: 0 outside)
+            gp = g if ctx.clip is None else g * ((y >= -ctx.clip) & (y <= ctx.clip))
+            gp = torch.matmul(gp, cast_weight(linear_weight(ctx.module), g.dtype))
+            g_in = torch.where(ctx.rows.mask(g_in), g_in, gp)
+        return g_in, None, None, None
 
 
 class _Experts(torch.autograd.Function):
@@ -148,7 +168,8 @@ class _Experts(torch.autograd.Function):
     (its output times its routing weight) through its down projection (alpha1-beta0), the gated product's uniform
     rule and the activation's identity (half to the gate's and half to the up projection's output) and its [gate |
     up] projection (alpha1-beta0) to the gradient of x [T, d]; nothing to the router. The experts' intermediates are
-    recomputed, one expert at a time over its tokens, as the eager forward computes them."""
+    recomputed, one expert at a time over its tokens, as the eager forward computes them. The plain rows (rule_rows)
+    take the module's own backward beside it (select)."""
 
     @staticmethod
     def forward(ctx, x, box):
@@ -161,21 +182,20 @@ class _Experts(torch.autograd.Function):
     def backward(ctx, g):
         x, index, weights = ctx.saved_tensors
         m = ctx.module
-        WaT_gu, Wb_gu = _weights(m, "gate_up_proj")
-        WaT_d, Wb_d = _weights(m, "down_proj")
         gx = torch.zeros_like(x)
         for e in range(m.num_experts):
             tok, slot = torch.where(index == e)  # as the eager forward finds them
             if tok.numel() == 0:
                 continue
             xe = x[tok]
-            gu = torch.matmul(xe, m.gate_up_proj[e].T)
+            gu = torch.matmul(xe, cast_weight(m.gate_up_proj[e], x.dtype).T)
             gate, up = gu.chunk(2, dim=-1)
             h = m.act_fn.forward(gate) * up  # forward: not through the rules' activation hook
-            o = torch.matmul(h, m.down_proj[e].T)
-            R_h = h * _alpha_beta_grad(o * g[tok] * weights[tok, slot, None].to(g.dtype), h, o, WaT_d[e], Wb_d[e])
+            o = torch.matmul(h, cast_weight(m.down_proj[e], x.dtype).T)
+            R_h = h * _alpha_beta_grad(o * g[tok] * weights[tok, slot, None].to(g.dtype), h, o,
+                                       *_weights(m, x.dtype, "down_proj", e))
             R_gu = (R_h / 2).repeat(1, 2)
-            gx.index_add_(0, tok, _alpha_beta_grad(R_gu, xe, gu, WaT_gu[e], Wb_gu[e]))
+            gx.index_add_(0, tok, _alpha_beta_grad(R_gu, xe, gu, *_weights(m, x.dtype, "gate_up_proj", e)))
         return gx, None
 
 
@@ -184,12 +204,13 @@ class _AddRule(torch.autograd.Function):
     through the add itself. LRP-0 gives the operands a g and b g; rescaled per example, operand o's factor is
     |sum o g| / (|sum a g| + |sum b g|) * sum (a + b) g / sum o g = sign(sum o g) (A + B) / (|A| + |B|). The
     branch's gradient here is ``scale`` times the add's (Granite's residual multiplier between them); ``batch``:
-    the examples, where the operands are [B n, d] (OPT's MLP)."""
+    the examples, where the operands are [B n, d] (OPT's MLP); ``rows``: the plain rows' factor 1 (the skip's
+    correction 0)."""
 
     @staticmethod
     def forward(ctx, branch, how, *skips):  # a parallel block's add has two skips: the stream and the attention output
         ctx.save_for_backward(branch, *skips)
-        ctx.scale, ctx.batch = how
+        ctx.scale, ctx.batch, ctx.rows = how
         return branch.clone()
 
     @staticmethod
@@ -204,6 +225,8 @@ class _AddRule(torch.autograd.Function):
             gs = ge / ctx.scale
             ab[1:] /= ctx.scale
         s = ab.sign().mul_(ab.sum(0) / ab.abs().sum(0).clamp_min_(torch.finfo(g.dtype).tiny))
+        if ctx.rows is not None:  # the plain rows: factor 1 (the skip's correction 0)
+            s = torch.where(ctx.rows.mask(ge), s, 1)
         s_a, *s_skips = s.unbind(0)
         back = (lambda t: t) if ge is g else (lambda t: t.view_as(g))
         return back(ge * s_a), None, *(back(gs * s_o.sub_(1)) for s_o in s_skips)
@@ -232,9 +255,11 @@ def _with_first(out, t):
 
 
 @contextmanager
-def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept: dict | None = None):
+def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept: dict | None = None,
+                         rows: RuleRows | None = None):
     """The rules' hooks (``unsupported`` must be None). ``head_mask``: M [L][H] (Mask-LRP); ``kept`` receives per
-    layer the value projection's output ("v") and the unmasked gradient of the attention output ("g_ctx")."""
+    layer the value projection's output ("v") and the unmasked gradient of the attention output ("g_ctx"); ``rows``:
+    the rules on those rows of the batch only."""
     block, handles = adapter.block, []
     layers = list(adapter.layers())
     in_layers = {m for layer in layers for m in layer.modules()}
@@ -242,12 +267,12 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def experts_hook(module, args, kwargs, out):
         vals = dict(zip(("hidden_states", "top_k_index", "top_k_weights"), args), **kwargs)
-        return _Experts.apply(vals["hidden_states"], (out, module, vals["top_k_index"],
-                                                      vals["top_k_weights"].detach()))
+        return select(rows, out, _Experts.apply(vals["hidden_states"], (out, module, vals["top_k_index"],
+                                                                        vals["top_k_weights"].detach())))
 
     def alpha_beta(start, clip=None):
         def hook(module, inp, out):
-            return _AlphaBeta.apply(inp[0], (out, module, clip), start)
+            return _AlphaBeta.apply(inp[0], (out, module, clip), start, rows)
         return hook
 
     def skip_pre_hook(slot, key):
@@ -261,7 +286,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def add_hook(slot, keys):
         def hook(module, inp, out):
-            return _with_first(out, _AddRule.apply(_first(out), (scale, slot["B"]), *(slot[k] for k in keys)))
+            return _with_first(out, _AddRule.apply(_first(out), (scale, slot["B"], rows), *(slot[k] for k in keys)))
         return hook
 
     def keep_out_hook(slot, key):
@@ -271,7 +296,7 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def mask_pre_hook(cols, slot):
         def hook(module, args):
-            return (_HeadMask.apply(args[0], cols, slot), *args[1:])
+            return (_HeadMask.apply(args[0], rows_scale(rows, cols, args[0]), slot), *args[1:])
         return hook
 
     def keep_hook(slot):
@@ -295,8 +320,8 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                     handles.append(m.register_forward_hook(experts_hook, with_kwargs=True))
             shared_gate = getattr(module_at(layer, block.mlp), "shared_expert_gate", None)
             if block.mlp_kind == "moe" and shared_gate is not None:  # a routing weight too: fixed
-                handles.append(shared_gate.register_forward_hook(lambda _m, _i, out: out.detach()))
-        with attnlrp_rules(adapter, routing="fixed"):
+                handles.append(shared_gate.register_forward_hook(lambda _m, _i, out: select(rows, out, out.detach())))
+        with attnlrp_rules(adapter, routing="fixed", rows=rows):
             for li, layer in enumerate(layers):
                 slot: dict = {}
                 attn_branch, mlp_out = branches(block, layer)

@@ -29,6 +29,8 @@ from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
 from .attnlrp_rules import attnlrp_rules
 from .chefer_decoder_rules import chefer_decoder_rules
+from .rule_rows import RuleRows
+from .widened import widened
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import explained
 
@@ -41,8 +43,8 @@ class Explained:
     double_embedding: bool = False  # REF quirk: X through inputs_embeds (embeddings added twice)
     mask_specials: bool = False  # AttCAT REF: special tokens masked as keys in the explanation pass
     mask_sep: bool = False  # Mask-LRP REF: [SEP] masked as a key in the explanation pass (METHODS.md 6.5)
-    # "model" | "float64": run the pass on a float64 copy of the model (the LRP rules) | "float32": the model as it
-    # is when float32 or wider, else a float32 copy (a half-precision model's LRP rules, --lrp-dtype auto)
+    # "model" | "float64": run the pass in float64 (the LRP rules: see GradientPass) | "float32": the model as it is
+    # when float32 or wider, else in float32 (a half-precision model's LRP rules, --lrp-dtype auto)
     dtype: str = "model"
     # "gradient": the plain backward | "attnlrp": AttnLRP's rules on the backward (attnlrp_rules; docs/methods.md 7)
     rules: str = "gradient"
@@ -51,6 +53,8 @@ class Explained:
     # X: "embedding-output" (the embedding module's output) | "token-embedding" (get_input_embeddings()(ids), fed as
     # inputs_embeds: inseq's and Captum's input; the same on a model whose embedding module is the token embedding)
     gradient_input: str = "embedding-output"
+    # "chefer_decoder" only: the batch doubled, its first half with the plain gradient (rule_rows): transatt's dF/dA
+    plain_rows: bool = False
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -196,16 +200,24 @@ class GradientPass:
     selected output with respect to all of them, per target (the graph is kept for further targets)."""
 
     def __init__(self, cap: Captured, adapter: Adapter, spec: Explained, record_lrp: bool = True):
-        if spec.dtype == "float64":
-            adapter = adapter.twin(torch.float64)
-        elif spec.dtype == "float32":
-            adapter = adapter.twin(torch.float32)  # only reached for a half-precision model (gradient_pass)
-        self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a float64 twin for LRP)
+        # "float64" (the LRP family), "float32" (a half-precision model's): the pass in that dtype. The decoder rules
+        # cast one layer at a time (widened: no wide copy of a 7B model); Chefer's closed-form rules (post-LN
+        # encoders) keep every layer's wide weights stacked anyway (relevance.layer_weights), so they run on a wide
+        # copy, made once, which costs no casts per batch
+        wide = {"float64": torch.float64, "float32": torch.float32}.get(spec.dtype)
+        if wide is not None and spec.rules != "chefer_decoder":
+            adapter, wide = adapter.twin(wide), None
+        self.adapter, self.spec = adapter, spec  # the adapter the pass ran on (a wide copy: post-LN LRP)
         inputs = model_inputs(cap, spec)
-        E = input_at(adapter, inputs, spec)
+        # a doubled batch: rows B.. run the rules, rows ..B the plain gradient (every tensor of the pass is [2B, ...])
+        self.rows = RuleRows(cap.input_ids.shape[0], cap.input_ids.device) if spec.plain_rows else None
+        twice = (lambda t: t if t is None else torch.cat([t, t])) if spec.plain_rows else (lambda t: t)
+        inputs = {k: twice(v) for k, v in inputs.items()}
+        with widened(adapter, wide) if wide is not None else nullcontext():
+            E = input_at(adapter, inputs, spec)
         self.X = E.detach().requires_grad_(True)
-        self.internals = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths,
-                                  explain_pos=cap.explain_pos, logits=None)
+        self.internals = Captured(input_ids=twice(cap.input_ids), mask=twice(cap.mask), lengths=twice(cap.lengths),
+                                  explain_pos=twice(cap.explain_pos), logits=None)
         # Every Linear's input and output too, for the LRP rules (_internals.relevance), where a rule set exists and
         # ``record_lrp``: references to tensors the backward keeps anyway, bar two [B, n, d] per layer.
         self.records_lrp = record_lrp
@@ -213,12 +225,14 @@ class GradientPass:
         # per layer: the value projection's output and the unmasked gradient of the attention output (chefer_decoder)
         self.kept: dict = {}
         rules = (attnlrp_rules(adapter) if spec.rules == "attnlrp" else
-                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None) if spec.rules == "chefer_decoder"
-                 else nullcontext())
-        with lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules:
+                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
+                 if spec.rules == "chefer_decoder" else nullcontext())
+        with (widened(adapter, wide) if wide is not None else nullcontext(),
+              lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules):
             self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
-                                     pos=cap.explain_pos)
-        self.foil = cap.foil
+                                     pos=self.internals.explain_pos)
+        self.foil = twice(cap.foil)
+        self._twice = twice
         self._grads: dict[tuple, dict] = {}
 
     @property
@@ -237,7 +251,7 @@ class GradientPass:
             hs, att = self.hidden_states, self.attentions
             wrt = [self.X, *hs, *att]
             with torch.enable_grad():
-                y = select(self.logits, target, self.spec.output, self.foil).sum()
+                y = select(self.logits, self._twice(target), self.spec.output, self.foil).sum()
                 g = output_grads(y, wrt, retain_graph=True)
             g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, wrt)]
             self._grads[key] = {"X": g[0], "hidden": g[1:1 + len(hs)], "attentions": g[1 + len(hs):]}

@@ -126,34 +126,45 @@ def decoder_rules(adapter: Adapter) -> bool:
 
 
 def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
-                      rollout_uses_masked: bool = False, renormalise: bool = False) -> Relevance:
+                      rollout_uses_masked: bool = False, renormalise: bool = False,
+                      plain: bool = False) -> Relevance:
     """The propagation on a pre-LN decoder (``head_mask``: the host's [L][H]), read off one gradient pass with the
     rules' backward: the relevance of a state is the state times its modified gradient; R^{A,l} = A (dF/dA) / 2, the
     half of A.V's relevance that goes to A (with a head mask: unmasked unless ``rollout_uses_masked``, from the
-    unmasked gradient of A.V's output)."""
+    unmasked gradient of A.V's output). ``plain``: the plain dF/dA too (``attention_grad``), from the plain half of
+    a doubled batch in the same pass (rule_rows); a batch whose pass is doubled already reads it from that one."""
     if renormalise:
         raise AttrscopeError("method 'mask_lrp': --mask-renormalise is not defined on pre-LN decoder blocks; drop it")
     # the host's mask (the method's parameter), hashable: the pass is memoised by its spec
     mask = None if head_mask is None else tuple(tuple(row) for row in np.asarray(head_mask, dtype=np.float64))
-    gp = gradient_pass(cap, adapter, replace(spec, rules="chefer_decoder", head_mask=mask))
+    spec = replace(spec, rules="chefer_decoder", head_mask=mask)
+    # a batch that declares a backward (transatt, mask_lrp; or a gradient method beside) takes the doubled pass for
+    # the whole family, so that its methods share one pass
+    doubled = replace(spec, plain_rows=True)
+    declared = cap.passes is not None and "backward" in cap.passes
+    if plain or declared or ("gradient_pass", doubled) in cap.memo:
+        spec = doubled
+    gp = gradient_pass(cap, adapter, spec)
     g = gp.grads(target)
+    B = cap.input_ids.shape[0]
+    rule = slice(B, None) if spec.plain_rows else slice(None)  # the rules' rows of the pass
     with torch.no_grad():
-        inputs = cat_terms(gp, g, "inputs").transpose(0, 1)  # [L, B, n]
-        A = torch.stack([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
-        if mask is not None and not rollout_uses_masked:
-            gA = []
-            for li in range(len(gp.attentions)):
-                kept = gp.kept[li]
-                g_ctx = kept["g_ctx"][-1]
-                B, n, H = A.shape[1], A.shape[-1], A.shape[2]
-                g_ctx = g_ctx.view(B, n, H, -1).transpose(1, 2)  # [B, H, n, dh]
-                # the value columns of the value module's output (separate or fused), repeated per query head
-                v = adapter.value_of(kept["v"].detach()).view(B, n, H, -1).transpose(1, 2)
-                gA.append(g_ctx @ v.transpose(-1, -2))
-            gA = torch.stack(gA)
+        inputs = cat_terms(gp, g, "inputs")[rule].transpose(0, 1)  # [L, B, n]
+        A = torch.stack([a.detach()[rule] for a in gp.attentions])  # [L, B, H, n, n]: the rules' rows only
+        gA_all = torch.stack(g["attentions"])  # [L, B (2B), H, n, n]
+        if mask is not None and not rollout_uses_masked:  # every layer at once
+            L, n, H = A.shape[0], A.shape[-1], A.shape[2]
+            kept = [gp.kept[li] for li in range(L)]
+            g_ctx = torch.stack([k["g_ctx"][-1] for k in kept])[:, rule]
+            g_ctx = g_ctx.view(L, B, n, H, -1).transpose(2, 3)  # [L, B, H, n, dh]
+            # the value columns of the value module's output (separate or fused), repeated per query head
+            v = adapter.value_of(torch.stack([k["v"].detach() for k in kept])[:, rule])
+            gA = g_ctx @ v.view(L, B, n, H, -1).permute(0, 1, 3, 4, 2)
         else:
-            gA = torch.stack(g["attentions"])
-        return Relevance(input=gp.hidden_states[0].detach() * g["hidden"][0], inputs=inputs, attention=A * gA / 2)
+            gA = gA_all[:, rule]
+        return Relevance(input=gp.hidden_states[0].detach()[rule] * g["hidden"][0][rule], inputs=inputs,
+                         attention=A.mul_(gA).div_(2),
+                         attention_grad=gA_all[:, :B] if spec.plain_rows else None)
 
 
 def check_lrp(adapter: Adapter, method: str) -> None:
@@ -186,6 +197,7 @@ class Relevance:
     input: torch.Tensor
     inputs: torch.Tensor
     attention: torch.Tensor
+    attention_grad: torch.Tensor | None = None  # [L, B, H, n, n] the plain dF/dA, where the pass carried it
 
 
 def start_relevance(target: torch.Tensor, foil: torch.Tensor | None, channel: int | None, width: int,
@@ -332,8 +344,8 @@ def propagate(gp: GradientPass, target: torch.Tensor, pos: torch.Tensor, head_ma
               rollout_uses_masked: bool = False, renormalise: bool = False, foil: torch.Tensor | None = None,
               channel: int | None = None, rules_dtype: torch.dtype | None = None) -> Relevance:
     """Relevance from the one-hot target logit (less the foil's; or a QA head's ``channel`` at the explained
-    position) down to the encoder input, for the batch recorded in ``gp`` (on the model gp ran: the float64 twin for
-    --lrp-dtype float64 and mixed). ``rules_dtype``: the rules' precision (None: the pass's own, at least float32);
+    position) down to the encoder input, for the batch recorded in ``gp`` (in the pass's dtype: float64 for --lrp-dtype
+    float64 and mixed). ``rules_dtype``: the rules' precision (None: the pass's own, at least float32);
     mixed runs them in float32 on the float64 pass's activations.
 
     One step per layer, top-down, of a few large operations each: what does not depend on the relevance (|X|, the
@@ -473,10 +485,10 @@ def relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Te
 class RelevanceMethod(Method):
     """Base of the methods read off one relevance propagation (lrp, partial_lrp, transatt, mask_lrp). Parameters:
     the Explained ones (mask_sep: Mask-LRP's [SEP]-masked explanation pass) and dtype, the precision (--lrp-dtype):
-    "float64" (forward, backward and rules on the model's float64 twin), "mixed" (forward and backward on the twin,
-    rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
+    "float64" (forward, backward and rules in float64: GradientPass), "mixed" (forward and backward in
+    float64, rules in float32: the poles of the rules' divisions sit in the activations, so their precision is what the
     result needs), "model" (everything in the model's dtype, the reference), "float32" (the model's dtype where it
-    is float32 or wider, else a float32 copy of the model: auto's choice for transatt and mask_lrp before issue 26,
+    is float32 or wider, else the model cast to float32: auto's choice for transatt and mask_lrp before issue 26,
     named in the params of the stores it wrote), "auto" (``auto_dtype``: the stored params say which one ran).
     Class-specific: relevance starts at the target's one-hot logit."""
 
@@ -525,10 +537,10 @@ class RelevanceMethod(Method):
         self.check_architecture(adapter)
         if decoder_rules(adapter):
             host_mask = None if self.head_mask(cap) is None else self.params["head_mask"]
-            rel = decoder_relevance(cap, adapter, self.spec, target, host_mask, **self.options())
-            gp = gradient_pass(cap, adapter, self.spec)
-            with torch.no_grad():
-                return self.from_relevance(rel, gp, target, cap)
+            rel = decoder_relevance(cap, adapter, self.spec, target, host_mask, plain="backward" in self.passes,
+                                    **self.options())
+            with torch.no_grad():  # the plain dF/dA (transatt) is the relevance's: no gradient pass of its own
+                return self.from_relevance(rel, None, target, cap)
         rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), rules_dtype=self.rules_dtype(adapter),
                         **self.options())
         gp = gradient_pass(cap, adapter, self.spec, lrp=True)
