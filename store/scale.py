@@ -168,9 +168,12 @@ class ScaleAccumulator:
     @staticmethod
     def _add_sums(s: np.ndarray, z: np.ndarray, squares: np.ndarray, sizes: np.ndarray) -> None:
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        # reduceat over the examples with values only: it gives an empty segment its next value, and one that starts
+        # at the end (a last example without values) is out of bounds; the empty ones add 0.0
+        full = sizes > 0
         for field, term in (("sum", z), ("sum_sq", squares)):
-            per_example = np.add.reduceat(term, starts, axis=1)
-            per_example[:, sizes == 0] = 0.0  # reduceat gives an empty segment its next value
+            per_example = np.zeros((term.shape[0], sizes.size))
+            per_example[:, full] = np.add.reduceat(term, starts[full], axis=1)
             # a sequential scan from the running total: the same additions in the same order however batched
             s[:, _F[field]] = np.cumsum(np.concatenate([s[:, _F[field]][:, None], per_example], axis=1), axis=1)[:, -1]
 
