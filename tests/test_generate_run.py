@@ -89,17 +89,23 @@ def greedy_chain(model_dir: Path, prompt: str, n: int) -> list[int]:
     return out
 
 
-def test_greedy_generation_and_eos_at_the_first_step(llama_dir, tmp_path):
-    """The stored continuation is the model's greedy chain; a prompt whose first token is EOS stores T = 0."""
+def eos_first_model(llama_dir: Path, tmp_path: Path) -> tuple[Path, list[int]]:
+    """A copy of the tiny Llama whose EOS is the first prompt's first greedy token (its generation ends at once)."""
     chain = greedy_chain(llama_dir, PROMPTS[0], 1)
     model = tmp_path / "model"
     model.mkdir()
     for f in os.listdir(llama_dir):
         (model / f).write_bytes((llama_dir / f).read_bytes())
     config = json.loads((model / "config.json").read_text())
-    config["eos_token_id"] = chain[0]  # the first prompt's first token ends its generation at once
+    config["eos_token_id"] = chain[0]
     (model / "config.json").write_text(json.dumps(config))
     (model / "generation_config.json").unlink(missing_ok=True)
+    return model, chain
+
+
+def test_greedy_generation_and_eos_at_the_first_step(llama_dir, tmp_path):
+    """The stored continuation is the model's greedy chain; a prompt whose first token is EOS stores T = 0."""
+    model, chain = eos_first_model(llama_dir, tmp_path)
     data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
     out = tmp_path / "gen.h5"
     ok(invoke("run", data, "--model", model, "-o", out, "--task", "generate", "--max-new-tokens", "3",
@@ -114,6 +120,21 @@ def test_greedy_generation_and_eos_at_the_first_step(llama_dir, tmp_path):
             cut = want.index(chain[0]) if chain[0] in want else 3
             assert list(ex.generated_ids) == want[:cut]
             assert (ex.step_foil_tokens != np.asarray(ex.generated_ids)).all()  # the runner-up, never the token
+
+
+def test_a_batch_whose_last_generation_stops_at_once_is_stored(llama_dir, tmp_path):
+    """EOS at the first step of the last example of a batch (no step values at the end of the batch's joined
+    arrays) stores T = 0; it ended the run in an internal error in the store's scale statistics."""
+    model, _ = eos_first_model(llama_dir, tmp_path)
+    data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p} for p in (PROMPTS[1], PROMPTS[0])])
+    out = tmp_path / "gen.h5"
+    ok(invoke("run", data, "--model", model, "-o", out, "--task", "generate", "--max-new-tokens", "2",
+              "--methods", "rollout,grad_l2", "--batch-size", "2", *RUN))
+    with open_store(str(out)) as g:
+        assert g.complete and g[1].n_steps == 0 and g[1].step_scores("grad_l2").shape == (0, g[1].prompt_len)
+        assert g[0].n_steps > 0 and np.isfinite(g[0].step_scores("grad_l2")).any()
+        stats = g.scale_stats("grad_l2", compute=True)
+        assert stats is not None
 
 
 # --- bad input: one line, nothing written -------------------------------------------------------------------------
