@@ -26,6 +26,7 @@ from .digests import columns, crcs
 from .errors import StoreError
 from .attrs import read_attrs
 from .integrity import damaged, open_for_reading
+from .text import tokens_text
 from .scale import ScaleAccumulator, ViewScale, view_keys
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
@@ -467,6 +468,24 @@ class Store:
                     for o, n in zip(offs.tolist(), lens.tolist())]
         except UnicodeDecodeError as err:
             raise damaged(self.path, what, err) from None
+
+    def continuations_range(self, lo: int, hi: int) -> list[str]:
+        """Generation: the continuations of examples [lo, hi), their generated tokens read as text (text.tokens_text;
+        the store keeps no text of them); "" for an example without one and in other stores. Reads the examples'
+        token strings once."""
+        r = self.index_rows(lo, hi)
+        if not self.generation or not len(r) or not int(r["n_steps"].sum()):
+            return [""] * len(r)
+        t0 = int(r["tok_off"][0])
+        t1 = int(r["tok_off"][-1]) + int(r["n_tokens"][-1])
+        offs = self._read(schema.TOKEN_STR_OFF, slice(t0, t1), t1 - t0)
+        lens = self._read(schema.TOKEN_STR_LEN, slice(t0, t1), t1 - t0)
+        firsts = r["tok_off"] - t0 + r["prompt_len"]
+        ends = r["tok_off"] - t0 + r["n_tokens"]
+        gen = np.concatenate([np.arange(a, b) for a, b in zip(firsts.tolist(), ends.tolist())])
+        strings = self._strings(schema.TOKEN_STRINGS, offs[gen], lens[gen], "the token strings")
+        cuts = np.cumsum(np.r_[0, ends - firsts]).tolist()
+        return [tokens_text(strings[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
     def _id_path(self) -> str:
         return schema.IDS if self._separate_ids else schema.STRINGS
