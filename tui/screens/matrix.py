@@ -33,9 +33,10 @@ from ..data import read_matrices
 from ..widgets.footer import FittedFooter
 from ..render.heatmap import block_mean, heatmap_lines
 from ..render.layer_strip import strip_text
-from ..render.matrix_axes import Geometry, header_lines, label_text
+from ..render.matrix_axes import Geometry, header_lines, labelled
 from ..render.matrix_axes import geometry as axes_geometry
 from ..render.tokens import ColorBar, printable
+from .example_cursor import ExampleCursor
 
 NORMALISATIONS = ("layer", "example", "global")
 _DIM = Style(dim=True)
@@ -43,8 +44,9 @@ _FIXED_LINES = 6  # the title, info, strip caption, colour bar, status and foote
 # header's and map's
 
 
-class MatrixScreen(ModalScreen[None]):
+class MatrixScreen(ExampleCursor, ModalScreen[None]):
     COMMANDS = {MatrixCommands}
+    ANNOUNCE_GLOBAL = True
 
     BINDINGS = [
         Binding("left_square_bracket", "layer(-1)", "layer", id="matrix.layer.previous"),
@@ -113,24 +115,6 @@ class MatrixScreen(ModalScreen[None]):
         if m is not None:
             self.view_layer = min(self.view_layer, m.shape[0] - 1)
         self._draw()
-
-    @work(thread=True, exclusive=True, group="matrix-scale", name="global scale")
-    def _read_global(self, method: str) -> None:
-        app = self.app
-        app.call_from_thread(self.notify, f"computing the global scale of {method} (once)…", markup=False)
-        try:
-            with app.store_lock:
-                stats = app.store.scale_stats(method, compute=True)
-        except Exception as err:
-            app.call_from_thread(self.notify, f"could not compute the global scale: {err}", severity="error",
-                                 markup=False)
-            return
-        app.call_from_thread(self._global_loaded, method, stats)
-
-    def _global_loaded(self, method: str, stats) -> None:
-        if method == self.method:
-            self.global_scale = stats
-            self._draw()
 
     # ---------------------------------------------------------------- drawing
     def _signed(self) -> bool:
@@ -210,11 +194,7 @@ class MatrixScreen(ModalScreen[None]):
         r, c = self.cell
         lines = heatmap_lines(scale.values.reshape(shape), app.color_mode, per_line=geom.per_line, cursor=(r, c),
                               cell_width=geom.cw, signed=signed, cmap=app.colormap)
-        out = []
-        for parts, line in zip(labels, lines):
-            t = label_text(parts, geom.gutter, r * geom.fr)
-            t.append_text(line)
-            out.append(t)
+        out = labelled(labels, lines, geom.gutter, r * geom.fr)
         if rows == 1:
             out.append(Text(""))
             out.append(Text("only the explained token's row is stored (--matrices cls): run attr-compute with "
@@ -288,15 +268,12 @@ class MatrixScreen(ModalScreen[None]):
             self._read_global(self.method)
         self._draw()
 
-    def action_example(self, step: int) -> None:
-        lst = self.app.example_list
-        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
-        lst.move_to_row(self.index)
+    def show_example(self) -> None:
         self._read(self.index, self.method)
 
     def action_move(self, dr: int, dc: int) -> None:
         """One cell of the drawn blocks; the cursor is kept as the first token position of its new cell."""
-        fr, fc = (self.geometry.fr, self.geometry.fc) if self.geometry is not None else (1, 1)
+        fr, fc = self.block_step()
         self.pos = (max(0, self.cell[0] + dr) * fr, max(0, self.cell[1] + dc) * fc)
         self._draw()
 
