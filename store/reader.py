@@ -1172,6 +1172,32 @@ class Example:
         m = self._read(schema.method_path(method, "matrices"), slice(start, start + size), size)
         return m.astype(np.float32).reshape(L, rows, n)
 
+    def matrix_shape(self, method: str) -> tuple[int, int, int] | None:
+        """(layers, rows, n) of :meth:`matrices` without reading them: rows n (``--matrices all``) or 1; None when
+        the store keeps none for this method."""
+        lay = self._method(method)
+        if lay["matrices"] == "none":
+            return None
+        n = self.n_tokens
+        return int(lay["n_matrix_layers"]), n if lay["matrices"] == "all" else 1, n
+
+    def matrix_rows(self, method: str, layer: int, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of layer ``layer``'s matrix as float32 [stop - start, n], one read: a band of an n x n
+        for a reader that never holds a whole one (the TUI's matrix screen at thousands of tokens). A band is not
+        checked against the example's digest, which covers its whole run (:meth:`matrices` is; verify() reads
+        every run)."""
+        shape = self.matrix_shape(method)
+        if shape is None:
+            raise ValueError(f"'{self._s.path}' keeps no matrices of {method}")
+        L, rows, n = shape
+        if not (0 <= layer < L and 0 <= start <= stop <= rows):
+            raise IndexError(f"rows {start}-{stop} of layer {layer} out of range: the matrices are [{L}, {rows}, {n}]")
+        base = (int(self._row["sq_off"]) if self._method(method)["matrices"] == "all" else self._tok.start) * L
+        first = base + (layer * rows + start) * n
+        size = (stop - start) * n
+        m = self._s._read(schema.method_path(method, "matrices"), slice(first, first + size), size)
+        return m.astype(np.float32).reshape(stop - start, n)
+
     def heads(self) -> np.ndarray | None:
         """The model's per-head attention probabilities as float32 (stores made with ``attr-compute --heads``):
         [L, H, n, n] (``--matrices all``) or the explained row [L, H, n] (``--matrices cls``); None, reading
