@@ -66,6 +66,34 @@ async def test_opening_reads_the_same_in_a_small_and_a_large_store(tmp_path, mon
 
 
 @async_test
+async def test_a_key_reads_the_same_in_a_small_and_a_large_store(tmp_path, monkeypatch, color_env):
+    """Issue 38.15: what j reads (the read-ahead's next neighbour, the list's rows it draws) does not grow with the
+    store: the same datasets, as many values each, for 1,100 and 4,400 examples, key by key."""
+    from tui.app import create_app
+
+    small, large = tmp_path / "small.h5", tmp_path / "large.h5"
+    make_store(str(small), n_examples=1100)
+    make_store(str(large), n_examples=4400)
+    reads = _count_reads(monkeypatch)
+    per_store = []
+    for path in (small, large):
+        app = create_app(path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot, rounds=20)
+            keys = []
+            for i in range(1, 6):
+                reads.clear()
+                await pilot.press("j")
+                await settle(pilot)
+                assert app.current == i
+                keys.append(sorted(reads))
+        per_store.append(keys)
+    assert per_store[0] == per_store[1]
+    for key in per_store[1]:
+        assert sum(k for _, k in key) < 2_000, key  # an example's runs (a neighbour), not a block of the store
+
+
+@async_test
 async def test_the_whole_store_check_runs_in_another_process(tmp_path, monkeypatch, color_env):
     """verify() is never called in the app's process; the child that runs it reports the damage as the one-line
     notification it was before, and has exited once the app has."""
