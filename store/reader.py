@@ -26,6 +26,7 @@ from .digests import columns, crcs
 from .errors import StoreError
 from .attrs import read_attrs
 from .integrity import damaged, open_for_reading
+from .text import tokens_text
 from .scale import ScaleAccumulator, ViewScale, view_keys
 
 _MAJOR, _MINOR, _ = (int(x) for x in schema.ENCODING_VERSION.split("."))
@@ -467,6 +468,24 @@ class Store:
                     for o, n in zip(offs.tolist(), lens.tolist())]
         except UnicodeDecodeError as err:
             raise damaged(self.path, what, err) from None
+
+    def continuations_range(self, lo: int, hi: int) -> list[str]:
+        """Generation: the continuations of examples [lo, hi), their generated tokens read as text (text.tokens_text;
+        the store keeps no text of them); "" for an example without one and in other stores. Reads the examples'
+        token strings once."""
+        r = self.index_rows(lo, hi)
+        if not self.generation or not len(r) or not int(r["n_steps"].sum()):
+            return [""] * len(r)
+        t0 = int(r["tok_off"][0])
+        t1 = int(r["tok_off"][-1]) + int(r["n_tokens"][-1])
+        offs = self._read(schema.TOKEN_STR_OFF, slice(t0, t1), t1 - t0)
+        lens = self._read(schema.TOKEN_STR_LEN, slice(t0, t1), t1 - t0)
+        firsts = r["tok_off"] - t0 + r["prompt_len"]
+        ends = r["tok_off"] - t0 + r["n_tokens"]
+        gen = np.concatenate([np.arange(a, b) for a, b in zip(firsts.tolist(), ends.tolist())])
+        strings = self._strings(schema.TOKEN_STRINGS, offs[gen], lens[gen], "the token strings")
+        cuts = np.cumsum(np.r_[0, ends - firsts]).tolist()
+        return [tokens_text(strings[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
 
     def _id_path(self) -> str:
         return schema.IDS if self._separate_ids else schema.STRINGS
@@ -1152,6 +1171,32 @@ class Example:
         size = L * rows * n
         m = self._read(schema.method_path(method, "matrices"), slice(start, start + size), size)
         return m.astype(np.float32).reshape(L, rows, n)
+
+    def matrix_shape(self, method: str) -> tuple[int, int, int] | None:
+        """(layers, rows, n) of :meth:`matrices` without reading them: rows n (``--matrices all``) or 1; None when
+        the store keeps none for this method."""
+        lay = self._method(method)
+        if lay["matrices"] == "none":
+            return None
+        n = self.n_tokens
+        return int(lay["n_matrix_layers"]), n if lay["matrices"] == "all" else 1, n
+
+    def matrix_rows(self, method: str, layer: int, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of layer ``layer``'s matrix as float32 [stop - start, n], one read: a band of an n x n
+        for a reader that never holds a whole one (the TUI's matrix screen at thousands of tokens). A band is not
+        checked against the example's digest, which covers its whole run (:meth:`matrices` is; verify() reads
+        every run)."""
+        shape = self.matrix_shape(method)
+        if shape is None:
+            raise ValueError(f"'{self._s.path}' keeps no matrices of {method}")
+        L, rows, n = shape
+        if not (0 <= layer < L and 0 <= start <= stop <= rows):
+            raise IndexError(f"rows {start}-{stop} of layer {layer} out of range: the matrices are [{L}, {rows}, {n}]")
+        base = (int(self._row["sq_off"]) if self._method(method)["matrices"] == "all" else self._tok.start) * L
+        first = base + (layer * rows + start) * n
+        size = (stop - start) * n
+        m = self._s._read(schema.method_path(method, "matrices"), slice(first, first + size), size)
+        return m.astype(np.float32).reshape(stop - start, n)
 
     def heads(self) -> np.ndarray | None:
         """The model's per-head attention probabilities as float32 (stores made with ``attr-compute --heads``):

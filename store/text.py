@@ -26,6 +26,20 @@ def printable(token: str) -> str:
     return "".join(out)
 
 
+# where a tokenizer marks a word's start or a line break in its token strings (byte-level BPE: GPT-2, Llama 3;
+# SentencePiece: Llama 2, T5)
+_TOKEN_MARKS = str.maketrans({"Ġ": " ", "▁": " ", "Ċ": "\n"})
+
+
+def tokens_text(tokens: list[str]) -> str:
+    """Token strings read as the text they make, without the tokenizer (a generation store keeps its continuation as
+    tokens only): byte-level BPE and SentencePiece pieces joined, their word marks as spaces; WordPiece tokens
+    after a space, "##" pieces joined to the one before."""
+    if any(t[:1] in ("Ġ", "▁", "Ċ") for t in tokens) or not any(t.startswith("##") for t in tokens):
+        return "".join(tokens).translate(_TOKEN_MARKS)
+    return "".join(t[2:] if k and t.startswith("##") else (" " if k else "") + t for k, t in enumerate(tokens))
+
+
 def printable_text(text: str) -> str:
     """Free text (an example's text, a label name, a path) with line breaks and tabs kept and every other control or
     invisible formatting character escaped, so that no data can send escape sequences to the terminal."""

@@ -84,6 +84,33 @@ def test_text_search_is_case_insensitive_and_covers_pair_texts(store):
     assert finding.text_matches(store, "zzz").tolist() == []
 
 
+def test_text_search_finds_a_generation_stores_continuation(tmp_path):
+    """Issue 37's explorer: a generation store's text is its prompt; the continuation (its generated tokens) is searched
+    too, read as the prompt's text goes on (GPT-2's Ġ a space), a match across the two included."""
+    from generation_stores import write_generation_store
+
+    path = tmp_path / "gen.h5"
+    write_generation_store(path)
+    with open_store(path) as s:
+        assert s.continuations_range(0, 4) == [" the mat.", " France, and it is big", "", " bores and drags"]
+        assert finding.text_matches(s, "MAT").tolist() == [0]  # generated
+        assert finding.text_matches(s, "cat sat on the mat").tolist() == [0]  # prompt and continuation
+        assert finding.text_matches(s, "france, and").tolist() == [1]
+        assert finding.text_matches(s, "drags").tolist() == [3]
+        assert finding.text_matches(s, "capital").tolist() == [1]  # the prompt, as before
+        assert finding.text_matches(s, "hello").tolist() == [2]  # no continuation (EOS first)
+        assert finding.text_matches(s, "Ġ").tolist() == []  # the marks are not text
+
+
+def test_tokens_read_as_text():
+    from store.text import tokens_text
+
+    assert tokens_text(["Ġthe", "Ġmat", "."]) == " the mat."
+    assert tokens_text(["▁Le", "▁chat", "Ċ", "ok"]) == " Le chat\nok"
+    assert tokens_text(["un", "##believ", "##able", "film"]) == "unbelievable film"
+    assert tokens_text([]) == ""
+
+
 def test_progress_cancel_and_cache(store, monkeypatch):
     monkeypatch.setattr(finding, "CHUNK", 2)
     seen = []

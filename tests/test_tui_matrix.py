@@ -35,7 +35,7 @@ def store_path(tmp_path_factory):
 async def open_matrix(pilot):
     from tui.screens.matrix import MatrixScreen
 
-    return await open_modal(pilot, "x", MatrixScreen, "matrices")
+    return await open_modal(pilot, "x", MatrixScreen, "shown")
 
 
 def status_line(app) -> str:
@@ -83,7 +83,7 @@ async def test_heatmap_cursor_layers_and_scales(store_path, monkeypatch):
             if screen.loaded_key == (1, "rollout"):
                 break
         assert screen.index == 1 and app.example_list.cursor == 1
-        np.testing.assert_array_equal(screen.matrices, m1)
+        np.testing.assert_array_equal(screen.shown.cells, m1[screen.view_layer])  # its blocks: one token each
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, type(screen))
@@ -108,6 +108,63 @@ async def test_large_matrix_is_block_averaged(tmp_path, monkeypatch):
         assert "blocks" in text and "averaged" in text
         line = status_line(app)
         assert "(block mean)" in line and "(1-" in line
+
+
+@async_test
+async def test_a_large_matrix_is_read_by_bands_of_the_layer_shown(tmp_path, monkeypatch):
+    """Issue 36.6 under --matrices all: the screen reads the layer it shows, a band of rows at a time (each within
+    data.MATRIX_BAND_BYTES), never the example's [L, n, n] (at 4,096 tokens 64 MB a layer); its blocks are the means
+    of the whole layer's; another layer is read when shown and kept; the per-example scale reads every layer once,
+    by bands. Before, the screen read and held all L layers in one read."""
+    set_color_env(monkeypatch)
+    import tui.data
+    from test_tui_open_cost import _count_reads
+    from tui.app import create_app
+    from tui.render.heatmap import block_mean
+
+    n, L = 640, 3
+    rng = np.random.default_rng(3)
+    lay = MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L)
+    toks = ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"]
+    path = tmp_path / "big.h5"
+    one_example_store(path, lay, toks, {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
+                                        "matrices": rng.random((L, n, n))})
+    with open_store(path) as s:
+        full = s[0].matrices("rollout").astype(np.float64)
+    monkeypatch.setattr(tui.data, "MATRIX_BAND_BYTES", 1 << 18)
+    reads = _count_reads(monkeypatch)
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        reads.clear()
+        screen = await open_matrix(pilot)
+        g = screen.geometry
+        band = max(1, (1 << 18) // (8 * n * g.fr)) * g.fr  # rows of a band: whole blocks within the bound
+        assert g.fr > 1 and band < n
+
+        def matrix_reads():
+            got = [k for name, k in reads if name.endswith("matrices")]
+            reads.clear()
+            return got
+
+        got = matrix_reads()
+        assert sum(got) == n * n and max(got) <= band * n and len(got) == -(-n // band), got  # layer 1, by bands
+        np.testing.assert_allclose(screen.shown.cells, block_mean(full[0], g.fr, g.fc)[0], rtol=1e-6)
+        r, c = screen.cell
+        assert format_score(float(screen.shown.cells[r, c])) in status_line(app)
+        await pilot.press("right_square_bracket")
+        await settle(pilot)
+        got = matrix_reads()
+        assert screen.view_layer == 1 and sum(got) == n * n and max(got) <= band * n, got
+        np.testing.assert_allclose(screen.shown.cells, block_mean(full[1], g.fr, g.fc)[0], rtol=1e-6)
+        await pilot.press("left_square_bracket")
+        await settle(pilot)
+        assert screen.view_layer == 0 and matrix_reads() == []  # kept
+        await pilot.press("s")  # the per-example scale: every layer's min and max
+        await settle(pilot)
+        got = matrix_reads()
+        assert screen.norm == "example" and sum(got) == L * n * n and max(got) <= n * max(1, (1 << 18) // (8 * n)), got
+        assert f"{format_score(full.min())} " in screen_text(app) and f" {format_score(full.max())}" in screen_text(app)
 
 
 @async_test

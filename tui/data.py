@@ -15,6 +15,8 @@ import numpy as np
 from store import Store
 from store.palette import content_tokens, cut_after
 
+from .render.heatmap import block_mean
+
 
 def read_for_screen(screen, reader, loaded, failed) -> None:
     """A screen's one read of the store, as its worker's body: ``reader(store)`` under the app's lock, then
@@ -467,6 +469,57 @@ def read_matrices(store: Store, i: int, method: str) -> np.ndarray | None:
     """Example ``i``'s per-layer matrices of ``method``: [L, n, n], [L, 1, n] (--matrices cls) or None."""
     m = store[i].matrices(method)
     return None if m is None else np.asarray(m, dtype=np.float32)
+
+
+MATRIX_BAND_BYTES = 8 << 20  # a matrix's rows read and averaged at a time (float64 while averaged): its memory bound
+
+
+@dataclass(frozen=True)
+class MatrixLayer:
+    """One layer of an example's matrix as the matrix screen draws it."""
+
+    cells: np.ndarray  # [R, C] means of its fr x fc blocks (heatmap.block_mean: non-finite entries as 0)
+    lo: float  # its smallest and largest entry (non-finite as 0): the layer's own scale
+    hi: float
+
+
+def matrix_layer(m: np.ndarray, fr: int, fc: int) -> MatrixLayer:
+    """A layer (or a band of one) held whole as :class:`MatrixLayer`."""
+    x = np.nan_to_num(np.asarray(m, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    return MatrixLayer(block_mean(x, fr, fc)[0], float(x.min()), float(x.max()))
+
+
+def matrix_bands(rows: int, n: int, fr: int) -> list[tuple[int, int]]:
+    """Row ranges of whole fr-row blocks, each within MATRIX_BAND_BYTES of float64 (at least one block)."""
+    per = max(1, MATRIX_BAND_BYTES // max(8 * n * fr, 1)) * fr
+    return [(a, min(a + per, rows)) for a in range(0, rows, per)]
+
+
+def read_matrix_layer(store: Store, i: int, method: str, layer: int, fr: int, fc: int) -> MatrixLayer:
+    """Layer ``layer`` of example ``i``'s matrix of ``method`` averaged in fr x fc blocks, read a band of whole
+    blocks at a time: the downsampled heatmap takes every entry of the layer, so the layer is read once, but never
+    held whole (at 4,096 tokens one layer is 64 MB and all of them L times that); no other layer is read."""
+    ex = store[i]
+    _, rows, n = ex.matrix_shape(method)
+    parts, lo, hi = [], np.inf, -np.inf
+    for a, b in matrix_bands(rows, n, fr):
+        part = matrix_layer(ex.matrix_rows(method, layer, a, b), fr, fc)
+        parts.append(part.cells)
+        lo, hi = min(lo, part.lo), max(hi, part.hi)
+    return MatrixLayer(np.concatenate(parts), lo, hi)
+
+
+def read_matrix_bounds(store: Store, i: int, method: str) -> tuple[float, float]:
+    """The smallest and largest entry (non-finite as 0) of every layer of example ``i``'s matrix of ``method``,
+    read a band at a time (the matrix screen's per-example scale: the one read of the whole [L, n, n])."""
+    ex = store[i]
+    L, rows, n = ex.matrix_shape(method)
+    lo, hi = np.inf, -np.inf
+    for layer in range(L):
+        for a, b in matrix_bands(rows, n, 1):
+            x = np.nan_to_num(ex.matrix_rows(method, layer, a, b), nan=0.0, posinf=0.0, neginf=0.0)
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    return lo, hi
 
 
 class LRU:

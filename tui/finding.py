@@ -118,11 +118,15 @@ def disagreement(store, a: str, b: str, progress=None, cancel: threading.Event |
 
 # ---------------------------------------------------------------- text search
 def text_matches(store, query: str, progress=None, cancel: threading.Event | None = None) -> np.ndarray:
-    """Store rows whose text (or pair text) contains ``query``, case-insensitively, in store order."""
+    """Store rows whose text (or pair text) contains ``query``, case-insensitively, in store order. A generation
+    store's text is its prompt followed by its continuation (drawn as one text)."""
     q = query.casefold()
     hits = []
+    generation = getattr(store, "generation", False)
     for lo, hi in _chunks(len(store), progress, cancel):
         texts = store.texts_range(lo, hi)
+        if generation:
+            texts = [t + c for t, c in zip(texts, store.continuations_range(lo, hi))]
         found = [q in t.casefold() for t in texts]
         if bool((store.index_rows(lo, hi)["pair_len"] > 0).any()):
             found = [f or q in (p or "").casefold() for f, p in zip(found, store.pairs_range(lo, hi))]

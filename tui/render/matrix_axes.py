@@ -145,6 +145,16 @@ def label_text(parts: list[tuple[str, range]], width: int, cursor_row: int | Non
     return t
 
 
+def labelled(labels: list[list[tuple[str, range]]], lines: list[Text], width: int, cursor_row: int | None) -> list[Text]:
+    """Each heatmap line after its row's label (:func:`label_text`), the label naming ``cursor_row`` reversed."""
+    out = []
+    for parts, line in zip(labels, lines):
+        t = label_text(parts, width, cursor_row)
+        t.append_text(line)
+        out.append(t)
+    return out
+
+
 def column_cells(label: str, lines: int, cw: int) -> list[str]:
     """A column's label down ``lines`` lines, each exactly ``cw`` cells: one character (with its combining marks) a
     line, the last line :data:`CUT` when the label is longer (one line: its first character); a character wider than

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.style import Style
@@ -85,27 +86,56 @@ def token_info(tokens: list[str], scores: np.ndarray, i: int, signed: bool) -> s
 
 
 class TokenLayout:
-    """Tokens laid out in lines of the available width, breaking only between tokens."""
+    """Tokens laid out in lines of the available width, breaking only between tokens.
+
+    :meth:`breaks` finds where the lines start from the cells' widths alone (integers, no text drawn), and
+    :meth:`line` draws one line: the token view draws only the lines it shows (a 4,096-token example costs the lines
+    on screen, not its hundreds of lines)."""
 
     def __init__(self, cells: list[TokenCell]):
         self.cells = cells
+        self._widths: list[int] | None = None
+        self._breaks: tuple[int, list[tuple[int, int]]] | None = None  # (width, each line's cells)
 
-    def lines(self, width: int) -> list[Text]:
+    @property
+    def widths(self) -> list[int]:
+        """Each cell's width in terminal cells (measured once)."""
+        if self._widths is None:
+            self._widths = [cell_len(c.text) for c in self.cells]
+        return self._widths
+
+    def breaks(self, width: int) -> list[tuple[int, int]]:
+        """The cells [start, end) of each line at ``width`` (one empty line for no cells): a token goes to the next
+        line when it and its separator (a space, or JOIN_MARK before a "##" piece) do not fit."""
         width = max(width, 1)
-        lines: list[Text] = []
+        if self._breaks is not None and self._breaks[0] == width:
+            return self._breaks[1]
+        starts, used = [0], 0
+        for i, (w, cell) in enumerate(zip(self.widths, self.cells)):
+            if used and used + 1 + w > width:  # both separators are one cell wide
+                starts.append(i)
+                used = 0
+            used += w + (1 if used or cell.joined else 0)
+        ends = [*starts[1:], len(self.cells)]
+        if len(starts) > 1 and used == 0:  # the last line drew nothing (empty pieces): no line for it
+            starts.pop()
+            ends.pop()
+        lines = list(zip(starts, ends))
+        self._breaks = (width, lines)
+        return lines
+
+    def line(self, start: int, end: int) -> Text:
+        """The line of cells [start, end): tokens after a space, "##" pieces after JOIN_MARK."""
         line = Text()
-        for cell in self.cells:
-            sep, sep_style = (JOIN_MARK, _JOIN_STYLE) if cell.joined else (" ", Style())
-            need = len(sep) + Text(cell.text).cell_len
-            if line.cell_len and line.cell_len + need > width:
-                lines.append(line)
-                line = Text()
+        for cell in self.cells[start:end]:
             if line.cell_len or cell.joined:
+                sep, sep_style = (JOIN_MARK, _JOIN_STYLE) if cell.joined else (" ", Style())
                 line.append(sep, sep_style)
             line.append(cell.text, cell.style)
-        if line.cell_len or not lines:
-            lines.append(line)
-        return lines
+        return line
+
+    def lines(self, width: int) -> list[Text]:
+        return [self.line(a, b) for a, b in self.breaks(width)]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         text = Text("\n").join(self.lines(options.max_width))
@@ -113,7 +143,7 @@ class TokenLayout:
         yield text
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        total = sum(Text(c.text).cell_len + 1 for c in self.cells)
+        total = sum(w + 1 for w in self.widths)
         return Measurement(1, max(1, min(total, options.max_width)))
 
 

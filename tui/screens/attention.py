@@ -22,13 +22,14 @@ from ..data import HeadAttention, read_head_attention
 from ..render.drawn import Drawn
 from ..render.attention_grid import NORMS, detail_text, geometry, grid_text, info_text, thumbnails
 from ..widgets.footer import FittedFooter
+from .example_cursor import ExampleCursor
 from .head_matrix import open_head_matrix
 
 _DIM = Style(dim=True)
 _CURSOR = Binding.Group("head")
 
 
-class AttentionScreen(ModalScreen[None]):
+class AttentionScreen(ExampleCursor, ModalScreen[None]):
     """One example's heads. Modal: the browse keys do not reach the screen below."""
 
     COMMANDS = {AttentionCommands}
@@ -133,10 +134,7 @@ class AttentionScreen(ModalScreen[None]):
         self.norm = norm
         self._draw()
 
-    def action_example(self, step: int) -> None:
-        lst = self.app.example_list
-        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
-        lst.move_to_row(self.index)
+    def show_example(self) -> None:
         self._read(self.index)
 
     def action_head_matrix(self) -> None:

@@ -170,7 +170,7 @@ class BrowseScreen(Screen[None]):
         main = self.query_one("#main")
         width = max(main.size.width - 1, 20)
         taken = sum(self.query_one(w).outer_size.height for w in ("#info", "#text", "#method", "#colorbar"))
-        token_lines = min(len(tokens.lines(width)), 4) + 1  # and the token view's top border
+        token_lines = min(len(tokens.breaks(width)), 4) + 1  # and the token view's top border
         return max(2, self.app.size.height - 2 - taken - token_lines)
 
     def scale(self, ex: LoadedExample, info, scores: np.ndarray):

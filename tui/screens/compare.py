@@ -15,7 +15,6 @@ from rich.console import Group
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -28,8 +27,9 @@ from ..commands import CompareCommands
 from ..widgets.footer import FittedFooter
 from ..render.compare import DIFFERENCE, Row, aligned_blocks, difference, legend_lines, scales
 from ..render.metric_table import fmt
-from ..data import LoadedExample, read_example
+from ..data import LoadedExample
 from ..render.tokens import printable
+from .example_cursor import ExampleCursor
 
 MIN_METHODS, MAX_METHODS = 2, 6
 _DIM = Style(dim=True)
@@ -39,7 +39,7 @@ def _fmt(x: float | None, digits: int = 2) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
-class CompareScreen(ModalScreen[None]):
+class CompareScreen(ExampleCursor, ModalScreen[None]):
     COMMANDS = {CompareCommands}
 
     BINDINGS = [
@@ -84,35 +84,20 @@ class CompareScreen(ModalScreen[None]):
         yield FittedFooter()
 
     def on_mount(self) -> None:
-        self._show()
+        self.show_example()
 
     # ---------------------------------------------------------------- data
-    def _show(self) -> None:
+    def show_example(self) -> None:
         cached = self.app.example(self.index)
         if cached is not None:
             self.example = cached
             self._draw()
         else:
-            self._read(self.index)
+            self._read_example(self.index)
 
-    @work(thread=True, exclusive=True, group="compare", name="read example to compare")
-    def _read(self, index: int) -> None:
-        app = self.app
-        methods = tuple(m.name for m in app.meta.methods)
-        try:
-            with app.store_lock:
-                ex = read_example(app.store, index, methods)
-        except Exception as err:  # a damaged store: say so, keep the screen
-            app.call_from_thread(self.notify, f"could not read example {index + 1}: {err}", severity="error",
-                                 markup=False)
-            return
-        app.call_from_thread(self._loaded, ex)
-
-    def _loaded(self, ex: LoadedExample) -> None:
-        self.app.cache.put(ex.index, ex)
-        if ex.index == self.index:
-            self.example = ex.at_step(self.app.step)
-            self._draw()
+    def example_read(self, ex: LoadedExample) -> None:
+        self.example = ex.at_step(self.app.step)
+        self._draw()
 
     # ---------------------------------------------------------------- drawing
     @property
@@ -182,12 +167,6 @@ class CompareScreen(ModalScreen[None]):
         self.sub_title = "compare · " + ", ".join(methods)
 
     # ---------------------------------------------------------------- actions
-    def action_example(self, step: int) -> None:
-        lst = self.app.example_list
-        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
-        lst.move_to_row(self.index)  # the browse screen follows
-        self._show()
-
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "step":  # a generation store's key: absent elsewhere
             return self.app.meta is not None and self.app.meta.generation

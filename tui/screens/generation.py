@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 from rich.style import Style
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
@@ -24,12 +23,13 @@ from textual.widgets import Header, Static
 
 from ..colors import Scale, format_score
 from ..colors import normalize_within as scale_of
-from ..data import LoadedExample, read_example
+from ..data import LoadedExample
 from ..render.heatmap import block_nanmean, heatmap_lines
-from ..render.matrix_axes import Geometry, header_lines, label_text
+from ..render.matrix_axes import Geometry, header_lines, labelled
 from ..render.matrix_axes import geometry as axes_geometry
 from ..render.tokens import ColorBar, printable
 from ..widgets.footer import FittedFooter
+from .example_cursor import ExampleCursor
 
 NORMALISATIONS = ("generation", "step", "global")  # one scale for the whole heatmap, one per row, the store's
 _DIM = Style(dim=True)
@@ -37,7 +37,7 @@ _FIXED_LINES = 6  # the title, info, colour bar, status and footer lines (and on
 # and the map's
 
 
-class GenerationScreen(ModalScreen[None]):
+class GenerationScreen(ExampleCursor, ModalScreen[None]):
     BINDINGS = [
         Binding("up", "move(-1, 0)", "step", id="generation.up"),
         Binding("down", "move(1, 0)", "step", id="generation.down", show=False),
@@ -80,48 +80,17 @@ class GenerationScreen(ModalScreen[None]):
         yield FittedFooter()
 
     def on_mount(self) -> None:
-        self._show()
+        self.show_example()
 
     # ---------------------------------------------------------------- data
-    def _show(self) -> None:
+    def show_example(self) -> None:
         if self.app.cache.get(self.index) is not None:
             self._draw()
         else:
-            self._read(self.index)
+            self._read_example(self.index)
 
-    @work(thread=True, exclusive=True, group="generation", name="read example")
-    def _read(self, index: int) -> None:
-        app = self.app
-        try:
-            with app.store_lock:
-                ex = read_example(app.store, index, tuple(m.name for m in app.meta.methods))
-        except Exception as err:  # a damaged store: say so, keep the screen
-            app.call_from_thread(self.notify, f"could not read example {index + 1}: {err}", severity="error",
-                                 markup=False)
-            return
-        app.call_from_thread(self._loaded, ex)
-
-    def _loaded(self, ex: LoadedExample) -> None:
-        self.app.cache.put(ex.index, ex)
-        if ex.index == self.index:
-            self._draw()
-
-    @work(thread=True, exclusive=True, group="generation-scale", name="global scale")
-    def _read_global(self, method: str) -> None:
-        app = self.app
-        try:
-            with app.store_lock:
-                stats = app.store.scale_stats(method, compute=True)
-        except Exception as err:
-            app.call_from_thread(self.notify, f"could not compute the global scale: {err}", severity="error",
-                                 markup=False)
-            return
-        app.call_from_thread(self._global_loaded, method, stats)
-
-    def _global_loaded(self, method: str, stats) -> None:
-        if method == self.method:
-            self.global_scale = stats
-            self._draw()
+    def example_read(self, ex: LoadedExample) -> None:
+        self._draw()
 
     # ---------------------------------------------------------------- drawing
     def _signed(self) -> bool:
@@ -198,11 +167,7 @@ class GenerationScreen(ModalScreen[None]):
         self.query_one("#gen-cols", Static).update(Text("\n").join(header_lines(base.tokens, n, geom, c)))
         lines = heatmap_lines(sc.values, app.color_mode, per_line=geom.per_line, cursor=(r, c), cell_width=geom.cw,
                               signed=sc.signed, cmap=app.colormap)
-        out = []
-        for parts, line in zip(labels, lines):
-            t = label_text(parts, geom.gutter, r * geom.fr)
-            t.append_text(line)
-            out.append(t)
+        out = labelled(labels, lines, geom.gutter, r * geom.fr)
         self.query_one("#gen-map", Static).update(Text("\n").join(out))
         self.query_one("#gen-status", Static).update(self._status(ex, cells, geom))
 
@@ -248,7 +213,7 @@ class GenerationScreen(ModalScreen[None]):
         base = app.cache.get(self.index)
         if base is None or base.steps is None or not base.steps.n:
             return
-        fr, fc = (self.geometry.fr, self.geometry.fc) if self.geometry is not None else (1, 1)
+        fr, fc = self.block_step()
         if dc:
             self.source = max(0, min(len(base.tokens) - 1, (self.cell[1] + dc) * fc))
         if dr:
@@ -283,12 +248,6 @@ class GenerationScreen(ModalScreen[None]):
         if self.norm == "global" and self.global_scale is None:
             self._read_global(self.method)
         self._draw()
-
-    def action_example(self, step: int) -> None:
-        lst = self.app.example_list
-        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
-        lst.move_to_row(self.index)  # the browse screen follows
-        self._show()
 
     def action_close(self) -> None:
         self.dismiss(None)

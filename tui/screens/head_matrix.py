@@ -29,10 +29,11 @@ from ..data import HeadMatrix, read_head_matrix
 from ..render.drawn import Drawn
 from ..render.heatmap import block_mean, heatmap_lines
 from ..render.head_thumbnails import GRID_MAX_TOKENS, grid_geometry, grid_info, grid_text, thumbnails
-from ..render.matrix_axes import header_lines, label_text
+from ..render.matrix_axes import header_lines, labelled
 from ..render.matrix_axes import geometry as axes_geometry
 from ..render.tokens import ColorBar, printable
 from ..widgets.footer import FittedFooter
+from .example_cursor import ExampleCursor
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -56,7 +57,7 @@ def open_head_matrix(app, layer: int = 0, head: int = 0) -> None:
     app.push_screen(HeadMatrixScreen(app.current, layer, head))
 
 
-class HeadMatrixScreen(ModalScreen[None]):
+class HeadMatrixScreen(ExampleCursor, ModalScreen[None]):
     """One head's matrix, or every head's thumbnail. Modal: the browse keys do not reach the screen below."""
 
     BINDINGS = [
@@ -185,11 +186,7 @@ class HeadMatrixScreen(ModalScreen[None]):
         self.query_one("#hm-cols", Static).update(Text("\n").join(header_lines(d.tokens, n, geom, c)))
         lines = heatmap_lines(scale.values.reshape(cells.shape), app.color_mode, per_line=geom.per_line,
                               cursor=(r, c), cell_width=geom.cw, signed=False, cmap=app.colormap)
-        out = []
-        for parts, line in zip(labels, lines):
-            t = label_text(parts, geom.gutter, r * geom.fr)
-            t.append_text(line)
-            out.append(t)
+        out = labelled(labels, lines, geom.gutter, r * geom.fr)
         self.query_one("#hm-map", Static).update(Drawn(Text("\n").join(out)))
         self.query_one("#hm-status", Static).update(self._status(d.tokens, cells, n, geom))
 
@@ -291,10 +288,7 @@ class HeadMatrixScreen(ModalScreen[None]):
                                 mono=self.app.color_mode == "mono", views=0)
         return geom.fr, geom.fc
 
-    def action_example(self, step: int) -> None:
-        lst = self.app.example_list
-        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
-        lst.move_to_row(self.index)
+    def show_example(self) -> None:
         self._need()
 
     def action_close(self) -> None:

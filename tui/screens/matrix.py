@@ -13,14 +13,18 @@ them out; the layout follows the terminal's size).
 A store made with ``--matrices cls`` keeps only the explained token's row: that row is drawn and the screen says why
 the rest is absent. The matrix is read on a worker (never on the UI thread); the global scale comes from the
 store's precomputed statistics, or is computed once on a worker and cached by the store.
+Under ``--matrices all`` the screen never holds an example's [L, n, n]: the layer shown is read on a worker a band
+of rows at a time and kept as the block means it draws (tui/data.py read_matrix_layer: the downsampled heatmap takes
+every entry of that layer, no other layer is read); the per-example scale reads every layer once, by bands.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from rich.style import Style
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
@@ -29,13 +33,14 @@ from textual.widgets import Header, Static
 from ..colors import Scale, format_score
 from ..colors import normalize_within as scale_of
 from ..commands import MatrixCommands
-from ..data import read_matrices
+from ..data import LRU, MatrixLayer, matrix_layer, read_matrix_bounds, read_matrix_layer, read_matrices
 from ..widgets.footer import FittedFooter
-from ..render.heatmap import block_mean, heatmap_lines
+from ..render.heatmap import heatmap_lines
 from ..render.layer_strip import strip_text
-from ..render.matrix_axes import Geometry, header_lines, label_text
+from ..render.matrix_axes import Geometry, header_lines, labelled
 from ..render.matrix_axes import geometry as axes_geometry
 from ..render.tokens import ColorBar, printable
+from .example_cursor import ExampleCursor
 
 NORMALISATIONS = ("layer", "example", "global")
 _DIM = Style(dim=True)
@@ -43,8 +48,9 @@ _FIXED_LINES = 6  # the title, info, strip caption, colour bar, status and foote
 # header's and map's
 
 
-class MatrixScreen(ModalScreen[None]):
+class MatrixScreen(ExampleCursor, ModalScreen[None]):
     COMMANDS = {MatrixCommands}
+    ANNOUNCE_GLOBAL = True
 
     BINDINGS = [
         Binding("left_square_bracket", "layer(-1)", "layer", id="matrix.layer.previous"),
@@ -76,8 +82,13 @@ class MatrixScreen(ModalScreen[None]):
         self.norm = "layer"
         self.pos = (0, 0)  # the cursor's (row, column) token positions: kept across block sizes and examples
         self.cell = (0, 0)  # the cell that holds them in the last draw's blocks (clamped to the matrix)
-        self.matrices: np.ndarray | None = None  # [L, rows, n] of (index, method)
+        self.shape: tuple[int, int, int] | None = None  # (L, rows, n) of (index, method); None: no matrices
+        self.matrices: np.ndarray | None = None  # [L, 1, n] of (index, method) under --matrices cls (else not held)
         self.loaded_key: tuple[int, str] | None = None
+        self.layer_cache = LRU(8)  # (index, method, layer, fr, fc) -> MatrixLayer (--matrices all: read by bands)
+        self.bounds: dict[tuple[int, str], tuple[float, float]] = {}  # every layer's min and max (scale: example)
+        self.shown: MatrixLayer | None = None  # the layer drawn last
+        self._asked: set = set()  # the layers and bounds being read (a draw meanwhile asks for them once)
         self.global_scale: dict | None = None
         self.geometry: Geometry | None = None  # how the last draw laid the screen out
 
@@ -95,76 +106,84 @@ class MatrixScreen(ModalScreen[None]):
         self._read(self.index, self.method)
 
     # ---------------------------------------------------------------- workers
-    @work(thread=True, exclusive=True, group="matrix", name="read matrices")
-    def _read(self, index: int, method: str) -> None:
+    def _on_worker(self, reader, then, *args) -> None:
+        """A worker's body: ``reader(store)`` under the store's lock, then ``then(*args, result)`` on the UI thread;
+        a damaged store says so in a notification."""
         app = self.app
         try:
             with app.store_lock:
-                m = read_matrices(app.store, index, method)
+                result = reader(app.store)
         except Exception as err:
             app.call_from_thread(self.notify, f"could not read the matrices: {err}", severity="error", markup=False)
             return
-        app.call_from_thread(self._loaded, index, method, m)
+        app.call_from_thread(then, *args, result)
 
-    def _loaded(self, index: int, method: str, m: np.ndarray | None) -> None:
+    def _read(self, index: int, method: str) -> None:
+        """The matrices' shape; under --matrices cls also the explained rows ([L, 1, n], small)."""
+
+        def reader(store):
+            shape = store[index].matrix_shape(method)
+            return shape, (read_matrices(store, index, method) if shape is not None and shape[1] == 1 else None)
+
+        self.run_worker(partial(self._on_worker, reader, self._loaded, index, method), thread=True, exclusive=True,
+                        group="matrix", name="read matrices")
+
+    def _loaded(self, index: int, method: str, read) -> None:
         if (index, method) != (self.index, self.method):
             return
-        self.matrices, self.loaded_key = m, (index, method)
-        if m is not None:
-            self.view_layer = min(self.view_layer, m.shape[0] - 1)
+        (self.shape, self.matrices), self.loaded_key = read, (index, method)
+        if self.shape is not None:
+            self.view_layer = min(self.view_layer, self.shape[0] - 1)
         self._draw()
 
-    @work(thread=True, exclusive=True, group="matrix-scale", name="global scale")
-    def _read_global(self, method: str) -> None:
-        app = self.app
-        app.call_from_thread(self.notify, f"computing the global scale of {method} (once)…", markup=False)
-        try:
-            with app.store_lock:
-                stats = app.store.scale_stats(method, compute=True)
-        except Exception as err:
-            app.call_from_thread(self.notify, f"could not compute the global scale: {err}", severity="error",
-                                 markup=False)
-            return
-        app.call_from_thread(self._global_loaded, method, stats)
+    def _read_layer(self, key: tuple[int, str, int, int, int]) -> None:
+        """One layer in the drawn blocks, by bands (not exclusive: a read asked for stays asked until it is done)."""
+        self.run_worker(partial(self._on_worker, lambda store: read_matrix_layer(store, *key), self._read_done,
+                                self.layer_cache.put, key), thread=True, group="matrix layer", name="read a layer")
 
-    def _global_loaded(self, method: str, stats) -> None:
-        if method == self.method:
-            self.global_scale = stats
-            self._draw()
+    def _read_bounds(self, key: tuple[int, str]) -> None:
+        self.run_worker(partial(self._on_worker, lambda store: read_matrix_bounds(store, *key), self._read_done,
+                                self.bounds.__setitem__, key), thread=True, group="matrix bounds",
+                        name="read the bounds")
+
+    def _read_done(self, keep, key, value) -> None:
+        self._asked.discard(key)
+        keep(key, value)
+        self._draw()
 
     # ---------------------------------------------------------------- drawing
     def _signed(self) -> bool:
         return next(m.signed for m in self.app.meta.methods if m.name == self.method)
 
-    def _scale(self, layer_matrix: np.ndarray) -> Scale:
+    def _scale(self, layer: MatrixLayer, bounds: tuple[float, float] | None) -> Scale:
+        """The scale of the shown layer (its ends: the layer's own, every layer's, or the store's) and its cells
+        on it (the layer's own: the cells' own range)."""
         signed = self._signed()
-        if self.norm == "example":
-            return scale_of(layer_matrix, signed, *self._bounds(self.matrices, signed))
+        lo, hi = layer.lo, layer.hi
+        if self.norm == "example" and bounds is not None:
+            lo, hi = bounds
         if self.norm == "global":
             view = (self.global_scale or {}).get(f"matrix {self.view_layer + 1}")
             if view is not None and view.count:
-                return scale_of(layer_matrix, signed, None if signed else view.min, view.max_abs if signed else view.max)
-        return scale_of(layer_matrix, signed)
-
-    @staticmethod
-    def _bounds(m: np.ndarray, signed: bool) -> tuple[float | None, float | None]:
-        x = np.nan_to_num(np.asarray(m, np.float64))
-        return (None, float(np.abs(x).max())) if signed else (float(x.min()), float(x.max()))
+                lo, hi = (-view.max_abs, view.max_abs) if signed else (view.min, view.max)
+        if self.norm == "layer":
+            return scale_of(layer.cells, signed)
+        hi = max(abs(lo), abs(hi)) if signed else hi
+        return Scale(np.clip(scale_of(layer.cells, signed, None if signed else lo, hi).values, -1, 1), -hi if signed
+                     else lo, hi, signed)
 
     def _draw(self) -> None:
         app = self.app
         ex = app.example(self.index)
-        m = self.matrices
         info = self.query_one("#matrix-info")
         if self.loaded_key != (self.index, self.method):
             return
-        tokens = ex.tokens if ex is not None else [str(i) for i in range(m.shape[-1] if m is not None else 0)]
-        if m is None:
+        tokens = ex.tokens if ex is not None else [str(i) for i in range(self.shape[-1] if self.shape else 0)]
+        if self.shape is None:
             info.update(Text(f"{self.method} keeps no matrices in this store: run attr-compute with --matrices all",
                              style=_DIM))
             return
-        L, rows, n = m.shape
-        lm = m[self.view_layer]
+        L, rows, n = self.shape
         # the row a --matrices cls store keeps: a generation store's is its index row's, not the step shown
         stored = ex.steps.explain_pos if ex is not None and ex.steps is not None else getattr(ex, "explain_pos", None)
         explained = stored if ex is not None and rows == 1 else None
@@ -173,11 +192,14 @@ class MatrixScreen(ModalScreen[None]):
                                      height=max(self.size.height - _FIXED_LINES, 4), mono=app.color_mode == "mono",
                                      views=0 if views is None else len(views))
         self.geometry = geom
-        cells, _ = block_mean(lm, geom.fr, geom.fc)
-        sc = self._scale(lm)
-        cell_scale = self._scale(cells) if self.norm == "layer" else Scale(
-            np.clip(scale_of(cells, sc.signed, None if sc.signed else sc.lo, sc.hi).values, -1, 1), sc.lo, sc.hi,
-            sc.signed)
+        layer = self._layer(geom)
+        bounds = self._example_bounds()
+        if layer is None or (self.norm == "example" and bounds is None):
+            info.update(Text(f"reading layer {self.view_layer + 1} of {self.method}…", style=_DIM))
+            return
+        self.shown = layer
+        cells = layer.cells
+        cell_scale = self._scale(layer, bounds)
         r, c = min(self.pos[0] // geom.fr, cells.shape[0] - 1), min(self.pos[1] // geom.fc, cells.shape[1] - 1)
         self.cell = (r, c)
         info.update(self._info(ex, L, rows, n, geom))
@@ -187,9 +209,35 @@ class MatrixScreen(ModalScreen[None]):
         self.query_one("#matrix-bar").update(ColorBar(cell_scale, app.color_mode, glyphs=app.color_mode == "mono",
                                                       cmap=app.colormap, scope=self._what()))
         self.query_one("#matrix-cols").update(Text("\n").join(header_lines(tokens, n, geom, c)))
-        self.query_one("#matrix-map").update(self._map(cell_scale, cells.shape, sc.signed, geom, labels, rows))
+        self.query_one("#matrix-map").update(self._map(cell_scale, cells.shape, cell_scale.signed, geom, labels, rows))
         self.query_one("#matrix-status").update(self._status(tokens, explained, cells, rows, n, geom))
         self.sub_title = f"matrix · {self.method}"
+
+    def _layer(self, geom) -> MatrixLayer | None:
+        """The shown layer in the geometry's blocks: from the rows held (--matrices cls), else read by bands on a
+        worker (None until it is)."""
+        if self.matrices is not None:
+            return matrix_layer(self.matrices[self.view_layer], geom.fr, geom.fc)
+        key = (self.index, self.method, self.view_layer, geom.fr, geom.fc)
+        layer = self.layer_cache.get(key)
+        if layer is None and key not in self._asked:
+            self._asked.add(key)
+            self._read_layer(key)
+        return layer
+
+    def _example_bounds(self) -> tuple[float, float] | None:
+        """Every layer's min and max (the per-example scale), None until read (read only for that scale)."""
+        if self.norm != "example":
+            return None
+        if self.matrices is not None:
+            x = np.nan_to_num(np.asarray(self.matrices, np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+            return float(x.min()), float(x.max())
+        key = (self.index, self.method)
+        bounds = self.bounds.get(key)
+        if bounds is None and key not in self._asked:
+            self._asked.add(key)
+            self._read_bounds(key)
+        return bounds
 
     def _what(self) -> str:
         """What the heatmap shows, for its colour bar."""
@@ -210,11 +258,7 @@ class MatrixScreen(ModalScreen[None]):
         r, c = self.cell
         lines = heatmap_lines(scale.values.reshape(shape), app.color_mode, per_line=geom.per_line, cursor=(r, c),
                               cell_width=geom.cw, signed=signed, cmap=app.colormap)
-        out = []
-        for parts, line in zip(labels, lines):
-            t = label_text(parts, geom.gutter, r * geom.fr)
-            t.append_text(line)
-            out.append(t)
+        out = labelled(labels, lines, geom.gutter, r * geom.fr)
         if rows == 1:
             out.append(Text(""))
             out.append(Text("only the explained token's row is stored (--matrices cls): run attr-compute with "
@@ -255,9 +299,9 @@ class MatrixScreen(ModalScreen[None]):
 
     # ---------------------------------------------------------------- actions
     def action_layer(self, step: int) -> None:
-        if self.matrices is None:
+        if self.shape is None:
             return
-        self.set_layer((self.view_layer + step) % self.matrices.shape[0])
+        self.set_layer((self.view_layer + step) % self.shape[0])
 
     def set_layer(self, layer: int) -> None:
         self.view_layer = layer
@@ -288,15 +332,12 @@ class MatrixScreen(ModalScreen[None]):
             self._read_global(self.method)
         self._draw()
 
-    def action_example(self, step: int) -> None:
-        lst = self.app.example_list
-        self.index = lst.step_row(self.index, step)  # in the list's order (a sort or filter included)
-        lst.move_to_row(self.index)
+    def show_example(self) -> None:
         self._read(self.index, self.method)
 
     def action_move(self, dr: int, dc: int) -> None:
         """One cell of the drawn blocks; the cursor is kept as the first token position of its new cell."""
-        fr, fc = (self.geometry.fr, self.geometry.fc) if self.geometry is not None else (1, 1)
+        fr, fc = self.block_step()
         self.pos = (max(0, self.cell[0] + dr) * fr, max(0, self.cell[1] + dc) * fc)
         self._draw()
 

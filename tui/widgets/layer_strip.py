@@ -25,5 +25,6 @@ class LayerStrip(LaidOutOnce, Static):
         lines = np.vstack([np.asarray(views, np.float64), np.asarray(final, np.float64)[None, :]])
         labels = [f"L{i + 1}" for i in range(len(views))] + ["final"]
         current = len(views) if layer is None else layer
-        self.update(strip_text(lines, labels, current, signed, mode, width=max(self.size.width, 20), rows=rows,
-                               label_w=7, cmap=cmap))
+        text = strip_text(lines, labels, current, signed, mode, width=max(self.size.width, 20), rows=rows, label_w=7,
+                          cmap=cmap)
+        self.update(text, height=text.plain.count("\n") + 1)
