@@ -270,8 +270,6 @@ def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[st
                                layer_scores=cap.mask.new_zeros((0, V, cap.mask.shape[1]), dtype=torch.float32)
                                if V else None,
                                example_values={k: cap.mask.new_zeros(0, dtype=torch.float32) for k in m.example_values})
-        elif m.class_specific:
-            res = m.compute(rows(), lm.adapter, steps.target)
         else:
             res = m.compute_rows(cap, lm.adapter, steps, rows)
         out = {"scores": res.scores * step_mask}
