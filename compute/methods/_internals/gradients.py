@@ -274,7 +274,7 @@ def input_gradients(cap: Captured, adapter: Adapter, spec: Explained, outputs: O
                                 retain_graph=k < last)
         G.index_add_(0, grp.row, wide(g))  # each row once (the last, of no step, collects the rest)
     E = E if outputs.example is None else E[outputs.example]
-    return InputGradients(X=E, grads={"X": G[:outputs.rows].to(E.dtype)})
+    return InputGradients(X=E, grads={"X": G[:outputs.rows]})
 
 
 class GradientPass:
