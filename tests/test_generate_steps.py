@@ -5,6 +5,8 @@ step's runner-up (top2) and with given foils."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -21,13 +23,15 @@ from conftest import MASK_ID, tiny_task_model
 # 12 prompts: their lengths and how many tokens each generated (0: EOS came first)
 PROMPTS = [3, 7, 1, 5, 9, 4, 6, 2, 8, 5, 3, 10]
 STEPS = [4, 2, 3, 0, 1, 4, 3, 2, 1, 3, 4, 2]
-# mask_lrp's head mask (3 layers x 4 heads) given, as its head-statistics pass would give one
+# mask_lrp's head mask (2 layers x 4 heads) given, as its head-statistics pass would give one
 PARAMS = {"ig_l2": {"steps": 4}, "ig_mean": {"steps": 4},
-          "mask_lrp": {"head_mask": np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]], dtype=np.float64)}}
+          "mask_lrp": {"head_mask": np.array([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=np.float64)}}
 
 
+@functools.cache
 def loaded(arch: str) -> LoadedModel:
-    model = tiny_task_model(arch, "next-token", seed=3)
+    """The tiny model of ``arch`` (2 layers: a first and a last one, where the methods differ), made once."""
+    model = tiny_task_model(arch, "next-token", seed=3, layers=2)
     ad = adapter_for(model, "next-token")
     ad.mask_token_id = MASK_ID
     return LoadedModel(model=model, tokenizer=None, adapter=ad, task=get_task("next-token"),
@@ -134,9 +138,11 @@ def test_every_step_equals_the_next_token_run_on_its_prefix(arch):
 @pytest.mark.parametrize("contrast", ["top2", "column"])
 def test_contrasted_steps_equal_the_foil_runs_on_their_prefixes(arch, contrast):
     """--contrast top2: each step against its runner-up (the most probable other token, read off the step's
-    logits); --contrast-column: against the given foils; both equal the next-token run with that foil."""
+    logits); --contrast-column: against the given foils; both equal the next-token run with that foil. The
+    class-specific methods: the others do not read the foil (their steps are the uncontrasted test's)."""
     lm = loaded(arch)
-    names = every_method(lm.adapter)
+    names = [n for n in every_method(lm.adapter) if REGISTRY[n].class_specific]
+    assert len(names) >= 15, names
     prompts, made, foils = generations()
     steps, got = steps_run(lm, names, prompts, made, foils if contrast == "column" else None, contrast)
     per_step = np.asarray(got.outcome.foil_token)
@@ -153,3 +159,46 @@ def test_contrasted_steps_equal_the_foil_runs_on_their_prefixes(arch, contrast):
     step_foils = [[next(it) for _ in g] for g in made]
     seqs, ref = prefixes_run(lm, names, prompts, made, step_foils)
     assert_steps_equal_prefixes(names, ref, got, seqs, steps)
+
+
+def forward_rows(lm, run) -> list[int]:
+    """The rows of every forward of ``lm``'s model while ``run()`` runs."""
+    seen = []
+
+    def hook(_m, args, kwargs):
+        x = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
+        seen.append(int((x if x is not None else args[0]).shape[0]))
+
+    h = lm.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        run()
+    finally:
+        h.remove()
+    return seen
+
+
+def test_gradients_and_integrated_gradients_share_one_forward_for_every_step():
+    """The input-gradient methods and integrated gradients run their forward on the B sequences (the path's B x
+    (steps + 2) rows), never on the R step rows: the steps share it, one backward per step index."""
+    lm = loaded("llama")
+    prompts, made, _ = generations()
+    B, R = len(prompts), sum(STEPS)
+    seen = forward_rows(lm, lambda: steps_run(lm, ["grad_l2", "gxi_mean", "gxi_l2", "ig_l2", "ig_mean"], prompts,
+                                              made, None, "top2"))
+    path = B * (PARAMS["ig_l2"]["steps"] + 2)
+    assert set(seen) == {B, path}, seen
+    assert seen.count(path) == 1  # ig_l2 and ig_mean share the integration
+
+
+def test_decompx_reads_every_step_off_the_one_pass(monkeypatch):
+    """decompx and decompx_nohead decompose the pass over the B sequences once (each step's rows read off it),
+    not the R step rows."""
+    from compute.methods._internals import token_vectors
+
+    lm = loaded("llama")
+    prompts, made, _ = generations()
+    stacked = []
+    real = token_vectors.layer_stack
+    monkeypatch.setattr(token_vectors, "layer_stack", lambda cap, ad: stacked.append(cap.mask.shape[0]) or real(cap, ad))
+    steps_run(lm, ["decompx", "decompx_nohead"], prompts, made, None, None)
+    assert stacked == [len(prompts)]

@@ -80,6 +80,12 @@ class DecompXBase(Method):
         """[B, L, n]: ||x^l_{e<-j}||_2 per layer."""
         return torch.linalg.vector_norm(self.propagated(cap, adapter).rows, dim=-1)
 
+    def step_rows(self, cap, adapter, steps) -> torch.Tensor:
+        """[R, L, n, d] every step's x^l_{e<-j}, read off the one pass's decomposition (compute/run/steps.py)."""
+        self.check_architecture(adapter)
+        return steps.rows(propagate(cap, adapter, self.params["memory_mb"], self.params["state_mb"],
+                                    positions=steps.grid).rows)
+
 
 class DecompX(DecompXBase):
     name = "decompx"
@@ -95,6 +101,11 @@ class DecompX(DecompXBase):
         logits = self.propagated(cap, adapter).logits  # [B, n, C]
         scores = logits.gather(-1, target[:, None, None].expand(-1, logits.shape[1], 1))[..., 0]
         return MethodResult(scores=scores, layer_scores=self.layer_views(cap, adapter))
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        X = self.step_rows(cap, adapter, steps)
+        return MethodResult(scores=word_shares(adapter, rows(), X[:, -1], steps.target),
+                            layer_scores=torch.linalg.vector_norm(X, dim=-1))
 
     def compute_classes(self, cap, adapter, num_classes):
         return self.propagated(cap, adapter).logits.transpose(1, 2)  # every class at once: [B, C, n]

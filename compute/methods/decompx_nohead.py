@@ -4,6 +4,8 @@ same after layer l. Class-independent and non-negative."""
 
 from __future__ import annotations
 
+import torch
+
 from ._internals.base import MethodResult
 from .decompx import DecompXBase
 
@@ -15,4 +17,8 @@ class DecompXNoHead(DecompXBase):
 
     def compute(self, cap, adapter, target):
         views = self.layer_views(cap, adapter)
+        return MethodResult(scores=views[:, -1], layer_scores=views)
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        views = torch.linalg.vector_norm(self.step_rows(cap, adapter, steps), dim=-1)
         return MethodResult(scores=views[:, -1], layer_scores=views)

@@ -14,6 +14,7 @@ class GradL2(GradientMethod):
     description = "L2 norm of the gradient of the target output at each token's embedding, normalised to sum 1"
     reference = "Simonyan et al. (2014) saliency; Ferrando et al. (2022) baselines; METHODS.md 2.4"
     run_options = (GRADIENT_INPUT,)
+    input_only = True
 
     def from_grads(self, gp, grads, cap):
         a = torch.linalg.vector_norm(wide(grads["X"]), dim=-1) * cap.mask

@@ -13,6 +13,7 @@ class GxIL2(GradientMethod):
     description = "L2 norm of gradient x input at each token's embedding (embedding-module output)"
     reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
     run_options = (GRADIENT_INPUT,)
+    input_only = True
 
     def from_grads(self, gp, grads, cap):
         a = torch.linalg.vector_norm(wide(gp.X) * wide(grads["X"]), dim=-1)

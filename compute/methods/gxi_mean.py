@@ -11,6 +11,7 @@ class GxIMean(GradientMethod):
     description = "mean absolute gradient x input over the hidden dimensions of each token's embedding"
     reference = "Shrikumar et al. (2016); Ferrando et al. (2022) baselines; METHODS.md 2.4"
     run_options = (GRADIENT_INPUT,)
+    input_only = True
 
     def from_grads(self, gp, grads, cap):
         a = (wide(gp.X) * wide(grads["X"])).abs().mean(dim=-1)

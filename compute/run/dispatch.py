@@ -134,6 +134,20 @@ class StageProbe(Probe):
         self.progress.stage(f"{self.batch} · {stage}")
 
 
+def _capture_for(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], heads: str,
+                 probe: Probe, clock: Stopwatch) -> tuple[Captured, float]:
+    """The batch's forward pass with the internals its methods need (and the attention under --heads), its passes
+    set; the forward stage begun on ``probe`` and ``clock`` (the caller ends it): (the capture, the stage's start)."""
+    needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
+    if heads != "none":
+        needs |= {"attentions"}
+    probe.begin("forward")
+    t0 = clock.now()
+    cap = lm.adapter.capture(enc, needs)
+    cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
+    return cap, t0
+
+
 @torch.no_grad()
 def run_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, torch.Tensor], rows: TaskRows,
               target_mode: str, num_labels: int, matrices: str, timings: Timings,
@@ -163,13 +177,7 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     device = enc["input_ids"].device
     probe = probe or Probe()
     clock = Stopwatch(device)
-    needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
-    if heads != "none":
-        needs |= {"attentions"}
-    probe.begin("forward")
-    t0 = clock.now()
-    cap = lm.adapter.capture(enc, needs)
-    cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
+    cap, t0 = _capture_for(lm, methods, enc, heads, probe, clock)
     parts = lm.task.parts(cap, rows, target_mode)
     outcome = lm.task.outcome(cap, parts, rows)
     clock.span("forward", t0)
@@ -237,13 +245,7 @@ def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[st
     device = enc["input_ids"].device
     probe = probe or Probe()
     clock = Stopwatch(device)
-    needs = frozenset().union(*(m.needs for m in methods.values())) if methods else frozenset()
-    if heads != "none":
-        needs |= {"attentions"}
-    probe.begin("forward")
-    t0 = clock.now()
-    cap = lm.adapter.capture(enc, needs)
-    cap.passes = frozenset().union(*(m.passes for m in methods.values()))
+    cap, t0 = _capture_for(lm, methods, enc, heads, probe, clock)
     logits = step_logits(cap, steps)
     foil = step_foils(logits, steps, contrast)
     outcome = step_outcome(logits, steps, foil)
@@ -270,8 +272,6 @@ def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[st
                                layer_scores=cap.mask.new_zeros((0, V, cap.mask.shape[1]), dtype=torch.float32)
                                if V else None,
                                example_values={k: cap.mask.new_zeros(0, dtype=torch.float32) for k in m.example_values})
-        elif m.class_specific:
-            res = m.compute(rows(), lm.adapter, steps.target)
         else:
             res = m.compute_rows(cap, lm.adapter, steps, rows)
         out = {"scores": res.scores * step_mask}

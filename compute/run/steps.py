@@ -5,8 +5,10 @@ Step t of an example whose prompt has p tokens explains position e = p - 1 + t (
 token t) over the tokens 0..e. The model is causal, so one forward over prompt + continuation serves every step: the
 step's row is the sequence with its mask cut after e, which is the prefix's own right-padded next-token row (the
 later tokens are its padding: masked, and unseen by the rows up to e anyway). The target-independent methods read
-their rows off the one pass (``Method.compute_rows``); the target-dependent ones run on the step rows (``rows_capture``:
-the batch repeated per step, each copy its step's mask, target and foil: exact, one backward for all steps).
+their rows off the one pass (``Method.compute_rows``); so do the input-gradient methods and integrated gradients
+(one forward over the B sequences, then one backward per step index: every example's step t at once,
+``gradients.Outputs.of_steps``); the other target-dependent ones run on the step rows (``rows_capture``: the batch
+repeated per step, each copy its step's mask, target and foil: exact, one backward for all steps).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Steps:
     foil: torch.Tensor  # [R] the given foil token (-1: none)
     grid: torch.Tensor  # [B, S] the positions as a padded grid (S: the most steps of an example; padding repeats 0)
     flat: torch.Tensor  # [R] each row's index into the grid flattened (b * S + t)
+    row_grid: torch.Tensor  # [B, S] each grid cell's row (R where the example has no such step)
     counts: list[int]  # steps per example
     prompt_last: torch.Tensor  # [B] each prompt's last position (the store's explained position of the example)
 
@@ -47,11 +50,14 @@ class Steps:
         position = np.asarray(prompt_lengths, dtype=np.int64)[example] - 1 + step
         grid = np.zeros((len(counts), max(S, 1)), dtype=np.int64)
         grid[example, step] = position
+        row_grid = np.full((len(counts), max(S, 1)), len(example), dtype=np.int64)
+        row_grid[example, step] = np.arange(len(example))
         flat_foils = [f for row in foils for f in row] if foils is not None else [-1] * len(example)
         return cls(example=long_tensor(example, device), position=long_tensor(position, device),
                    target=long_tensor([t for row in targets for t in row], device),
                    foil=long_tensor(flat_foils, device), grid=long_tensor(grid, device),
-                   flat=long_tensor(example * max(S, 1) + step, device), counts=counts,
+                   flat=long_tensor(example * max(S, 1) + step, device), row_grid=long_tensor(row_grid, device),
+                   counts=counts,
                    prompt_last=long_tensor([p - 1 for p in prompt_lengths], device))
 
     def rows(self, per_example_steps: torch.Tensor) -> torch.Tensor:

@@ -149,12 +149,14 @@ class Method:
         raise NotImplementedError
 
     def compute_rows(self, cap: Captured, adapter: Adapter, steps, rows) -> MethodResult:
-        """A class-independent method's results for the steps of a batch of generations (compute/run/steps.py): one
-        row per step (scores [R, n], layer_scores [R, V, n]) and its matrices of the pass ([B, L, n, n], or None).
-        ``cap`` is the one pass over the B sequences, ``steps.grid`` [B, S] the positions explained, ``rows()`` the
-        step rows' capture (made once per batch). By default the method runs on the step rows; a method whose
-        result is a row of per-pass matrices overrides this to read every step's row off the one pass."""
-        res = self.compute(rows(), adapter, None)
+        """The method's results for the steps of a batch of generations (compute/run/steps.py): one row per step
+        (scores [R, n], layer_scores [R, V, n], example_values [R]) and a class-independent method's matrices of
+        the pass ([B, L, n, n], or None). ``cap`` is the one pass over the B sequences, ``steps.grid`` [B, S] the
+        positions explained, ``steps.target`` [R] the tokens, ``rows()`` the step rows' capture (made once per
+        batch, set to explain each step's token less its foil). By default the method runs on the step rows; a
+        method whose result is a row of per-pass matrices, or whose steps can share the pass (the input gradients,
+        integrated gradients), overrides this to serve every step off the one pass."""
+        res = self.compute(rows(), adapter, steps.target if self.class_specific else None)
         return MethodResult(scores=res.scores, layer_scores=res.layer_scores, example_values=res.example_values)
 
     def compute_classes(self, cap: Captured, adapter: Adapter, num_classes: int) -> torch.Tensor:

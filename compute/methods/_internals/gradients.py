@@ -10,13 +10,16 @@ model adds them a second time. The token embeddings replace the token-embedding 
 ``inputs_embeds`` does), and the model adds positions and types once.
 
 One forward pass (with grad) per batch and spec; one backward per target: the selected outputs of all examples are
-summed, and since examples never interact, each example's gradient is its own.
+summed, and since examples never interact, each example's gradient is its own. A generation's steps (many outputs
+per sequence, ``Outputs.of_steps``) share the forward too: one backward per step index, every example's step t at
+once (the model is causal: the output at a step's position sees its prefix only, as the prefix's own pass does).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +35,7 @@ from .chefer_decoder_rules import chefer_decoder_rules
 from .rule_rows import RuleRows
 from .widened import widened
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
-from ...tasks.readout import explained
+from ...tasks.readout import Readout, explained
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,85 @@ def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained,
             h.remove()
 
 
+def whole_output(out, _pos):
+    """A readout that keeps the model's whole output (the caller reads several positions off it)."""
+    return out
+
+
+class OutputGroup(NamedTuple):
+    """The explained outputs of one backward pass: at most one per sequence of the batch ([B] each)."""
+
+    pos: torch.Tensor  # its position (a language model's head)
+    target: torch.Tensor
+    foil: torch.Tensor | None  # -1: none
+    row: torch.Tensor  # its row of the results (R: the sequence has no output in this group)
+    has: torch.Tensor | None  # bool, the sequences with an output here (None: all)
+
+
+class Outputs(NamedTuple):
+    """The R outputs explained on a batch of B sequences, each a row of the results: a batch's one per sequence, or
+    a generation's steps (compute/run/steps.py), grouped by step index so that one backward per group serves every
+    sequence (examples never interact)."""
+
+    readout: Readout
+    groups: tuple[OutputGroup, ...]
+    example: torch.Tensor | None  # [R] each row's sequence (None: row b is sequence b)
+    rows: int
+
+    @classmethod
+    def of_batch(cls, cap: Captured, target: torch.Tensor) -> "Outputs":
+        B = target.shape[0]
+        rows = torch.arange(B, device=target.device)
+        return cls(cap.readout, (OutputGroup(cap.explain_pos, target, cap.foil, rows, None),), None, B)
+
+    @classmethod
+    def of_steps(cls, steps, readout: Readout, foil: torch.Tensor | None) -> "Outputs":
+        """A batch of generations' steps (``steps``: compute.run.steps.Steps), each explaining its generated token
+        less ``foil`` [R] (None: no contrast)."""
+        R = steps.example.shape[0]
+        padded = lambda t: torch.cat([t, t.new_zeros(1)])  # noqa: E731 - a last entry for the rows of no step
+        target, foil = padded(steps.target), None if foil is None else padded(foil)
+        groups = []
+        for t in range(max(steps.counts, default=0)):
+            row = steps.row_grid[:, t]
+            groups.append(OutputGroup(steps.grid[:, t], target[row], None if foil is None else foil[row], row,
+                                      row < R))
+        return cls(readout, tuple(groups), steps.example, R)
+
+
+def shares_forward(spec: Explained) -> bool:
+    """Outputs of one sequence can share its forward pass: the plain gradient of the model as it is, the batch's
+    own inputs (no doubled batch, no keys masked per explanation, no double embedding)."""
+    return (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows and not spec.double_embedding
+            and not spec.mask_specials and not spec.mask_sep)
+
+
+class InputGradients(NamedTuple):
+    """X at the data and dF/dX for every output row ([R, n, d] each), as GradientMethod.from_grads reads them."""
+
+    X: torch.Tensor
+    grads: dict
+
+
+def input_gradients(cap: Captured, adapter: Adapter, spec: Explained, outputs: Outputs) -> InputGradients:
+    """dF/dX of every output of ``outputs`` off one forward of the batch's sequences: one backward per group."""
+    inputs = model_inputs(cap, spec)
+    E = input_at(adapter, inputs, spec)
+    X = E.detach().requires_grad_(True)
+    out = forward_at(adapter, inputs, X, spec, readout=whole_output)
+    G = torch.zeros((outputs.rows + 1, *X.shape[1:]), dtype=torch.float32 if X.element_size() < 4 else X.dtype,
+                    device=X.device)
+    last = len(outputs.groups) - 1
+    for k, grp in enumerate(outputs.groups):
+        with torch.enable_grad():
+            f = select(outputs.readout(out, grp.pos), grp.target, spec.output, grp.foil)
+            (g,) = output_grads((f if grp.has is None else torch.where(grp.has, f, 0.0)).sum(), [X],
+                                retain_graph=k < last)
+        G.index_add_(0, grp.row, wide(g))  # each row once (the last, of no step, collects the rest)
+    E = E if outputs.example is None else E[outputs.example]
+    return InputGradients(X=E, grads={"X": G[:outputs.rows]})
+
+
 class GradientPass:
     """One forward of F at X = E with every layer's input/output and attention kept, and gradients of the
     selected output with respect to all of them, per target (the graph is kept for further targets)."""
@@ -314,19 +396,23 @@ def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int) ->
     return max(1, int(memory_bytes // max(per_row, 1)))
 
 
-def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, *, steps: int,
-                         rule: str, baseline: str, memory_bytes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """IG_jk = (X_jk - X'_jk) * sum_k w_k dF/dX_jk at X' + alpha_k (X - X'): [B, n, d], the completeness delta
-    sum_jk IG_jk - (F(X) - F(X')) per example [B] (Captum's convergence delta) and F(X) - F(X') [B].
+def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor | None, *, steps: int,
+                         rule: str, baseline: str, memory_bytes: int, outputs: Outputs | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """IG_jk = (X_jk - X'_jk) * sum_k w_k dF/dX_jk at X' + alpha_k (X - X'): [R, n, d], the completeness delta
+    sum_jk IG_jk - (F(X) - F(X')) per output row [R] (Captum's convergence delta) and F(X) - F(X') [R]. The outputs:
+    each example's ``target`` (R = B), or ``outputs`` (a generation's steps, many per sequence).
 
     All (example, step) rows are stacked, with one row more per example at each end of the path (X and X', whose
-    outputs F give the delta; no gradient is taken of them), and run in chunks of ``rows_per_pass`` (one forward and
-    one backward per chunk: usually one of each); a row only ever sees its own example."""
+    outputs F give the delta; no gradient is taken of them), and run in chunks of ``rows_per_pass`` (one forward per
+    chunk and one backward per group of outputs: usually one of each); a row only ever sees its own example."""
+    outputs = outputs or Outputs.of_batch(cap, target)
     inputs = model_inputs(cap, spec)
     E = input_at(adapter, inputs, spec)
     X0 = ig_baseline(cap, adapter, spec, E, baseline)
     alphas, weights = quadrature(steps, rule)
     B, n, d = E.shape
+    R = outputs.rows
     # The path points, the weighted sum of the steps' gradients and the attribution in float32 at least: a
     # half-precision model only runs the forward and backward at each point (bfloat16 would round the quadrature
     # nodes to 3 digits, and the sum of 50 steps would lose the small ones). torch.lerp gives the ends exactly.
@@ -334,27 +420,36 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     alpha = torch.as_tensor(np.concatenate([alphas, [1.0, 0.0]]), dtype=E_w.dtype, device=E.device)
     weight = torch.as_tensor(np.concatenate([weights, [0.0, 0.0]]), dtype=E_w.dtype, device=E.device)
     m = steps + 2  # rows per example: the steps, then X, then X'
-    total = torch.zeros_like(E_w)
-    ends = torch.empty(B * 2 + 1, dtype=E_w.dtype, device=E.device)  # F(X), F(X') per example; a slot for the rest
-    R = B * m
-    ex_of = torch.arange(R, device=E.device) // m  # row r = (example r // m, point r % m)
-    point_of = torch.arange(R, device=E.device) % m
+    total = E_w.new_zeros((R + 1, n, d))  # a last row for the path rows of sequences without an output in a group
+    ends = torch.empty(R * 2 + 1, dtype=E_w.dtype, device=E.device)  # F(X), F(X') per output; a slot for the rest
+    P = B * m
+    ex_of = torch.arange(P, device=E.device) // m  # path row r = (example r // m, point r % m)
+    point_of = torch.arange(P, device=E.device) % m
     chunk = rows_per_pass(adapter, n, E.element_size(), memory_bytes)
-    for r0 in range(0, R, chunk):
+    last = len(outputs.groups) - 1
+    for r0 in range(0, P, chunk):
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, pt = ex_of[r0:r0 + chunk], point_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
         X = torch.lerp(X0_w[ex], E_w[ex], alpha[pt, None, None]).to(E.dtype).requires_grad_(True)
-        with torch.enable_grad():
-            f = select(forward_at(adapter, rows_in, X, spec, readout=cap.readout, pos=cap.explain_pos[ex]),
-                       target[ex], spec.output, foil_rows(cap.foil, ex))
-            # the end points' outputs are kept; their gradients (weight 0) are not asked for
-            (g,) = output_grads((f * (pt < steps)).sum(), [X])
-        total.index_add_(0, ex, wide(g) * weight[pt, None, None])
-        # the end points' outputs into their slots (no boolean indexing: it would wait for the device)
-        ends.index_put_((torch.where(pt >= steps, ex * 2 + pt - steps, B * 2),), wide(f.detach()))
-    attr = (E_w - X0_w) * total
-    f_x, f_x0 = ends[:-1].view(B, 2).unbind(1)
+        out = forward_at(adapter, rows_in, X, spec, readout=whole_output)
+        for k, grp in enumerate(outputs.groups):
+            has = None if grp.has is None else grp.has[ex]
+            with torch.enable_grad():
+                f = select(outputs.readout(out, grp.pos[ex]), grp.target[ex], spec.output, foil_rows(grp.foil, ex))
+                # the end points' outputs are kept; their gradients (weight 0) are not asked for
+                on = pt < steps if has is None else (pt < steps) & has
+                (g,) = output_grads((f * on).sum(), [X], retain_graph=k < last)
+            row = grp.row[ex]
+            total.index_add_(0, row, wide(g) * weight[pt, None, None])
+            # the end points' outputs into their slots (no boolean indexing: it would wait for the device)
+            end = pt >= steps if has is None else (pt >= steps) & has
+            ends.index_put_((torch.where(end, row * 2 + pt - steps, R * 2),), wide(f.detach()))
+        del out
+    if outputs.example is not None:
+        E_w, X0_w = E_w[outputs.example], X0_w[outputs.example]
+    attr = (E_w - X0_w) * total[:R]
+    f_x, f_x0 = ends[:-1].view(R, 2).unbind(1)
     delta = wide(attr).sum(dim=(1, 2)) - (f_x - f_x0)
     return attr, delta, f_x - f_x0
 
@@ -398,6 +493,9 @@ class GradientMethod(Method):
         super().__init__(**params)
         self.spec = spec_from(self.params)
 
+    # from_grads reads gp.X and grads["X"] only: a generation's steps share one forward (input_gradients)
+    input_only: ClassVar[bool] = False
+
     def from_grads(self, gp: GradientPass, grads: dict, cap: Captured) -> MethodResult:
         raise NotImplementedError
 
@@ -407,6 +505,16 @@ class GradientMethod(Method):
         grads = gp.grads(target)
         with torch.no_grad():
             return self.from_grads(gp, grads, cap)
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        if not (self.input_only and shares_forward(self.spec)):
+            return super().compute_rows(cap, adapter, steps, rows)
+        self.check_architecture(adapter)
+        r = rows()
+        ig = cap.cached(("input_gradients", self.spec),
+                        lambda: input_gradients(cap, adapter, self.spec, Outputs.of_steps(steps, r.readout, r.foil)))
+        with torch.no_grad():
+            return self.from_grads(ig, ig.grads, r)
 
 
 MOE_DELTA_WARN = 0.05  # the median relative completeness delta above which a routed model's run is warned
@@ -465,10 +573,24 @@ class IntegratedGradientsMethod(Method):
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
-        attr, delta, gap = self._integrate(cap, adapter, target)
+        return self._result(*self._integrate(cap, adapter, target), cap.mask, adapter)
+
+    def compute_rows(self, cap, adapter, steps, rows):
+        """A generation's steps: the path's forward over the batch's sequences, shared by every step."""
+        if not shares_forward(self.spec):
+            return super().compute_rows(cap, adapter, steps, rows)
+        self.check_architecture(adapter)
+        p, r = self.params, rows()
+        budget = work_bytes(cap.mask.device, IG_CPU_BYTES, p["memory_mb"], gpu_share=8)
+        found = cap.cached(self._key("steps"), lambda: integrated_gradients(
+            cap, adapter, self.spec, None, steps=p["steps"], rule=p["rule"], baseline=p["baseline"],
+            memory_bytes=budget, outputs=Outputs.of_steps(steps, r.readout, r.foil)))
+        return self._result(*found, r.mask, adapter)
+
+    def _result(self, attr, delta, gap, mask, adapter) -> MethodResult:
         if adapter.routed:  # kept on the device (no wait per batch) for run_notes
             self.__dict__.setdefault("_relative_deltas", []).append(delta.abs() / gap.abs().clamp_min(1e-12))
-        return MethodResult(scores=self.aggregate(wide(attr)) * cap.mask, example_values={"ig_delta": delta})
+        return MethodResult(scores=self.aggregate(wide(attr)) * mask, example_values={"ig_delta": delta})
 
     def run_notes(self):
         """On a mixture of experts, where the median |ig_delta| / |F(x) - F(x')| of the run's examples exceeds 5%:

@@ -50,7 +50,8 @@ STATE_GPU_SHARE = 4
 
 @dataclass
 class Propagated:
-    rows: torch.Tensor  # [B, L, n, d] x^l_{e<-j}: the explained token's decomposition after every layer
+    rows: torch.Tensor  # [B, L, n, d] x^l_{e<-j}: the explained token's decomposition after every layer ([B, S, L, n,
+    # d] for the positions [B, S] asked for)
     logits: torch.Tensor | None  # [B, n, C] every token's share of every logit (a sequence head's)
 
 
@@ -213,40 +214,53 @@ def _blocked(walk, stages, n: int, k: int, finish):
     return finish(*(torch.cat(p, 1) for p in zip(*parts)))
 
 
-def propagate(cap, adapter, memory_mb: int | None, state_mb: int | None = None) -> Propagated:
+def propagate(cap, adapter, memory_mb: int | None, state_mb: int | None = None,
+              positions: torch.Tensor | None = None) -> Propagated:
     """The decomposition of every layer's explained row and of the logits, shared by the DecompX methods of one
-    batch (and by --target all's classes) through the batch's memo.
+    batch (and by --target all's classes) through the batch's memo. ``positions`` [B, S]: the rows of these
+    positions instead of the explained one (a generation's steps off its one pass: a causal model's row e reads
+    the tokens up to e only), no logits.
 
     What does not depend on the carried decomposition (the frozen LayerNorm scales gamma / sigma_i, the
     feed-forward slopes act(h_i) / h_i of the real states, the fixed bias vectors) is computed for every layer at
     once before the layers are stepped through; each layer then costs a few large products and fused steps
     (compute.methods._internals.fused), with the decomposition laid out as [rows x parts, d] for the products. The
     parts go through the layers in blocks of source tokens within ``state_mb`` (``_blocked``)."""
-    key = ("decompx", memory_mb, state_mb)
+    key = ("decompx", memory_mb, state_mb, positions is not None)
     if key not in cap.memo:
         p = layer_stack(cap, adapter)  # [L, B, ...]
         k = source_blocks(*p.x.shape[1:], p.x.element_size(), work_bytes(p.x.device, CPU_STATE_BYTES, state_mb,
                                                                             STATE_GPU_SHARE))
         run = _propagate_pre_ln if adapter.pre_ln else _propagate_post_ln
-        cap.memo[key] = run(cap, adapter, p, memory_mb, k)
+        e = cap.explain_pos[:, None] if positions is None else positions
+        out = run(cap, adapter, p, memory_mb, k, e)
+        cap.memo[key] = (Propagated(rows=out[:, 0], logits=_logits(adapter, cap, out[:, 0, -1]))
+                         if positions is None else Propagated(rows=out, logits=None))
     return cap.memo[key]
 
 
-def _propagate_post_ln(cap, adapter, p, memory_mb, k) -> Propagated:
+def _last_rows(A: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """[B H, S, n] the attention rows [B, H, n, n] of the positions e [B, S]."""
+    B, H, _, n = A.shape
+    return A.gather(2, e[:, None, :, None].expand(B, H, e.shape[1], n)).flatten(0, 1)
+
+
+def _propagate_post_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
+    """[B, S, L, n, d] the rows of the positions e [B, S]."""
     L, B, n, d = p.x.shape
-    H = p.A.shape[2]
+    H, S = p.A.shape[2], e.shape[1]
     ffn = stacked_ffn(adapter, p.x.dtype, p.x.device)
     W = decompx_weights(adapter, p.weights, ffn.W1, ffn.b1, ffn.W2, p.x.dtype, p.x.device)
-    b, e = torch.arange(B, device=p.x.device), cap.explain_pos
+    b = torch.arange(B, device=p.x.device)[:, None]
     gain1 = p.gamma1 / p.sigma1[..., None]  # [L, B, n, d]
     gain2 = p.gamma2 / p.sigma2[..., None]
     pre = torch.baddbmm(ffn.b1[:, None], p.y.view(L, B * n, d), W.W1t)  # [L, B n, d_ff]
     theta = zero_origin_slope(pre, ffn.act(pre)).view(L, B, n, -1)
 
-    def rows(t, l):  # the receiving rows of layer l: every token, the explained one in the last layer
-        return (t[l].flatten(0, 1) if l < L - 1 else t[l, b, e])[:, None]
+    def rows(t, l):  # the receiving rows of layer l: every token, the explained ones in the last layer
+        return (t[l] if l < L - 1 else t[l][b, e]).flatten(0, 1)[:, None]
 
-    steps = [Step(A=(p.A[l] if l < L - 1 else p.A[l][b, :, e, None]).flatten(0, 1), gain1=rows(gain1, l),
+    steps = [Step(A=p.A[l].flatten(0, 1) if l < L - 1 else _last_rows(p.A[l], e), gain1=rows(gain1, l),
                   gain2=rows(gain2, l), theta=rows(theta, l), W_Vt=W_Vt, W_Ot=W_Ot, bias=bias, W1t=W1t, b1=b1,
                   W2t=W2t, b2=b2, W1b1=W1b1, beta1=beta1, beta2=beta2)
              for l, (W_Vt, W_Ot, bias, W1t, b1, W2t, b2, W1b1, beta1, beta2) in enumerate(zip(*(
@@ -256,7 +270,7 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k) -> Propagated:
     first = p.layer(0)
     U = first.project(first.W_O)  # [B, n, H, d]
     budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
-    out = p.x.new_empty(B, L, n, d)
+    out = p.x.new_empty(B, S, L, n, d)
 
     def layer(sh, step, Z):  # a layer after its attention: the bias, LN1, the feed-forward block, LN2
         Z = sh.share_(Z, step.bias)
@@ -278,11 +292,11 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k) -> Propagated:
             X = layer(sh, step, pad(Z) if isinstance(sh, Collect) else Z)
             if l == stop:
                 return
-            out[:, l, J] = X.view(B, n, -1, d)[b, e]
+            out[:, :, l, J] = X.view(B, n, -1, d)[b, e]
 
     def finish(Z):
-        out[:, -1] = layer(Whole(), steps[-1], Z)
-        return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
+        out[:, :, -1] = layer(Whole(), steps[-1], Z).view(B, S, n, d)
+        return out
 
     return _blocked(walk, range(L - 1), n, k, finish)
 
@@ -303,7 +317,7 @@ def _normed(X: torch.Tensor, gain: torch.Tensor | None, beta: torch.Tensor | Non
     return (center(X) if centred else X) * gain  # OLMo's LayerNorm keeps no bias
 
 
-def _propagate_pre_ln(cap, adapter, p, memory_mb, k) -> Propagated:
+def _propagate_pre_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
     """docs/methods.md 6.3: the parts of every token's layer input x go through N1 (folded per token), attention
     (its biases shared), the norm on its output, the residual (no norm), N2, the MLP as its linear maps around the
     factors frozen at the real input (compute.methods._internals.linear_mlp), the norm on the MLP's output; the
@@ -311,12 +325,12 @@ def _propagate_pre_ln(cap, adapter, p, memory_mb, k) -> Propagated:
     state's, computed for every layer at once before the layers are stepped through. A stage runs from one
     layer's attention to the next one's (N1 of the next layer in it; stage -1: layer 1's N1)."""
     L, B, n, d = p.x.shape
-    H = p.A.shape[2]
+    H, S = p.A.shape[2], e.shape[1]
     block, w = adapter.block, p.weights
     centred = block.norm == "layernorm"
     mlp = linear_mlps(adapter, p.x.dtype, p.x.device)
     W = decompx_weights(adapter, w, mlp.W_in, mlp.b_in, mlp.W_out, p.x.dtype, p.x.device)
-    b, e = torch.arange(B, device=p.x.device), cap.explain_pos
+    b = torch.arange(B, device=p.x.device)[:, None]
 
     def gain(gamma, u, eps):  # [L, B, n, d] gamma / the real states' scale
         return gamma[:, None, None] / _norm_scale(u, eps, centred)
@@ -337,19 +351,19 @@ def _propagate_pre_ln(cap, adapter, p, memory_mb, k) -> Propagated:
         f = f * gain_p
     final = adapter.final_norm()
     # N_f at the real last layer output (before the final norm, which the capture's last hidden state is after)
-    last = (p.t[-1] + f[-1])[b, e]  # [B, d]
-    gain_f = (w.gamma_f / _norm_scale(last, w.eps_f, w.centred_f))[:, None]  # [B, 1, d]
+    last = (p.t[-1] + f[-1])[b, e].flatten(0, 1)  # [B S, d]
+    gain_f = (w.gamma_f / _norm_scale(last, w.eps_f, w.centred_f))[:, None]  # [B S, 1, d]
     beta_f = None if getattr(final, "bias", None) is None else final.bias.detach().to(p.x.dtype)
 
-    def rows(t, l):  # the receiving rows of layer l: every token, the explained one in the last layer
-        return None if t is None else (t[l].flatten(0, 1) if l < L - 1 else t[l, b, e])[:, None]
+    def rows(t, l):  # the receiving rows of layer l: every token, the explained ones in the last layer
+        return None if t is None else (t[l] if l < L - 1 else t[l][b, e]).flatten(0, 1)[:, None]
 
     def n1(sh, X, l):  # layer l's N1 on the parts of every token
         return _normed(X, None if gain1 is None else gain1[l].flatten(0, 1)[:, None], w.beta1[l], centred, sh)
 
     budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
-    out = p.x.new_empty(B, L, n, d)
-    steps = [Step(A=(p.A[l] if l < L - 1 else p.A[l][b, :, e, None]).flatten(0, 1), gain1=None, gain2=None,
+    out = p.x.new_empty(B, S, L, n, d)
+    steps = [Step(A=p.A[l].flatten(0, 1) if l < L - 1 else _last_rows(p.A[l], e), gain1=None, gain2=None,
                   theta=rows(theta, l), W_Vt=W.W_Vt[l], W_Ot=W.W_Ot[l], bias=W.bias[l], W1t=W.W1t[l],
                   b1=mlp.b_in[l], W2t=W.W2t[l], b2=mlp.b_out[l], W1b1=W.W1b1[l], beta1=w.beta1[l],
                   beta2=w.beta2[l]) for l in range(L)]
@@ -382,18 +396,18 @@ def _propagate_pre_ln(cap, adapter, p, memory_mb, k) -> Propagated:
             top = l == L - 1
             a = _attention(steps[l], Y, H, (b, e) if top else None, residual=False)  # [R, k, d]
             if top:
-                return a, X.view(B, n, k, d)[b, e]
+                return a, X.view(B, n, k, d)[b, e].flatten(0, 1)
             sh = sharer(l)
             X = layer(sh, l, *((pad(a), pad(X)) if isinstance(sh, Collect) else (a, X)))
             Y = n1(sh, X, l + 1)
             if l == stop:
                 return
-            out[:, l, J] = X.view(B, n, -1, d)[b, e]
+            out[:, :, l, J] = X.view(B, n, -1, d)[b, e]
 
     def finish(a, own):
-        out[:, -1] = layer(Whole(), L - 1, a, own)
-        out[:, -1] = _normed(out[:, -1], gain_f, beta_f, w.centred_f, Whole())  # the state the head reads
-        return Propagated(rows=out, logits=_logits(adapter, cap, out[:, -1]))
+        top = _normed(layer(Whole(), L - 1, a, own), gain_f, beta_f, w.centred_f, Whole())  # the state the head reads
+        out[:, :, -1] = top.view(B, S, n, d)
+        return out
 
     return _blocked(walk, range(-1, L - 1), n, k, finish)
 
@@ -401,15 +415,15 @@ def _propagate_pre_ln(cap, adapter, p, memory_mb, k) -> Propagated:
 def _first_layer(first, U: torch.Tensor, explained: torch.Tensor | None, J: slice) -> torch.Tensor:
     """Layer 1's z_{i<-j} = sum_h A_ij^h W_O^h v_j^h (the value bias inside v_j) + [i=j] x_i [R, k, d] (the residual
     part is the token's own embedding output) of the sources J, for every receiving row or for the ``explained``
-    ones; U [B, n, H, d] = W_O^h v_j^h."""
+    ones [B, S]; U [B, n, H, d] = W_O^h v_j^h."""
     B, H, n, _ = first.A.shape
     A = first.A.permute(0, 3, 2, 1)[:, J]  # [B, j, i, H]
     if explained is not None:  # a one-layer model: its only layer is the last one
-        A = A[torch.arange(B, device=A.device), :, explained, None]  # [B, j, 1, H]
+        A = A.gather(2, explained[:, None, :, None].expand(B, A.shape[1], explained.shape[1], H))  # [B, j, S, H]
     Z = torch.matmul(A, U[:, J]).transpose(1, 2).contiguous()  # [B, r, j, d]
     r, k = Z.shape[1:3]
     b = torch.arange(B, device=Z.device)[:, None]
-    own = torch.arange(r, device=Z.device).expand(B, r) if explained is None else explained[:, None]
+    own = torch.arange(r, device=Z.device).expand(B, r) if explained is None else explained
     inside = ((own >= J.start) & (own < J.stop)).to(Z.dtype)  # the receiving token is among the sources J
     Z[b, torch.arange(r, device=Z.device), (own - J.start).clamp(0, k - 1)] += first.x[b, own] * inside[..., None]
     return Z.flatten(0, 1)
