@@ -29,8 +29,11 @@ import torch
 
 from ... import interrupts
 from ...adapters import Adapter, Captured
+from . import budget as block_budget
 
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
+# the methods that read one layer at a time where the batch's stack of every layer's would not fit (streamed_layers)
+STREAMED_NEEDS = frozenset({"layer_parts"})
 
 
 def center(v: torch.Tensor) -> torch.Tensor:
@@ -396,6 +399,34 @@ def _parts(cap: Captured, adapter: Adapter, layers: int | slice, rows: slice, ep
         # the examples are the dimension after the layer's (views; none for the whole batch)
         return t if rows == slice(None) else t[rows] if isinstance(layers, int) else t[:, rows]
 
+    return _parts_of(take, bool(cap.ln1_in), cap.mask if rows == slice(None) else cap.mask[rows], adapter, layers,
+                     rows, eps_quirk, cap.memo)
+
+
+def streamed_layers(cap: Captured, adapter: Adapter, fn, eps_quirk: bool = False) -> None:
+    """fn(parts of layer l) for every layer l in turn, as a forward of its own makes the layer (Adapter.each_layer:
+    one layer's [B, H, n, n] alive at a time; issue 36), widened to float32 as the capture's stacks are. A capture
+    that kept no layer's attention (a batch above the block budget: Adapter.capture's "layer_parts") is read so.
+    No memo: a layer's intermediates go with it."""
+    def layer(l, one):
+        def take(name):
+            lst = one.hidden_states[:1] if name == "hidden_states" else getattr(one, name)
+            t = lst[0]
+            return t.float() if t.element_size() < 4 else t
+
+        interrupts.check()  # a stop asked for: between layers
+        fn(_parts_of(take, bool(one.ln1_in), cap.mask, adapter, l, slice(None), eps_quirk, None))
+
+    adapter.each_layer(cap, layer)
+
+
+def streams(cap: Captured) -> bool:
+    """Whether the capture kept no layer's decomposition lists: the methods stream them (``streamed_layers``)."""
+    return not cap.attentions
+
+
+def _parts_of(take, has_ln1: bool, mask: torch.Tensor, adapter: Adapter, layers: int | slice, rows: slice,
+              eps_quirk: bool, memo: dict | None) -> LayerParts:
     A = take("attentions")
     *_, H, n, _ = A.shape
     v = take("values")
@@ -407,12 +438,11 @@ def _parts(cap: Captured, adapter: Adapter, layers: int | slice, rows: slice, ep
     else:
         t = take("ln2_in")
     # a block without a norm before attention (OLMo 2) gives its layer input to attention as it is
-    s, y = (take("ln1_in"), take("ln1_out")) if cap.ln1_in else (x, x)
+    s, y = (take("ln1_in"), take("ln1_out")) if has_ln1 else (x, x)
     return LayerParts(A=A, x=x, v=v.unflatten(-1, (H, v.shape[-1] // H)),
-                      s=s, y=y, t=t, y2=take("ln2_out"), o=o,
-                      mask=cap.mask if rows == slice(None) else cap.mask[rows],
+                      s=s, y=y, t=t, y2=take("ln2_out"), o=o, mask=mask,
                       weights=stacked_weights(adapter, A.dtype, A.device), layers=layers, rows=rows,
-                      eps_quirk=eps_quirk, memo=cap.memo)
+                      eps_quirk=eps_quirk, memo=memo)
 
 
 def layer_groups(cap: Captured, adapter: Adapter, bytes_per_row: int, budget: int,
@@ -554,9 +584,19 @@ def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None =
     G [*, n, H, H] and cross [*, n, H] of ``head_gram`` (METHODS.md 10).
 
     ||sum_h a_h u^h||^2 = a^T G a: O(n H^2 d + n^2 H^2) time. Per source token j the quadratic forms of all queries
-    are one [H, H] x [H, n] product, batched over every source, example and layer."""
-    Aj = A.movedim(-1, -3).contiguous()  # [*, j, H, i]
-    q = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)  # [*, i, j]
+    are one [H, H] x [H, n] product, batched over every source, example and layer; by blocks of queries where the two
+    [*, H, n, n] temporaries would exceed the block budget (a streamed layer of a long input: issue 36)."""
+    *lead, H, n, _ = A.shape
+    per_query = 2 * A[..., :1, :].numel() * A.element_size()  # a query's two temporaries
+    k = max(1, block_budget.work_bytes(A.device, block_budget.CPU_STACK_BYTES) // per_query)
+    if k >= n:
+        Aj = A.movedim(-1, -3).contiguous()  # [*, j, H, i]
+        q = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)  # [*, i, j]
+    else:
+        q = A.new_empty(*lead, n, n)
+        for i0 in range(0, n, k):
+            Aj = A[..., i0:i0 + k, :].movedim(-1, -3).contiguous()  # [*, j, H, k]
+            q[..., i0:i0 + k, :] = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)
     if diag is not None:
         a_ii = torch.diagonal(A, dim1=-2, dim2=-1).transpose(-1, -2)  # [*, n, H]
         extra = torch.linalg.vecdot(a_ii, cross).mul_(2).add_(torch.linalg.vecdot(diag, diag))  # [*, n]
