@@ -664,13 +664,19 @@ class Adapter:
         with self.hooks(one, PARTS), torch.no_grad():
             ends = [layer.register_forward_hook(layer_end(l)) for l, layer in enumerate(self.layers())]
             try:
-                self.model(**cap.inputs)
+                self.model(**cap.inputs, **self._no_cache())
             finally:
                 for h in ends:
                     h.remove()
         if any(a is None for a in one.attentions):
             raise AttrscopeError(
                 "the model returned no attention probabilities: load it with attn_implementation='eager'")
+
+    def _no_cache(self) -> dict:
+        """use_cache=False where the model's forward takes it: a forward read for its layers keeps no KV cache."""
+        import inspect
+
+        return {"use_cache": False} if "use_cache" in inspect.signature(self.model.forward).parameters else {}
 
     def streams_attention(self, input_ids: torch.Tensor) -> bool:
         """Whether a capture of the head means takes them layer by layer (compute.attention_streaming):

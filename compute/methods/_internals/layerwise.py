@@ -27,6 +27,8 @@ class LayerwiseProduct(Method):
     has_layer_views = True
     has_matrices = True
     row_stochastic = False
+    # reads the attention only through decomposition.gram_quadratic: a streamed layer's is kept in the model's dtype
+    narrow_attention = False
     eps_quirk = False  # the parts' LayerNorm sigma without epsilon (ALTI's reference; Alti sets it per instance)
 
     def stack_matrices(self, p: LayerParts, adapter) -> torch.Tensor:
@@ -81,7 +83,7 @@ class LayerwiseProduct(Method):
             b = torch.arange(P.shape[0], device=P.device)
             views.append(P[b[:, None], pos] if pos.dim() == 2 else P[b, pos])
 
-        streamed_layers(cap, adapter, consume, eps_quirk=self.eps_quirk)
+        streamed_layers(cap, adapter, consume, eps_quirk=self.eps_quirk, narrow_attention=self.narrow_attention)
         if keep == "all":
             mats = torch.stack(kept)
             return MethodResult(scores=None, layer_scores=self._views(mats, pos, cap.mask),
