@@ -109,7 +109,7 @@ class AltiLogit(Method):
                 layers["y_e"].append(p.y[b, e])
                 layers["sigma1_e"].append(p.sigma1[b, e])
                 layers["sigma2_e"].append(p.sigma2[b, e])
-            last.update(p=p, t_e=p.t[b, e], y2_e=p.y2[b, e])
+            last.update(W_O=p.weights.W_O, t_e=p.t[b, e], y2_e=p.y2[b, e])  # not p: its attention goes
 
         streamed_layers(cap, adapter, consume)
         if adapter.pre_ln:  # the final norm's input r + MLP(LN2(r)) of the explained token
@@ -121,7 +121,7 @@ class AltiLogit(Method):
             h_e = last["y2_e"]
             post = tuple(torch.stack(layers[k]) for k in ("y_e", "sigma1_e", "sigma2_e"))
         return Record(C=torch.stack(layers["C"]), v=torch.stack(layers["v"]), A_e=torch.stack(layers["A_e"], 1),
-                      W_O=last["p"].weights.W_O, post=post, h_e=h_e)
+                      W_O=last["W_O"], post=post, h_e=h_e)
 
     # --- the target: the direction of the explained output at the final state ----------------------------------
     def output_direction(self, cap, adapter, target: torch.Tensor, rec: "Record | None" = None) -> torch.Tensor:

@@ -454,7 +454,7 @@ def _parts_of(take, has_ln1: bool, mask: torch.Tensor, adapter: Adapter, layers:
     s, y = (take("ln1_in"), take("ln1_out")) if has_ln1 else (x, x)
     return LayerParts(A=A, x=x, v=v.unflatten(-1, (H, v.shape[-1] // H)),
                       s=s, y=y, t=t, y2=take("ln2_out"), o=o, mask=mask,
-                      weights=stacked_weights(adapter, A.dtype, A.device), layers=layers, rows=rows,
+                      weights=stacked_weights(adapter, x.dtype, x.device), layers=layers, rows=rows,
                       eps_quirk=eps_quirk, memo=memo)
 
 
