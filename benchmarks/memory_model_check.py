@@ -36,10 +36,12 @@ from compute import memory_model as mm  # noqa: E402
 TINY = mm.ModelShape("tiny Llama", layers=2, d=32, heads=4, kv_heads=4, d_ff=64, vocab=100)
 LONG = mm.ModelShape("tiny-but-long Llama", layers=4, d=256, heads=8, kv_heads=8, d_ff=1024, vocab=100)
 BARE = "forward"  # the bare forward: the capture of nothing
-# issue 36's methods: each layer's attention consumed as the forward makes it (the head means; the decomposition's
-# layer-wise products, which read each layer in a forward of their own)
-STREAMED = ("raw_attention", "rollout", "w_fixedres", "norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc",
-            "w_res", "alti", "alti_l2", "alti_logit")
+# issue 36's methods: each layer's attention consumed as the forward makes it: the head means, and the
+# decomposition's layer-wise products, which read each layer in a forward of their own
+HEAD_MEANS = ("raw_attention", "rollout", "w_fixedres")
+LAYER_PARTS = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
+               "alti_logit")
+STREAMED = HEAD_MEANS + LAYER_PARTS
 
 
 def predicted(name: str, n: int, shape: mm.ModelShape = TINY) -> int:

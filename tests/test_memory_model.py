@@ -206,13 +206,19 @@ def test_peak_memory_at_4096_tokens_is_the_formulas():
 @needs_linux
 def test_streamed_methods_on_the_tiny_but_long_model():
     """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
-    head-mean methods' peak above the bare forward within 15% of the model's, and within twice one layer's float32
-    [H, n, n] plus what they store."""
-    from memory_model_check import BARE, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
+    streamed methods' peak above the bare forward within twice one layer's float32 [H, n, n] plus what they store;
+    the head-mean methods' within 15% of the model's. The layer-streamed products add a few MiB to the forward's
+    peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
+    forward's peak, 15% of so small a difference being below what a process's peak resident size resolves."""
+    from memory_model_check import BARE, HEAD_MEANS, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
 
     n = 2048
     got = measure_fresh([BARE, *STREAMED], [n], LONG)
     for name in STREAMED:
         above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
-        assert above == pytest.approx(predicted_above_forward(name, n, LONG), rel=0.15), name
+        model = predicted_above_forward(name, n, LONG)
+        if name in HEAD_MEANS:
+            assert above == pytest.approx(model, rel=0.15), name
+        else:
+            assert abs(above - model) <= 0.05 * got[f"{BARE} {n}"], name
         assert above <= bound(name, n, LONG), name
