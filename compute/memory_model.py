@@ -112,6 +112,7 @@ class Run:
     n: int  # tokens
     itemsize: int = 2  # the model's dtype: 2 (bfloat16), 4 (float32)
     budgets: Budgets = field(default_factory=Budgets.gpu)
+    matrices: str = "cls"  # --matrices: what a method that streams its layers keeps of its per-layer matrices
 
 
 # --- the stages -------------------------------------------------------------------------------------------------
@@ -239,6 +240,63 @@ def ffn_weights(m: ModelShape) -> int:
     return m.layers * (3 if m.gated else 2) * m.d * m.d_ff * F32  # stacked_ffn: every layer's weights in float32
 
 
+# --- the layer-streamed decomposition (issue 36: compute.methods._internals.decomposition.streamed_layers) --------
+def layer_lists(m: ModelShape, r: Run, narrow: bool = False) -> int:
+    """One layer's decomposition lists while its end hook runs (Adapter.each_layer): its attention and seven [n, d]
+    (input, output, values, both norms' input and output) in the model's dtype, and their float32 copies where that
+    is narrower (``narrow``: the attention's not; streamed_layers' narrow_attention)."""
+    A, vectors = m.heads * r.n ** 2, 7 * r.n * m.d
+    wide = (vectors + (0 if narrow else A)) * F32 if r.itemsize < F32 else 0
+    return (A + vectors) * r.itemsize + wide
+
+
+def gram_chunk(m: ModelShape, r: Run) -> int:
+    """The head-Gram quadratic form's two [H, k, n] temporaries (decomposition.gram_quadratic: k queries a block,
+    within the block budget; all n where they fit)."""
+    per_query = 2 * m.heads * r.n * F32
+    return min(r.n, max(1, r.budgets.stack // per_query)) * per_query
+
+
+def kept_views(m: ModelShape, r: Run) -> tuple[int, int]:
+    """(held through the layers, added at the end) by a streamed layer-wise product: every layer's matrix under
+    --matrices all (and their stack at the end), else the running product M^l ... M^1 and the kept rows."""
+    if r.matrices == "all":
+        return _mats(m, r, 1), _mats(m, r, 1)
+    return r.n ** 2 * F32 + 2 * m.layers * r.n * F32, 0
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A method that streams its layers where the stack of every layer's attention exceeds the block budget
+    (compute.attention_streaming, the capture's "layer_parts"); below it ``stacked`` (the capture's stacks).
+    ``work``: (m, r) -> one layer's own tensors beside its lists (the product's next [n, n] included);
+    ``weights``: float32 [L, d, d] stacks it keeps (W_O, a kind's folded weight, its Gram matrix while its blocks
+    are cut, the blocks, for the pre-LN models of the tables); ``held``: (m, r) -> (held through the layers, added
+    at the end), by default ``kept_views``; ``narrow``: the layer's attention is not widened (narrow_attention)."""
+
+    stacked: Formula
+    work: object
+    weights: float
+    held: object = kept_views
+    narrow: bool = False
+
+
+def streamed(m: ModelShape, r: Run, s: Streamed) -> dict:
+    """The stages of a streamed method: the runner's capture (nothing kept: a bare forward), then the method's own
+    forward (no KV cache: Adapter.each_layer; the runner has dropped the capture's output), each layer's lists and
+    work at its end beside what is held, and what the end adds."""
+    base = weights(m, r) + int(s.weights * m.layers * m.d * m.d * F32)
+    held, end = s.held(m, r)
+    return {"capture": weights(m, r) + kv_cache(m, r) + layer_transient(m, r),
+            "layers": base + held + max(layer_transient(m, r), layer_lists(m, r, s.narrow) + s.work(m, r)),
+            "views": base + 2 * held + end if r.matrices == "all" else base + held + end}
+
+
+def alti_logit_held(m: ModelShape, r: Run) -> tuple[int, int]:
+    """ALTI-Logit keeps every layer's ALTI matrix and value vectors for its directions (found from the top)."""
+    return _mats(m, r, 1) + m.layers * r.n * m.d * F32, 0
+
+
 # --- the methods ----------------------------------------------------------------------------------------------
 MEANS, HIDDEN = frozenset({"attention_mean"}), frozenset({"hidden_states"})
 DECOMP = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
@@ -279,13 +337,47 @@ _add("raw_attention", Formula("capture", lambda m, r: _mats(m, r, 1) + r.n ** 2 
                               "head means [L,n,n] (layer by layer); their valid block [L,n,n]", MEANS))
 _add("rollout w_fixedres", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32,
                                    "head means [L,n,n] (layer by layer); 2 [L,n,n] (normalised, stored)", MEANS))
-_add("norm_n norm_fixedres norm_res norm_resln globenc w_res", Formula("capture", layerwise,
-     "capture [L,H,n,n] + 5 L n d; a stack of K layers' [n,H,d] + 3 [H,n,n]; 2 [L,n,n]; L d^2", DECOMP))
-_add("alti", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32 + r.budgets.alti,
-     "capture [L,H,n,n]; 2 [L,n,n]; ALTI's [n,k,d] blocks (budget): its proximities need no stack of [H,n,n]",
-     DECOMP))
-_add("alti_l2 alti_logit", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.alti,
-     "as the norm family, and ALTI's [n,k,d] blocks (budget)", DECOMP))
+# The layer-wise products stream their layers above the block budget (STREAMED); below it, their stacked formulas.
+_STACKED_NORMS = Formula("capture", layerwise, "capture [L,H,n,n] + 5 L n d; a stack of K layers' [n,H,d] + 3 [H,n,n]; "
+                         "2 [L,n,n]; L d^2", DECOMP)
+_STACKED_ALTI = Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32 + r.budgets.alti,
+                        "capture [L,H,n,n]; 2 [L,n,n]; ALTI's [n,k,d] blocks (budget): its proximities need no stack "
+                        "of [H,n,n]", DECOMP)
+_STACKED_ALTI_L2 = Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.alti,
+                           "as the norm family, and ALTI's [n,k,d] blocks (budget)", DECOMP)
+STREAMED_TEXT = "a layer at a time: its [H,n,n]{wide} + {work}; {held}"
+_CLS = "the running product [n,n] and the kept rows (--matrices all: every layer's [n,n])"
+
+
+def _norm_work(m, r):  # the Gram form's blocks of queries, the layer's matrix and three [n, n] beside it
+    return gram_chunk(m, r) + 5 * r.n ** 2 * F32
+
+
+def _alti_work(m, r):
+    """A copy of the layer's float32 attention in another layout (the GPU kernel's, compute/kernels/alti_l1.py, or
+    the dense form's source-major one within the block budget: SourceBlocks; beyond it the dense form copies a
+    block at a time), the projected values [n, H, d], the source blocks (budget), [n, n]s."""
+    return m.heads * r.n ** 2 * F32 + r.n * m.heads * m.d * F32 + r.budgets.alti + 5 * r.n ** 2 * F32
+
+
+STREAMED: dict[str, Streamed] = {}
+for _names, _s, _text in (
+        ("norm_n norm_fixedres norm_res norm_resln", Streamed(_STACKED_NORMS, _norm_work, 2.5, narrow=True),
+         STREAMED_TEXT.format(wide="", work="the Gram form's query blocks (budget)", held=_CLS)),
+        ("globenc", Streamed(_STACKED_NORMS, _norm_work, 3.5, narrow=True),
+         STREAMED_TEXT.format(wide="", work="the Gram form's query blocks (budget)", held=_CLS)),
+        ("w_res", Streamed(_STACKED_NORMS, lambda m, r: 6 * r.n ** 2 * F32 + 4 * r.n * m.d * F32, 2),
+         STREAMED_TEXT.format(wide=" and its float32 copy", work="[n,n]s", held=_CLS)),
+        ("alti", Streamed(_STACKED_ALTI, _alti_work, 1),
+         STREAMED_TEXT.format(wide=" and its float32 copy", work="its source-major copy, the [n,H,d] values, ALTI's blocks (budget)", held=_CLS)),
+        ("alti_l2", Streamed(_STACKED_ALTI_L2, lambda m, r: gram_chunk(m, r) + 6 * r.n ** 2 * F32, 2.5, narrow=True),
+         STREAMED_TEXT.format(wide="", work="the inner products' and the Gram form's query blocks (budget)",
+                              held=_CLS)),
+        ("alti_logit", Streamed(_STACKED_ALTI_L2, _alti_work, 1, alti_logit_held),
+         STREAMED_TEXT.format(wide=" and its float32 copy", work="as ALTI", held="every layer's ALTI matrix [L,n,n] and values [L,n,d]"))):
+    for _name in _names.split():
+        STREAMED[_name] = _s
+        FORMULAS[_name] = Formula("streamed", None, _text, frozenset({"layer_parts"}))
 _add("value_zeroing", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
      "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP))
 _add("decompx decompx_nohead", Formula("capture", decompx,
@@ -331,6 +423,12 @@ def float64_casts(m: ModelShape) -> int:
 def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
     f = FORMULAS[method]
     base = weights(m, r) + kv_cache(m, r)
+    if f.stage == "streamed":
+        s = STREAMED[method]
+        if streams_attention(m.layers, m.heads, 1, r.n, r.budgets.stack):
+            stages = streamed(m, r, s)
+            return Estimate(method, max(stages.values()), stages)
+        f = s.stacked
     if f.stage == "capture":
         peak, kept = capture(m, r, f.needs)
         stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}

@@ -24,9 +24,9 @@ def room_of(card: int, shape=LLAMA, itemsize: int = 2) -> int:
 
 
 def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_longest_input_that_fits():
-    """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says grad_l2 fits up to 2,400 tokens, alti
-    up to 3,104, norm and rollout (streamed head means) fit; the refusal names grad_l2 (the shortest) and 2,400, and
-    every method that does not fit."""
+    """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says grad_l2 fits up to 2,400 tokens, norm,
+    rollout (streamed head means) and alti (streamed layers) fit; the refusal names grad_l2 (the shortest) and 2,400,
+    and every method that does not fit."""
     with pytest.raises(AttrscopeError) as err:
         auto_batch.modelled_size(["norm", "rollout", "alti", "grad_l2"], LLAMA, 4096, 2, room_of(CARD),
                                  mm.Budgets.gpu(CARD),
@@ -36,7 +36,7 @@ def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_long
     need = mm.estimate("grad_l2", LLAMA, mm.Run(4096, 2, mm.Budgets.gpu(CARD))).peak - mm.weights(LLAMA, mm.Run(0))
     assert line == (f"--batch-size auto: grad_l2 needs about {need / 2**30:.1f} GiB for one example of 4096 tokens, "
                     f"beyond the {room_of(CARD) / 2**30:.1f} GiB free (the memory model, docs/scaling.md): the longest "
-                    "input that fits is about 2400 tokens; lower --max-length to 2400, or leave out alti and grad_l2")
+                    "input that fits is about 2400 tokens; lower --max-length to 2400, or leave out grad_l2")
     assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 2400  # the same boundary as the table's
     # none fits at all: no length to lower to (on 24 GB lrp now reaches 224 tokens: one layer widened at a time)
     assert mm.longest_fitting("lrp", LLAMA, 24 * mm.GB) == 224
@@ -87,10 +87,11 @@ def test_the_model_shape_of_a_loaded_model_is_its_config():
                                                           d_ff=11008, vocab=32000)
 
 
-@pytest.mark.parametrize("n,refused", [(4096, True), (3000, False)])
+@pytest.mark.parametrize("n,refused", [(13000, True), (12000, False)])
 def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkeypatch, n, refused):
-    """alti on Llama-2-7B: 4,096 tokens refused before any batch runs (the longest that fits: the table's 3,104);
-    3,000 tokens: the model lets one example fit, so one trial batch of one runs and no larger one."""
+    """alti on Llama-2-7B (its layers streamed): 13,000 tokens refused before any batch runs (the longest that fits:
+    the table's 12,592); 12,000 tokens: the model lets one example fit, so one trial batch of one runs and no larger
+    one."""
     from compute.tasks import TaskRows
 
     lm, tok = fake_llama_on_cuda(n)
@@ -111,8 +112,8 @@ def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkey
     if refused:
         free = (CARD - mm.weights(LLAMA, mm.Run(0))) / 2**30
         with pytest.raises(AttrscopeError, match=f"alti needs about .* tokens, beyond the {free:.1f} GiB free on "
-                                                 "cuda .* the longest input that fits is about 3104 tokens; lower "
-                                                 "--max-length to 3104"):
+                                                 "cuda .* the longest input that fits is about 12592 tokens; lower "
+                                                 "--max-length to 12592"):
             auto()
         assert gpu.runs == []
     else:

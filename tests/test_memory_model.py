@@ -95,8 +95,9 @@ def test_the_7b_verdicts():
     """At 4,096 tokens in bfloat16 on 80 GB: what fits and the terms that decide it (the figures by hand)."""
     run = mm.Run(4096)
     fits = {name for name in REGISTRY if mm.estimate(name, mm.LLAMA2_7B, run).peak <= mm.CARD_BYTES}
-    # issue 36: the attention methods that read only the heads' mean take it layer by layer
-    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres"}
+    # issue 36: the attention methods that read only the heads' mean take it layer by layer, the layer-wise
+    # decomposition products stream their layers
+    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres", *LAYER_STREAMED}
     # the captured attentions: 32 x 32 x 4096^2 in bfloat16, then their float32 stack beside them
     A = 32 * 32 * 4096 ** 2
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
@@ -119,6 +120,40 @@ def test_the_7b_verdicts():
     assert mm.alti_block_tokens(mm.LLAMA2_7B, run) == 1_250_000_000 // (2 * 4096 * 4096 * 4)
     assert mm.ig_rows(mm.LLAMA2_7B, run) == 1
     assert mm.stack_layers(mm.LLAMA2_7B, run) == 1
+
+
+LAYER_STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
+                  "alti_logit")
+
+
+def test_the_layer_streamed_products_at_7b():
+    """Issue 36 item 1 on Llama-2-7B in bfloat16, batch 1, --matrices cls: a streamed layer-wise product holds the
+    weights, their float32 [L, d, d] stacks, one layer's lists and work, the running product and the kept rows
+    (the figures by hand for norm_n); the norm family and ALTI-l2 fit 24 GB at 4,096 tokens and reach 16,384 on
+    80 GB; below the block budget the stacked formula holds (the capture's stacks)."""
+    m, run = mm.LLAMA2_7B, mm.Run(4096)
+    n, L, H, d = 4096, 32, 32, 4096
+    assert mm.FORMULAS["norm_n"].needs == frozenset({"layer_parts"})
+    est = mm.estimate("norm_n", m, run)
+    lists = H * n * n * 2 + 7 * n * d * (2 + 4)  # the bfloat16 attention (not widened), seven [n, d] and copies
+    work = 2 * H * (run.budgets.stack // (2 * H * n * 4)) * n * 4 + 5 * n * n * 4
+    held = n * n * 4 + 2 * L * n * 4
+    layers = mm.weights(m, run) + int(2.5 * L * d * d * 4) + held + max(mm.layer_transient(m, run), lists + work)
+    assert est.stages == {"capture": mm.weights(m, run) + mm.kv_cache(m, run) + mm.layer_transient(m, run),
+                          "layers": layers, "views": mm.weights(m, run) + int(2.5 * L * d * d * 4) + held}
+    # --matrices all: every layer's [n, n] held, and their stack at the end
+    every = mm.estimate("norm_n", m, mm.Run(4096, matrices="all")).stages
+    assert every["views"] == mm.weights(m, run) + int(2.5 * L * d * d * 4) + 3 * L * n * n * 4
+    for name in ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "w_res", "alti_l2"):
+        assert mm.estimate(name, m, mm.Run(4096, 2, mm.Budgets.gpu(24 * mm.GB))).peak <= 24 * mm.GB, name
+    for name in ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "alti_l2"):
+        assert mm.longest_fitting(name, m) >= 16384, name
+    short = mm.Run(128)
+    assert not mm.streams_attention(L, H, 1, 128, short.budgets.stack)
+    stacked = mm.STREAMED["norm_n"].stacked
+    peak, kept = mm.capture(m, short, stacked.needs)
+    base = mm.weights(m, short) + mm.kv_cache(m, short)
+    assert mm.estimate("norm_n", m, short).peak == max(base + peak, base + kept + stacked.work(m, short))
 
 
 def test_the_longest_input_that_fits_is_the_boundary():
@@ -171,13 +206,23 @@ def test_peak_memory_at_4096_tokens_is_the_formulas():
 @needs_linux
 def test_streamed_methods_on_the_tiny_but_long_model():
     """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
-    head-mean methods' peak above the bare forward within 15% of the model's, and within twice one layer's float32
-    [H, n, n] plus what they store."""
-    from memory_model_check import BARE, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
+    streamed methods' peak above the bare forward within twice one layer's float32 [H, n, n] plus what they store;
+    the head-mean methods' within 15% of the model's. The layer-streamed products add a few MiB to the forward's
+    peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
+    forward's peak, 15% of so small a difference being below what a process's peak resident size resolves; ALTI's
+    (and ALTI-Logit's) formula counts the GPU kernel's float32 copy of a layer's attention, which the CPU's forms
+    do not make: there it is an upper bound (measured 49 of 91 MiB, 85 of 147)."""
+    from memory_model_check import BARE, HEAD_MEANS, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
 
     n = 2048
     got = measure_fresh([BARE, *STREAMED], [n], LONG)
     for name in STREAMED:
         above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
-        assert above == pytest.approx(predicted_above_forward(name, n, LONG), rel=0.15), name
+        model = predicted_above_forward(name, n, LONG)
+        if name in HEAD_MEANS:
+            assert above == pytest.approx(model, rel=0.15), name
+        elif name in ("alti", "alti_logit"):
+            assert 0.4 * model <= above <= model, name
+        else:
+            assert abs(above - model) <= 0.05 * got[f"{BARE} {n}"], name
         assert above <= bound(name, n, LONG), name

@@ -24,8 +24,12 @@ from .block import Block
 # only where the family's block needs it (Block.attn_out_captured). "attention_mean": every layer's head-mean
 # attention in float32 [B, n, n], taken from each layer's attention as the forward makes it where the stack of every
 # layer's [B, H, n, n] would exceed the block budget (issue 36: compute.attention_streaming), else from
-# that stack (one operation for every layer: the op budgets).
-NEEDS = frozenset({"attentions", "attention_mean", "hidden_states", "values", "ln1", "ln2", "attn_out"})
+# that stack (one operation for every layer: the op budgets). "layer_parts": the decomposition's lists (``PARTS``),
+# captured and stacked by the same rule, or, where the stack would exceed the budget, none: the methods then read
+# each layer's as a forward of their own makes it (``each_layer``; compute.methods._internals.decomposition).
+NEEDS = frozenset({"attentions", "attention_mean", "layer_parts", "hidden_states", "values", "ln1", "ln2",
+                   "attn_out"})
+PARTS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})  # a layer's decomposition
 
 
 @dataclass
@@ -63,6 +67,10 @@ class Captured:
     readout: Readout = Readout()
     foil: torch.Tensor | None = None
     output: object = None  # the model's forward output (the task reads its parts and prediction off it)
+    # What the store keeps of the methods' per-layer matrices (--matrices, set by the runner): "all", "cls" (row
+    # ``kept_row`` [B] of each) or "none"; a method that streams the layers keeps only that (MethodResult.matrix_rows)
+    kept_matrices: str = "all"
+    kept_row: torch.Tensor | None = None
     # The layer lists above stacked into one tensor each ([L, B, ...]; hidden_states [L + 1, B, n, d]) by ``stack``:
     # what the methods vectorised across layers read.
     stacks: dict = field(default_factory=dict)
@@ -607,9 +615,13 @@ class Adapter:
             raise ValueError(f"unknown internals requested: {sorted(unknown)}")
         input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
         needs = frozenset(needs)
-        # the head means from the stacked attentions where the stack fits the budget, else layer by layer
-        stacked_means = "attention_mean" in needs and "attentions" not in needs and not self.streams_attention(input_ids)
+        # the head means from the stacked attentions where the stack fits the budget, else layer by layer; the
+        # decomposition's lists likewise, else none (the methods stream them: each_layer)
+        streams = self.streams_attention(input_ids)
+        stacked_means = "attention_mean" in needs and "attentions" not in needs and not streams
         hooked = needs | {"attentions"} if stacked_means else needs
+        if "layer_parts" in needs and not streams:
+            hooked |= PARTS
         cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
                        explain_pos=self.explain_positions(input_ids, mask), logits=None,
                        special=self.special_mask(input_ids, mask), sep=self.sep_mask(input_ids, mask),
@@ -630,6 +642,41 @@ class Adapter:
         if stacked_means:
             _head_means_of_stack(cap)
         return cap
+
+    def each_layer(self, cap: Captured, fn: Callable[[int, Captured], None]) -> None:
+        """The model's forward on ``cap.inputs`` again, calling fn(l, layer) as each layer l ends: ``layer`` a
+        Captured of that layer's decomposition lists alone (``PARTS``: one entry each; hidden_states its input and
+        output), which are dropped when fn returns, so that one layer's [B, H, n, n] is alive at a time (issue 36:
+        the capture of a batch whose stack of every layer's exceeds the block budget keeps none of them)."""
+        one = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths, explain_pos=cap.explain_pos,
+                       logits=None)
+        lists = [name for name in STACKED if name != "attention_mean"]
+
+        def layer_end(l):
+            def hook(_m, _inp, _out):
+                if any(a is None for a in one.attentions):
+                    return  # not an eager attention: the check after the forward names the fix
+                fn(l, one)
+                for name in lists:  # this layer's dropped; its output is the next layer's input
+                    del getattr(one, name)[:-1 if name == "hidden_states" else None]
+            return hook
+
+        with self.hooks(one, PARTS), torch.no_grad():
+            ends = [layer.register_forward_hook(layer_end(l)) for l, layer in enumerate(self.layers())]
+            try:
+                self.model(**cap.inputs, **self._no_cache())
+            finally:
+                for h in ends:
+                    h.remove()
+        if any(a is None for a in one.attentions):
+            raise AttrscopeError(
+                "the model returned no attention probabilities: load it with attn_implementation='eager'")
+
+    def _no_cache(self) -> dict:
+        """use_cache=False where the model's forward takes it: a forward read for its layers keeps no KV cache."""
+        import inspect
+
+        return {"use_cache": False} if "use_cache" in inspect.signature(self.model.forward).parameters else {}
 
     def streams_attention(self, input_ids: torch.Tensor) -> bool:
         """Whether a capture of the head means takes them layer by layer (compute.attention_streaming):

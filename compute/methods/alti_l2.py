@@ -16,6 +16,7 @@ class AltiL2(Alti):
     name = "alti_l2"
     description = "ALTI with L2 distances (ALTI-l2)"
     reference = "Ferrando et al. (2022), Table 4-5; METHODS.md 2.2"
+    narrow_attention = True  # read only through the Gram form, inner products and own vectors, a block at a time
 
     def proximities(self, p: LayerParts, kind: str, y: torch.Tensor) -> torch.Tensor:
         """||y_i||_2 - ||y_i - T_ij||_2 for every i, j [*, n, n], in the stable form

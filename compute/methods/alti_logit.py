@@ -21,12 +21,16 @@ activation slopes).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from ..errors import AttrscopeError
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
-from ._internals.decomposition import NEEDS, center, layer_stack, stacked_ffn
+from ._internals.aggregate import valid_pairs
+from ._internals.decomposition import (STREAMED_NEEDS, center, layer_stack, stacked_ffn, stacked_weights,
+                                       streamed_layers, streams)
 from ._internals.token_vectors import zero_origin_slope
 from .alti import Alti
 
@@ -46,7 +50,7 @@ class AltiLogit(Method):
     reference = "Ferrando, Gallego, Tsiamas, Costa-jussa (2023), ACL; docs/methods.md"
     signed = True
     class_specific = True
-    needs = NEEDS
+    needs = STREAMED_NEEDS  # every layer's stacked, or (a batch above the block budget) a layer at a time
     has_layer_views = True
     op_budget = 1.0  # a backward sweep of directions and a rollout per layer beside ALTI's matrices
     cost_exponent = 2  # ALTI's [n, n, d] contributions
@@ -78,13 +82,55 @@ class AltiLogit(Method):
             raise AttrscopeError(f"method '{self.name}' does not know the head or the feed-forward block of "
                                  f"'{adapter.config.model_type}' models")
 
+    # --- what the method reads of the layers, target-independent ---------------------------------------------------
+    def record(self, cap, adapter) -> "Record":
+        """ALTI's matrices and the explained token's rows of every layer, from the capture's stacks or, where the
+        capture streamed the layers ("layer_parts"), a layer at a time as a forward makes them (one layer's
+        [B, H, n, n] alive at a time); made once per batch, shared by its classes."""
+        return cap.cached(("alti_logit", "record", self.params["memory_mb"]), lambda: self._record(cap, adapter))
+
+    def _record(self, cap, adapter) -> "Record":
+        alti = Alti(memory_mb=self.params["memory_mb"])
+        e = cap.explain_pos
+        b = torch.arange(e.shape[0], device=e.device)
+        if not streams(cap):
+            p = layer_stack(cap, adapter)
+            post = None if adapter.pre_ln else (p.y[:, b, e], p.sigma1[:, b, e], p.sigma2[:, b, e])
+            return Record(C=alti.layer_matrices(cap, adapter), v=p.v, A_e=p.A[:, b, :, e],
+                          W_O=p.weights.W_O, post=post, h_e=at(self._final_state(cap, adapter), e))
+        layers: dict[str, list] = {k: [] for k in ("C", "v", "A_e", "y_e", "sigma1_e", "sigma2_e")}
+        last = {}
+
+        def consume(p):
+            layers["C"].append(valid_pairs(alti.stack_matrices(p, adapter), p.mask))
+            layers["v"].append(p.v)
+            layers["A_e"].append(p.A[b, :, e])
+            if not adapter.pre_ln:
+                layers["y_e"].append(p.y[b, e])
+                layers["sigma1_e"].append(p.sigma1[b, e])
+                layers["sigma2_e"].append(p.sigma2[b, e])
+            last.update(W_O=p.weights.W_O, t_e=p.t[b, e], y2_e=p.y2[b, e])  # not p: its attention goes
+
+        streamed_layers(cap, adapter, consume)
+        if adapter.pre_ln:  # the final norm's input r + MLP(LN2(r)) of the explained token
+            mlp = adapter.mlp(adapter.layers()[-1])
+            dtype = next(mlp.parameters()).dtype
+            h_e = last["t_e"] + mlp(last["y2_e"][:, None].to(dtype))[:, 0].to(last["t_e"].dtype)
+            post = None
+        else:  # the last layer's output (LN2's)
+            h_e = last["y2_e"]
+            post = tuple(torch.stack(layers[k]) for k in ("y_e", "sigma1_e", "sigma2_e"))
+        return Record(C=torch.stack(layers["C"]), v=torch.stack(layers["v"]), A_e=torch.stack(layers["A_e"], 1),
+                      W_O=last["W_O"], post=post, h_e=h_e)
+
     # --- the target: the direction of the explained output at the final state ----------------------------------
-    def output_direction(self, cap, adapter, target: torch.Tensor) -> torch.Tensor:
+    def output_direction(self, cap, adapter, target: torch.Tensor, rec: "Record | None" = None) -> torch.Tensor:
         """u [B, d]: logit_target = <u, final state of the explained token> + a constant, with the head's
         activation frozen at its zero-origin slope (exact for a linear head). A word target's row of the
         vocabulary matrix, less the foil's (the contrast), through a masked LM's head transform (dense, activation
         at its zero-origin slope, LayerNorm at its frozen scale)."""
-        dtype = cap.hidden_states[-1].dtype
+        h = (rec or self.record(cap, adapter)).h_e  # the explained token's final state
+        dtype = h.dtype
         if adapter.task in WORD_TASKS:
             dense, act, norm, decoder = adapter.lm_head_parts()
             W = decoder.weight.to(dtype)
@@ -95,7 +141,6 @@ class AltiLogit(Method):
                 rows = adapter.logit_scaling()[0] * rows
             if dense is None:
                 return rows
-            h = at(self._final_state(cap, adapter), cap.explain_pos)
             pre = nn.functional.linear(h, dense.weight.to(dtype), _maybe(dense.bias, dtype))
             a = act(pre)
             sigma = (center(a).square().mean(-1) + norm.eps).sqrt()
@@ -105,7 +150,6 @@ class AltiLogit(Method):
         rows = classifier.weight.to(dtype)[target]  # [B, C-row]
         if dense is None:
             return rows
-        h = at(self._final_state(cap, adapter), cap.explain_pos)
         pre = nn.functional.linear(h, dense.weight.to(dtype), _maybe(dense.bias, dtype))
         return (zero_origin_slope(pre, act(pre)) * rows) @ dense.weight.to(dtype)
 
@@ -120,15 +164,15 @@ class AltiLogit(Method):
         return r + mlp(cap.ln2_out[-1].to(dtype)).to(r.dtype)
 
     # --- the directions g^l -------------------------------------------------------------------------------------
-    def directions(self, cap, adapter, target) -> torch.Tensor:
+    def directions(self, cap, adapter, target, rec: "Record | None" = None) -> torch.Tensor:
         """g^l [B, L, d]: the vector whose inner product with an attention contribution of layer l is its share of
         the target logit."""
-        u = self.output_direction(cap, adapter, target)
+        rec = rec or self.record(cap, adapter)
+        u = self.output_direction(cap, adapter, target, rec)
         L = adapter.n_layers
-        e = cap.explain_pos
         if adapter.pre_ln:
             norm = adapter.final_norm()
-            r = at(self._final_state(cap, adapter), e)
+            r = rec.h_e
             gamma = adapter.norm_gain(norm, r.shape[-1]).to(r.dtype)  # Gemma's 1 + weight
             if adapter.block.norm == "layernorm":  # OLMo's has no parameters (not an nn.LayerNorm)
                 sigma = (center(r).square().mean(-1) + adapter.norm_eps(norm)).sqrt()
@@ -140,14 +184,13 @@ class AltiLogit(Method):
         # Post-LN: the explained token's path from layer l's pre-LN1 state to the logit, taken backwards. What does
         # not depend on g (the frozen sigmas, the feed-forward slopes) is computed for every layer at once; only the
         # products with g step through the layers.
-        p = layer_stack(cap, adapter)
         ffn = stacked_ffn(adapter, u.dtype, u.device)
-        b = torch.arange(e.shape[0], device=e.device)
-        y_e = p.y[:, b, e]  # [L, B, d] the explained token's LN1 outputs
+        y_e, sigma1_e, sigma2_e = rec.post  # [L, B, d] the explained token's LN1 outputs; [L, B] its sigmas
         pre = torch.baddbmm(ffn.b1[:, None], y_e, ffn.W1.transpose(1, 2))  # [L, B, d_ff]
         theta = zero_origin_slope(pre, ffn.act(pre))
-        inv_sigma1, inv_sigma2 = p.sigma1[:, b, e, None].reciprocal(), p.sigma2[:, b, e, None].reciprocal()
-        g1, g2 = p.weights.gamma1[:, None], p.weights.gamma2[:, None]  # [L, 1, d]
+        inv_sigma1, inv_sigma2 = sigma1_e[..., None].reciprocal(), sigma2_e[..., None].reciprocal()
+        weights = stacked_weights(adapter, u.dtype, u.device)
+        g1, g2 = weights.gamma1[:, None], weights.gamma2[:, None]  # [L, 1, d]
         G = u.new_empty(L, *u.shape)
         g = u
         for l in range(L - 1, -1, -1):
@@ -157,31 +200,40 @@ class AltiLogit(Method):
         return G.transpose(0, 1)
 
     # --- the method -----------------------------------------------------------------------------------------------
-    def alti_matrices(self, cap, adapter) -> torch.Tensor:
-        """ALTI's C^l of every layer [L, B, n, n], shared by the classes of one batch."""
-        alti = Alti(memory_mb=self.params["memory_mb"])
-        return cap.cached(("alti_logit", "alti", self.params["memory_mb"]), lambda: alti.layer_matrices(cap, adapter))
-
-    def layer_contributions(self, cap, adapter, target) -> torch.Tensor:
+    def layer_contributions(self, cap, adapter, target, rec: "Record | None" = None) -> torch.Tensor:
         """Delta^l_j [B, L, n]: source token j's attention contribution in layer l to the target logit, for every
         layer at once: <g^l, z^l_{e<-j}> = sum_h A_ej^h <(W_O^h)^T g^l, v_j^h> (the explained row only)."""
-        G = self.directions(cap, adapter, target).transpose(0, 1)  # [L, B, d]
-        p = layer_stack(cap, adapter)
-        L, B, n, H, dh = p.v.shape
-        e = cap.explain_pos
-        Yt = torch.bmm(G, p.W_O[:, 0]).view(L, B, H, 1, dh)  # (W_O^h)^T g per head: [L, B, d] x [L, d, d]
-        S = torch.matmul(Yt, p.v.movedim(2, -1))[..., 0, :]  # [L, B, H, j]
-        A_e = p.A[:, torch.arange(B, device=e.device), :, e]  # [B, L, H, j]: the explained row of every head
-        return (S.transpose(0, 1) * A_e).sum(2).mul_(cap.mask[:, None])  # [B, L, j]
+        rec = rec or self.record(cap, adapter)
+        G = self.directions(cap, adapter, target, rec).transpose(0, 1)  # [L, B, d]
+        L, B, n, H, dh = rec.v.shape
+        Yt = torch.bmm(G, rec.W_O).view(L, B, H, 1, dh)  # (W_O^h)^T g per head: [L, B, d] x [L, d, d]
+        S = torch.matmul(Yt, rec.v.movedim(2, -1))[..., 0, :]  # [L, B, H, j]
+        return (S.transpose(0, 1) * rec.A_e).sum(2).mul_(cap.mask[:, None])  # [B, L, j]
 
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
-        views = self.layer_contributions(cap, adapter, target)  # Delta^l, then C^{l-1} ... C^1 applied below
-        C = self.alti_matrices(cap, adapter)
+        rec = self.record(cap, adapter)
+        views = self.layer_contributions(cap, adapter, target, rec)  # Delta^l, then C^{l-1} ... C^1 applied below
+        C = rec.C
         # C^k applied to every view above it (l > k), top down: one batched product per layer
         for k in range(adapter.n_layers - 2, -1, -1):
             views[:, k + 1:] = torch.bmm(views[:, k + 1:], C[k])
         return MethodResult(scores=views.sum(1), layer_scores=views)
+
+
+@dataclass
+class Record:
+    """What ALTI-Logit reads of the layers (every layer's, stacked first): ALTI's C^l [L, B, n, n], the value vectors
+    v [L, B, n, H, dh], the explained row of every head's attention A_e [B, L, H, n], the output projections W_O
+    [L, d, d], post-LN the explained token's LN1 output and both sigmas ([L, B, d], [L, B], [L, B]; None pre-LN),
+    and its final state h_e [B, d] (the head's input, or the final norm's)."""
+
+    C: torch.Tensor
+    v: torch.Tensor
+    A_e: torch.Tensor
+    W_O: torch.Tensor
+    post: tuple | None
+    h_e: torch.Tensor
 
 
 def _maybe(bias, dtype):

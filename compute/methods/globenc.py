@@ -15,6 +15,7 @@ class GlobEnc(LayerwiseProduct):
     name = "globenc"
     description = "GlobEnc: norms of contributions through attention, residual, LN1 and LN2 (N_ENC), multiplied"
     reference = "Modarressi, Fayyaz, Yaghoobzadeh, Pilehvar (2022), NAACL; METHODS.md 3.1-3.2; docs/methods.md 6.1"
+    narrow_attention = True  # its norms read the attention only through the head-Gram form
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)

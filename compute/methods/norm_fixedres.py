@@ -13,6 +13,7 @@ class NormFixedRes(LayerwiseProduct):
     name = "norm_fixedres"
     description = "N_FIXEDRES: half the row-normalised attention-vector norms, half identity, multiplied"
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+    narrow_attention = True  # its norms read the attention only through the head-Gram form
     row_stochastic = True
 
     def stack_matrices(self, p, adapter):

@@ -11,6 +11,7 @@ class NormN(LayerwiseProduct):
     name = "norm_n"
     description = "N: norm of the attention-weighted value vectors ||sum_h A u||, multiplied over layers"
     reference = "Kobayashi et al. (2020); Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+    narrow_attention = True  # its norms read the attention only through the head-Gram form
 
     def stack_matrices(self, p, adapter):
         return decomposed_norms(p, "n")

@@ -11,6 +11,7 @@ class NormRes(LayerwiseProduct):
     name = "norm_res"
     description = "N_RES: norm of attention vectors plus the residual on the diagonal, multiplied over layers"
     reference = "Kobayashi et al. (2021); Modarressi et al. (2022) Table 1; METHODS.md 3.1"
+    narrow_attention = True  # its norms read the attention only through the head-Gram form
 
     def stack_matrices(self, p, adapter):
         return decomposed_norms(p, "res")

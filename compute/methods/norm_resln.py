@@ -14,6 +14,7 @@ class NormResLN(LayerwiseProduct):
     name = "norm_resln"
     description = "N_RESLN: norm of the LN1-linearised contributions (attention + residual + LN1)"
     reference = "Kobayashi et al. (2021); Modarressi et al. (2022); METHODS.md 3.1, 2.4; docs/methods.md 6.1"
+    narrow_attention = True  # its norms read the attention only through the head-Gram form
 
     def __init__(self, row_normalise: bool = False, **params):
         super().__init__(row_normalise=row_normalise, **params)

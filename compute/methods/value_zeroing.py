@@ -22,7 +22,8 @@ from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.aggregate import valid_pairs
 from ._internals.budget import work_bytes
-from ._internals.decomposition import FeedForward, LayerParts, SourceBlocks, flat, stacked_ffn, tokens_per_block
+from ._internals.decomposition import (NEEDS, FeedForward, LayerParts, SourceBlocks, flat, stacked_ffn,
+                                       tokens_per_block)
 from ._internals.layerwise import LayerwiseProduct, row_normalise
 from ._internals.pre_ln import BlockSteps, check_known
 
@@ -43,6 +44,7 @@ class ValueZeroing(LayerwiseProduct):
     name = "value_zeroing"
     description = "Value Zeroing: how far each layer's outputs move when a token's values are zeroed, rolled out"
     reference = "Mohebbi, Zuidema, Chrupala, Alishahi (2023), EACL; docs/methods.md"
+    needs = NEEDS  # every layer's capture (it re-runs layers on it; not streamed)
     row_stochastic = True
     op_budget = 1.0  # the layer's feed-forward block and norms run again per zeroed token (batched)
     cost_exponent = 2  # the layer re-run for each of n zeroed tokens over n tokens

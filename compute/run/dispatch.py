@@ -188,6 +188,8 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     kept_row = outcome.explain_pos if isinstance(outcome.explain_pos, torch.Tensor) else long_tensor(
         outcome.explain_pos, device)
     cap.output = None  # a language model's [B, n, V] logits are not kept while the methods run
+    for c in caps:  # what a method that streams the layers keeps of its matrices
+        c.kept_matrices, c.kept_row = matrices, kept_row
     kept_heads = None if heads == "none" else _kept_heads(cap, heads, kept_row)
     B, n = enc["input_ids"].shape
     whole = [(slice(0, B), n)]
@@ -252,6 +254,7 @@ def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[st
     clock.span("forward", t0)
     probe.end("forward")
     cap.output = None  # the [B, n, V] logits are not kept while the methods run
+    cap.kept_matrices, cap.kept_row = matrices, steps.prompt_last
     kept_heads = None if heads == "none" else _kept_heads(cap, heads, steps.prompt_last)
     made: list[Captured] = []
 
@@ -278,9 +281,7 @@ def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[st
         if res.layer_scores is not None:
             out["layer_scores"] = res.layer_scores * step_mask[:, None]
         if res.matrices is not None and matrices != "none" and not m.class_specific:  # the pass's, per example
-            M = res.matrices
-            out["matrices"] = M if matrices == "all" else M.gather(
-                2, steps.prompt_last.view(-1, 1, 1, 1).expand(-1, M.shape[1], 1, M.shape[3]))
+            out["matrices"] = _kept_matrices(res, matrices, steps.prompt_last)
         results[name] = {k: v.detach().float() for k, v in out.items()}
         values[name] = {k: v.detach().float() for k, v in (res.example_values or {}).items()}
         clock.span(name, t0)
@@ -310,11 +311,19 @@ def _compute(m: Method, cap: Captured, adapter, target: torch.Tensor, target_mod
     if res.layer_scores is not None:
         out["layer_scores"] = res.layer_scores
     if res.matrices is not None and matrices != "none":
-        out["matrices"] = res.matrices if matrices == "all" else res.matrices.gather(
-            2, kept_row.view(-1, 1, 1, 1).expand(-1, res.matrices.shape[1], 1, res.matrices.shape[3]))
+        out["matrices"] = _kept_matrices(res, matrices, kept_row)
     for key, value in (res.example_values or {}).items():
         out[("value", key)] = value
     return out
+
+
+def _kept_matrices(res: MethodResult, matrices: str, kept_row: torch.Tensor) -> torch.Tensor:
+    """What the store keeps of a result's matrices: all, or (cls) the row ``kept_row`` of each, [B, L, 1, n] (cut
+    here, or already by a method that streamed the layers)."""
+    M = res.matrices
+    if matrices == "all" or res.matrix_rows:
+        return M
+    return M.gather(2, kept_row.view(-1, 1, 1, 1).expand(-1, M.shape[1], 1, M.shape[3]))
 
 
 def _joined(pieces: list[tuple[slice, dict]], B: int, n: int, matrices: str) -> tuple[dict, dict]:

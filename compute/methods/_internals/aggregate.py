@@ -84,8 +84,11 @@ def prod_rows_normalised(mats: torch.Tensor, pos: torch.Tensor, mask: torch.Tens
     layer's matrix is first divided by its mean row sum (one positive scalar per example and layer). A scalar leaves
     the normalised views unchanged. Returns [B, L, n] (pos [B, S]: [B, S, L, n])."""
     mats = torch.stack(list(mats)) if isinstance(mats, (list, tuple)) else mats
+    V = rows_of_products(mean_row_scaled(mats, mask), pos)
+    return V / V.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(mats.dtype).tiny)
+
+
+def mean_row_scaled(mats: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each [B, n, n] matrix of ``mats`` ([..., B, n, n]) divided by its mean row sum over the valid rows."""
     n_valid = mask.sum(-1).to(mats.dtype).clamp_min(1)[:, None, None]
-    tiny = torch.finfo(mats.dtype).tiny
-    scaled = mats / (mats.sum(dim=(-2, -1), keepdim=True) / n_valid).clamp_min(tiny)
-    V = rows_of_products(scaled, pos)
-    return V / V.sum(dim=-1, keepdim=True).clamp_min(tiny)
+    return mats / (mats.sum(dim=(-2, -1), keepdim=True) / n_valid).clamp_min(torch.finfo(mats.dtype).tiny)

@@ -24,7 +24,7 @@ PASSES = frozenset({"forward", "backward", "lrp"})
 # relevance at it are defined for these only.
 SEQUENCE_HEAD_TASKS = frozenset({"classification", "regression"})
 # Internals only a block description locates (compute.adapters.block): a model without one runs no method needing them.
-BLOCK_NEEDS = frozenset({"values", "ln1", "ln2", "attn_out"})
+BLOCK_NEEDS = frozenset({"values", "ln1", "ln2", "attn_out", "layer_parts"})
 
 
 class Same:
@@ -56,6 +56,7 @@ class MethodResult:
     scores: torch.Tensor  # [B, n]      final attribution of every token
     layer_scores: torch.Tensor | None = None  # [B, V, n]   per-layer views
     matrices: torch.Tensor | None = None  # [B, L, n, n] per-layer token-to-token matrices (row = query/receiver)
+    matrix_rows: bool = False  # matrices holds only the kept rows, [B, L, 1, n] (Captured.kept_row)
     example_values: dict | None = None  # name -> [B] per-example scalars (Method.example_values)
 
 

@@ -29,8 +29,11 @@ import torch
 
 from ... import interrupts
 from ...adapters import Adapter, Captured
+from . import budget as block_budget
 
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
+# the methods that read one layer at a time where the batch's stack of every layer's would not fit (streamed_layers)
+STREAMED_NEEDS = frozenset({"layer_parts"})
 
 
 def center(v: torch.Tensor) -> torch.Tensor:
@@ -93,8 +96,10 @@ class LayerWeights:
             elif kind == "final":
                 W = self.kind_weight("res")
                 self.derived[kind] = self.gamma_f[:, None] * (center_rows(W) if self.centred_f else W)
-            elif kind == "glob":
-                self.derived[kind] = torch.cat([self.kind_weight("res")[:-1], self.kind_weight("final")[-1:]])
+            elif kind == "glob":  # the final norm on the last layer's only (not "final" of every layer)
+                W = self.kind_weight("res")[-1:]
+                top = self.gamma_f[:, None] * (center_rows(W) if self.centred_f else W)
+                self.derived[kind] = torch.cat([self.kind_weight("res")[:-1], top])
             else:
                 raise ValueError(kind)
         return self.derived[kind]
@@ -106,6 +111,7 @@ class LayerWeights:
         key = ("gram_blocks", kind, H)
         if key not in self.derived:
             P = self.kind_gram(kind)
+            self.derived.pop(("gram", kind))  # read only here: its blocks are kept instead (a 7B model's is 2 GB)
             dh = P.shape[-1] // H
             blocks = [P[:, g * dh:(g + 1) * dh, :(g + 1) * dh].contiguous() for g in range(H)]
             h, g = torch.meshgrid(torch.arange(H), torch.arange(H), indexing="ij")
@@ -115,11 +121,17 @@ class LayerWeights:
 
     def kind_gram(self, kind: str) -> torch.Tensor:
         """[L, d_in, d_in]: P = W^T W of ``kind_weight`` (<W^h a, W^g b> = a^T P^{hg} b), formed in float64 once per
-        weights so that the head Gram matrices read from it lose nothing to the product."""
+        weights so that the head Gram matrices read from it lose nothing to the product; a layer at a time where the
+        float64 stack would exceed the block budget (a 7B model's is 13 GB)."""
         key = ("gram", kind)
         if key not in self.derived:
             W = self.kind_weight(kind)
-            self.derived[key] = (W.double().transpose(-1, -2) @ W.double()).to(W.dtype)
+            if 3 * W.numel() * 8 <= block_budget.work_bytes(W.device, block_budget.CPU_STACK_BYTES):
+                self.derived[key] = (W.double().transpose(-1, -2) @ W.double()).to(W.dtype)
+            else:
+                P = self.derived[key] = W.new_empty(W.shape[0], W.shape[-1], W.shape[-1])
+                for l, w in enumerate(W):
+                    P[l] = w.double().t() @ w.double()
         return self.derived[key]
 
 
@@ -396,6 +408,38 @@ def _parts(cap: Captured, adapter: Adapter, layers: int | slice, rows: slice, ep
         # the examples are the dimension after the layer's (views; none for the whole batch)
         return t if rows == slice(None) else t[rows] if isinstance(layers, int) else t[:, rows]
 
+    return _parts_of(take, bool(cap.ln1_in), cap.mask if rows == slice(None) else cap.mask[rows], adapter, layers,
+                     rows, eps_quirk, cap.memo)
+
+
+def streamed_layers(cap: Captured, adapter: Adapter, fn, eps_quirk: bool = False,
+                    narrow_attention: bool = False) -> None:
+    """fn(parts of layer l) for every layer l in turn, as a forward of its own makes the layer (Adapter.each_layer:
+    one layer's [B, H, n, n] alive at a time; issue 36), widened to float32 as the capture's stacks are; with
+    ``narrow_attention`` the attention as the model made it (a method that reads it only through
+    ``gram_quadratic``, which widens a block of queries at a time: no float32 [B, H, n, n]). A capture that kept no
+    layer's attention (a batch above the block budget: Adapter.capture's "layer_parts") is read so. No memo: a
+    layer's intermediates go with it."""
+    def layer(l, one):
+        def take(name):
+            lst = one.hidden_states[:1] if name == "hidden_states" else getattr(one, name)
+            t = lst[0]
+            keep = narrow_attention and name == "attentions"
+            return t.float() if t.element_size() < 4 and not keep else t
+
+        interrupts.check()  # a stop asked for: between layers
+        fn(_parts_of(take, bool(one.ln1_in), cap.mask, adapter, l, slice(None), eps_quirk, None))
+
+    adapter.each_layer(cap, layer)
+
+
+def streams(cap: Captured) -> bool:
+    """Whether the capture kept no layer's decomposition lists: the methods stream them (``streamed_layers``)."""
+    return not cap.attentions
+
+
+def _parts_of(take, has_ln1: bool, mask: torch.Tensor, adapter: Adapter, layers: int | slice, rows: slice,
+              eps_quirk: bool, memo: dict | None) -> LayerParts:
     A = take("attentions")
     *_, H, n, _ = A.shape
     v = take("values")
@@ -407,12 +451,11 @@ def _parts(cap: Captured, adapter: Adapter, layers: int | slice, rows: slice, ep
     else:
         t = take("ln2_in")
     # a block without a norm before attention (OLMo 2) gives its layer input to attention as it is
-    s, y = (take("ln1_in"), take("ln1_out")) if cap.ln1_in else (x, x)
+    s, y = (take("ln1_in"), take("ln1_out")) if has_ln1 else (x, x)
     return LayerParts(A=A, x=x, v=v.unflatten(-1, (H, v.shape[-1] // H)),
-                      s=s, y=y, t=t, y2=take("ln2_out"), o=o,
-                      mask=cap.mask if rows == slice(None) else cap.mask[rows],
-                      weights=stacked_weights(adapter, A.dtype, A.device), layers=layers, rows=rows,
-                      eps_quirk=eps_quirk, memo=cap.memo)
+                      s=s, y=y, t=t, y2=take("ln2_out"), o=o, mask=mask,
+                      weights=stacked_weights(adapter, x.dtype, x.device), layers=layers, rows=rows,
+                      eps_quirk=eps_quirk, memo=memo)
 
 
 def layer_groups(cap: Captured, adapter: Adapter, bytes_per_row: int, budget: int,
@@ -554,14 +597,29 @@ def gram_quadratic(A: torch.Tensor, G: torch.Tensor, diag: torch.Tensor | None =
     G [*, n, H, H] and cross [*, n, H] of ``head_gram`` (METHODS.md 10).
 
     ||sum_h a_h u^h||^2 = a^T G a: O(n H^2 d + n^2 H^2) time. Per source token j the quadratic forms of all queries
-    are one [H, H] x [H, n] product, batched over every source, example and layer."""
-    Aj = A.movedim(-1, -3).contiguous()  # [*, j, H, i]
-    q = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)  # [*, i, j]
+    are one [H, H] x [H, n] product, batched over every source, example and layer; by blocks of queries where the two
+    [*, H, n, n] temporaries would exceed the block budget (a streamed layer of a long input: issue 36)."""
+    *lead, H, n, _ = A.shape
+    per_query = 2 * A[..., :1, :].numel() * A.element_size()  # a query's two temporaries
+    k = max(1, block_budget.work_bytes(A.device, block_budget.CPU_STACK_BYTES) // per_query)
+    if k >= n:
+        Aj = widened(A.movedim(-1, -3), G.dtype).contiguous()  # [*, j, H, i]
+        q = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)  # [*, i, j]
+    else:  # A may be the model's narrower dtype (a streamed layer's: streamed_layers), widened a block at a time
+        q = G.new_empty(*lead, n, n)
+        for i0 in range(0, n, k):
+            Aj = widened(A[..., i0:i0 + k, :].movedim(-1, -3), G.dtype).contiguous()  # [*, j, H, k]
+            q[..., i0:i0 + k, :] = torch.matmul(G, Aj).mul_(Aj).sum(-2).transpose(-1, -2)
     if diag is not None:
-        a_ii = torch.diagonal(A, dim1=-2, dim2=-1).transpose(-1, -2)  # [*, n, H]
+        a_ii = widened(torch.diagonal(A, dim1=-2, dim2=-1).transpose(-1, -2), G.dtype)  # [*, n, H]
         extra = torch.linalg.vecdot(a_ii, cross).mul_(2).add_(torch.linalg.vecdot(diag, diag))  # [*, n]
         q.diagonal(dim1=-2, dim2=-1).add_(extra)
     return q
+
+
+def widened(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` (itself where it is already)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def decomposed_inner(p: LayerParts, kind: str, y: torch.Tensor, diagonal: bool = True) -> torch.Tensor:
@@ -577,11 +635,21 @@ def decomposed_inner(p: LayerParts, kind: str, y: torch.Tensor, diagonal: bool =
 def attention_inner(p: LayerParts, W: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """<y_i, sum_h A_ij^h W^h v_j^h> [*, n, n] (no residual, unscaled): <y_i, W^h v_j^h> = <(W^h)^T y_i, v_j^h>, so one
     [n, d] x [d, d] product and per head an [n, dh] x [dh, n] one (O(n d^2 + n^2 d) instead of the O(n^2 H d) of
-    building the vectors)."""
-    *_, n, H, dh = p.v.shape
+    building the vectors); by blocks of queries where the [*, H, n, n] products exceed the block budget (the
+    attention may be the model's narrower dtype there: a streamed layer's, multiplied in as it is)."""
+    *lead, n, H, dh = p.v.shape
     Yt = shared_matmul(y, W).unflatten(-1, (H, dh)).transpose(-3, -2)  # [*, H, n, dh]: (W^h)^T y_i
-    S = torch.matmul(Yt, p.v.movedim(-3, -1))  # [*, H, i, j] = <y_i, U_j^h>
-    return S.mul_(p.A).sum(-3)  # sum over heads: [*, i, j]
+    vt = p.v.movedim(-3, -1)
+    per_query = p.A[..., :1, :].numel() * Yt.element_size()
+    k = max(1, block_budget.work_bytes(Yt.device, block_budget.CPU_STACK_BYTES) // per_query)
+    if k >= n:
+        S = torch.matmul(Yt, vt)  # [*, H, i, j] = <y_i, U_j^h>
+        return S.mul_(p.A).sum(-3)  # sum over heads: [*, i, j]
+    out = Yt.new_empty(*lead, n, n)
+    for i0 in range(0, n, k):
+        S = torch.matmul(Yt[..., i0:i0 + k, :], vt)
+        out[..., i0:i0 + k, :] = S.mul_(p.A[..., i0:i0 + k, :]).sum(-3)
+    return out
 
 
 def diagonal_vectors(p: LayerParts, kind: str) -> torch.Tensor:
@@ -623,8 +691,12 @@ class SourceBlocks:
     block's operands are contiguous slices."""
 
     def __init__(self, A: torch.Tensor, U: torch.Tensor):
-        """A [N, H, n, n], U [j, N, H, d] source-major (``LayerParts.project(W, source_major=True)``)."""
-        self.A = A.permute(3, 0, 2, 1).contiguous()  # [j, N, i, H]
+        """A [N, H, n, n], U [j, N, H, d] source-major (``LayerParts.project(W, source_major=True)``). A's
+        source-major layout is made whole within the block budget, else a block at a time (no second [N, H, n, n]
+        beside a long input's)."""
+        self.A = A.permute(3, 0, 2, 1)  # [j, N, i, H]
+        small = A.numel() * A.element_size() <= block_budget.work_bytes(A.device, block_budget.CPU_STACK_BYTES)
+        self.whole = self.A.contiguous() if small else None
         self.U = U.contiguous()  # [j, N, H, d]
 
     def block(self, cols: slice, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -633,7 +705,8 @@ class SourceBlocks:
         n, N, _, H = self.A.shape
         d = self.U.shape[-1]
         k = cols.stop - cols.start
-        A, U = self.A[cols].view(k * N, n, H), self.U[cols].view(k * N, H, d)
+        A = (self.whole[cols] if self.whole is not None else self.A[cols].contiguous()).view(k * N, n, H)
+        U = self.U[cols].view(k * N, H, d)
         return torch.bmm(A, U, out=None if out is None else out[:k * N]).view(k, N, n, d)
 
 

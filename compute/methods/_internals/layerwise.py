@@ -5,24 +5,30 @@ per-layer M^l before aggregation. Row-stochastic families (ALTI, W_*, N_FIXEDRES
 unnormalised norm families are scaled per layer and their views normalised to sum 1 (a scalar changes nothing else).
 
 The per-layer matrices of every layer are computed at once, on stacks of layers ([K, B, ...]: ``layer_groups``,
-usually one stack of all layers); only the products step through the layers.
+usually one stack of all layers); only the products step through the layers. Where a batch's stack of every layer's
+attention would exceed the block budget (compute.attention_streaming, the capture's "layer_parts") the layers are
+streamed instead (issue 36): each layer's matrix made as a forward makes the layer, one layer's [B, H, n, n] alive at
+a time, keeping what the store keeps of the matrices (Captured.kept_matrices: every layer's, their kept rows, none)
+and the running product M^l ... M^1 whose rows are the views.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .aggregate import prod_rows_normalised, rows_of_products, valid_pairs
+from .aggregate import mean_row_scaled, prod_rows_normalised, row_at, rows_of_products, valid_pairs
 from .base import Method, MethodResult
 from . import budget as block_budget
 from .budget import work_bytes
-from .decomposition import NEEDS, LayerParts, layer_parts, over_layers
+from .decomposition import STREAMED_NEEDS, LayerParts, layer_parts, over_layers, streamed_layers, streams
 
 class LayerwiseProduct(Method):
-    needs = NEEDS
+    needs = STREAMED_NEEDS
     has_layer_views = True
     has_matrices = True
     row_stochastic = False
+    # reads the attention only through decomposition.gram_quadratic: a streamed layer's is kept in the model's dtype
+    narrow_attention = False
     eps_quirk = False  # the parts' LayerNorm sigma without epsilon (ALTI's reference; Alti sets it per instance)
 
     def stack_matrices(self, p: LayerParts, adapter) -> torch.Tensor:
@@ -52,21 +58,65 @@ class LayerwiseProduct(Method):
         """M^l [B, n, n] of one layer (tests; the same numbers as ``layer_matrices``)."""
         return self.stack_matrices(layer_parts(cap, adapter, l, eps_quirk=self.eps_quirk), adapter)
 
+    def streamed(self, cap) -> bool:
+        """Whether this batch's layers stream (the capture kept none of the decomposition's lists)."""
+        return "layer_parts" in self.needs and streams(cap)
+
+    def streamed_views(self, cap, adapter, pos: torch.Tensor) -> MethodResult:
+        """The views of rows ``pos`` ([B], or [B, S]: [B, S, L, n]) and the kept matrices, a layer at a time
+        (``streamed_layers``). Where every layer's matrix is kept the views are those of the stacked path, from them;
+        else from the running product M^l ... M^1 (one [B, n, n] carried, no [L, B, n, n]), the same to rounding."""
+        keep = cap.kept_matrices
+        kept, views, product = [], [], []
+
+        def consume(p):
+            M = valid_pairs(self.stack_matrices(p, adapter), p.mask)  # [B, n, n]
+            if keep == "all":
+                kept.append(M)
+                return
+            if keep == "cls":
+                kept.append(row_at(M, cap.kept_row))
+            if not self.row_stochastic:  # as prod_rows_normalised: each layer over its mean row sum
+                M = mean_row_scaled(M, cap.mask)
+            P = torch.bmm(M, product.pop()) if product else M
+            product.append(P)
+            b = torch.arange(P.shape[0], device=P.device)
+            views.append(P[b[:, None], pos] if pos.dim() == 2 else P[b, pos])
+
+        streamed_layers(cap, adapter, consume, eps_quirk=self.eps_quirk, narrow_attention=self.narrow_attention)
+        if keep == "all":
+            mats = torch.stack(kept)
+            return MethodResult(scores=None, layer_scores=self._views(mats, pos, cap.mask),
+                                matrices=mats.transpose(0, 1))
+        V = torch.stack(views, dim=-2)
+        if not self.row_stochastic:
+            V = V / V.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(V.dtype).tiny)
+        return MethodResult(scores=None, layer_scores=V, matrices=torch.stack(kept, 1)[:, :, None] if kept else None,
+                            matrix_rows=True)
+
+    def _views(self, mats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return rows_of_products(mats, pos) if self.row_stochastic else prod_rows_normalised(mats, pos, mask)
+
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
+        if self.streamed(cap):
+            res = self.streamed_views(cap, adapter, cap.explain_pos)
+            res.scores = res.layer_scores[:, -1]
+            return res
         mats = self.layer_matrices(cap, adapter)
-        if self.row_stochastic:
-            views = rows_of_products(mats, cap.explain_pos)
-        else:
-            views = prod_rows_normalised(mats, cap.explain_pos, cap.mask)
+        views = self._views(mats, cap.explain_pos, cap.mask)
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=mats.transpose(0, 1))
 
     def compute_rows(self, cap, adapter, steps, rows):
         """Every step's row of the one pass's products (a causal model's row e of M^l depends on tokens up to e)."""
         self.check_architecture(adapter)
+        if self.streamed(cap):
+            res = self.streamed_views(cap, adapter, steps.grid)
+            res.layer_scores = views = steps.rows(res.layer_scores)
+            res.scores = views[:, -1]
+            return res
         mats = self.layer_matrices(cap, adapter)
-        views = steps.rows(rows_of_products(mats, steps.grid) if self.row_stochastic
-                           else prod_rows_normalised(mats, steps.grid, cap.mask))
+        views = steps.rows(self._views(mats, steps.grid, cap.mask))
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=mats.transpose(0, 1))
 
 

@@ -1,0 +1,160 @@
+"""Layer-streamed decomposition methods (issue 36 item 1): the norm family, GlobEnc, W_RES, ALTI, ALTI-l2 and
+ALTI-Logit read the capture's "layer_parts", which it stacks where every layer's [B, H, n, n] fits the block budget
+(compute.attention_streaming) and otherwise keeps none of: the methods then take each layer as a forward of their
+own makes it (Adapter.each_layer), one layer's attention alive at a time, keeping only what --matrices keeps and the
+running product of the views. Both paths give the same numbers (float64, padded batches, post-LN BERT and pre-LN
+Llama)."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from compute.adapters import adapter_for
+from compute.methods import REGISTRY
+from compute.methods._internals import budget
+from compute.methods._internals.aggregate import row_at
+from conftest import random_batch, tiny_model
+
+STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2")
+LENGTHS = [9, 5, 12, 1]
+
+
+@pytest.fixture(scope="module", params=["bert", "llama"])
+def model(request):
+    arch = request.param
+    ad = adapter_for(tiny_model(arch, dtype=torch.float64, layers=3))
+    return arch, ad, random_batch(arch, LENGTHS)
+
+
+def streamed(monkeypatch):
+    monkeypatch.setattr(budget, "CPU_STACK_BYTES", 0)  # every stack above the budget: layer by layer
+
+
+def close(got, ref, tol=1e-10):
+    """Within ``tol`` of the reference's scale."""
+    assert got.shape == ref.shape
+    scale = ref.abs().max().clamp_min(1e-300)
+    assert float((got - ref).abs().max() / scale) <= tol
+
+
+def run(method, ad, batch, kept="all", target=None):
+    with torch.no_grad():
+        cap = ad.capture(batch, method.needs)
+        if kept != "all":
+            cap.kept_matrices, cap.kept_row = kept, cap.explain_pos
+        return cap, method.compute(cap, ad, cap.pred if target is None else target)
+
+
+def test_the_capture_keeps_the_layers_below_the_budget_and_none_above(model, monkeypatch):
+    _, ad, batch = model
+    needs = REGISTRY["norm_n"].needs
+    assert needs == frozenset({"layer_parts"})
+    with torch.no_grad():
+        stacked = ad.capture(batch, needs)
+        streamed(monkeypatch)
+        light = ad.capture(batch, needs)
+    assert len(stacked.attentions) == ad.n_layers and len(stacked.values) == ad.n_layers
+    assert len(stacked.hidden_states) == ad.n_layers + 1
+    for name in ("attentions", "hidden_states", "values", "ln1_in", "ln1_out", "ln2_in", "ln2_out", "attn_out"):
+        assert getattr(light, name) == [], name
+    assert light.stacks == {}
+
+
+@pytest.mark.parametrize("name", STREAMED + ("alti_logit",))
+def test_streamed_methods_give_the_stacked_results(model, monkeypatch, name):
+    _, ad, batch = model
+    method = REGISTRY[name]()
+    _, ref = run(method, ad, batch)
+    streamed(monkeypatch)
+    cap, got = run(method, ad, batch)
+    assert not cap.attentions
+    for key in ("scores", "layer_scores"):
+        close(getattr(got, key), getattr(ref, key))
+    if ref.matrices is None:
+        assert got.matrices is None
+        return
+    close(got.matrices, ref.matrices)
+    assert not got.matrix_rows
+
+
+@pytest.mark.parametrize("name", STREAMED)
+@pytest.mark.parametrize("kept", ["cls", "none"])
+def test_streamed_methods_keep_only_the_stored_rows(model, monkeypatch, name, kept):
+    """--matrices cls: the explained row of every layer's matrix [B, L, 1, n] and the views from the running
+    product; none: no matrix at all."""
+    _, ad, batch = model
+    method = REGISTRY[name]()
+    cap, ref = run(method, ad, batch)
+    streamed(monkeypatch)
+    _, got = run(method, ad, batch, kept)
+    close(got.scores, ref.scores)
+    close(got.layer_scores, ref.layer_scores)
+    if kept == "none":
+        assert got.matrices is None
+        return
+    rows = row_at(ref.matrices, cap.explain_pos)[:, :, None]  # [B, L, 1, n]
+    assert got.matrix_rows
+    close(got.matrices, rows)
+
+
+@pytest.mark.parametrize("name", ("norm_resln", "globenc", "alti", "alti_logit"))
+def test_a_streamed_example_alone_is_its_row_of_the_batch(model, monkeypatch, name):
+    """Padding and batching change nothing: each example streamed alone gives its row of the streamed batch."""
+    arch, ad, batch = model
+    method = REGISTRY[name]()
+    streamed(monkeypatch)
+    cap, whole = run(method, ad, batch, "cls")
+    for b, n in enumerate(LENGTHS):
+        one = {k: v[b:b + 1, :n] if v.dim() == 2 else v for k, v in batch.items()}
+        _, alone = run(method, ad, one, "cls", target=cap.pred[b:b + 1])
+        # 1e-6 of scale: Llama's RMSNorm runs in float32 inside the float64 model (conftest), batched or alone
+        close(alone.scores[0], whole.scores[b, :n], 1e-6)
+        close(alone.layer_scores[0], whole.layer_scores[b, :, :n], 1e-6)
+        assert not whole.scores[b, n:].any()
+
+
+def attentions_alive(ad):
+    """Weak references to every attention a forward makes, and at each layer's attention the count of earlier ones
+    still alive (the hooks are removed by the caller)."""
+    made, alive = [], []
+    hooks = [ad.attention_probs_module(layer).register_forward_hook(
+        lambda _m, _i, out: made.append(weakref.ref(out[1]))) for layer in ad.layers()]
+    hooks += [ad.attention_probs_module(layer).register_forward_pre_hook(
+        lambda *_: alive.append(sum(r() is not None for r in made))) for layer in ad.layers()]
+    return made, alive, hooks
+
+
+@pytest.mark.parametrize("name", STREAMED + ("alti_logit",))
+def test_the_streamed_path_never_holds_two_layers_attention(model, monkeypatch, name):
+    """When a layer's attention is made, no earlier layer's [B, H, n, n] is alive: not the runner's capture's, not the
+    method's own forward's (in which each layer's is dropped as its end hook returns)."""
+    _, ad, batch = model
+    method = REGISTRY[name]()
+    streamed(monkeypatch)
+    made, alive, hooks = attentions_alive(ad)
+    try:
+        run(method, ad, batch, "cls")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(made) == 2 * ad.n_layers  # the capture's forward, then the method's
+    assert alive == [0] * (2 * ad.n_layers)
+    assert all(r() is None for r in made)
+
+
+@pytest.mark.parametrize("name", ("norm_n", "globenc", "alti_l2", "alti"))
+def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
+    """bfloat16 Llama: the norm family and ALTI-l2 keep a streamed layer's attention in bfloat16 and widen it a block
+    of queries at a time, ALTI widens it whole; both give the stacked path's float32 numbers."""
+    ad = adapter_for(tiny_model("llama", dtype=torch.bfloat16, layers=3))
+    batch = random_batch("llama", LENGTHS)
+    method = REGISTRY[name]()
+    _, ref = run(method, ad, batch)
+    streamed(monkeypatch)
+    _, got = run(method, ad, batch, "cls")
+    assert got.scores.dtype == torch.float32
+    close(got.scores, ref.scores, 1e-5)
+    close(got.layer_scores, ref.layer_scores, 1e-5)
