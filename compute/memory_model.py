@@ -83,6 +83,9 @@ class Budgets:
     value_zeroing: int  # a block of zeroed tokens (value_zeroing.CPU_BLOCK_BYTES)
     decompx: int  # DecompX's feed-forward blocks of source tokens (token_vectors.CPU_BLOCK_BYTES)
     ig: int  # integrated gradients' rows of one pass (gradients.IG_CPU_BYTES)
+    # on a GPU: ALTI's kernel takes a whole layer's attention in its own layout (the CPU's dense form copies it a
+    # block of sources at a time beyond the block budget)
+    gpu: bool = True
     # DecompX's decomposition, [n, k, d] for k source tokens (token_vectors.CPU_STATE_BYTES; a GPU's 1 /
     # STATE_GPU_SHARE)
     decompx_state: int = 0
@@ -104,7 +107,7 @@ class Budgets:
 
         return cls(stack=budget.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
                    value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
-                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES)
+                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES, gpu=False)
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,9 @@ def _alti_work(m, r):
     """A copy of the layer's float32 attention in another layout (the GPU kernel's, compute/kernels/alti_l1.py, or
     the dense form's source-major one within the block budget: SourceBlocks; beyond it the dense form copies a
     block at a time), the projected values [n, H, d], the source blocks (budget), [n, n]s."""
-    return m.heads * r.n ** 2 * F32 + r.n * m.heads * m.d * F32 + r.budgets.alti + 5 * r.n ** 2 * F32
+    copy = m.heads * r.n ** 2 * F32
+    copy = copy if r.budgets.gpu else min(copy, r.budgets.alti)
+    return copy + r.n * m.heads * m.d * F32 + r.budgets.alti + 5 * r.n ** 2 * F32
 
 
 STREAMED: dict[str, Streamed] = {}
