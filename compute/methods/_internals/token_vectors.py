@@ -25,6 +25,7 @@ block. The last layer is computed for the explained row only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,7 @@ from ...adapters.base import linear_weight
 from .base import SEQUENCE_HEAD_TASKS
 from .budget import work_bytes
 from .decomposition import center, kept, layer_stack, ln_sigma, stack_params, stacked_ffn
-from .fused import absdot_share_, absdot_weights, ln_share
+from .fused import absdot_share_, absdot_weights, ln_share, ln_share_
 from .linear_mlp import factors, linear_mlps, zero_origin_slope
 from .pre_ln import mlp_output_norm
 
@@ -129,6 +130,13 @@ class Whole:
     def ln(self, V: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         return ln_share(V, gain, beta)
 
+    def ln_(self, V: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """``ln`` of parts not read again: in place on the CPU (``fused.ln_share_``)."""
+        if V.device.type != "cpu":
+            return ln_share(V, gain, beta)
+        ln_share_(V, gain, beta)
+        return V
+
 
 class Known(Whole):
     """A block of source tokens in a stage whose sums over every source are known, [R, 1, 1] per share in the order
@@ -145,6 +153,9 @@ class Known(Whole):
 
     def ln(self, V, gain, beta):
         return self.share_(center(V).mul_(gain), beta)
+
+    def ln_(self, V, gain, beta):
+        return self.share_(V.sub_(V.mean(-1, keepdim=True)).mul_(gain), beta)
 
 
 class Collect(Known):
@@ -209,7 +220,8 @@ def _blocked(walk, stages, n: int, k: int, finish):
     parts = []
     for J in blocks:
         interrupts.check()
-        parts.append(walk(J, lambda t: Known(sums[t]), None))
+        # copies: the next block's walk reuses the work buffers (``Buffers``) that may hold these
+        parts.append([t.clone() for t in walk(J, lambda t: Known(sums[t]), None)])
     return finish(*(torch.cat(p, 1) for p in zip(*parts)))
 
 
@@ -257,12 +269,13 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k) -> Propagated:
     U = first.project(first.W_O)  # [B, n, H, d]
     budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
     out = p.x.new_empty(B, L, n, d)
+    bufs = Buffers(p.x)
 
     def layer(sh, step, Z):  # a layer after its attention: the bias, LN1, the feed-forward block, LN2
         Z = sh.share_(Z, step.bias)
-        Y = sh.ln(Z, step.gain1, step.beta1)
-        Y += _ffn(step, Y, budget, sh)
-        return sh.ln(Y, step.gain2, step.beta2)  # [R, k, d]
+        Y = sh.ln_(Z, step.gain1, step.beta1)
+        Y += _ffn(step, Y, budget, sh, bufs)
+        return sh.ln_(Y, step.gain2, step.beta2)  # [R, k, d]
 
     def walk(J, sharer, stop):
         X = None
@@ -271,7 +284,7 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k) -> Propagated:
             if X is None:
                 Z = _first_layer(first, U, e if l == L - 1 else None, J)
             else:
-                Z = _attention(step, X, H, None if l < L - 1 else (b, e))
+                Z = _attention(step, X, H, None if l < L - 1 else (b, e), bufs=bufs)
             if l == L - 1:
                 return (Z,)
             sh = sharer(l)
@@ -415,43 +428,78 @@ def _first_layer(first, U: torch.Tensor, explained: torch.Tensor | None, J: slic
     return Z.flatten(0, 1)
 
 
-def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = True) -> torch.Tensor:
+def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = True,
+               bufs: Buffers | None = None) -> torch.Tensor:
     """z_{i<-j} = sum_h sum_k A_ik^h W_O^h W_V^h x_{k<-j} + x_{i<-j} [R, k, d] from the previous layer's parts X
     [B n, k, d] of k sources (the value and output biases are shared afterwards); without ``residual`` the first
-    term only."""
+    term only. Its work tensors and result in ``bufs`` where given (holding none of X)."""
     Bn, k, d = X.shape
     n = step.A.shape[-1]
     B, dh = Bn // n, d // H
-    V = torch.mm(X.view(-1, d), step.W_Vt).view(B, n, k, H, dh).permute(0, 3, 1, 2, 4).reshape(B * H, n, k * dh)
     r = step.A.shape[1]
-    C = torch.bmm(step.A, V).view(B, H, r, k, dh).permute(0, 2, 3, 1, 4).reshape(B * r * k, d)
+    V = torch.mm(X.view(-1, d), step.W_Vt, out=_take(bufs, X, (Bn * k, d), X))
+    V = _take(bufs, X, (B, H, n, k, dh), X, V).copy_(V.view(B, n, k, H, dh).permute(0, 3, 1, 2, 4))
+    C = torch.bmm(step.A, V.view(B * H, n, k * dh), out=_take(bufs, X, (B * H, r, k * dh), X, V))
+    C = _take(bufs, X, (B, r, k, H, dh), X, C).copy_(C.view(B, H, r, k, dh).permute(0, 2, 3, 1, 4))
+    C = C.view(B * r * k, d)
     if not residual:
-        return torch.mm(C, step.W_Ot).view(B * r, k, d)
+        return torch.mm(C, step.W_Ot, out=_take(bufs, X, (B * r * k, d), X, C)).view(B * r, k, d)
     own = X.view(-1, d) if explained is None else X.view(B, n, k, d)[explained].view(-1, d)
-    return torch.addmm(own, C, step.W_Ot).view(B * r, k, d)
+    return torch.addmm(own, C, step.W_Ot, out=_take(bufs, X, (B * r * k, d), X, C)).view(B * r, k, d)
 
 
-def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole) -> torch.Tensor:
+def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole, bufs: Buffers | None = None) -> torch.Tensor:
     """f_{i<-j} [R, n, d] for the LN1 decomposition Y [R, n, d]: W2 (theta_i * (W1 y_{i<-j} + w_ij b1)) + w'_ij b2,
-    the biases shared by absdot. Source tokens go in blocks whose [R, k, d_ff] activations fit ``budget``."""
+    the biases shared by absdot. Receiving rows go in blocks whose [r, n, d_ff] activations fit ``budget`` (each
+    block's rows contiguous in Y and in the result, which ``bufs`` holds where given)."""
     R, n, d = Y.shape
     d_ff = step.W1t.shape[1]
     w1 = sh.weights(Y, step.W1b1)  # <W1 y_{i<-j}, b1> = <y_{i<-j}, W1^T b1>, for every source at once
-    k = budget // max(1, R * 2 * d_ff * Y.element_size())  # source tokens per block: [R, k, d_ff] and a product
-    if k >= n:
-        out = _ffn_block(step, Y, w1)
+    r = max(1, budget // max(1, n * 2 * d_ff * Y.element_size()))  # rows per block: [r, n, d_ff] and a product
+    out = _take(bufs, Y, (R, n, d), Y)
+    if r >= R:
+        _ffn_block(step.theta, step, Y, w1, out)
     else:
-        out = torch.empty_like(Y)
-        for j0 in range(0, n, max(k, 1)):
-            J = slice(j0, min(n, j0 + max(k, 1)))
-            out[:, J] = _ffn_block(step, Y[:, J].contiguous(), w1[:, J])
+        hidden = _take(bufs, Y, (r * n, d_ff), Y, out)  # one for every block
+        for r0 in range(0, R, r):
+            rows = slice(r0, min(R, r0 + r))
+            _ffn_block(step.theta[rows], step, Y[rows], w1[rows], out[rows], hidden)
     return sh.share_(out, step.b2)
 
 
-def _ffn_block(step: Step, Y: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
-    R, k, d = Y.shape
-    Hd = torch.mm(Y.view(-1, d), step.W1t).view(R, k, -1).addcmul_(w1, step.b1).mul_(step.theta)
-    return torch.mm(Hd.view(R * k, -1), step.W2t).view(R, k, d)
+def _ffn_block(theta: torch.Tensor, step: Step, Y: torch.Tensor, w1: torch.Tensor, out: torch.Tensor,
+               hidden: torch.Tensor | None = None) -> None:
+    """out = W2 (theta * (W1 Y + w1 b1)) for the rows of Y [r, n, d] (their factors theta [r, 1, d_ff])."""
+    r, n, d = Y.shape
+    Hd = torch.mm(Y.view(-1, d), step.W1t, out=None if hidden is None else hidden[:r * n])
+    Hd = Hd.view(r, n, -1).addcmul_(w1, step.b1).mul_(theta)
+    torch.mm(Hd.view(r * n, -1), step.W2t, out=out.view(r * n, d))
+
+
+class Buffers:
+    """Work tensors reused by the layers of one propagation: on the CPU a fresh tensor this large is a new mapping
+    whose pages fault when first written, which cost DecompX a sixth of its time. ``take`` hands out a view of a
+    buffer that holds none of the tensors still in use."""
+
+    def __init__(self, like: torch.Tensor):
+        self.like, self.pool = like, []
+
+    def take(self, shape: tuple, *live: torch.Tensor) -> torch.Tensor:
+        numel = math.prod(shape)
+        busy = {t.untyped_storage().data_ptr() for t in live}
+        for i, t in enumerate(self.pool):
+            if t.untyped_storage().data_ptr() in busy:
+                continue
+            if t.numel() < numel:
+                t = self.pool[i] = self.like.new_empty(numel)
+            return (t if t.numel() == numel else t[:numel]).view(shape)
+        self.pool.append(self.like.new_empty(numel))
+        return self.pool[-1].view(shape)
+
+
+def _take(bufs: Buffers | None, like: torch.Tensor, shape: tuple, *live: torch.Tensor) -> torch.Tensor:
+    """A work tensor of ``shape`` from ``bufs`` (see ``Buffers.take``), or a fresh one."""
+    return like.new_empty(shape) if bufs is None else bufs.take(shape, *live)
 
 
 def _logits(adapter, cap, X: torch.Tensor) -> torch.Tensor | None:
