@@ -437,15 +437,14 @@ def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = 
     n = step.A.shape[-1]
     B, dh = Bn // n, d // H
     r = step.A.shape[1]
-    V = torch.mm(X.view(-1, d), step.W_Vt, out=_take(bufs, X, (Bn * k, d), X))
-    V = _take(bufs, X, (B, H, n, k, dh), X, V).copy_(V.view(B, n, k, H, dh).permute(0, 3, 1, 2, 4))
-    C = torch.bmm(step.A, V.view(B * H, n, k * dh), out=_take(bufs, X, (B * H, r, k * dh), X, V))
-    C = _take(bufs, X, (B, r, k, H, dh), X, C).copy_(C.view(B, H, r, k, dh).permute(0, 2, 3, 1, 4))
-    C = C.view(B * r * k, d)
+    V = torch.mm(X.view(-1, d), step.W_Vt, out=_take(bufs, (Bn * k, d), X))
+    V = _contiguous(bufs, V.view(B, n, k, H, dh).permute(0, 3, 1, 2, 4), X, V)
+    C = torch.bmm(step.A, V.view(B * H, n, k * dh), out=_take(bufs, (B * H, r, k * dh), X, V))
+    C = _contiguous(bufs, C.view(B, H, r, k, dh).permute(0, 2, 3, 1, 4), X, C).view(B * r * k, d)
     if not residual:
-        return torch.mm(C, step.W_Ot, out=_take(bufs, X, (B * r * k, d), X, C)).view(B * r, k, d)
+        return torch.mm(C, step.W_Ot, out=_take(bufs, (B * r * k, d), X, C)).view(B * r, k, d)
     own = X.view(-1, d) if explained is None else X.view(B, n, k, d)[explained].view(-1, d)
-    return torch.addmm(own, C, step.W_Ot, out=_take(bufs, X, (B * r * k, d), X, C)).view(B * r, k, d)
+    return torch.addmm(own, C, step.W_Ot, out=_take(bufs, (B * r * k, d), X, C)).view(B * r, k, d)
 
 
 def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole, bufs: Buffers | None = None) -> torch.Tensor:
@@ -456,36 +455,46 @@ def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole, bufs: Buffers | No
     d_ff = step.W1t.shape[1]
     w1 = sh.weights(Y, step.W1b1)  # <W1 y_{i<-j}, b1> = <y_{i<-j}, W1^T b1>, for every source at once
     r = max(1, budget // max(1, n * 2 * d_ff * Y.element_size()))  # rows per block: [r, n, d_ff] and a product
-    out = _take(bufs, Y, (R, n, d), Y)
+    out = _take(bufs, (R, n, d), Y)
     if r >= R:
-        _ffn_block(step.theta, step, Y, w1, out)
+        out = _ffn_block(step.theta, step, Y, w1, out)
     else:
-        hidden = _take(bufs, Y, (r * n, d_ff), Y, out)  # one for every block
+        if out is None:
+            out = torch.empty_like(Y)
+        hidden = _take(bufs, (r * n, d_ff), Y, out)  # one for every block
         for r0 in range(0, R, r):
             rows = slice(r0, min(R, r0 + r))
             _ffn_block(step.theta[rows], step, Y[rows], w1[rows], out[rows], hidden)
     return sh.share_(out, step.b2)
 
 
-def _ffn_block(theta: torch.Tensor, step: Step, Y: torch.Tensor, w1: torch.Tensor, out: torch.Tensor,
-               hidden: torch.Tensor | None = None) -> None:
-    """out = W2 (theta * (W1 Y + w1 b1)) for the rows of Y [r, n, d] (their factors theta [r, 1, d_ff])."""
+def _ffn_block(theta: torch.Tensor, step: Step, Y: torch.Tensor, w1: torch.Tensor, out: torch.Tensor | None,
+               hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """W2 (theta * (W1 Y + w1 b1)) [r, n, d] for the rows of Y [r, n, d] (their factors theta [r, 1, d_ff]), in
+    ``out`` where given; the activations in ``hidden`` where given."""
     r, n, d = Y.shape
     Hd = torch.mm(Y.view(-1, d), step.W1t, out=None if hidden is None else hidden[:r * n])
     Hd = Hd.view(r, n, -1).addcmul_(w1, step.b1).mul_(theta)
-    torch.mm(Hd.view(r * n, -1), step.W2t, out=out.view(r * n, d))
+    return torch.mm(Hd.view(r * n, -1), step.W2t, out=None if out is None else out.view(r * n, d)).view(r, n, d)
+
+
+# A work tensor this large is taken from ``Buffers``: glibc's malloc maps every allocation above its largest mmap
+# threshold (32 MB) afresh, and the new pages fault when first written; smaller ones come from its heap, reused.
+REUSED_BYTES = 32 << 20
 
 
 class Buffers:
-    """Work tensors reused by the layers of one propagation: on the CPU a fresh tensor this large is a new mapping
-    whose pages fault when first written, which cost DecompX a sixth of its time. ``take`` hands out a view of a
-    buffer that holds none of the tensors still in use."""
+    """Work tensors of REUSED_BYTES or more reused by the layers of one propagation: the page faults of fresh ones
+    cost DecompX a sixth of its CPU time. ``take`` hands out a view of a buffer that holds none of the tensors still
+    in use, or None for a smaller tensor (the operation allocates it)."""
 
     def __init__(self, like: torch.Tensor):
         self.like, self.pool = like, []
 
-    def take(self, shape: tuple, *live: torch.Tensor) -> torch.Tensor:
+    def take(self, shape: tuple, *live: torch.Tensor) -> torch.Tensor | None:
         numel = math.prod(shape)
+        if numel * self.like.element_size() < REUSED_BYTES:
+            return None
         busy = {t.untyped_storage().data_ptr() for t in live}
         for i, t in enumerate(self.pool):
             if t.untyped_storage().data_ptr() in busy:
@@ -497,9 +506,15 @@ class Buffers:
         return self.pool[-1].view(shape)
 
 
-def _take(bufs: Buffers | None, like: torch.Tensor, shape: tuple, *live: torch.Tensor) -> torch.Tensor:
-    """A work tensor of ``shape`` from ``bufs`` (see ``Buffers.take``), or a fresh one."""
-    return like.new_empty(shape) if bufs is None else bufs.take(shape, *live)
+def _take(bufs: Buffers | None, shape: tuple, *live: torch.Tensor) -> torch.Tensor | None:
+    """``bufs.take``: a work tensor of ``shape``, or None (no buffers, or a small tensor: the operation's own)."""
+    return None if bufs is None else bufs.take(shape, *live)
+
+
+def _contiguous(bufs: Buffers | None, t: torch.Tensor, *live: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out contiguously, in a work tensor of ``bufs`` where it takes one."""
+    out = _take(bufs, tuple(t.shape), *live)
+    return t.contiguous() if out is None else out.copy_(t)
 
 
 def _logits(adapter, cap, X: torch.Tensor) -> torch.Tensor | None:
