@@ -20,7 +20,8 @@ Memory: the state is [B, n, n, d], or [B, n, k, d] for blocks of k source tokens
 (``_blocked``: each bias share's sums over all sources come from a pass of the blocks before); the feed-forward block
 goes through blocks of receiving rows whose [r, k, d_ff] activations fit its budget (its bias shares need sums over
 all sources, which are dot products with fixed vectors: <W1 y, b1> = <y, W1^T b1>). Work tensors of 32 MB or more
-are reused from layer to layer (``Buffers``: on the CPU fresh ones fault their pages). The last layer is computed for the explained row only.
+are reused from layer to layer (``Buffers``: on the CPU fresh ones fault their pages). The last layer is
+computed for the explained row only.
 """
 
 from __future__ import annotations
