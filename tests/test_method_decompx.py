@@ -171,6 +171,52 @@ def test_decompx_feed_forward_blocks_do_not_change_the_result():
     torch.testing.assert_close(blocked.layer_scores, whole.layer_scores, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("k", [None, 3])
+@torch.no_grad()
+def test_decompx_work_buffers_do_not_change_the_result(k, monkeypatch):
+    """Every work tensor taken from the reused buffers (token_vectors.Buffers; by default only those of 32 MB or
+    more), with the feed-forward block in blocks of one receiving row, whole and in blocks of k source tokens: the
+    same numbers as fresh tensors, while a handful of buffers serve every layer (none handed out while in use)."""
+    import compute.methods._internals.token_vectors as tv
+
+    model, ad, batch, _, m, _ = _run("bert", model=tiny_model("bert", layers=3))
+    monkeypatch.setattr(tv, "CPU_BLOCK_BYTES", 1)
+    if k is not None:
+        monkeypatch.setattr(tv, "source_blocks", lambda *a: k)
+
+    def run():
+        cap = ad.capture(batch, m.needs)  # a fresh batch memo
+        return m.compute(cap, ad, cap.pred), m.compute_classes(cap, ad, 2)
+
+    fresh, fresh_classes = run()
+    pools, taken, take = [], [], tv.Buffers.take
+
+    def spy(self, shape, *live):
+        out = take(self, shape, *live)
+        taken.append(out is not None)
+        if self.pool not in pools:
+            pools.append(self.pool)
+        return out
+
+    monkeypatch.setattr(tv, "REUSED_BYTES", 0)
+    monkeypatch.setattr(tv.Buffers, "take", spy)
+    reused, reused_classes = run()
+    assert taken and all(taken)
+    assert len(pools) == 1 and 1 < len(pools[0]) <= 4  # one propagation: a pool of a few buffers
+    assert torch.equal(reused.scores, fresh.scores) and torch.equal(reused.layer_scores, fresh.layer_scores)
+    assert torch.equal(reused_classes, fresh_classes)
+
+
+def test_ln_share_in_place_is_ln_share():
+    from compute.methods._internals.fused import ln_share, ln_share_
+
+    g = torch.Generator().manual_seed(0)
+    v, gain, beta = (torch.randn(*s, generator=g) for s in ((3, 5, 8), (3, 1, 8), (8,)))
+    expected = ln_share(v, gain, beta)
+    ln_share_(v, gain, beta)
+    assert torch.equal(v, expected)
+
+
 def blocks_of_sources(monkeypatch, k: int, run):
     """``run()`` with the decomposition in blocks of k source tokens (token_vectors.source_blocks), and the most
     source columns any attention step read: (result, widest)."""

@@ -25,8 +25,8 @@ from ._internals.token_vectors import propagate
 
 MEMORY_OPTION = Option("decompx_memory_mb", type=int, metavar="MB", param="memory_mb", resume=True,
                        check=at_least(1),
-                       help="decompx, decompx_nohead: memory budget of one block of source tokens in the feed-forward "
-                            "block [default: 64 on the CPU, 1/64 of the GPU's memory on a GPU].")
+                       help="decompx, decompx_nohead: memory budget of one block of receiving tokens in the "
+                            "feed-forward block [default: 64 on the CPU, 1/64 of the GPU's memory on a GPU].")
 STATE_OPTION = Option("decompx_state_mb", type=int, metavar="MB", param="state_mb", resume=True, check=at_least(1),
                       help="decompx, decompx_nohead: memory budget of the decomposition, [B n, k, d] for k source "
                            "tokens at a time; where the whole [B n, n, d] is over it, the sources go through the "
@@ -46,7 +46,7 @@ class DecompXBase(Method):
 
     @classmethod
     def memory_per_example(cls, shape, params):
-        # the feed-forward block at one source token per block: [B, n, 1, d_ff] pre-activations and their product
+        # the feed-forward block at one receiving row per block: [n, d_ff] pre-activations and their product
         return shape.n * 2 * shape.d_ff * shape.itemsize
 
     def __init__(self, memory_mb: int | None = None, state_mb: int | None = None, **params):

@@ -34,6 +34,12 @@ def _ln_share(vectors: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> 
     return y.addcmul_(_weights(torch.matmul(y, beta[:, None])), beta)
 
 
+def _ln_share_(vectors: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> None:
+    # the same operations as _ln_share, in place (the same numbers)
+    y = vectors.sub_(vectors.mean(-1, keepdim=True)).mul_(gain)
+    y.addcmul_(_weights(torch.matmul(y, beta[:, None])), beta)
+
+
 @custom_op("attrscope::absdot_weights", mutates_args=())
 def absdot_weights(vectors: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """w_rj = |<v_rj, c>| / sum_j |<v_rj, c>| [R, n, 1]: DecompX's "absdot" share of a bias among the parts."""
@@ -52,6 +58,14 @@ def ln_share(vectors: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> t
     """A LayerNorm at a frozen scale applied to the parts: y_rj = gain_r * (v_rj - mean(v_rj)) (gain_r = gamma /
     sigma_r of the real state, [R, 1, D]), then beta shared by absdot."""
     return _ln_share(vectors, gain, beta)
+
+
+@custom_op("attrscope::ln_share_", mutates_args=("vectors",))
+def ln_share_(vectors: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> None:
+    """ln_share in place, for parts that are not read again (the CPU's: there a fresh [R, n, D] result is a new
+    mapping whose pages fault on first write, which cost more than the operation's arithmetic; a GPU's allocator
+    reuses its blocks, and its Triton kernel writes ln_share's result)."""
+    _ln_share_(vectors, gain, beta)
 
 
 # On CUDA: the Triton kernels when they take the operands (compute.kernels.shares.runs: triton installed, float32 or

@@ -18,13 +18,15 @@ logits_j = W_c pooled_j + b_c share (one share per token for every class: |<W_c 
 
 Memory: the state is [B, n, n, d], or [B, n, k, d] for blocks of k source tokens where the whole is over its budget
 (``_blocked``: each bias share's sums over all sources come from a pass of the blocks before); the feed-forward block
-goes through blocks of source tokens whose [B, n, k, d_ff] activations fit its budget; its bias shares need sums over
-all sources, which are dot products with fixed vectors (<W1 y, b1> = <y, W1^T b1>) or are added after the last
-block. The last layer is computed for the explained row only.
+goes through blocks of receiving rows whose [r, k, d_ff] activations fit its budget (its bias shares need sums over
+all sources, which are dot products with fixed vectors: <W1 y, b1> = <y, W1^T b1>). Work tensors of 32 MB or more
+are reused from layer to layer (``Buffers``: on the CPU fresh ones fault their pages). The last layer is
+computed for the explained row only.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +37,7 @@ from ...adapters.base import linear_weight
 from .base import SEQUENCE_HEAD_TASKS
 from .budget import work_bytes
 from .decomposition import center, kept, layer_stack, ln_sigma, stack_params, stacked_ffn
-from .fused import absdot_share_, absdot_weights, ln_share
+from .fused import absdot_share_, absdot_weights, ln_share, ln_share_
 from .linear_mlp import factors, linear_mlps, zero_origin_slope
 from .pre_ln import mlp_output_norm
 
@@ -130,6 +132,13 @@ class Whole:
     def ln(self, V: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         return ln_share(V, gain, beta)
 
+    def ln_(self, V: torch.Tensor, gain: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """``ln`` of parts not read again: in place on the CPU (``fused.ln_share_``)."""
+        if V.device.type != "cpu":
+            return ln_share(V, gain, beta)
+        ln_share_(V, gain, beta)
+        return V
+
 
 class Known(Whole):
     """A block of source tokens in a stage whose sums over every source are known, [R, 1, 1] per share in the order
@@ -146,6 +155,9 @@ class Known(Whole):
 
     def ln(self, V, gain, beta):
         return self.share_(center(V).mul_(gain), beta)
+
+    def ln_(self, V, gain, beta):
+        return self.share_(V.sub_(V.mean(-1, keepdim=True)).mul_(gain), beta)
 
 
 class Collect(Known):
@@ -210,7 +222,8 @@ def _blocked(walk, stages, n: int, k: int, finish):
     parts = []
     for J in blocks:
         interrupts.check()
-        parts.append(walk(J, lambda t: Known(sums[t]), None))
+        # copies: the next block's walk reuses the work buffers (``Buffers``) that may hold these
+        parts.append([t.clone() for t in walk(J, lambda t: Known(sums[t]), None)])
     return finish(*(torch.cat(p, 1) for p in zip(*parts)))
 
 
@@ -271,12 +284,13 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
     U = first.project(first.W_O)  # [B, n, H, d]
     budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
     out = p.x.new_empty(B, S, L, n, d)
+    bufs = Buffers(p.x)
 
     def layer(sh, step, Z):  # a layer after its attention: the bias, LN1, the feed-forward block, LN2
         Z = sh.share_(Z, step.bias)
-        Y = sh.ln(Z, step.gain1, step.beta1)
-        Y += _ffn(step, Y, budget, sh)
-        return sh.ln(Y, step.gain2, step.beta2)  # [R, k, d]
+        Y = sh.ln_(Z, step.gain1, step.beta1)
+        Y += _ffn(step, Y, budget, sh, bufs)
+        return sh.ln_(Y, step.gain2, step.beta2)  # [R, k, d]
 
     def walk(J, sharer, stop):
         X = None
@@ -285,7 +299,7 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
             if X is None:
                 Z = _first_layer(first, U, e if l == L - 1 else None, J)
             else:
-                Z = _attention(step, X, H, None if l < L - 1 else (b, e))
+                Z = _attention(step, X, H, None if l < L - 1 else (b, e), bufs=bufs)
             if l == L - 1:
                 return (Z,)
             sh = sharer(l)
@@ -429,43 +443,93 @@ def _first_layer(first, U: torch.Tensor, explained: torch.Tensor | None, J: slic
     return Z.flatten(0, 1)
 
 
-def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = True) -> torch.Tensor:
+def _attention(step: Step, X: torch.Tensor, H: int, explained, residual: bool = True,
+               bufs: Buffers | None = None) -> torch.Tensor:
     """z_{i<-j} = sum_h sum_k A_ik^h W_O^h W_V^h x_{k<-j} + x_{i<-j} [R, k, d] from the previous layer's parts X
     [B n, k, d] of k sources (the value and output biases are shared afterwards); without ``residual`` the first
-    term only."""
+    term only. Its work tensors and result in ``bufs`` where given (holding none of X)."""
     Bn, k, d = X.shape
     n = step.A.shape[-1]
     B, dh = Bn // n, d // H
-    V = torch.mm(X.view(-1, d), step.W_Vt).view(B, n, k, H, dh).permute(0, 3, 1, 2, 4).reshape(B * H, n, k * dh)
     r = step.A.shape[1]
-    C = torch.bmm(step.A, V).view(B, H, r, k, dh).permute(0, 2, 3, 1, 4).reshape(B * r * k, d)
+    V = torch.mm(X.view(-1, d), step.W_Vt, out=_take(bufs, (Bn * k, d), X))
+    V = _contiguous(bufs, V.view(B, n, k, H, dh).permute(0, 3, 1, 2, 4), X, V)
+    C = torch.bmm(step.A, V.view(B * H, n, k * dh), out=_take(bufs, (B * H, r, k * dh), X, V))
+    C = _contiguous(bufs, C.view(B, H, r, k, dh).permute(0, 2, 3, 1, 4), X, C).view(B * r * k, d)
     if not residual:
-        return torch.mm(C, step.W_Ot).view(B * r, k, d)
+        return torch.mm(C, step.W_Ot, out=_take(bufs, (B * r * k, d), X, C)).view(B * r, k, d)
     own = X.view(-1, d) if explained is None else X.view(B, n, k, d)[explained].view(-1, d)
-    return torch.addmm(own, C, step.W_Ot).view(B * r, k, d)
+    return torch.addmm(own, C, step.W_Ot, out=_take(bufs, (B * r * k, d), X, C)).view(B * r, k, d)
 
 
-def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole) -> torch.Tensor:
+def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole, bufs: Buffers | None = None) -> torch.Tensor:
     """f_{i<-j} [R, n, d] for the LN1 decomposition Y [R, n, d]: W2 (theta_i * (W1 y_{i<-j} + w_ij b1)) + w'_ij b2,
-    the biases shared by absdot. Source tokens go in blocks whose [R, k, d_ff] activations fit ``budget``."""
+    the biases shared by absdot. Receiving rows go in blocks whose [r, n, d_ff] activations fit ``budget`` (each
+    block's rows contiguous in Y and in the result, which ``bufs`` holds where given)."""
     R, n, d = Y.shape
     d_ff = step.W1t.shape[1]
     w1 = sh.weights(Y, step.W1b1)  # <W1 y_{i<-j}, b1> = <y_{i<-j}, W1^T b1>, for every source at once
-    k = budget // max(1, R * 2 * d_ff * Y.element_size())  # source tokens per block: [R, k, d_ff] and a product
-    if k >= n:
-        out = _ffn_block(step, Y, w1)
+    r = max(1, budget // max(1, n * 2 * d_ff * Y.element_size()))  # rows per block: [r, n, d_ff] and a product
+    out = _take(bufs, (R, n, d), Y)
+    if r >= R:
+        out = _ffn_block(step.theta, step, Y, w1, out)
     else:
-        out = torch.empty_like(Y)
-        for j0 in range(0, n, max(k, 1)):
-            J = slice(j0, min(n, j0 + max(k, 1)))
-            out[:, J] = _ffn_block(step, Y[:, J].contiguous(), w1[:, J])
+        if out is None:
+            out = torch.empty_like(Y)
+        hidden = _take(bufs, (r * n, d_ff), Y, out)  # one for every block
+        for r0 in range(0, R, r):
+            rows = slice(r0, min(R, r0 + r))
+            _ffn_block(step.theta[rows], step, Y[rows], w1[rows], out[rows], hidden)
     return sh.share_(out, step.b2)
 
 
-def _ffn_block(step: Step, Y: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
-    R, k, d = Y.shape
-    Hd = torch.mm(Y.view(-1, d), step.W1t).view(R, k, -1).addcmul_(w1, step.b1).mul_(step.theta)
-    return torch.mm(Hd.view(R * k, -1), step.W2t).view(R, k, d)
+def _ffn_block(theta: torch.Tensor, step: Step, Y: torch.Tensor, w1: torch.Tensor, out: torch.Tensor | None,
+               hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """W2 (theta * (W1 Y + w1 b1)) [r, n, d] for the rows of Y [r, n, d] (their factors theta [r, 1, d_ff]), in
+    ``out`` where given; the activations in ``hidden`` where given."""
+    r, n, d = Y.shape
+    Hd = torch.mm(Y.view(-1, d), step.W1t, out=None if hidden is None else hidden[:r * n])
+    Hd = Hd.view(r, n, -1).addcmul_(w1, step.b1).mul_(theta)
+    return torch.mm(Hd.view(r * n, -1), step.W2t, out=None if out is None else out.view(r * n, d)).view(r, n, d)
+
+
+# A work tensor this large is taken from ``Buffers``: glibc's malloc maps every allocation above its largest mmap
+# threshold (32 MB) afresh, and the new pages fault when first written; smaller ones come from its heap, reused.
+REUSED_BYTES = 32 << 20
+
+
+class Buffers:
+    """Work tensors of REUSED_BYTES or more reused by the layers of one propagation: the page faults of fresh ones
+    cost DecompX a sixth of its CPU time. ``take`` hands out a view of a buffer that holds none of the tensors still
+    in use, or None for a smaller tensor (the operation allocates it)."""
+
+    def __init__(self, like: torch.Tensor):
+        self.like, self.pool = like, []
+
+    def take(self, shape: tuple, *live: torch.Tensor) -> torch.Tensor | None:
+        numel = math.prod(shape)
+        if numel * self.like.element_size() < REUSED_BYTES:
+            return None
+        busy = {t.untyped_storage().data_ptr() for t in live}
+        for i, t in enumerate(self.pool):
+            if t.untyped_storage().data_ptr() in busy:
+                continue
+            if t.numel() < numel:
+                t = self.pool[i] = self.like.new_empty(numel)
+            return (t if t.numel() == numel else t[:numel]).view(shape)
+        self.pool.append(self.like.new_empty(numel))
+        return self.pool[-1].view(shape)
+
+
+def _take(bufs: Buffers | None, shape: tuple, *live: torch.Tensor) -> torch.Tensor | None:
+    """``bufs.take``: a work tensor of ``shape``, or None (no buffers, or a small tensor: the operation's own)."""
+    return None if bufs is None else bufs.take(shape, *live)
+
+
+def _contiguous(bufs: Buffers | None, t: torch.Tensor, *live: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out contiguously, in a work tensor of ``bufs`` where it takes one."""
+    out = _take(bufs, tuple(t.shape), *live)
+    return t.contiguous() if out is None else out.copy_(t)
 
 
 def _logits(adapter, cap, X: torch.Tensor) -> torch.Tensor | None:
