@@ -170,6 +170,7 @@ def launch_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     t0 = clock.now()
     cap = lm.adapter.capture(enc, needs)
     cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
+    cap.attention_terms = frozenset().union(*(m.attention_terms for m in methods.values()))
     parts = lm.task.parts(cap, rows, target_mode)
     outcome = lm.task.outcome(cap, parts, rows)
     clock.span("forward", t0)
@@ -244,6 +245,7 @@ def launch_steps_batch(lm: LoadedModel, methods: dict[str, Method], enc: dict[st
     t0 = clock.now()
     cap = lm.adapter.capture(enc, needs)
     cap.passes = frozenset().union(*(m.passes for m in methods.values()))
+    cap.attention_terms = frozenset().union(*(m.attention_terms for m in methods.values()))
     logits = step_logits(cap, steps)
     foil = step_foils(logits, steps, contrast)
     outcome = step_outcome(logits, steps, foil)
