@@ -24,12 +24,12 @@ class AttCat(GradientMethod):
     signed = True
     has_layer_views = True
     run_options = Cat.run_options
-    attention_terms = (AttentionTerm("attcat", received),)
+    attention_terms = (AttentionTerm("attcat", received, grad=False),)
 
     def from_grads(self, gp, grads, cap):
         layers = self.params.get("layers", "inputs")
         terms = cat_terms(gp, grads, layers)  # [B, L, n]
         # the attention of layer l acts on h^{l-1} (its input): the same layer index in both variants
-        alpha = grads["terms"]["attcat"].transpose(0, 1)  # [B, L, n]
+        alpha = gp.term(grads, self.attention_terms[0]).transpose(0, 1)  # [B, L, n]
         views = terms * alpha * cap.mask[:, None]
         return MethodResult(scores=views.sum(1), layer_scores=views)

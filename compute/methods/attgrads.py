@@ -57,6 +57,6 @@ class AttGrads(GradientMethod):
 
     def from_grads(self, gp, grads, cap):
         if self.gradsam:
-            terms = grads["terms"][GRADSAM.name]  # [L, B, n]
+            terms = gp.term(grads, GRADSAM)  # [L, B, n]
             return MethodResult(scores=terms.mean(0) * cap.mask)
-        return MethodResult(scores=grads["terms"][GRADCAM.name][0])
+        return MethodResult(scores=gp.term(grads, GRADCAM)[0])

@@ -26,7 +26,7 @@ class GAE(GradientMethod):
     attention_terms = (AttentionTerm("gae", positive_products),)
 
     def from_grads(self, gp, grads, cap):
-        maps = grads["terms"]["gae"]  # [L, B, n, n]
+        maps = gp.term(grads, self.attention_terms[0])  # [L, B, n, n]
         steps = maps.clone()
         steps.diagonal(dim1=-2, dim2=-1).add_(1)
         views = rows_of_products(steps, cap.explain_pos)  # e^T (I + A^l) ... (I + A^1)

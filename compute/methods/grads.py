@@ -24,7 +24,7 @@ class Grads(GradientMethod):
     attention_terms = (AttentionTerm("grads", last_gradient_rows, last=True),)
 
     def from_grads(self, gp, grads, cap):
-        g = grads["terms"]["grads"][0].clamp_min(0)  # [B, n]
+        g = gp.term(grads, self.attention_terms[0])[0].clamp_min(0)  # [B, n]
         g = g * cap.mask
         g[torch.arange(g.shape[0], device=g.device), cap.explain_pos] = 0
         return MethodResult(scores=g)

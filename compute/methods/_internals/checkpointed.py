@@ -33,6 +33,7 @@ class AttentionTerm:
     name: str
     reduce: Callable
     last: bool = False
+    grad: bool = True  # reads dF/dA (else only A)
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -114,14 +115,14 @@ class TermHooks:
 
     def _reduce(self, l: int, g: torch.Tensor) -> None:
         A = self.recomputed.pop(l)
-        if not self.terms:
+        terms = [t for t in self.terms if not t.last or l == self.L - 1]
+        if not terms:
             return
-        A, dA = wide(A)[None], wide(g)[None]
-        if self.scale != 1:
-            dA = dA / self.scale
-        for term in self.terms:
-            if term.last and l != self.L - 1:
-                continue
+        A = wide(A)[None]
+        dA = None
+        if any(t.grad for t in terms):  # widened only where a term reads it
+            dA = wide(g)[None] if self.scale == 1 else wide(g)[None] / self.scale
+        for term in terms:
             r = term.reduce(A, dA, self.cap)
             if term.last:
                 self.results[term.name] = r

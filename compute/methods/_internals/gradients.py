@@ -294,16 +294,25 @@ class GradientPass:
             with self._hooks.hooked():
                 return self._hooks.run(terms, lambda: output_grads(y, wrt, retain_graph=True, hooks=self._hooks))
 
+    def term(self, g: dict, term: AttentionTerm) -> torch.Tensor:
+        """``term`` of the gradients ``g`` (grads' dict, or one with the plain pass's "attentions")."""
+        terms = g.setdefault("terms", {})
+        if term.name not in terms:  # the plain pass's (a checkpointed one reduced its terms in the backward)
+            terms.update(self._plain_terms(g, (term,)))
+        return terms[term.name]
+
     def _plain_terms(self, g: dict, terms: tuple[AttentionTerm, ...]) -> dict:
         """``terms`` of the plain pass's attentions and gradients: every layer's reduced at once."""
-        out, every = {}, None
+        out, every, every_grad = {}, None, None
         for t in terms:
             if t.last:
                 A, G = wide(self.attentions[-1].detach())[None], wide(g["attentions"][-1])[None]
             else:
                 if every is None:
-                    every = stacked([a.detach() for a in self.attentions]), stacked(g["attentions"])
-                A, G = every
+                    every = stacked([a.detach() for a in self.attentions])
+                if every_grad is None and t.grad:
+                    every_grad = stacked(g["attentions"])
+                A, G = every, every_grad
             out[t.name] = t.reduce(A, G, self.internals)
         return out
 
