@@ -184,13 +184,15 @@ def checkpoints(m: ModelShape, r: Run) -> bool:
 
 def layer_backward(m: ModelShape, r: Run, hook: tuple[int, int] | None = None) -> int:
     """One layer's backward in a checkpointed pass: its recomputed activations (the float32 softmax, the attention
-    in the model's dtype where narrower, 12 n d and 4 n d_ff), dF/dA, and the larger of the softmax's backward, the
+    in the model's dtype where narrower, 12 n d and 4 n d_ff), dF/dA, and the larger of the softmax's backward (its
+    float32 output, and dF/dA widened where the model is narrower: measured on the CPU in float32), the
     feed-forward block's and the hook reducing A and dF/dA (``hook``: [H, n, n] float32 copies made, where the
     model is narrower, and of its own; checkpointed.TermHooks)."""
     n, w, A = r.n, r.itemsize, m.heads * r.n ** 2
     saved = A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w
     reduce = 0 if hook is None else (hook[0] * (w < F32) + hook[1]) * A * F32
-    return saved + A * w + max(2 * A * F32, 3 * n * m.d_ff * w, reduce)
+    softmax = (1 + (w < F32)) * A * F32  # its output, and dF/dA widened where the model is narrower
+    return saved + A * w + max(softmax, 3 * n * m.d_ff * w, reduce)
 
 
 def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
