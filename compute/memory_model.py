@@ -173,13 +173,45 @@ def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
     return peak, sum(sizes) * wide
 
 
-def gradient_pass(m: ModelShape, r: Run) -> tuple[int, int]:
-    """(peak, kept) bytes of the gradient pass (GradientPass): the forward's tensors saved for the backward (per
-    layer the float32 softmax, the attention in the model's dtype where that is narrower, 12 n d and 4 n d_ff
+def pass_row(m: ModelShape, r: Run, checkpointed: bool = False) -> int:
+    """A rough count of what one row of a forward keeps for its backward (gradients.row_bytes): every layer's 16
+    d-vectors and 3 attention maps per token, or checkpointed every layer's input and one layer's."""
+    layer = r.n * (16 * m.d + 3 * m.heads * r.n) * r.itemsize
+    return m.layers * r.n * m.d * r.itemsize + layer if checkpointed else m.layers * layer
+
+
+def checkpoints(m: ModelShape, r: Run) -> bool:
+    """Whether a gradient pass checkpoints every layer (gradients.checkpoints): one row's plain pass beyond the
+    pass's memory (the IG budget)."""
+    return pass_row(m, r) > r.budgets.ig
+
+
+def layer_backward(m: ModelShape, r: Run, hook: tuple[int, int] | None = None) -> int:
+    """One layer's backward in a checkpointed pass: its recomputed activations (the float32 softmax, the attention
+    in the model's dtype where narrower, 12 n d and 4 n d_ff), dF/dA, and the larger of the softmax's backward (its
+    float32 output, and dF/dA widened where the model is narrower: measured on the CPU in float32), the
+    feed-forward block's and the hook reducing A and dF/dA (``hook``: [H, n, n] float32 copies made, where the
+    model is narrower, and of its own; checkpointed.TermHooks)."""
+    n, w, A = r.n, r.itemsize, m.heads * r.n ** 2
+    saved = A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w
+    reduce = 0 if hook is None else (hook[0] * (w < F32) + hook[1]) * A * F32
+    softmax = (1 + (w < F32)) * A * F32  # its output, and dF/dA widened where the model is narrower
+    return saved + A * w + max(softmax, 3 * n * m.d_ff * w, reduce)
+
+
+def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
+                  hook: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(peak, kept) bytes of the gradient pass (GradientPass). Plain: the forward's tensors saved for the backward
+    (per layer the float32 softmax, the attention in the model's dtype where that is narrower, 12 n d and 4 n d_ff
     activations), the gradients of every layer's attention (kept for the methods) and one layer's backward (the
-    softmax's and the feed-forward block's)."""
+    softmax's and the feed-forward block's). ``checkpointed`` (no KV cache): every layer's input and the gradients of
+    the hidden states, with one layer's forward, or one layer's backward (``layer_backward``)."""
     L, n, w = m.layers, r.n, r.itemsize
     A = m.heads * n * n
+    if checkpointed:
+        states = (L + 1) * n * m.d * w
+        kept = 2 * states  # + dF/dh of every layer
+        return max(states + layer_transient(m, r), kept + layer_backward(m, r, hook)), kept
     saved = L * (A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w)
     kept = saved + L * A * w + kv_cache(m, r)  # + dF/dA of every layer
     return kept + max(2 * A * F32, 3 * n * m.d_ff * w), kept
@@ -215,9 +247,9 @@ def value_zeroing_block_tokens(m: ModelShape, r: Run) -> int:
 
 
 def ig_rows(m: ModelShape, r: Run) -> int:
-    """Integrated gradients' rows per forward/backward (gradients.rows_per_pass)."""
-    per_row = m.layers * r.n * (16 * m.d + 3 * m.heads * r.n) * r.itemsize
-    return max(1, r.budgets.ig // per_row)
+    """Integrated gradients' rows per forward/backward (gradients.rows_per_pass), checkpointed where one row's plain
+    pass does not fit."""
+    return max(1, r.budgets.ig // pass_row(m, r, checkpoints(m, r)))
 
 
 def decompx_block_tokens(m: ModelShape, r: Run) -> int:
@@ -305,6 +337,21 @@ MEANS, HIDDEN = frozenset({"attention_mean"}), frozenset({"hidden_states"})
 DECOMP = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2"})
 
 
+def _nothing(m: ModelShape, r: Run) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """A gradient method's checkpointed pass (where ``checkpoints``): what its hooks make of each layer's A and dF/dA
+    (``hook``: layer_backward's), the bytes its terms hold through the backward (``held``) and its work after the
+    pass (``work``)."""
+
+    work: object
+    hook: tuple[int, int] | None = None
+    held: object = _nothing
+
+
 @dataclass(frozen=True)
 class Formula:
     """How a method runs: on the captured ``needs`` ("capture"), after the gradient pass ("gradients"), as
@@ -317,6 +364,7 @@ class Formula:
     text: str  # what it materialises, for the doc
     needs: frozenset[str] = frozenset()
     rows: int = 1  # the pass's rows per example (2: the LRP family's doubled batch, its plain half for dF/dA)
+    streamed: Checkpointed | None = None  # the gradient stage's checkpointed pass (None: the plain pass only)
 
 
 def _attention_stacks(k: float, itemsize: int = F32):
@@ -390,17 +438,34 @@ _add("decompx decompx_nohead", Formula("capture", decompx,
      "sums); FFN blocks (budget); float32 weights", DECOMP))
 _add("norm logat normxlogit", Formula("capture", lambda m, r: (m.layers + 1) * r.n * m.d * F32,
                                       "hidden states [L+1,n,d]; the forward's one-layer attention", HIDDEN))
-_add("grad_l2 gxi_l2 gxi_mean grads cat", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32,
-     "gradient pass: saved activations (float32 softmax) + dF/dA [L,H,n,n]"))
+def _cat_stacks(m: ModelShape, r: Run) -> int:
+    """cat_terms: the hidden states and their gradients stacked in float32."""
+    return 2 * (m.layers + 1) * r.n * m.d * F32
+
+
+_add("grad_l2 gxi_l2 gxi_mean cat", Formula("gradients", _cat_stacks,
+     "gradient pass: saved activations (float32 softmax) + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one "
+     "layer recomputed", streamed=Checkpointed(_cat_stacks)))
+_add("grads", Formula("gradients", _cat_stacks,
+     "gradient pass + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one layer recomputed, the last dF/dA's "
+     "rows", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
 _add("attnlrp", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32
                          + m.layers * r.n * (2 * m.d + m.d_ff) * r.itemsize,
      "gradient pass with the rules' factors (two norms' [n,d] and the activation's [n,d_ff] a layer) + dF/dA"))
-_add("attcat", Formula("gradients", _attention_stacks(1), "gradient pass + the attentions stacked in float32 [L,H,n,n]"))
-_add("gae", Formula("gradients", _attention_stacks(2), "gradient pass + attentions and their gradients stacked, 2 [L,H,n,n]"))
+_add("attcat", Formula("gradients", _attention_stacks(1),
+     "gradient pass + the attentions stacked in float32 [L,H,n,n]; checkpointed: each layer's received attention "
+     "[n] in its hook", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
+# the plain pass's terms: the attentions and their gradients stacked, and their product
+_add("gae", Formula("gradients", _attention_stacks(3),
+     "gradient pass + attentions, their gradients and product stacked, 3 [L,H,n,n]; checkpointed: each layer's "
+     "A_bar [n,n] in its hook, 2 [L,n,n]",
+     streamed=Checkpointed(lambda m, r: _mats(m, r, 2), hook=(2, 1), held=lambda m, r: _mats(m, r, 1))))
 _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
-                         "gradient pass + the last layer's attention and its gradient (variant ref)"))
+                         "gradient pass + the last layer's attention and its gradient (variant ref); checkpointed: "
+                         "its map [n,n] in the hook", streamed=Checkpointed(_nothing, hook=(2, 1))))
 _add("ig_l2 ig_mean", Formula("integrated", lambda m, r: (50 + 2) * r.n * m.d * F32,
-                              "gradient passes of ig_rows rows at once (no dF/dA); the path points"))
+                              "gradient passes of ig_rows rows at once (no dF/dA), checkpointed where one row does not "
+                              "fit; the path points"))
 # the decoder rules' float64 [L, H, n, n] terms beside the gradient pass's: the float64 attention its backward keeps
 # (the pass's formula counts the float32 softmax), R^{A,l}'s stacks of A and dF/dA (lrp, partial_lrp: 3 and the
 # rest, fitted to a tiny Llama's measured peak, 4 layers, d 256, n = 2,048: 3.19); transatt and mask_lrp over the
@@ -445,10 +510,18 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         stages = {"forward": fwd, "gradient pass": base + float64_casts(m) + f.rows * peak,
                   "method": base + f.rows * kept + f.work(m, mt)}
     elif f.stage == "integrated":  # ig_rows rows of one pass, no gradients of the attentions kept
-        peak, kept = gradient_pass(m, r)
-        attention_grads = m.layers * m.heads * r.n ** 2 * r.itemsize
-        stages = {"forward": fwd, "gradient pass": base + ig_rows(m, r) * (peak - attention_grads - kv_cache(m, r))
-                  + f.work(m, r)}
+        if checkpoints(m, r):  # a row: the layers' inputs, one layer's forward or backward (only dF/dX asked for)
+            states = (m.layers + 1) * r.n * m.d * r.itemsize
+            row = states + max(layer_transient(m, r), layer_backward(m, r)) - kv_cache(m, r)  # no KV cache
+        else:
+            peak, kept = gradient_pass(m, r)
+            row = peak - m.layers * m.heads * r.n ** 2 * r.itemsize - kv_cache(m, r)
+        stages = {"forward": fwd, "gradient pass": base + ig_rows(m, r) * row + f.work(m, r)}
+    elif f.streamed is not None and checkpoints(m, r):
+        s = f.streamed
+        peak, kept = gradient_pass(m, r, True, s.hook)
+        stages = {"forward": fwd, "gradient pass": base - kv_cache(m, r) + peak + s.held(m, r),
+                  "method": base - kv_cache(m, r) + kept + s.work(m, r)}
     else:
         peak, kept = gradient_pass(m, r)
         stages = {"forward": fwd, "gradient pass": base + peak, "method": base + kept + f.work(m, r)}

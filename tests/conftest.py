@@ -227,9 +227,11 @@ def shared_dev_store(tmp_path_factory):
 
 
 @torch.no_grad()
-def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9), params: dict | None = None) -> None:
+def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9), params: dict | None = None,
+                           declared: bool = False) -> None:
     """Each example of a padded float32 batch agrees with the same example computed alone, to 1e-5 (relative to the
-    larger of 1 and its magnitude), for scores, layer views, matrices and per-example values."""
+    larger of 1 and its magnitude), for scores, layer views, matrices and per-example values. ``declared``: the
+    captures carry the method's passes and attention terms, as a run's do."""
     from compute.adapters import adapter_for
     from compute.methods import get_method
 
@@ -240,10 +242,16 @@ def assert_batch_invariant(arch: str, name: str, lengths=(5, 12, 3, 9), params: 
     if name == "mask_lrp" and not params:  # it needs a head mask: every other head
         params = {"head_mask": [[(l + h) % 2 for h in range(ad.n_heads)] for l in range(ad.n_layers)]}
     m = get_method(name, **(params or {}))
-    cap = ad.capture(batch, m.needs)
+    def capture(enc):
+        cap = ad.capture(enc, m.needs)
+        if declared:
+            cap.passes, cap.attention_terms = m.passes, frozenset(m.attention_terms)
+        return cap
+
+    cap = capture(batch)
     together = m.compute(cap, ad, cap.pred)
     for b, n in enumerate(lengths):
-        cap1 = ad.capture({k: v[b:b + 1, :n] for k, v in batch.items()}, m.needs)
+        cap1 = capture({k: v[b:b + 1, :n] for k, v in batch.items()})
         assert int(cap1.pred) == int(cap.pred[b])
         alone = m.compute(cap1, ad, cap1.pred)
         for field in ("scores", "layer_scores", "matrices"):

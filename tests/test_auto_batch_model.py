@@ -24,20 +24,21 @@ def room_of(card: int, shape=LLAMA, itemsize: int = 2) -> int:
 
 
 def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_longest_input_that_fits():
-    """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says grad_l2 fits up to 2,400 tokens, norm,
-    rollout (streamed head means) and alti (streamed layers) fit; the refusal names grad_l2 (the shortest) and 2,400,
-    and every method that does not fit."""
+    """Llama-2-7B in bfloat16 at 4,096 tokens on 80 GB: the doc's table says decompx fits up to 1,760 tokens, norm,
+    rollout (streamed head means) and grad_l2 (its gradient pass checkpointed) fit; the refusal names decompx and
+    1,760, and only the methods that do not fit."""
     with pytest.raises(AttrscopeError) as err:
-        auto_batch.modelled_size(["norm", "rollout", "alti", "grad_l2"], LLAMA, 4096, 2, room_of(CARD),
+        auto_batch.modelled_size(["norm", "rollout", "decompx", "grad_l2"], LLAMA, 4096, 2, room_of(CARD),
                                  mm.Budgets.gpu(CARD),
                                  1024)
     line = str(err.value)
     assert "\n" not in line
-    need = mm.estimate("grad_l2", LLAMA, mm.Run(4096, 2, mm.Budgets.gpu(CARD))).peak - mm.weights(LLAMA, mm.Run(0))
-    assert line == (f"--batch-size auto: grad_l2 needs about {need / 2**30:.1f} GiB for one example of 4096 tokens, "
+    need = mm.estimate("decompx", LLAMA, mm.Run(4096, 2, mm.Budgets.gpu(CARD))).peak - mm.weights(LLAMA, mm.Run(0))
+    assert line == (f"--batch-size auto: decompx needs about {need / 2**30:.1f} GiB for one example of 4096 tokens, "
                     f"beyond the {room_of(CARD) / 2**30:.1f} GiB free (the memory model, docs/scaling.md): the longest "
-                    "input that fits is about 2400 tokens; lower --max-length to 2400, or leave out grad_l2")
-    assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 2400  # the same boundary as the table's
+                    "input that fits is about 1760 tokens; lower --max-length to 1760, or leave out decompx")
+    assert mm.longest_fitting("decompx", LLAMA, CARD) == 1760  # the same boundary as the table's
+    assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 10720  # issue 36: checkpointed, 2,400 before
     # none fits at all: no length to lower to (on 24 GB lrp now reaches 224 tokens: one layer widened at a time)
     assert mm.longest_fitting("lrp", LLAMA, 24 * mm.GB) == 224
     with pytest.raises(AttrscopeError, match="about 0 tokens; run on a device with more memory, or leave out lrp"):

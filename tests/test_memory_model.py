@@ -96,8 +96,10 @@ def test_the_7b_verdicts():
     run = mm.Run(4096)
     fits = {name for name in REGISTRY if mm.estimate(name, mm.LLAMA2_7B, run).peak <= mm.CARD_BYTES}
     # issue 36: the attention methods that read only the heads' mean take it layer by layer, the layer-wise
-    # decomposition products stream their layers
-    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres", *LAYER_STREAMED}
+    # decomposition products stream their layers; the gradient methods
+    # checkpoint every layer and reduce the attention gradients layer by layer
+    gradient = {"grad_l2", "gxi_l2", "gxi_mean", "grads", "attgrads", "cat", "attcat", "gae", "ig_l2", "ig_mean"}
+    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres", *LAYER_STREAMED} | gradient
     # the captured attentions: 32 x 32 x 4096^2 in bfloat16, then their float32 stack beside them
     A = 32 * 32 * 4096 ** 2
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
@@ -118,7 +120,21 @@ def test_the_7b_verdicts():
     assert mm.kv_cache(mm.LLAMA2_7B, run) == 2 * 32 * 4096 * 4096 * 2
     assert mm.kv_cache(mm.MISTRAL_7B, run) == 2 * 32 * 4096 * 1024 * 2
     assert mm.alti_block_tokens(mm.LLAMA2_7B, run) == 1_250_000_000 // (2 * 4096 * 4096 * 4)
-    assert mm.ig_rows(mm.LLAMA2_7B, run) == 1
+    # the gradient pass checkpointed: one example's plain pass, 32 n (16 d + 3 H n) x 2 bytes, beyond 1/8 of the card
+    plain_row = 32 * 4096 * (16 * 4096 + 3 * 32 * 4096) * 2
+    assert mm.pass_row(mm.LLAMA2_7B, run) == plain_row > run.budgets.ig and mm.checkpoints(mm.LLAMA2_7B, run)
+    layer = 32 * 4096 ** 2 * (4 + 2) + (12 * 4096 * 4096 + 4 * 4096 * 11008) * 2  # one layer's saved tensors
+    one = 32 * 4096 ** 2  # one layer's [H, n, n]
+    backward = layer + one * 2 + 2 * one * 4  # + dF/dA + the softmax's backward
+    states = 33 * 4096 * 4096 * 2  # every layer's input
+    assert mm.layer_backward(mm.LLAMA2_7B, run) == backward
+    assert mm.gradient_pass(mm.LLAMA2_7B, run, True) == (2 * states + backward, 2 * states)
+    grad_l2 = mm.estimate("grad_l2", mm.LLAMA2_7B, run)
+    assert grad_l2.peak == grad_l2.stages["gradient pass"] == mm.weights(mm.LLAMA2_7B, run) + 2 * states + backward
+    # integrated gradients' rows checkpointed too: two a pass (their rough count), each a row's backward
+    assert mm.ig_rows(mm.LLAMA2_7B, run) == run.budgets.ig // (32 * 4096 * 4096 * 2 + plain_row // 32) == 2
+    # short inputs keep the plain pass (the op budgets)
+    assert not mm.checkpoints(mm.LLAMA2_7B, mm.Run(512))
     assert mm.stack_layers(mm.LLAMA2_7B, run) == 1
 
 

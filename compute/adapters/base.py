@@ -62,6 +62,9 @@ class Captured:
     # The passes the batch's methods declare (Method.passes), set by the runner: the shared gradient pass records
     # the LRP tensors only where "lrp" is among them. None (a caller that declares nothing): every pass records all.
     passes: frozenset[str] | None = None
+    # What the batch's methods keep of the attentions and their gradients (Method.attention_terms), set by the
+    # runner: a checkpointed gradient pass reduces them all in its first backward. None: each method's own.
+    attention_terms: frozenset | None = None
     # The task's explained output (compute.tasks): where a forward's output vector is read (every forward a method
     # runs reads its F there) and the foil subtracted from the target (-1: none; None: no foils in the batch).
     readout: Readout = Readout()

@@ -7,8 +7,14 @@ pass, so their alpha, and their score, is 0. Layer view l = CAT^l * alpha^l."""
 from __future__ import annotations
 
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, cat_terms, stacked, valid_mean_rows
+from ._internals.checkpointed import AttentionTerm
+from ._internals.gradients import GradientMethod, cat_terms, valid_mean_rows
 from .cat import Cat
+
+
+def received(A, dA, cap):
+    """alpha^l_j: the attention token j receives, mean over heads, then over the real query rows [K, B, n]."""
+    return valid_mean_rows(A.mean(2).transpose(0, 1), cap.mask).transpose(0, 1)
 
 
 class AttCat(GradientMethod):
@@ -17,13 +23,13 @@ class AttCat(GradientMethod):
     reference = "Qiang et al. (2022) AttCAT, NeurIPS; METHODS.md 4.2"
     signed = True
     has_layer_views = True
-
     run_options = Cat.run_options
+    attention_terms = (AttentionTerm("attcat", received, grad=False),)
+
     def from_grads(self, gp, grads, cap):
         layers = self.params.get("layers", "inputs")
         terms = cat_terms(gp, grads, layers)  # [B, L, n]
         # the attention of layer l acts on h^{l-1} (its input): the same layer index in both variants
-        A = stacked([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
-        alpha = valid_mean_rows(A.mean(2).transpose(0, 1), cap.mask)  # [B, L, n]
+        alpha = gp.term(grads, self.attention_terms[0]).transpose(0, 1)  # [B, L, n]
         views = terms * alpha * cap.mask[:, None]
         return MethodResult(scores=views.sum(1), layer_scores=views)

@@ -13,7 +13,32 @@ import torch
 from ..options import Option
 from ._internals.aggregate import valid_block
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, stacked, valid_mean_rows, wide
+from ._internals.checkpointed import AttentionTerm
+from ._internals.gradients import GradientMethod, valid_mean_rows
+
+
+def gradcam_row(A, dA, cap):
+    """The reference variant of the last layer's A and dF/dA ([1, B, H, n, n]): the explained row [1, B, n]."""
+    A, G = A[0], dA[0]
+    b = torch.arange(cap.mask.shape[0], device=cap.mask.device)
+    block = valid_block(torch.ones_like(A[:, 0]), cap.mask)  # [B, n, n] 1 on real (i, j)
+    w = (G * block[:, None]).sum((-2, -1)) / block.sum((-2, -1))[:, None]  # [B, H]
+    M = (A * w[..., None, None]).mean(1).clamp_min(0)  # [B, n, n]
+    big = torch.finfo(M.dtype).max
+    lo = torch.where(block > 0, M, big).amin((-2, -1), keepdim=True)
+    hi = torch.where(block > 0, M, -big).amax((-2, -1), keepdim=True)
+    M = (M - lo) / (hi - lo).clamp_min(torch.finfo(M.dtype).tiny) * block
+    row = M[b, cap.explain_pos].clone()
+    row[b, cap.explain_pos] = 0
+    return row[None]
+
+
+def gradsam_rows(A, dA, cap):
+    """Grad-SAM's layer terms: A * ReLU(dF/dA), mean over heads and the real query rows [K, B, n]."""
+    return valid_mean_rows(dA.clamp_min(0).mul_(A).mean(2).transpose(0, 1), cap.mask).transpose(0, 1)
+
+
+GRADCAM, GRADSAM = AttentionTerm("attgrads", gradcam_row, last=True), AttentionTerm("attgrads_gradsam", gradsam_rows)
 
 
 class AttGrads(GradientMethod):
@@ -25,21 +50,13 @@ class AttGrads(GradientMethod):
                help="attgrads: last-layer Grad-CAM style (reference) or Grad-SAM over all layers [default: ref]."),
     )
 
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.gradsam = self.params.get("variant", "ref") == "gradsam"
+        self.attention_terms = (GRADSAM if self.gradsam else GRADCAM,)
+
     def from_grads(self, gp, grads, cap):
-        b = torch.arange(cap.mask.shape[0], device=cap.mask.device)
-        if self.params.get("variant", "ref") == "gradsam":
-            A = stacked([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
-            terms = valid_mean_rows(stacked(grads["attentions"]).clamp_min_(0).mul_(A).mean(2).transpose(0, 1),
-                                    cap.mask)  # [B, L, n]
-            return MethodResult(scores=terms.mean(1) * cap.mask)
-        A, G = wide(gp.attentions[-1]), wide(grads["attentions"][-1])
-        block = valid_block(torch.ones_like(A[:, 0]), cap.mask)  # [B, n, n] 1 on real (i, j)
-        w = (G * block[:, None]).sum((-2, -1)) / block.sum((-2, -1))[:, None]  # [B, H]
-        M = (A * w[..., None, None]).mean(1).clamp_min(0)  # [B, n, n]
-        big = torch.finfo(M.dtype).max
-        lo = torch.where(block > 0, M, big).amin((-2, -1), keepdim=True)
-        hi = torch.where(block > 0, M, -big).amax((-2, -1), keepdim=True)
-        M = (M - lo) / (hi - lo).clamp_min(torch.finfo(M.dtype).tiny) * block
-        row = M[b, cap.explain_pos].clone()
-        row[b, cap.explain_pos] = 0
-        return MethodResult(scores=row)
+        if self.gradsam:
+            terms = gp.term(grads, GRADSAM)  # [L, B, n]
+            return MethodResult(scores=terms.mean(0) * cap.mask)
+        return MethodResult(scores=gp.term(grads, GRADCAM)[0])

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from ._internals.aggregate import rows_of_products, valid_pairs
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, stacked
+from ._internals.checkpointed import AttentionTerm
+from ._internals.gradients import GradientMethod
+
+
+def positive_products(A, dA, cap):
+    """A_bar^l = mean_h (dF/dA^{l,h} * A^{l,h})^+ on the valid block: [K, B, n, n]."""
+    return valid_pairs((dA * A).clamp_min_(0).mean(2), cap.mask)
 
 
 class GAE(GradientMethod):
@@ -17,10 +23,10 @@ class GAE(GradientMethod):
     reference = "Chefer et al. (2021b); METHODS.md 5.2, 14.13"
     has_layer_views = True
     has_matrices = True
+    attention_terms = (AttentionTerm("gae", positive_products),)
 
     def from_grads(self, gp, grads, cap):
-        A = stacked([a.detach() for a in gp.attentions])  # [L, B, H, n, n]
-        maps = valid_pairs(stacked(grads["attentions"]).mul_(A).clamp_min_(0).mean(2), cap.mask)  # [L, B, n, n]
+        maps = gp.term(grads, self.attention_terms[0])  # [L, B, n, n]
         steps = maps.clone()
         steps.diagonal(dim1=-2, dim2=-1).add_(1)
         views = rows_of_products(steps, cap.explain_pos)  # e^T (I + A^l) ... (I + A^1)

@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 
 from ._internals.base import MethodResult
-from ._internals.gradients import GradientMethod, valid_mean_rows, wide
+from ._internals.checkpointed import AttentionTerm
+from ._internals.gradients import GradientMethod, valid_mean_rows
+
+
+def last_gradient_rows(A, dA, cap):
+    """dF/dA of the last layer, mean over heads and the real query rows: [1, B, n]."""
+    return valid_mean_rows(dA.mean(2).transpose(0, 1), cap.mask).transpose(0, 1)
 
 
 class Grads(GradientMethod):
@@ -15,8 +21,10 @@ class Grads(GradientMethod):
     description = "positive part of the gradient w.r.t. last-layer attention, mean over heads and query rows"
     reference = "Song et al. (2024) Mask-LRP baselines; Qiang et al. (2022); METHODS.md 4.3"
 
+    attention_terms = (AttentionTerm("grads", last_gradient_rows, last=True),)
+
     def from_grads(self, gp, grads, cap):
-        g = valid_mean_rows(wide(grads["attentions"][-1]).mean(1), cap.mask).clamp_min(0)  # [B, n]
+        g = gp.term(grads, self.attention_terms[0])[0].clamp_min(0)  # [B, n]
         g = g * cap.mask
         g[torch.arange(g.shape[0], device=g.device), cap.explain_pos] = 0
         return MethodResult(scores=g)

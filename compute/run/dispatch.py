@@ -145,6 +145,7 @@ def _capture_for(lm: LoadedModel, methods: dict[str, Method], enc: dict[str, tor
     t0 = clock.now()
     cap = lm.adapter.capture(enc, needs)
     cap.passes = frozenset().union(*(m.passes for m in methods.values()))  # LRP tensors only for LRP methods
+    cap.attention_terms = frozenset().union(*(m.attention_terms for m in methods.values()))
     return cap, t0
 
 

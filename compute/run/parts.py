@@ -18,7 +18,7 @@ _TOKEN_FIELDS = frozenset({"input_ids", "mask", "special", "sep"})
 _ROW_FIELDS = frozenset({"lengths", "explain_pos", "logits", "foil", "kept_row"})
 _PAIR_LISTS = frozenset({"attentions", "attention_mean"})  # [B, H, n, n] and [B, n, n]
 _TOKEN_LISTS = frozenset(STACKED) - _PAIR_LISTS  # every other captured layer list is [B, n, ...]
-_KEPT = frozenset({"passes", "readout", "kept_matrices"})
+_KEPT = frozenset({"passes", "attention_terms", "readout", "kept_matrices"})
 
 
 def cut_capture(cap: Captured, rows: slice, n: int) -> Captured:

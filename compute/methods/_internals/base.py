@@ -85,6 +85,9 @@ class Method:
     # Passes over the model the method reads (PASSES); the runner gives the batch's union to the shared gradient
     # pass, which records the LRP tensors only when some method of the batch declares "lrp".
     passes: ClassVar[frozenset[str]] = frozenset({"forward"})
+    # What it keeps of the attentions and their gradients (checkpointed.AttentionTerm), read off the gradient pass;
+    # the runner gives the batch's union to it (a checkpointed pass reduces them in its backward hooks)
+    attention_terms: ClassVar[tuple] = ()
     run_options: ClassVar[tuple] = ()  # compute.options.Option: the run options it reads (the CLI, resume, provenance)
     # The tasks (compute.tasks) it is defined for; None: every task (methods that read only the explained row, or
     # the gradient of the explained output, whatever head produced it).

@@ -34,6 +34,7 @@ from .attnlrp_rules import attnlrp_rules
 from .chefer_decoder_rules import chefer_decoder_rules
 from .rule_rows import RuleRows
 from .widened import widened
+from .checkpointed import AttentionTerm, TermHooks, layer_checkpoints
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import Readout, explained
 
@@ -159,14 +160,17 @@ def select(logits: torch.Tensor, target: torch.Tensor, output: str, foil: torch.
 FLOAT16_GRAD_SCALE = 2.0 ** 12
 
 
-def output_grads(y: torch.Tensor, wrt: list[torch.Tensor], *, retain_graph: bool = False) -> list[torch.Tensor | None]:
+def output_grads(y: torch.Tensor, wrt: list[torch.Tensor], *, retain_graph: bool = False,
+                 hooks: TermHooks | None = None) -> list[torch.Tensor | None]:
     """dy/dt for every t in ``wrt`` (None where y does not depend on t). A float16 graph (``wrt[0]``'s dtype) is
     differentiated at y * scale and its gradients are returned in float32 divided by the scale (exact: a power of
-    two); other dtypes are differentiated as they are."""
+    two); other dtypes are differentiated as they are. ``hooks``: the checkpointed pass's, told each try's scale."""
     if wrt[0].dtype != torch.float16:
         return list(torch.autograd.grad(y, wrt, retain_graph=retain_graph, allow_unused=True))
     scale = FLOAT16_GRAD_SCALE
     while True:
+        if hooks is not None:
+            hooks.scale = scale
         g = torch.autograd.grad(y * scale, wrt, retain_graph=True if scale > 1 else retain_graph, allow_unused=True)
         if scale == 1 or all(t is None or bool(torch.isfinite(t).all()) for t in g):
             return [None if t is None else t.float() / scale for t in g]
@@ -174,10 +178,11 @@ def output_grads(y: torch.Tensor, wrt: list[torch.Tensor], *, retain_graph: bool
 
 
 def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained, internals: Captured | None = None,
-               grad: bool = True, *, readout=None, pos: torch.Tensor | None = None):
+               grad: bool = True, *, readout=None, pos: torch.Tensor | None = None,
+               needs: frozenset[str] = frozenset({"hidden_states", "attentions"})):
     """The output vector [R, C] of the model at embedding-space input X [R, n, d], read by the task's ``readout``
     at positions ``pos`` [R] (default: the classification logits); with ``grad`` the graph follows X. With
-    ``internals``, layer inputs and outputs and attention probabilities are recorded into it."""
+    ``internals``, the ``needs`` of the layers (inputs and outputs, attention probabilities) are recorded into it."""
     handles = []
     if spec.double_embedding:
         call = {k: v for k, v in inputs.items() if k != "input_ids"}
@@ -189,7 +194,7 @@ def forward_at(adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained,
         module = adapter.model.get_input_embeddings() if token_input(spec) else adapter.embeddings()
         handles.append(module.register_forward_hook(lambda _m, _i, _o: X))
     try:
-        ctx = adapter.hooks(internals, frozenset({"hidden_states", "attentions"})) if internals else nullcontext()
+        ctx = adapter.hooks(internals, needs) if internals else nullcontext()
         with ctx, torch.set_grad_enabled(grad):
             out = adapter.model(**call)
             return out.logits if readout is None else readout(out, pos)
@@ -309,10 +314,26 @@ class GradientPass:
         rules = (attnlrp_rules(adapter) if spec.rules == "attnlrp" else
                  chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
                  if spec.rules == "chefer_decoder" else nullcontext())
-        with (widened(adapter, wide) if wide is not None else nullcontext(),
-              lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules):
-            self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
-                                     pos=self.internals.explain_pos)
+        # Every layer checkpointed (checkpointed.py) where the plain pass's activations would exceed the pass's
+        # memory (the plain pass below it: one backward through the kept graph, the op budgets), the plain gradient
+        # of the model as it is only: the LRP rules and records read every layer's tensors
+        B, n = cap.input_ids.shape
+        self.checkpointed = (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows
+                             and self.lrp is None and checkpoints(adapter, B, n, E.element_size(),
+                                                                  pass_bytes(E.device)))
+        self.batch_terms = tuple(sorted(cap.attention_terms or (), key=lambda t: t.name))
+        self._hooks = None
+        if self.checkpointed:
+            calls = [0] * adapter.n_layers
+            self._hooks = TermHooks(adapter, self.internals, calls)
+            with layer_checkpoints(adapter, calls), self._hooks.hooked():
+                self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
+                                         pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
+        else:
+            with (widened(adapter, wide) if wide is not None else nullcontext(),
+                  lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules):
+                self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
+                                         pos=self.internals.explain_pos)
         self.foil = twice(cap.foil)
         self._twice = twice
         self._grads: dict[tuple, dict] = {}
@@ -326,18 +347,56 @@ class GradientPass:
     def attentions(self) -> list[torch.Tensor]:
         return self.internals.attentions
 
-    def grads(self, target: torch.Tensor) -> dict:
-        """{"X": dF/dX [B, n, d], "hidden": [dF/dh^l], "attentions": [dF/dA^l]} for the target class of each example."""
+    def grads(self, target: torch.Tensor, terms: tuple[AttentionTerm, ...] = ()) -> dict:
+        """{"X": dF/dX [B, n, d], "hidden": [dF/dh^l], "attentions": [dF/dA^l] (the plain pass's), "terms": {name:
+        what ``terms`` keep of A and dF/dA}} for the target class of each example. The checkpointed pass reduces
+        the batch's terms (cap.attention_terms) in its first backward, a term asked for later in one more."""
         key = Same(target)
-        if key not in self._grads:
-            hs, att = self.hidden_states, self.attentions
+        g = self._grads.get(key)
+        if g is None:
+            hs = self.hidden_states
+            att = [] if self.checkpointed else self.attentions
             wrt = [self.X, *hs, *att]
-            with torch.enable_grad():
-                y = select(self.logits, self._twice(target), self.spec.output, self.foil).sum()
-                g = output_grads(y, wrt, retain_graph=True)
-            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, wrt)]
-            self._grads[key] = {"X": g[0], "hidden": g[1:1 + len(hs)], "attentions": g[1 + len(hs):]}
-        return self._grads[key]
+            gl, computed = self._backward(target, wrt, tuple(dict.fromkeys(self.batch_terms + tuple(terms))))
+            gl = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(gl, wrt)]
+            g = self._grads[key] = {"X": gl[0], "hidden": gl[1:1 + len(hs)], "attentions": gl[1 + len(hs):],
+                                    "terms": computed}
+        missing = tuple(t for t in terms if t.name not in g["terms"])
+        if missing:
+            g["terms"].update(self._backward(target, [self.X], missing)[1] if self.checkpointed
+                              else self._plain_terms(g, missing))
+        return g
+
+    def _backward(self, target: torch.Tensor, wrt: list[torch.Tensor], terms: tuple[AttentionTerm, ...]):
+        """(the gradients of F w.r.t. ``wrt``, {name: term}): the checkpointed pass's terms reduced in its hooks."""
+        with torch.enable_grad():
+            y = select(self.logits, self._twice(target), self.spec.output, self.foil).sum()
+            if not self.checkpointed:
+                return output_grads(y, wrt, retain_graph=True), {}
+            with self._hooks.hooked():
+                return self._hooks.run(terms, lambda: output_grads(y, wrt, retain_graph=True, hooks=self._hooks))
+
+    def term(self, g: dict, term: AttentionTerm) -> torch.Tensor:
+        """``term`` of the gradients ``g`` (grads' dict, or one with the plain pass's "attentions")."""
+        terms = g.setdefault("terms", {})
+        if term.name not in terms:  # the plain pass's (a checkpointed one reduced its terms in the backward)
+            terms.update(self._plain_terms(g, (term,)))
+        return terms[term.name]
+
+    def _plain_terms(self, g: dict, terms: tuple[AttentionTerm, ...]) -> dict:
+        """``terms`` of the plain pass's attentions and gradients: every layer's reduced at once."""
+        out, every, every_grad = {}, None, None
+        for t in terms:
+            if t.last:
+                A, G = wide(self.attentions[-1].detach())[None], wide(g["attentions"][-1])[None]
+            else:
+                if every is None:
+                    every = stacked([a.detach() for a in self.attentions])
+                if every_grad is None and t.grad:
+                    every_grad = stacked(g["attentions"])
+                A, G = every, every_grad
+            out[t.name] = t.reduce(A, G, self.internals)
+        return out
 
 
 def gradient_pass(cap: Captured, adapter: Adapter, spec: Explained, lrp: bool = False) -> GradientPass:
@@ -383,17 +442,33 @@ def ig_baseline(cap: Captured, adapter: Adapter, spec: Explained, E: torch.Tenso
     return torch.where(cap.mask[..., None], B0, E)
 
 
-# Integrated gradients' rows of one forward/backward on the CPU (on a GPU an eighth of its memory: budget.work_bytes)
+# A gradient pass's memory on the CPU (on a GPU an eighth of its memory: budget.work_bytes): integrated gradients'
+# rows of one forward/backward, and where a pass's layers are checkpointed (``checkpoints``)
 IG_CPU_BYTES = 1 << 30
 
 
-def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int) -> int:
-    """Interpolation rows (example x step) per forward/backward within ``memory_bytes``: a rough count of what one row
-    keeps for the backward, L x (about 16 d-vectors and 3 attention maps per token)."""
-    cfg = adapter.config
-    d = int(cfg.hidden_size)  # DistilBERT and GPT-2 configs map it to dim / n_embd
-    per_row = adapter.n_layers * n * (16 * d + 3 * adapter.n_heads * n) * itemsize
-    return max(1, int(memory_bytes // max(per_row, 1)))
+def pass_bytes(device: torch.device, given_mb: int | None = None) -> int:
+    """The memory of one forward/backward on ``device`` (``given_mb``: --ig-memory-mb)."""
+    return work_bytes(device, IG_CPU_BYTES, given_mb, gpu_share=8)
+
+
+def row_bytes(adapter: Adapter, n: int, itemsize: int, checkpointed: bool = False) -> int:
+    """A rough count of what one row of a forward keeps for its backward: every layer's (about 16 d-vectors and 3
+    attention maps per token), or checkpointed every layer's input and one layer's."""
+    d = int(adapter.config.hidden_size)  # DistilBERT and GPT-2 configs map it to dim / n_embd
+    layer = n * (16 * d + 3 * adapter.n_heads * n) * itemsize
+    return adapter.n_layers * n * d * itemsize + layer if checkpointed else adapter.n_layers * layer
+
+
+def checkpoints(adapter: Adapter, rows: int, n: int, itemsize: int, memory_bytes: int) -> bool:
+    """Whether a pass of ``rows`` rows checkpoints its layers (checkpointed.py): where the plain pass would keep more
+    than ``memory_bytes`` (compute.memory_model holds the same rule)."""
+    return rows * row_bytes(adapter, n, itemsize) > memory_bytes
+
+
+def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int, checkpointed: bool = False) -> int:
+    """Interpolation rows (example x step) per forward/backward within ``memory_bytes``."""
+    return max(1, int(memory_bytes // max(row_bytes(adapter, n, itemsize, checkpointed), 1)))
 
 
 def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor | None, *, steps: int,
@@ -425,14 +500,17 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     P = B * m
     ex_of = torch.arange(P, device=E.device) // m  # path row r = (example r // m, point r % m)
     point_of = torch.arange(P, device=E.device) % m
-    chunk = rows_per_pass(adapter, n, E.element_size(), memory_bytes)
+    # every layer checkpointed where not even one row's plain pass fits the memory
+    ckpt = checkpoints(adapter, 1, n, E.element_size(), memory_bytes)
+    chunk = rows_per_pass(adapter, n, E.element_size(), memory_bytes, ckpt)
     last = len(outputs.groups) - 1
     for r0 in range(0, P, chunk):
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, pt = ex_of[r0:r0 + chunk], point_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
         X = torch.lerp(X0_w[ex], E_w[ex], alpha[pt, None, None]).to(E.dtype).requires_grad_(True)
-        out = forward_at(adapter, rows_in, X, spec, readout=whole_output)
+        with torch.enable_grad(), layer_checkpoints(adapter) if ckpt else nullcontext():
+            out = forward_at(adapter, rows_in, X, spec, readout=whole_output)
         for k, grp in enumerate(outputs.groups):
             has = None if grp.has is None else grp.has[ex]
             with torch.enable_grad():
@@ -502,7 +580,7 @@ class GradientMethod(Method):
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
         gp = gradient_pass(cap, adapter, self.spec)
-        grads = gp.grads(target)
+        grads = gp.grads(target, self.attention_terms)
         with torch.no_grad():
             return self.from_grads(gp, grads, cap)
 
@@ -555,7 +633,7 @@ class IntegratedGradientsMethod(Method):
         if every is not None:  # --target all integrated every class: each example's row of its target's class
             b = torch.arange(target.shape[0], device=target.device)
             return tuple(t[target, b] for t in every)
-        budget = work_bytes(target.device, IG_CPU_BYTES, p["memory_mb"], gpu_share=8)
+        budget = pass_bytes(target.device, p["memory_mb"])
         return cap.cached(self._key(Same(target)), lambda: integrated_gradients(
             cap, adapter, self.spec, target, steps=p["steps"], rule=p["rule"], baseline=p["baseline"],
             memory_bytes=budget))
