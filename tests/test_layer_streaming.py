@@ -22,11 +22,14 @@ STREAMED = ("raw_attention", "rollout", "w_fixedres")
 LENGTHS = [9, 5, 12, 1]  # padded: the streamed means hold the pad rows as the stack's do
 
 
+def tiny_padded(arch: str, dtype: torch.dtype):
+    """(arch, a 3-layer tiny model's adapter, a padded batch of LENGTHS)."""
+    return arch, adapter_for(tiny_model(arch, dtype=dtype, layers=3)), random_batch(arch, LENGTHS)
+
+
 @pytest.fixture(scope="module", params=["bert", "llama"])
 def model(request):
-    arch = request.param
-    ad = adapter_for(tiny_model(arch, dtype=torch.float32, layers=3))
-    return arch, ad, random_batch(arch, LENGTHS)
+    return tiny_padded(request.param, torch.float32)
 
 
 def streamed(monkeypatch):

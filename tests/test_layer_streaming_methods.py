@@ -14,23 +14,16 @@ import torch
 
 from compute.adapters import adapter_for
 from compute.methods import REGISTRY
-from compute.methods._internals import budget
 from compute.methods._internals.aggregate import row_at
 from conftest import random_batch, tiny_model
+from test_layer_streaming import LENGTHS, streamed, tiny_padded
 
 STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2")
-LENGTHS = [9, 5, 12, 1]
 
 
 @pytest.fixture(scope="module", params=["bert", "llama"])
 def model(request):
-    arch = request.param
-    ad = adapter_for(tiny_model(arch, dtype=torch.float64, layers=3))
-    return arch, ad, random_batch(arch, LENGTHS)
-
-
-def streamed(monkeypatch):
-    monkeypatch.setattr(budget, "CPU_STACK_BYTES", 0)  # every stack above the budget: layer by layer
+    return tiny_padded(request.param, torch.float64)
 
 
 def close(got, ref, tol=1e-10):

@@ -89,18 +89,22 @@ async def test_heatmap_cursor_layers_and_scales(store_path, monkeypatch):
         assert not isinstance(app.screen, type(screen))
 
 
+def rollout_matrices_store(path, n: int, L: int, seed: int):
+    """One example of n tokens, rollout with every layer's random [n, n] matrix (--matrices all)."""
+    rng = np.random.default_rng(seed)
+    lay = MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L)
+    toks = ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"]
+    one_example_store(path, lay, toks, {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
+                                        "matrices": rng.random((L, n, n))})
+    return path
+
+
 @async_test
 async def test_large_matrix_is_block_averaged(tmp_path, monkeypatch):
     set_color_env(monkeypatch)
     from tui.app import create_app
 
-    n, L = 150, 2
-    rng = np.random.default_rng(1)
-    lay = MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L)
-    toks = ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"]
-    path = tmp_path / "long.h5"
-    one_example_store(path, lay, toks, {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
-                                        "matrices": rng.random((L, n, n))})
+    path = rollout_matrices_store(tmp_path / "long.h5", n=150, L=2, seed=1)
     app = create_app(path)
     async with app.run_test(size=(80, 24)) as pilot:
         await open_matrix(pilot)
@@ -123,12 +127,7 @@ async def test_a_large_matrix_is_read_by_bands_of_the_layer_shown(tmp_path, monk
     from tui.render.heatmap import block_mean
 
     n, L = 640, 3
-    rng = np.random.default_rng(3)
-    lay = MethodLayout("rollout", signed=False, n_layer_views=L, matrices="all", n_matrix_layers=L)
-    toks = ["[CLS]"] + [f"w{i}" for i in range(n - 2)] + ["[SEP]"]
-    path = tmp_path / "big.h5"
-    one_example_store(path, lay, toks, {"scores": rng.random(n), "layer_scores": rng.random((L, n)),
-                                        "matrices": rng.random((L, n, n))})
+    path = rollout_matrices_store(tmp_path / "big.h5", n=n, L=L, seed=3)
     with open_store(path) as s:
         full = s[0].matrices("rollout").astype(np.float64)
     monkeypatch.setattr(tui.data, "MATRIX_BAND_BYTES", 1 << 18)

@@ -44,14 +44,20 @@ async def _open_and_settle(path) -> tuple[int, object]:
     return app, errors
 
 
+def small_and_large(tmp_path):
+    """Stores of 1,100 and 4,400 examples, the same first ones."""
+    small, large = tmp_path / "small.h5", tmp_path / "large.h5"
+    make_store(str(small), n_examples=1100)
+    make_store(str(large), n_examples=4400)
+    return small, large
+
+
 @async_test
 async def test_opening_reads_the_same_in_a_small_and_a_large_store(tmp_path, monkeypatch, color_env):
     """The app's process reads the same datasets, as many values each, a bounded number of times, for 1,100 and 4,400 examples
     (the same first examples): opening, the list's first rows, the first example and its neighbours. The whole-store
     check (verify_store, as attr-tui asks for a large store) read every example in the app's process before."""
-    small, large = tmp_path / "small.h5", tmp_path / "large.h5"
-    make_store(str(small), n_examples=1100)
-    make_store(str(large), n_examples=4400)
+    small, large = small_and_large(tmp_path)
     reads = _count_reads(monkeypatch)
     counts = []
     for path in (small, large):
@@ -71,9 +77,7 @@ async def test_a_key_reads_the_same_in_a_small_and_a_large_store(tmp_path, monke
     store: the same datasets, as many values each, for 1,100 and 4,400 examples, key by key."""
     from tui.app import create_app
 
-    small, large = tmp_path / "small.h5", tmp_path / "large.h5"
-    make_store(str(small), n_examples=1100)
-    make_store(str(large), n_examples=4400)
+    small, large = small_and_large(tmp_path)
     reads = _count_reads(monkeypatch)
     per_store = []
     for path in (small, large):
