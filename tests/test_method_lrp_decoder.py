@@ -449,9 +449,15 @@ def test_float64_holds_one_layers_float64_weights_at_a_time():
     outside_bytes = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in in_layers) * 8
     seen = []
 
+    def wide_weights() -> list:
+        return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.dtype == torch.float64
+                and tuple(o.shape) in shapes]
+
+    # float64 tensors of these shapes that other tests' cached models hold (the whole suite in one process)
+    before = {id(o) for o in wide_weights()}
+
     def wide_weight_bytes(*_):
-        seen.append(sum(o.numel() * 8 for o in gc.get_objects() if issubclass(type(o), torch.Tensor)
-                        and o.dtype == torch.float64 and tuple(o.shape) in shapes))
+        seen.append(sum(o.numel() * 8 for o in wide_weights() if id(o) not in before))
 
     handle = register_module_forward_pre_hook(wide_weight_bytes)
     try:
