@@ -10,6 +10,7 @@ import pytest
 
 from store import ExampleData, MethodLayout, StoreWriter
 from test_tui import async_test, screen_text, set_color_env, settle
+from test_tui_open_cost import _count_reads
 
 N = 4096  # tokens of the long example
 L = 2
@@ -38,22 +39,6 @@ def long_store(tmp_path_factory):
     w.append(exs)
     w.close(complete=True, summary={"examples": 2})
     return path
-
-
-def _count_reads(monkeypatch) -> list[tuple[str, int]]:
-    """Every read of the store through the reader: (dataset, elements read)."""
-    from store.reader import Store
-
-    seen: list[tuple[str, int]] = []
-    read = Store._read
-
-    def counted(self, name, sel, expect=None):
-        out = read(self, name, sel, expect)
-        seen.append((name, int(out.size)))
-        return out
-
-    monkeypatch.setattr(Store, "_read", counted)
-    return seen
 
 
 def _bounded(reads: list[tuple[str, int]]) -> None:
