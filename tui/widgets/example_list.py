@@ -26,6 +26,7 @@ from textual.strip import Strip
 
 from ..render.task import LIST_HEADS, OTHER_TASK_HEADS
 from ..render.tokens import printable
+from .laid_out_once import ScrollSizedOnce
 
 _EXAMPLES = Binding.Group("example")
 BLOCK = 1024  # rows read at a time (the store's own index block)
@@ -69,7 +70,7 @@ def _fit(text: str, width: int) -> str:
     return set_cell_size(text, width - 1) + "…"
 
 
-class ExampleList(ScrollView, can_focus=True):
+class ExampleList(ScrollSizedOnce, ScrollView, can_focus=True):
     """Virtual list of examples. Posts :class:`ExampleList.Highlighted` when the cursor moves."""
 
     BINDINGS = [

@@ -37,3 +37,20 @@ class LaidOutOnce:
         if shape != self._laid_out_as:
             self._laid_out_as = shape
             self.refresh(layout=True)
+
+
+class ScrollSizedOnce:
+    """For a line-API scrolling pane (a ScrollView: the example list, the token view): its scroll bars updated when
+    its size or its own virtual size changed, not at every layout of the screen. Textual 8.2 compares the virtual
+    size the layout computes for a ScrollView (its region's, which such a pane never takes) with the pane's own, finds
+    them different at every layout, and repaints the pane's scroll bars: the example list's 22 lines at each j whose
+    example changed a panel's height (issue 38)."""
+
+    _sized_as: tuple | None = None  # (size, own virtual size, container size) of the last update
+
+    def _size_updated(self, size, virtual_size, container_size, layout: bool = True) -> bool:
+        key = (size, self.virtual_size, container_size)
+        if key == self._sized_as:
+            return False  # nothing to send a Resize for either: neither its size nor its container's changed
+        self._sized_as = key
+        return super()._size_updated(size, virtual_size, container_size, layout=layout)

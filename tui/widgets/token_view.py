@@ -15,11 +15,12 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..render.tokens import TokenLayout
+from .laid_out_once import ScrollSizedOnce
 
 _DIM = Style(dim=True)
 
 
-class TokenView(ScrollView):
+class TokenView(ScrollSizedOnce, ScrollView):
     """Scrollable token text (tab focuses it; arrows then scroll)."""
 
     DEFAULT_CSS = """
