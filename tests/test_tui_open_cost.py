@@ -330,3 +330,58 @@ async def test_a_layout_repaints_no_scroll_bar_whose_pane_did_not_change(tmp_pat
             assert view_bar.window_virtual_size == len(view._lines) or not view.show_vertical_scrollbar
         assert laid_out >= 4 and view_kept  # layouts, one of them with the token view's lines as they were
         assert list_bar.window_virtual_size == 13 and list_bar.window_size == lst.scrollable_content_region.height
+
+
+@async_test
+async def test_a_paint_looks_up_a_line_panes_style_once(tmp_path, monkeypatch, color_env):
+    """The example list, the layer strip and the token view draw line by line; each line asked Textual for the
+    widget's style (Widget.rich_style walks the widget's ancestors and their rules), a third of the layer strip's
+    paint. Now once per paint of the widget, whatever its lines; the lines drawn are the same (the strip's labels,
+    the list's rows, the tokens)."""
+    from textual.dom import DOMNode
+    from textual.widget import Widget
+
+    from tui.app import create_app
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    lookups, paints = [], []
+    real_style, real_lines = DOMNode.rich_style, Widget.render_lines
+    monkeypatch.setattr(DOMNode, "rich_style", property(lambda self: (lookups.append(self), real_style.fget(self))[1]))
+    monkeypatch.setattr(Widget, "render_lines", lambda self, crop: (paints.append(self), real_lines(self, crop))[1])
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        panes = [app.example_list, app.browse.query_one("#strip"), app.browse.query_one("#tokens")]
+        for i in range(1, 4):
+            lookups.clear(), paints.clear()
+            await pilot.press("j")
+            await settle(pilot)
+            for pane in panes:
+                painted = sum(p is pane for p in paints)
+                assert painted and sum(w is pane for w in lookups) <= painted, (type(pane).__name__, i)
+            text = screen_text(app)
+            assert f"ex{i}  {i + 1}/12" in text and "▶final" in text and f"ex{i + 1}" in text
+            assert app.browse.query_one("#tokens").layout_data.cells[1].text == exs[i].tokens[1]
+
+
+@async_test
+async def test_the_token_view_moved_without_new_lines_is_not_drawn_again(tmp_path, color_env):
+    """A layout that moves or resizes the token view (another example's panels above it) without changing its lines
+    keeps the lines it drew: it redrew them in a frame of its own at every such key. Lines that change (a narrower
+    terminal) are drawn anew."""
+    from tui.app import create_app
+
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=12)
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        view = app.browse.query_one("#tokens")
+        drawn, lines = dict(view._strips), list(view._lines)
+        assert drawn
+        view.on_resize(None)
+        assert view._strips == drawn and view._lines == lines and not view._repaint_regions
+        await pilot.resize_terminal(60, 24)
+        await settle(pilot)
+        assert view._lines != lines

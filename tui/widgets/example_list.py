@@ -27,6 +27,7 @@ from textual.strip import Strip
 from ..render.task import LIST_HEADS, OTHER_TASK_HEADS
 from ..render.tokens import printable
 from .laid_out_once import ScrollSizedOnce
+from .paint_style import PaintStyle
 
 _EXAMPLES = Binding.Group("example")
 BLOCK = 1024  # rows read at a time (the store's own index block)
@@ -70,7 +71,7 @@ def _fit(text: str, width: int) -> str:
     return set_cell_size(text, width - 1) + "…"
 
 
-class ExampleList(ScrollSizedOnce, ScrollView, can_focus=True):
+class ExampleList(PaintStyle, ScrollSizedOnce, ScrollView, can_focus=True):
     """Virtual list of examples. Posts :class:`ExampleList.Highlighted` when the cursor moves."""
 
     BINDINGS = [
@@ -335,7 +336,7 @@ class ExampleList(ScrollSizedOnce, ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
-        base = self.rich_style
+        base = self.paint_style
         if y == 0:
             style = base + self.get_component_rich_style("example-list--header")
             return Strip([Segment(set_cell_size(self.header_text(width), width), style)], width)

@@ -13,11 +13,17 @@ from __future__ import annotations
 from textual.geometry import Size
 
 
-class LaidOutOnce:
-    _laid_out_as: tuple[int, int] | None = None  # (width, content height) of the last update
+class PlacedOnce:
+    """A panel that does not ask for a second layout when the first changed its size (its virtual size)."""
 
     def _size_updated(self, size, virtual_size, container_size, layout: bool = True) -> bool:
         return super()._size_updated(size, virtual_size, container_size, layout=False)
+
+
+class LaidOutOnce(PlacedOnce):
+    """A Static panel: both rules."""
+
+    _laid_out_as: tuple[int, int] | None = None  # (width, content height) of the last update
 
     def update(self, content="", *, layout: bool = True, height: int | None = None) -> None:
         """``height``: the content's lines where the caller knows them (else they are measured: drawn once)."""

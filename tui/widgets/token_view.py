@@ -16,11 +16,12 @@ from textual.strip import Strip
 
 from ..render.tokens import TokenLayout
 from .laid_out_once import ScrollSizedOnce
+from .paint_style import PaintStyle
 
 _DIM = Style(dim=True)
 
 
-class TokenView(ScrollSizedOnce, ScrollView):
+class TokenView(PaintStyle, ScrollSizedOnce, ScrollView):
     """Scrollable token text (tab focuses it; arrows then scroll)."""
 
     DEFAULT_CSS = """
@@ -46,12 +47,14 @@ class TokenView(ScrollSizedOnce, ScrollView):
         self._wrap()
 
     def on_resize(self, event: events.Resize) -> None:
-        self._wrap()
+        self._wrap(resized=True)
 
-    def _wrap(self) -> None:
+    def _wrap(self, resized: bool = False) -> None:
         """The lines at the pane's width (narrower by the scroll bar when they overflow its height); a new virtual
-        size only when the line count or width changed (no layout of the screen otherwise)."""
-        self._strips.clear()
+        size only when the line count or width changed (no layout of the screen otherwise). ``resized``: the same
+        content in a pane of another size, drawn again only when its lines changed (a layout that only moved the pane,
+        as another example's panels above it do, repainted it a second time, a frame of its own)."""
+        before = (self._lines, self._message_lines, self.virtual_size)
         region = self.content_region
         width, height = max(region.width, 1), region.height
         for w in (width, width - self.styles.scrollbar_size_vertical):
@@ -64,6 +67,9 @@ class TokenView(ScrollSizedOnce, ScrollView):
                 count = len(self._message_lines)
             if count <= height or w < width:
                 break
+        if resized and before == (self._lines, self._message_lines, Size(w, count)):
+            return
+        self._strips.clear()
         self._set_virtual_size(Size(w, count))
         self.refresh()
 
@@ -77,7 +83,7 @@ class TokenView(ScrollSizedOnce, ScrollView):
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
-        style = self.rich_style
+        style = self.paint_style
         if style != self._strip_style:  # another theme, or focus: drawn again
             self._strips.clear()
             self._strip_style = style
