@@ -190,11 +190,15 @@ class ColorBar:
             text.append(note, Style(dim=True))
         return text
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        text = self.render(options.max_width)
+    def line(self, width: int) -> Text:
+        """The bar as one line of ``width`` cells (cropped, never wrapped)."""
+        text = self.render(width)
         text.no_wrap = True
         text.overflow = "crop"
-        yield text
+        return text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.line(options.max_width)
 
 
 def ramp_legend(signed: bool) -> str:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from textual.widgets import Static
-
 from ..colors import Scale
 from ..render.tokens import ColorBar
-from .laid_out_once import LaidOutOnce
+from .rendered_lines import RenderedLines
 
 
-
-class ColorBarView(LaidOutOnce, Static):
+class ColorBarView(RenderedLines):
     DEFAULT_CSS = "ColorBarView { height: 1; }"
 
     def show(self, scale: Scale, mode, glyphs: bool, top_k: int, scope: str = "", cmap: str = "dark",
              clipped: str = "") -> None:
-        self.update(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope, cmap=cmap, clipped=clipped))
+        self.show_text(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope, cmap=cmap, clipped=clipped).line)
