@@ -173,12 +173,15 @@ def layer_attention_copies(made, B, H, n):
     return [(s, dt) for s, dt in made if dt == torch.float32 and s.count(n) >= 2 and torch.Size(s).numel() >= B * H * n * n]
 
 
-@pytest.mark.parametrize("name", ("alti", "alti_logit"))
+@pytest.mark.parametrize("name", ("alti", "alti_logit", "w_res"))
 def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkeypatch, name):
-    """Issue 36: a bfloat16 model's streamed layer reaches ALTI's proximities in bfloat16, and no float32 copy of
-    the whole layer's attention is made there (the dense form widens and lays out a block of sources at a time,
-    here one source: a 1-byte block budget); the numbers are the stacked path's."""
+    """Issue 36: a bfloat16 model's streamed layer reaches ALTI's proximities (W_RES's head mean) in bfloat16, and
+    no float32 copy of the whole layer's attention is made there (ALTI's dense form widens and lays out a block of
+    sources at a time, here one source: a 1-byte block budget; W_RES accumulates the mean in float32); the numbers
+    are the stacked path's."""
     from compute.methods import alti as alti_module
+
+    cls = type(REGISTRY[name]()) if name == "w_res" else alti_module.Alti
 
     ad = adapter_for(tiny_model("llama", dtype=torch.bfloat16, layers=3))
     batch = random_batch("llama", LENGTHS)
@@ -187,7 +190,7 @@ def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkey
     streamed(monkeypatch)
     monkeypatch.setattr(alti_module, "CPU_BLOCK_BYTES", 1)
     seen = []
-    stack_matrices = alti_module.Alti.stack_matrices
+    stack_matrices = cls.stack_matrices
 
     def watched(self, p, adapter):
         with Made() as rec:
@@ -195,7 +198,7 @@ def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkey
         seen.append((p.A.dtype, layer_attention_copies(rec.made, *p.A.shape[:2], p.A.shape[-1])))
         return out
 
-    monkeypatch.setattr(alti_module.Alti, "stack_matrices", watched)
+    monkeypatch.setattr(cls, "stack_matrices", watched)
     _, got = run(method, ad, batch, "cls")
     assert seen == [(torch.bfloat16, [])] * ad.n_layers
     close(got.scores, ref.scores, 1e-5)
