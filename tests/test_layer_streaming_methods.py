@@ -154,7 +154,7 @@ def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
 
 
 class Made(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every tensor an op makes while it is on (shape and dtype)."""
+    """Every tensor an op makes while it is on (shape and dtype): new memory, not views of its inputs."""
 
     def __init__(self):
         super().__init__()
@@ -162,15 +162,18 @@ class Made(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
                 self.made.append((tuple(t.shape), t.dtype))
         return out
 
 
 def layer_attention_copies(made, B, H, n):
-    """The float32 tensors of one layer's attention size: at least B H n^2 numbers, two dimensions n."""
-    return [(s, dt) for s, dt in made if dt == torch.float32 and s.count(n) >= 2 and torch.Size(s).numel() >= B * H * n * n]
+    """The floating-point tensors of one layer's attention size: at least B H n^2 numbers, two dimensions n."""
+    return [(s, dt) for s, dt in made
+            if dt.is_floating_point and s.count(n) >= 2 and torch.Size(s).numel() >= B * H * n * n]
 
 
 @pytest.mark.parametrize("name", ("alti", "alti_logit", "w_res"))
@@ -203,6 +206,32 @@ def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkey
     assert seen == [(torch.bfloat16, [])] * ad.n_layers
     close(got.scores, ref.scores, 1e-5)
     close(got.layer_scores, ref.layer_scores, 1e-5)
+
+
+def test_the_pruned_form_bounds_its_pairs_by_blocks_of_queries(model, monkeypatch):
+    """ALTI's pruned form on a streamed layer: its pair bounds ||A_ij||_2 max_k ||U_jk|| are taken a block of queries
+    at a time within the block budget (no [B, H, n, n] of squares beside the layer's attention: on the
+    tiny-but-long model the peak of the streamed ALTI), with the numbers of the stacked path's dense form."""
+    from compute.methods import alti as alti_module
+
+    _, ad, batch = model
+    ref = run(REGISTRY["alti"](l1_path="dense"), ad, batch)[1]
+    streamed(monkeypatch)
+    monkeypatch.setattr(alti_module, "CPU_BLOCK_BYTES", 1)
+    seen = []
+    stack_matrices = alti_module.Alti.stack_matrices
+
+    def watched(self, p, adapter):
+        with Made() as rec:
+            out = stack_matrices(self, p, adapter)
+        seen.append(layer_attention_copies(rec.made, *p.A.shape[:2], p.A.shape[-1]))
+        return out
+
+    monkeypatch.setattr(alti_module.Alti, "stack_matrices", watched)
+    got = run(REGISTRY["alti"](l1_path="pruned"), ad, batch)[1]
+    assert seen == [[]] * ad.n_layers
+    close(got.matrices, ref.matrices)
+    close(got.scores, ref.scores)
 
 
 def test_streamed_alti_logit_holds_no_layer_matrices(model, monkeypatch):

@@ -164,7 +164,10 @@ def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | N
         r = torch.searchsorted(a_abs[:, I].sort(-1).values, pair_bounds(A, u_max, I))
         if choose_steps(torch.bincount(r.view(-1), minlength=d + 1), n, d) is None:
             return None
-    bound = pair_bounds(A, u_max)
+    bound = a.new_empty(B, n, n)
+    k = tokens_per_block(B * H, n, 1, A.element_size(), memory_bytes, copies=2)  # [B, H, k, n] rows and squares
+    for i0 in range(0, n, k):  # a block of queries at a time: no [B, H, n, n] of squares beside the layer's attention
+        bound[:, i0:i0 + k] = pair_bounds(A, u_max, torch.arange(i0, min(n, i0 + k), device=A.device))
     K = max(1, int((a_abs < bound.amax(-1, keepdim=True)).sum(-1).max()))
     srt, order = torch.topk(a_abs, K, dim=-1, largest=False, sorted=True)  # [B, n, K]: the smallest |a_ik|, ascending
     r = torch.searchsorted(srt, bound)  # [B, i, j]: components of row i that pair (i, j) can exceed
