@@ -305,8 +305,8 @@ class Streamed:
     """A method that streams its layers where the stack of every layer's attention exceeds the block budget
     (compute.attention_streaming, the capture's "layer_parts"); below it ``stacked`` (the capture's stacks).
     ``work``: (m, r) -> one layer's own tensors beside its lists (the product's next [n, n] included);
-    ``weights``: float32 [L, d, d] stacks it keeps (W_O, a kind's folded weight, its Gram matrix while its blocks
-    are cut, the blocks, for the pre-LN models of the tables); ``held``: (m, r) -> (held through the layers, added
+    ``weights``: float32 [L, d, d] stacks it keeps (W_O, a kind's folded weight, the Gram matrix's upper block
+    triangle, formed a layer at a time: LayerWeights.gram_blocks; for the pre-LN models of the tables); ``held``: (m, r) -> (held through the layers, added
     at the end), by default ``kept_views``; ``narrow``: the layer's attention is not widened (narrow_attention)."""
 
     stacked: Formula
@@ -328,8 +328,9 @@ def streamed(m: ModelShape, r: Run, s: Streamed) -> dict:
 
 
 def alti_logit_held(m: ModelShape, r: Run) -> tuple[int, int]:
-    """ALTI-Logit keeps every layer's ALTI matrix and value vectors for its directions (found from the top)."""
-    return _mats(m, r, 1) + m.layers * r.n * m.d * F32, 0
+    """ALTI-Logit keeps per layer the explained token's contributions carried to the inputs, (C^{l-1} ... C^1)^T Z^l
+    [n, d], for its directions (found from the top), and ALTI's running product [n, n]."""
+    return m.layers * r.n * m.d * F32 + r.n ** 2 * F32, 0
 
 
 # --- the methods ----------------------------------------------------------------------------------------------
@@ -405,29 +406,30 @@ def _norm_work(m, r):  # the Gram form's blocks of queries, the layer's matrix a
 
 
 def _alti_work(m, r):
-    """A copy of the layer's float32 attention in another layout (the GPU kernel's, compute/kernels/alti_l1.py, or
-    the dense form's source-major one within the block budget: SourceBlocks; beyond it the dense form copies a
-    block at a time), the projected values [n, H, d], the source blocks (budget), [n, n]s."""
-    copy = m.heads * r.n ** 2 * F32
-    copy = copy if r.budgets.gpu else min(copy, r.budgets.alti)
+    """A float32 copy of the layer's attention in another layout within the block budget (the GPU kernel's,
+    compute/kernels/alti_l1.py, or the dense form's source-major one: SourceBlocks; beyond it the dense form widens
+    and lays out a block of sources at a time), the projected values [n, H, d], the source blocks (budget),
+    [n, n]s."""
+    copy = min(m.heads * r.n ** 2 * F32, r.budgets.alti)
     return copy + r.n * m.heads * m.d * F32 + r.budgets.alti + 5 * r.n ** 2 * F32
 
 
 STREAMED: dict[str, Streamed] = {}
 for _names, _s, _text in (
-        ("norm_n norm_fixedres norm_res norm_resln", Streamed(_STACKED_NORMS, _norm_work, 2.5, narrow=True),
+        ("norm_n norm_fixedres norm_res norm_resln", Streamed(_STACKED_NORMS, _norm_work, 1.5, narrow=True),
          STREAMED_TEXT.format(wide="", work="the Gram form's query blocks (budget)", held=_CLS)),
-        ("globenc", Streamed(_STACKED_NORMS, _norm_work, 3.5, narrow=True),
+        ("globenc", Streamed(_STACKED_NORMS, _norm_work, 2.5, narrow=True),
          STREAMED_TEXT.format(wide="", work="the Gram form's query blocks (budget)", held=_CLS)),
-        ("w_res", Streamed(_STACKED_NORMS, lambda m, r: 6 * r.n ** 2 * F32 + 4 * r.n * m.d * F32, 2),
-         STREAMED_TEXT.format(wide=" and its float32 copy", work="[n,n]s", held=_CLS)),
-        ("alti", Streamed(_STACKED_ALTI, _alti_work, 1),
-         STREAMED_TEXT.format(wide=" and its float32 copy", work="its source-major copy, the [n,H,d] values, ALTI's blocks (budget)", held=_CLS)),
-        ("alti_l2", Streamed(_STACKED_ALTI_L2, lambda m, r: gram_chunk(m, r) + 6 * r.n ** 2 * F32, 2.5, narrow=True),
+        ("w_res", Streamed(_STACKED_NORMS, lambda m, r: 6 * r.n ** 2 * F32 + 4 * r.n * m.d * F32, 2, narrow=True),
+         STREAMED_TEXT.format(wide="", work="[n,n]s", held=_CLS)),
+        ("alti", Streamed(_STACKED_ALTI, _alti_work, 1, narrow=True),
+         STREAMED_TEXT.format(wide="", work="its float32 source-major copy by blocks, the [n,H,d] values, ALTI's blocks (budget)", held=_CLS)),
+        ("alti_l2", Streamed(_STACKED_ALTI_L2, lambda m, r: gram_chunk(m, r) + 6 * r.n ** 2 * F32, 1.5, narrow=True),
          STREAMED_TEXT.format(wide="", work="the inner products' and the Gram form's query blocks (budget)",
                               held=_CLS)),
-        ("alti_logit", Streamed(_STACKED_ALTI_L2, _alti_work, 1, alti_logit_held),
-         STREAMED_TEXT.format(wide=" and its float32 copy", work="as ALTI", held="every layer's ALTI matrix [L,n,n] and values [L,n,d]"))):
+        ("alti_logit", Streamed(_STACKED_ALTI_L2, _alti_work, 1, alti_logit_held, narrow=True),
+         STREAMED_TEXT.format(wide="", work="as ALTI", held="ALTI's running product [n,n] and every layer's "
+                                                           "contributions to the explained token carried to the inputs [L,n,d]"))):
     for _name in _names.split():
         STREAMED[_name] = _s
         FORMULAS[_name] = Formula("streamed", None, _text, frozenset({"layer_parts"}))

@@ -151,3 +151,119 @@ def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
     assert got.scores.dtype == torch.float32
     close(got.scores, ref.scores, 1e-5)
     close(got.layer_scores, ref.layer_scores, 1e-5)
+
+
+class Made(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every tensor an op makes while it is on (shape and dtype): new memory, not views of its inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.made.append((tuple(t.shape), t.dtype))
+        return out
+
+
+def layer_attention_copies(made, B, H, n):
+    """The floating-point tensors of one layer's attention size: at least B H n^2 numbers, two dimensions n."""
+    return [(s, dt) for s, dt in made
+            if dt.is_floating_point and s.count(n) >= 2 and torch.Size(s).numel() >= B * H * n * n]
+
+
+@pytest.mark.parametrize("name", ("alti", "alti_logit", "w_res"))
+def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkeypatch, name):
+    """Issue 36: a bfloat16 model's streamed layer reaches ALTI's proximities (W_RES's head mean) in bfloat16, and
+    no float32 copy of the whole layer's attention is made there (ALTI's dense form widens and lays out a block of
+    sources at a time, here one source: a 1-byte block budget; W_RES accumulates the mean in float32); the numbers
+    are the stacked path's."""
+    from compute.methods import alti as alti_module
+
+    cls = type(REGISTRY[name]()) if name == "w_res" else alti_module.Alti
+
+    ad = adapter_for(tiny_model("llama", dtype=torch.bfloat16, layers=3))
+    batch = random_batch("llama", LENGTHS)
+    method = REGISTRY[name]()
+    _, ref = run(method, ad, batch)
+    streamed(monkeypatch)
+    monkeypatch.setattr(alti_module, "CPU_BLOCK_BYTES", 1)
+    seen = []
+    stack_matrices = cls.stack_matrices
+
+    def watched(self, p, adapter):
+        with Made() as rec:
+            out = stack_matrices(self, p, adapter)
+        seen.append((p.A.dtype, layer_attention_copies(rec.made, *p.A.shape[:2], p.A.shape[-1])))
+        return out
+
+    monkeypatch.setattr(cls, "stack_matrices", watched)
+    _, got = run(method, ad, batch, "cls")
+    assert seen == [(torch.bfloat16, [])] * ad.n_layers
+    close(got.scores, ref.scores, 1e-5)
+    close(got.layer_scores, ref.layer_scores, 1e-5)
+
+
+def test_the_pruned_form_bounds_its_pairs_by_blocks_of_queries(model, monkeypatch):
+    """ALTI's pruned form on a streamed layer: its pair bounds ||A_ij||_2 max_k ||U_jk|| are taken a block of queries
+    at a time within the block budget (no [B, H, n, n] of squares beside the layer's attention: on the
+    tiny-but-long model the peak of the streamed ALTI), with the numbers of the stacked path's dense form."""
+    from compute.methods import alti as alti_module
+
+    _, ad, batch = model
+    ref = run(REGISTRY["alti"](l1_path="dense"), ad, batch)[1]
+    streamed(monkeypatch)
+    monkeypatch.setattr(alti_module, "CPU_BLOCK_BYTES", 1)
+    seen = []
+    stack_matrices = alti_module.Alti.stack_matrices
+
+    def watched(self, p, adapter):
+        with Made() as rec:
+            out = stack_matrices(self, p, adapter)
+        seen.append(layer_attention_copies(rec.made, *p.A.shape[:2], p.A.shape[-1]))
+        return out
+
+    monkeypatch.setattr(alti_module.Alti, "stack_matrices", watched)
+    got = run(REGISTRY["alti"](l1_path="pruned"), ad, batch)[1]
+    assert seen == [[]] * ad.n_layers
+    close(got.matrices, ref.matrices)
+    close(got.scores, ref.scores)
+
+
+def test_streamed_alti_logit_holds_no_layer_matrices(model, monkeypatch):
+    """Streamed, ALTI-Logit's record keeps per layer M^l = (C^{l-1} ... C^1)^T Z^l [B, n, d] (the explained token's
+    contributions carried to the inputs), not every layer's ALTI matrix [L, B, n, n] and values; its numbers are
+    the stacked path's (test_streamed_methods_give_the_stacked_results)."""
+    _, ad, batch = model
+    method = REGISTRY["alti_logit"]()
+    streamed(monkeypatch)
+    with torch.no_grad():
+        cap = ad.capture(batch, method.needs)
+        rec = method.record(cap, ad)
+    B, n = batch["input_ids"].shape
+    assert rec.C is None and rec.v is None and rec.A_e is None
+    assert rec.M.shape == (ad.n_layers, B, n, ad.model.config.hidden_size)
+
+
+def test_head_gram_blocks_are_formed_a_layer_at_a_time(model):
+    """The head Gram blocks of P = W^T W, P in float64 a layer at a time (no [L, d, d] stack of P beside them: 2 GB
+    in float32 at 7B): the upper block triangle of every layer's P."""
+    from compute.methods._internals.decomposition import stacked_weights
+
+    _, ad, _ = model
+    weights = stacked_weights(ad, torch.float64, torch.device("cpu"))
+    weights.derived.clear()
+    L, d, _ = weights.W_O.shape
+    H = ad.model.config.num_attention_heads
+    with Made() as rec:
+        blocks, index = weights.gram_blocks("n", H)
+    assert not [s for s, _ in rec.made if s == (L, d, d)]
+    P = weights.W_O.transpose(-1, -2) @ weights.W_O
+    dh = d // H
+    for g in range(H):
+        close(blocks[g], P[:, g * dh:(g + 1) * dh, :(g + 1) * dh], 1e-14)
+    assert index[1, 3] == index[3, 1] == 3 * 4 // 2 + 1

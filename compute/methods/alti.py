@@ -34,6 +34,8 @@ class Alti(LayerwiseProduct):
     description = "ALTI: L1 proximity of each token's LN1-linearised contribution, rolled out over layers"
     reference = "Ferrando, Gallego, Costa-jussa (2022), EMNLP; METHODS.md 2.2-2.3"
     row_stochastic = True
+    # a streamed layer's attention kept in the model's dtype: the proximities widen a block of sources at a time
+    narrow_attention = True
     cost_exponent = 2  # [n, n, d] transformed vectors and their distances
     run_options = (
         Option("alti_ln2", False, type=bool, param="ln2", passed="set", resume=True,

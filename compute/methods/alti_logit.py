@@ -30,7 +30,7 @@ from ..errors import AttrscopeError
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
 from ._internals.aggregate import valid_pairs
 from ._internals.decomposition import (STREAMED_NEEDS, center, layer_stack, stacked_ffn, stacked_weights,
-                                       streamed_layers, streams)
+                                       streamed_layers, streams, widened)
 from ._internals.token_vectors import zero_origin_slope
 from .alti import Alti
 
@@ -98,20 +98,30 @@ class AltiLogit(Method):
             post = None if adapter.pre_ln else (p.y[:, b, e], p.sigma1[:, b, e], p.sigma2[:, b, e])
             return Record(C=alti.layer_matrices(cap, adapter), v=p.v, A_e=p.A[:, b, :, e],
                           W_O=p.weights.W_O, post=post, h_e=at(self._final_state(cap, adapter), e))
-        layers: dict[str, list] = {k: [] for k in ("C", "v", "A_e", "y_e", "sigma1_e", "sigma2_e")}
+        # Streamed: no layer's C^l or values are kept. The views are view_l = Delta^l R^{l-1} with the running
+        # product R^{l-1} = C^{l-1} ... C^1 and Delta^l_j = <g^l, z^l_{e<-j}>, so view_l[c] = <g^l, M^l_c> with
+        # M^l = (R^{l-1})^T Z^l [B, n, d] (Z^l: the explained token's contributions z^l_{e<-j}): held per layer in
+        # place of C^l [n, n] and the values [n, d] (g^l, known at the top, is the target's).
+        layers: dict[str, list] = {k: [] for k in ("M", "y_e", "sigma1_e", "sigma2_e")}
         last = {}
+        R = None  # C^{l-1} ... C^1 [B, n, n]; None below the first layer (the identity)
 
         def consume(p):
-            layers["C"].append(valid_pairs(alti.stack_matrices(p, adapter), p.mask))
-            layers["v"].append(p.v)
-            layers["A_e"].append(p.A[b, :, e])
+            nonlocal R
+            a_e = widened(p.A[b, :, e], p.v.dtype).transpose(1, 2)  # [B, j, H]: the explained row of every head
+            W_O = p.weights.W_O[p.layers]
+            Z = torch.matmul((a_e[..., None] * p.v).flatten(-2), W_O.t()).mul_(p.mask[..., None])  # z_{e<-j} [B, j, d]
+            layers["M"].append(Z if R is None else torch.bmm(R.transpose(1, 2), Z))
+            C = valid_pairs(alti.stack_matrices(p, adapter), p.mask)
+            R = C if R is None else torch.bmm(C, R)
             if not adapter.pre_ln:
                 layers["y_e"].append(p.y[b, e])
                 layers["sigma1_e"].append(p.sigma1[b, e])
                 layers["sigma2_e"].append(p.sigma2[b, e])
             last.update(W_O=p.weights.W_O, t_e=p.t[b, e], y2_e=p.y2[b, e])  # not p: its attention goes
 
-        streamed_layers(cap, adapter, consume)
+        streamed_layers(cap, adapter, consume, narrow_attention=alti.narrow_attention)
+        del R
         if adapter.pre_ln:  # the final norm's input r + MLP(LN2(r)) of the explained token
             mlp = adapter.mlp(adapter.layers()[-1])
             dtype = next(mlp.parameters()).dtype
@@ -120,8 +130,7 @@ class AltiLogit(Method):
         else:  # the last layer's output (LN2's)
             h_e = last["y2_e"]
             post = tuple(torch.stack(layers[k]) for k in ("y_e", "sigma1_e", "sigma2_e"))
-        return Record(C=torch.stack(layers["C"]), v=torch.stack(layers["v"]), A_e=torch.stack(layers["A_e"], 1),
-                      W_O=last["W_O"], post=post, h_e=h_e)
+        return Record(C=None, v=None, A_e=None, W_O=last["W_O"], post=post, h_e=h_e, M=torch.stack(layers["M"]))
 
     # --- the target: the direction of the explained output at the final state ----------------------------------
     def output_direction(self, cap, adapter, target: torch.Tensor, rec: "Record | None" = None) -> torch.Tensor:
@@ -213,6 +222,10 @@ class AltiLogit(Method):
     def compute(self, cap, adapter, target):
         self.check_architecture(adapter)
         rec = self.record(cap, adapter)
+        if rec.M is not None:  # streamed: view_l[c] = <g^l, M^l_c> (``_record``)
+            G = self.directions(cap, adapter, target, rec).transpose(0, 1)  # [L, B, d]
+            views = torch.matmul(rec.M, G[..., None])[..., 0].transpose(0, 1)  # [B, L, n]
+            return MethodResult(scores=views.sum(1), layer_scores=views)
         views = self.layer_contributions(cap, adapter, target, rec)  # Delta^l, then C^{l-1} ... C^1 applied below
         C = rec.C
         # C^k applied to every view above it (l > k), top down: one batched product per layer
@@ -226,14 +239,16 @@ class Record:
     """What ALTI-Logit reads of the layers (every layer's, stacked first): ALTI's C^l [L, B, n, n], the value vectors
     v [L, B, n, H, dh], the explained row of every head's attention A_e [B, L, H, n], the output projections W_O
     [L, d, d], post-LN the explained token's LN1 output and both sigmas ([L, B, d], [L, B], [L, B]; None pre-LN),
-    and its final state h_e [B, d] (the head's input, or the final norm's)."""
+    and its final state h_e [B, d] (the head's input, or the final norm's). Streamed, in place of C, v and A_e
+    (None): M^l = (C^{l-1} ... C^1)^T Z^l [L, B, n, d] (``AltiLogit._record``)."""
 
-    C: torch.Tensor
-    v: torch.Tensor
-    A_e: torch.Tensor
+    C: torch.Tensor | None
+    v: torch.Tensor | None
+    A_e: torch.Tensor | None
     W_O: torch.Tensor
     post: tuple | None
     h_e: torch.Tensor
+    M: torch.Tensor | None = None
 
 
 def _maybe(bias, dtype):

@@ -42,6 +42,8 @@ class WRes(LayerwiseProduct):
     description = "W_RES: attention off the diagonal scaled by GlobEnc's mixing ratio r, 1 - r on the diagonal"
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1; docs/methods.md 6.1"
     row_stochastic = True
+    # a streamed layer's attention kept in the model's dtype: its head mean is accumulated in the vectors' dtype
+    narrow_attention = True
 
     def check_architecture(self, adapter) -> None:
         super().check_architecture(adapter)
@@ -49,7 +51,7 @@ class WRes(LayerwiseProduct):
             check_final_norm(adapter, self.name)
 
     def stack_matrices(self, p, adapter):
-        A_bar = valid_pairs(p.A.mean(dim=-3), p.mask)
+        A_bar = valid_pairs(p.A.mean(dim=-3, dtype=p.x.dtype), p.mask)
         off = A_bar.clone()
         off.diagonal(dim1=-2, dim2=-1).zero_()
         off = row_normalise(off)

@@ -105,33 +105,24 @@ class LayerWeights:
         return self.derived[kind]
 
     def gram_blocks(self, kind: str, H: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The upper block triangle of ``kind_gram`` by block columns: blocks[g] = P[head g's rows, heads 0..g]
-        [L, dh, (g + 1) dh], contiguous; and the index [H, H] of pair (h, g) in the heads' triangle packed column by
-        column (so G[h, g] = packed[index[h, g]] = packed[index[g, h]])."""
+        """The upper block triangle of P = W^T W (``kind_weight``'s W) by block columns: blocks[g] = P[head g's
+        rows, heads 0..g] [L, dh, (g + 1) dh], contiguous; and the index [H, H] of pair (h, g) in the heads' triangle
+        packed column by column (so G[h, g] = packed[index[h, g]] = packed[index[g, h]]). P is formed in float64 so
+        that the head Gram matrices read from it lose nothing to the product, a layer at a time into the blocks: no
+        [L, d, d] stack of P beside them (a 7B model's is 2 GB in float32; issue 36)."""
         key = ("gram_blocks", kind, H)
         if key not in self.derived:
-            P = self.kind_gram(kind)
-            self.derived.pop(("gram", kind))  # read only here: its blocks are kept instead (a 7B model's is 2 GB)
-            dh = P.shape[-1] // H
-            blocks = [P[:, g * dh:(g + 1) * dh, :(g + 1) * dh].contiguous() for g in range(H)]
+            W = self.kind_weight(kind)
+            L, d = W.shape[0], W.shape[-1]
+            dh = d // H
+            blocks = [W.new_empty(L, dh, (g + 1) * dh) for g in range(H)]
+            for l, w in enumerate(W):
+                P = (w.double().t() @ w.double()).to(W.dtype)
+                for g in range(H):
+                    blocks[g][l] = P[g * dh:(g + 1) * dh, :(g + 1) * dh]
             h, g = torch.meshgrid(torch.arange(H), torch.arange(H), indexing="ij")
             lo, hi = torch.minimum(h, g), torch.maximum(h, g)
-            self.derived[key] = (blocks, (hi * (hi + 1) // 2 + lo).to(P.device))
-        return self.derived[key]
-
-    def kind_gram(self, kind: str) -> torch.Tensor:
-        """[L, d_in, d_in]: P = W^T W of ``kind_weight`` (<W^h a, W^g b> = a^T P^{hg} b), formed in float64 once per
-        weights so that the head Gram matrices read from it lose nothing to the product; a layer at a time where the
-        float64 stack would exceed the block budget (a 7B model's is 13 GB)."""
-        key = ("gram", kind)
-        if key not in self.derived:
-            W = self.kind_weight(kind)
-            if 3 * W.numel() * 8 <= block_budget.work_bytes(W.device, block_budget.CPU_STACK_BYTES):
-                self.derived[key] = (W.double().transpose(-1, -2) @ W.double()).to(W.dtype)
-            else:
-                P = self.derived[key] = W.new_empty(W.shape[0], W.shape[-1], W.shape[-1])
-                for l, w in enumerate(W):
-                    P[l] = w.double().t() @ w.double()
+            self.derived[key] = (blocks, (hi * (hi + 1) // 2 + lo).to(W.device))
         return self.derived[key]
 
 
@@ -566,7 +557,7 @@ def head_gram(p: LayerParts, kind: str, diag: torch.Tensor | None = None):
     """G_j[h, g] = <U_j^h, U_j^g> [*, n, H, H] and cross_i[h] = <U_i^h, diag_i> [*, n, H] (or None), U_j^h = W^h v_j^h
     for the operand weight W of ``kind``, without the projected vectors.
 
-    <W^h a, W^g b> = a^T P^{hg} b with P = W^T W (``LayerWeights.kind_gram``), so for each head g one product of
+    <W^h a, W^g b> = a^T P^{hg} b with P = W^T W (``LayerWeights.gram_blocks``), so for each head g one product of
     every layer's and example's tokens, [N, dh] x [dh, (g + 1) dh], gives P^{hg} v^g for the heads h <= g, and one
     pass contracts it with v^h: the upper triangle, mirrored. Half the arithmetic of projecting the values, and
     no [*, n, H, d] tensor (building and reordering that one cost 3.5x this on the CPU, whose caches it overflows).
@@ -692,12 +683,16 @@ class SourceBlocks:
 
     def __init__(self, A: torch.Tensor, U: torch.Tensor):
         """A [N, H, n, n], U [j, N, H, d] source-major (``LayerParts.project(W, source_major=True)``). A's
-        source-major layout is made whole within the block budget, else a block at a time (no second [N, H, n, n]
-        beside a long input's)."""
+        source-major layout, in U's dtype, is made whole within the block budget, else a block at a time (no second
+        [N, H, n, n] beside a long input's, which may be the model's narrower dtype: streamed_layers)."""
         self.A = A.permute(3, 0, 2, 1)  # [j, N, i, H]
-        small = A.numel() * A.element_size() <= block_budget.work_bytes(A.device, block_budget.CPU_STACK_BYTES)
-        self.whole = self.A.contiguous() if small else None
         self.U = U.contiguous()  # [j, N, H, d]
+        small = A.numel() * self.U.element_size() <= block_budget.work_bytes(A.device, block_budget.CPU_STACK_BYTES)
+        self.whole = self.laid_out(self.A) if small else None
+
+    def laid_out(self, A: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of ``A`` in U's dtype: one pass, widening and laying out at once."""
+        return torch.empty(A.shape, dtype=self.U.dtype, device=A.device).copy_(A)
 
     def block(self, cols: slice, out: torch.Tensor | None = None) -> torch.Tensor:
         """[k, N, n, d] for the sources in ``cols`` (source-major). ``out``: a buffer of at least [k * N, n, d]
@@ -705,7 +700,7 @@ class SourceBlocks:
         n, N, _, H = self.A.shape
         d = self.U.shape[-1]
         k = cols.stop - cols.start
-        A = (self.whole[cols] if self.whole is not None else self.A[cols].contiguous()).view(k * N, n, H)
+        A = (self.whole[cols] if self.whole is not None else self.laid_out(self.A[cols])).view(k * N, n, H)
         U = self.U[cols].view(k * N, H, d)
         return torch.bmm(A, U, out=None if out is None else out[:k * N]).view(k, N, n, d)
 

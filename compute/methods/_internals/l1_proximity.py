@@ -22,11 +22,13 @@ SST-2: r ~ 15-20% of d) nothing; there the dense form runs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ... import interrupts
 from ...kernels import alti_l1
-from .decomposition import LayerParts, SourceBlocks, attention_inner, flat, own_vectors, tokens_per_block
+from .decomposition import LayerParts, SourceBlocks, attention_inner, flat, own_vectors, tokens_per_block, widened
 
 # Relative costs in units of one pruned step over all pairs (a row gather of U and a dot over heads per pair), from
 # timings on the 2-core CPU (random BERT-base and the trained MiniLM, n = 128 and 512): the dense form costs about
@@ -53,12 +55,19 @@ def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a:
     if path not in PATHS:
         raise ValueError(path)
     n = a.shape[-2]
-    if path == "kernel" or path == "auto" and a.device.type == "cuda" and alti_l1.available(a.device, a.dtype):
+    # the kernel lays the whole attention out anew in the vectors' dtype: where that copy exceeds the budget (a
+    # streamed layer of a long input, its attention in the model's narrower dtype: issue 36) the dense form's
+    # source blocks run instead, each widened and laid out on its own
+    whole = p.A.numel() * a.element_size() <= memory_bytes
+    if path == "kernel" or path == "auto" and a.device.type == "cuda" and whole and alti_l1.available(a.device, a.dtype):
         lead = a.shape[:-2]
-        return alti_l1.l1_proximities(flat(p.A, 3), flat(p.project(W), 3), None if diag is None else flat(diag, 2),
-                                      flat(a, 2)).view(*lead, n, n)
-    if path == "dense" or path == "auto" and not worth_probing(n, a.device.type):
+        return alti_l1.l1_proximities(widened(flat(p.A, 3), a.dtype), flat(p.project(W), 3),
+                                      None if diag is None else flat(diag, 2), flat(a, 2)).view(*lead, n, n)
+    narrow = p.A.dtype != a.dtype
+    if path == "dense" or path == "auto" and (narrow or not worth_probing(n, a.device.type)):
         return dense_l1_proximities(p, W, diag, a, memory_bytes)
+    if narrow:  # the pruned form asked for on a narrower attention: widened whole (its steps read every head's)
+        p = dataclasses.replace(p, A=p.A.to(a.dtype))
     if p.stacked:  # the pruned form and its probe go a layer at a time (a CPU path: its loops cost no launches there)
         return torch.stack([l1_proximities(p.layer(k), W[k, 0], None if diag is None else diag[k], a[k], memory_bytes,
                                            path, steps) for k in range(a.shape[0])])
@@ -155,7 +164,10 @@ def pruned_l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | N
         r = torch.searchsorted(a_abs[:, I].sort(-1).values, pair_bounds(A, u_max, I))
         if choose_steps(torch.bincount(r.view(-1), minlength=d + 1), n, d) is None:
             return None
-    bound = pair_bounds(A, u_max)
+    bound = a.new_empty(B, n, n)
+    k = tokens_per_block(B * H, n, 1, A.element_size(), memory_bytes, copies=2)  # [B, H, k, n] rows and squares
+    for i0 in range(0, n, k):  # a block of queries at a time: no [B, H, n, n] of squares beside the layer's attention
+        bound[:, i0:i0 + k] = pair_bounds(A, u_max, torch.arange(i0, min(n, i0 + k), device=A.device))
     K = max(1, int((a_abs < bound.amax(-1, keepdim=True)).sum(-1).max()))
     srt, order = torch.topk(a_abs, K, dim=-1, largest=False, sorted=True)  # [B, n, K]: the smallest |a_ik|, ascending
     r = torch.searchsorted(srt, bound)  # [B, i, j]: components of row i that pair (i, j) can exceed
