@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -47,6 +45,7 @@ HEAD_MEANS = ("raw_attention", "rollout", "w_fixedres")
 LAYER_PARTS = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
                "alti_logit")
 STREAMED = HEAD_MEANS + LAYER_PARTS
+MMAP_THRESHOLD = 65536  # glibc's, fixed for every measurement (the docstring)
 WITHIN = 0.15  # issue 36: each peak above the forward within 15% of the model's
 
 
@@ -108,24 +107,50 @@ def measure(methods: list[str], ns: list[int], shape: mm.ModelShape = TINY) -> d
     return out
 
 
+def _measure_child(conn, name: str, n: int, shape: mm.ModelShape) -> None:
+    """A forked child's measurement, sent back on ``conn``: its bytes, or its error's first line."""
+    import ctypes
+
+    ctypes.CDLL(None).mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ (the docstring)
+    try:
+        conn.send(measure([name], [n], shape))
+    except BaseException as err:  # noqa: BLE001 - any failure is the row's, not the table's
+        conn.send(f"{type(err).__name__}: {err}".splitlines()[0])
+
+
 def measure_fresh(methods: list[str], ns: list[int], shape: mm.ModelShape,
                   skip=lambda name, n: False) -> dict[str, int | str]:
     """``measure`` of each method and length in a process of its own (nothing of another's heap in its peak), but
-    those ``skip(name, n)`` says not to run; a process that fails gives its error's last line instead of bytes."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "65536")}
+    those ``skip(name, n)`` says not to run; a process that fails gives its error's line instead of bytes. Each is
+    forked from this one once the libraries are imported (their import is most of a fresh interpreter's minute on
+    a loaded machine); nothing here has run a torch operation, so no thread pool is forked."""
+    import multiprocessing
+
+    import torch  # noqa: F401 - imported once, before the forks
+    import transformers  # noqa: F401
+
+    import compute.adapters  # noqa: F401
+    import compute.methods  # noqa: F401
+
+    ctx = multiprocessing.get_context("fork")
     out = {}
     for name in methods:
         for n in ns:
             if skip(name, n):
                 continue
-            res = subprocess.run([sys.executable, __file__, "--json", "--methods", name, "-n", str(n),
-                                  "--layers", str(shape.layers), "--heads", str(shape.heads),
-                                  "--hidden", str(shape.d), "--d-ff", str(shape.d_ff)],
-                                 env=env, capture_output=True, text=True)
-            if res.returncode:
-                out[f"{name} {n}"] = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+            mine, theirs = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_measure_child, args=(theirs, name, n, shape))
+            child.start()
+            theirs.close()
+            try:
+                got = mine.recv()
+            except EOFError:  # it died without a word (killed: out of memory)
+                got = None
+            child.join()
+            if isinstance(got, dict):
+                out.update(got)
             else:
-                out.update(json.loads(res.stdout.strip().splitlines()[-1]))
+                out[f"{name} {n}"] = got or f"exit {child.exitcode}"
     return out
 
 
