@@ -66,11 +66,12 @@ def test_the_modelled_batch_is_the_largest_whose_every_method_fits():
     assert auto_batch.modelled_size(["made_up"], LLAMA, 4096, 2, 1, budgets, 7) == 7
 
 
-def fake_llama_on_cuda(n_longest: int):
-    """A stand-in LoadedModel with Llama-2-7B's config in bfloat16 on a 'cuda' device, and its tokenized rows."""
+def fake_llama_on_cuda(n_longest: int, others: tuple[int, ...] = (100, 50)):
+    """A stand-in LoadedModel with Llama-2-7B's config in bfloat16 on a 'cuda' device, and its tokenized rows (the
+    longest second, among ``others``)."""
     from compute.run.batches import Tokenized
 
-    lengths = [100, n_longest, 50]
+    lengths = [others[0], n_longest, *others[1:]]
     tok = Tokenized([[1] * n for n in lengths], None, None, [[0] * n for n in lengths], lengths)
     config = SimpleNamespace(hidden_size=LLAMA.d, intermediate_size=LLAMA.d_ff, vocab_size=LLAMA.vocab,
                              model_type="llama")
@@ -88,6 +89,18 @@ def test_the_model_shape_of_a_loaded_model_is_its_config():
                                                           d_ff=11008, vocab=32000)
 
 
+def patch_launch(monkeypatch, gpu):
+    """auto_batch's batches run on ``gpu`` (tests/test_run_overlap.py's FakeGPU) instead of a model."""
+    monkeypatch.setattr(auto_batch, "encode", lambda tok, rows, pad_id, device: list(rows))
+
+    def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,
+                    first_part_only, heads="none"):
+        gpu.run(len(rows), parts, probe)
+        return SimpleNamespace(result=lambda: None)
+
+    monkeypatch.setattr(auto_batch, "launch_batch", fake_launch)
+
+
 @pytest.mark.parametrize("n,refused", [(13000, True), (12000, False)])
 def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkeypatch, n, refused):
     """alti on Llama-2-7B (its layers streamed): 13,000 tokens refused before any batch runs (the longest that fits:
@@ -97,14 +110,7 @@ def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkey
 
     lm, tok = fake_llama_on_cuda(n)
     gpu = FakeGPU(CARD, {"forward": (0, 0, 0), "alti": (0, 0, 0)}, base=mm.weights(LLAMA, mm.Run(0)), n=n)
-    monkeypatch.setattr(auto_batch, "encode", lambda tok, rows, pad_id, device: list(rows))
-
-    def fake_launch(lm, methods, rows, task_rows, target_mode, num_labels, keep, timings, lengths, parts, probe,
-                    first_part_only, heads="none"):
-        gpu.run(len(rows), parts, probe)
-        return SimpleNamespace(result=lambda: None)
-
-    monkeypatch.setattr(auto_batch, "launch_batch", fake_launch)
+    patch_launch(monkeypatch, gpu)
 
     def auto():
         return auto_batch.auto_batching(lm, {"alti": FakeMethod()}, tok, TaskRows.plain([0] * 3), "predicted", 2,
@@ -121,3 +127,28 @@ def test_auto_on_a_fake_80_gb_card_asks_the_memory_model_before_any_trial(monkey
         got = auto()
         assert [size for size, _ in gpu.runs] == [1] and (got.size, got.tokens) == (1, n)
         assert got.how.endswith("; at most 1 by the memory model")
+
+
+@pytest.mark.parametrize("matrices", ["cls", "all"])
+def test_auto_asks_the_memory_model_for_the_runs_matrices(monkeypatch, matrices):
+    """norm_n streams its layers on Llama-2-7B at 4,096 tokens: under --matrices all it keeps every layer's [n, n]
+    (the memory model's kept_views), so fewer examples fit than under cls (5 against 7 on 80 GB). The batch auto
+    chooses is the memory model's for the run's --matrices, not for the default cls."""
+    from compute.tasks import TaskRows
+
+    n, methods = 4096, {"norm_n": FakeMethod()}
+    lm, tok = fake_llama_on_cuda(n, others=(100,) * 15)
+    budgets = mm.Budgets.gpu(CARD)
+    parts = {m: mm.per_batch("norm_n", LLAMA, mm.Run(n, 2, budgets, m)) for m in ("cls", "all")}
+    most = {m: (room_of(CARD) - fixed) // each for m, (fixed, each) in parts.items()}
+    assert (most["cls"], most["all"]) == (7, 5)
+    gpu = FakeGPU(CARD, {"forward": (0, 0, 0), "norm_n": (0, 0, 0)}, base=mm.weights(LLAMA, mm.Run(0)), n=n)
+    patch_launch(monkeypatch, gpu)
+    got = auto_batch.auto_batching(lm, methods, tok, TaskRows.plain([0] * len(tok)), "predicted", 2, matrices, 8192,
+                                   None, memory=gpu)
+    # the trials of one and two, then the confirming batch: no batch beyond the model's size for these matrices
+    assert [size for size, _ in gpu.runs] == [1, 2, most[matrices]]
+    assert (got.size, got.tokens) == (most[matrices], most[matrices] * n)
+    assert got.how.endswith(f"; at most {most[matrices]} by the memory model")
+    assert auto_batch.modelled_size(list(methods), LLAMA, n, 2, room_of(CARD), budgets, 16,
+                                    matrices=matrices) == most[matrices]

@@ -181,7 +181,8 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
         memory = memory or DeviceMemory(device)
         room, budgets = memory.limit() - memory.allocated(), mm.Budgets.gpu(memory.total())
         where = f"the {room / 2**30:.1f} GiB free on {device}"
-    most = modelled_size(list(methods), model_shape(lm, num_labels), n, itemsize, room, budgets, limit, where)
+    most = modelled_size(list(methods), model_shape(lm, num_labels), n, itemsize, room, budgets, limit, where,
+                         matrices)
 
     def run(size: int, part_tokens: dict | None = None, probe: Probe | None = None) -> None:
         # the confirming batch (with part budgets) runs each part-wise method on one part: the others repeat it
@@ -199,15 +200,17 @@ def auto_batching(lm: LoadedModel, methods: dict[str, Method], tok: Tokenized, r
 
 
 def modelled_size(methods: list[str], shape: mm.ModelShape, n: int, itemsize: int, room: int, budgets: mm.Budgets,
-                  limit: int, where: str = "") -> int:
+                  limit: int, where: str = "", matrices: str = "cls") -> int:
     """The most examples of ``n`` tokens (at most ``limit``) whose peak above the model's weights the memory model
     (compute/memory_model.py: ``per_batch``) keeps within ``room`` bytes (``where``: what they are, for the message)
-    for each of ``methods`` (one without a formula, a test's own, is left to the trials). One example that does not
-    fit is refused in one line, naming the method whose longest fitting input is the shortest and that length."""
+    for each of ``methods`` (one without a formula, a test's own, is left to the trials), keeping ``matrices`` (the
+    run's --matrices: under all a streamed method holds every layer's [n, n]). One example that does not fit is
+    refused in one line, naming the method whose longest fitting input is the shortest and that length."""
     def peak(name: str, length: int) -> int:
-        return sum(mm.per_batch(name, shape, mm.Run(length, itemsize, budgets)))
+        return sum(mm.per_batch(name, shape, mm.Run(length, itemsize, budgets, matrices)))
 
-    parts = {name: mm.per_batch(name, shape, mm.Run(n, itemsize, budgets)) for name in methods if name in mm.FORMULAS}
+    parts = {name: mm.per_batch(name, shape, mm.Run(n, itemsize, budgets, matrices))
+             for name in methods if name in mm.FORMULAS}
     too_big = [name for name, (fixed, each) in parts.items() if fixed + each > room]
     if too_big:
         fit = {name: mm.longest(lambda k, name=name: peak(name, k) <= room) for name in too_big}
