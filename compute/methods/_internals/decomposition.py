@@ -208,16 +208,18 @@ class FeedForward:
     act: object  # the activation (the same in every layer)
 
 
-def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> FeedForward:
-    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which."""
-    def build():
-        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()]
+def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device,
+                layers: slice | None = None) -> FeedForward:
+    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which.
+    ``layers``: those layers' only, cast now and not kept (a streamed layer's: no float32 copy of every layer's)."""
+    def build(chosen=slice(None)):
+        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()[chosen]]
         if len({type(act) for _, act, _ in parts}) != 1:
             raise ValueError("the layers' feed-forward activations differ")
         return FeedForward(*(stack_params([part[i].weight if w else part[i].bias for part in parts], dtype, device)
                              for i, w in ((0, True), (0, False), (2, True), (2, False))), act=parts[0][1])
 
-    return kept(adapter, ("ffn", dtype, device), build)
+    return kept(adapter, ("ffn", dtype, device), build) if layers is None else build(layers)
 
 
 # --- the parts of one layer, or of a stack of layers ---------------------------------------------------------------
@@ -693,7 +695,7 @@ class SourceBlocks:
     def __init__(self, A: torch.Tensor, U: torch.Tensor):
         """A [N, H, n, n], U [j, N, H, d] source-major (``LayerParts.project(W, source_major=True)``). A's
         source-major layout is made whole within the block budget, else a block at a time (no second [N, H, n, n]
-        beside a long input's)."""
+        beside a long input's); an A narrower than U is widened a block at a time."""
         self.A = A.permute(3, 0, 2, 1)  # [j, N, i, H]
         small = A.numel() * A.element_size() <= block_budget.work_bytes(A.device, block_budget.CPU_STACK_BYTES)
         self.whole = self.A.contiguous() if small else None
@@ -706,6 +708,7 @@ class SourceBlocks:
         d = self.U.shape[-1]
         k = cols.stop - cols.start
         A = (self.whole[cols] if self.whole is not None else self.A[cols].contiguous()).view(k * N, n, H)
+        A = widened(A, self.U.dtype)  # a streamed layer's narrower attention, a block at a time (Value Zeroing)
         U = self.U[cols].view(k * N, H, d)
         return torch.bmm(A, U, out=None if out is None else out[:k * N]).view(k, N, n, d)
 
