@@ -258,7 +258,8 @@ def test_peak_memory_at_4096_tokens_is_the_formulas():
 def test_streamed_methods_on_the_tiny_but_long_model():
     """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
     streamed methods' peak above the bare forward within twice one layer's float32 [H, n, n] plus what they store;
-    the head-mean methods' within 15% of the model's. The layer-streamed products add a few MiB to the forward's
+    the head-mean methods' within 15% of the model's. The layer-streamed products (Value Zeroing's too: about n
+    times a layer's MLP work, the slowest here) add a few MiB to the forward's
     peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
     forward's peak, 15% of so small a difference being below what a process's peak resident size resolves. ALTI's
     and ALTI-Logit's formula on the CPU (no kernel copy of a layer's attention, a block of sources at a time) is
