@@ -43,7 +43,7 @@ BARE = "forward"  # the bare forward: the capture of nothing
 # decomposition's layer-wise products, which read each layer in a forward of their own
 HEAD_MEANS = ("raw_attention", "rollout", "w_fixedres")
 LAYER_PARTS = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
-               "alti_logit")
+               "alti_logit", "value_zeroing")
 STREAMED = HEAD_MEANS + LAYER_PARTS
 MMAP_THRESHOLD = 65536  # glibc's, fixed for every measurement (the docstring)
 WITHIN = 0.15  # issue 36: each peak above the forward within 15% of the model's

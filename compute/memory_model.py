@@ -245,8 +245,11 @@ def alti_block_tokens(m: ModelShape, r: Run) -> int:
 
 
 def value_zeroing_block_tokens(m: ModelShape, r: Run) -> int:
-    """Value zeroing's zeroed tokens per block: [k, n, d_ff] activations and four [k, n, d] states of one stack."""
-    return max(1, r.budgets.value_zeroing // (stack_layers(m, r) * r.n * (m.d_ff + 4 * m.d) * F32))
+    """Value zeroing's zeroed tokens per block on the pre-LN models of the tables: a gated MLP's three [k, n, d_ff]
+    activations and four [k, n, d] states of each layer processed at once (one where the layers stream, else a
+    stack) within the budget (value_zeroing.zeroed_distances_pre_ln)."""
+    K = 1 if streams_attention(m.layers, m.heads, 1, r.n, r.budgets.stack) else stack_layers(m, r)
+    return max(1, min(r.n, r.budgets.value_zeroing // (K * r.n * (3 * m.d_ff + 4 * m.d) * F32)))
 
 
 def ig_rows(m: ModelShape, r: Run) -> int:
@@ -436,8 +439,31 @@ for _names, _s, _text in (
     for _name in _names.split():
         STREAMED[_name] = _s
         FORMULAS[_name] = Formula("streamed", None, _text, frozenset({"layer_parts"}))
-_add("value_zeroing", Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
-     "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP))
+_STACKED_VALUE_ZEROING = Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
+     "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP)
+
+
+def value_zeroing_block(m: ModelShape, r: Run) -> int:
+    """A streamed layer's block of zeroed tokens: k tokens of a pre-LN MLP's [n, 3 d_ff + 4 d] within the budget
+    (at least one)."""
+    return value_zeroing_block_tokens(m, r) * r.n * (3 * m.d_ff + 4 * m.d) * F32
+
+
+def _value_zeroing_work(m: ModelShape, r: Run) -> int:
+    """The layer's projected values [n, H, d] (source-major), the source-major copy of its attention in the model's
+    dtype where that fits the block budget (else a block at a time: SourceBlocks), and the larger of its block of
+    zeroed tokens beside the distances [n, n] and, after the blocks, its [n, n]s (distances, valid block,
+    normalised, the product's next)."""
+    copy = m.heads * r.n ** 2 * r.itemsize
+    return r.n * m.heads * m.d * F32 + (copy if copy <= r.budgets.stack else 0) \
+        + max(value_zeroing_block(m, r) + r.n ** 2 * F32, 5 * r.n ** 2 * F32)
+
+
+# streamed on the pre-LN models of the tables: the block's own MLP modules in the model's dtype, no float32 copy of
+# any layer's feed-forward weights (a post-LN layer's are cast while it is processed)
+STREAMED["value_zeroing"] = Streamed(_STACKED_VALUE_ZEROING, _value_zeroing_work, 1, narrow=True)
+FORMULAS["value_zeroing"] = Formula("streamed", None, STREAMED_TEXT.format(
+    wide="", work="its [n,H,d] values, a block of zeroed tokens (budget)", held=_CLS), frozenset({"layer_parts"}))
 _add("decompx decompx_nohead", Formula("capture", decompx,
      "capture; the decomposition of k source tokens [n,k,d] x 5 (k from its budget; k < n: 10 [n,n] of bias-share "
      "sums); FFN blocks (budget); float32 weights", DECOMP))

@@ -1,5 +1,5 @@
-"""Layer-streamed decomposition methods (issue 36 item 1): the norm family, GlobEnc, W_RES, ALTI, ALTI-l2 and
-ALTI-Logit read the capture's "layer_parts", which it stacks where every layer's [B, H, n, n] fits the block budget
+"""Layer-streamed decomposition methods (issue 36 item 1): the norm family, GlobEnc, W_RES, ALTI, ALTI-l2,
+ALTI-Logit and Value Zeroing read the capture's "layer_parts", which it stacks where every layer's [B, H, n, n] fits the block budget
 (compute.attention_streaming) and otherwise keeps none of: the methods then take each layer as a forward of their
 own makes it (Adapter.each_layer), one layer's attention alive at a time, keeping only what --matrices keeps and the
 running product of the views. Both paths give the same numbers (float64, padded batches, post-LN BERT and pre-LN
@@ -18,7 +18,8 @@ from compute.methods._internals.aggregate import row_at
 from conftest import random_batch, tiny_model
 from test_layer_streaming import LENGTHS, streamed, tiny_padded
 
-STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2")
+STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
+            "value_zeroing")
 
 
 @pytest.fixture(scope="module", params=["bert", "llama"])
@@ -93,7 +94,7 @@ def test_streamed_methods_keep_only_the_stored_rows(model, monkeypatch, name, ke
     close(got.matrices, rows)
 
 
-@pytest.mark.parametrize("name", ("norm_resln", "globenc", "alti", "alti_logit"))
+@pytest.mark.parametrize("name", ("norm_resln", "globenc", "alti", "alti_logit", "value_zeroing"))
 def test_a_streamed_example_alone_is_its_row_of_the_batch(model, monkeypatch, name):
     """Padding and batching change nothing: each example streamed alone gives its row of the streamed batch."""
     arch, ad, batch = model
@@ -138,7 +139,7 @@ def test_the_streamed_path_never_holds_two_layers_attention(model, monkeypatch, 
     assert all(r() is None for r in made)
 
 
-@pytest.mark.parametrize("name", ("norm_n", "globenc", "alti_l2", "alti"))
+@pytest.mark.parametrize("name", ("norm_n", "globenc", "alti_l2", "alti", "value_zeroing"))
 def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
     """bfloat16 Llama: the norm family and ALTI-l2 keep a streamed layer's attention in bfloat16 and widen it a block
     of queries at a time, ALTI widens it whole; both give the stacked path's float32 numbers."""
@@ -208,6 +209,21 @@ def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkey
     close(got.layer_scores, ref.layer_scores, 1e-5)
 
 
+def test_streamed_value_zeroing_casts_one_layers_feed_forward_at_a_time(monkeypatch):
+    """A bfloat16 post-LN model: the streamed path casts each layer's feed-forward weights to float32 while that layer
+    is processed (every layer's float32 stack, stacked_ffn's, is never made) and gives the stacked path's numbers."""
+    ad = adapter_for(tiny_model("bert", dtype=torch.bfloat16, layers=3))
+    batch = random_batch("bert", LENGTHS)
+    method = REGISTRY["value_zeroing"]()
+    _, ref = run(method, ad, batch)
+    ad.__dict__.pop("_stacked_weights", None)  # the stacked path's cache of every layer's float32 weights
+    streamed(monkeypatch)
+    _, got = run(method, ad, batch, "cls")
+    assert not any(key[0] == "ffn" for key in ad.__dict__.get("_stacked_weights", {}))
+    close(got.scores, ref.scores, 1e-5)
+    close(got.layer_scores, ref.layer_scores, 1e-5)
+
+
 def test_the_pruned_form_bounds_its_pairs_by_blocks_of_queries(model, monkeypatch):
     """ALTI's pruned form on a streamed layer: its pair bounds ||A_ij||_2 max_k ||U_jk|| are taken a block of queries
     at a time within the block budget (no [B, H, n, n] of squares beside the layer's attention: on the
@@ -267,3 +283,27 @@ def test_head_gram_blocks_are_formed_a_layer_at_a_time(model):
     for g in range(H):
         close(blocks[g], P[:, g * dh:(g + 1) * dh, :(g + 1) * dh], 1e-14)
     assert index[1, 3] == index[3, 1] == 3 * 4 // 2 + 1
+
+
+def test_a_streamed_layer_run_again_adds_nothing_to_its_lists(model, monkeypatch):
+    """Value Zeroing runs a layer's norm and MLP modules again for each block of zeroed tokens inside its layer: the
+    forward's capture hooks on them keep nothing of those calls (they kept a [k, n, d] input and output a block, a
+    layer's [n, n, d] twice, until the layer ended). When each layer's method work ends its lists hold that layer's
+    entries alone."""
+    _, ad, batch = model
+    method = REGISTRY["value_zeroing"]()
+    streamed(monkeypatch)
+    sizes = []
+    each_layer = ad.each_layer
+
+    def watched(cap, fn):
+        def after(l, one):
+            fn(l, one)
+            sizes.append({name: len(getattr(one, name)) for name in ("attentions", "hidden_states", "values",
+                                                                       "ln1_in", "ln1_out", "ln2_in", "ln2_out")})
+        each_layer(cap, after)
+
+    monkeypatch.setattr(ad, "each_layer", watched)
+    run(method, ad, batch, "cls")
+    one = {"attentions": 1, "hidden_states": 2, "values": 1, "ln1_in": 1, "ln1_out": 1, "ln2_in": 1, "ln2_out": 1}
+    assert sizes == [one] * ad.n_layers

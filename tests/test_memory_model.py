@@ -139,7 +139,7 @@ def test_the_7b_verdicts():
 
 
 LAYER_STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
-                  "alti_logit")
+                  "alti_logit", "value_zeroing")
 
 
 def test_the_layer_streamed_products_at_7b():
@@ -171,6 +171,41 @@ def test_the_layer_streamed_products_at_7b():
     peak, kept = mm.capture(m, short, stacked.needs)
     base = mm.weights(m, short) + mm.kv_cache(m, short)
     assert mm.estimate("norm_n", m, short).peak == max(base + peak, base + kept + stacked.work(m, short))
+
+
+def test_value_zeroing_streams_its_layers_at_7b():
+    """Issue 36 item 1 for Value Zeroing on Llama-2-7B in bfloat16, batch 1, --matrices cls, on a 24 GB card's block
+    budget: the weights, the float32 W_O stack, the running product and kept rows, one layer's lists (its attention
+    in bfloat16, widened a block of sources at a time), the layer's projected values [n, H, d], its block of zeroed
+    tokens (one: the pre-LN MLP's [n, 3 d_ff + 4 d] exceeds the budget) beside its distances [n, n], or after the
+    blocks its [n, n]s (the figures by hand); no stack of every layer's feed-forward weights in float32. Both 7B
+    shapes fit 24 GB at 4,096 tokens; below the block budget the stacked formula holds (the capture's stacks)."""
+    m, card = mm.LLAMA2_7B, 24 * mm.GB
+    run = mm.Run(4096, 2, mm.Budgets.gpu(card))
+    n, L, H, d, d_ff = 4096, 32, 32, 4096, 11008
+    assert mm.FORMULAS["value_zeroing"].needs == frozenset({"layer_parts"})
+    assert mm.streams_attention(L, H, 1, n, run.budgets.stack)
+    lists = H * n * n * 2 + 7 * n * d * (2 + 4)
+    assert H * n * n * 2 > run.budgets.stack  # no source-major copy of the whole attention: a block at a time
+    work = n * H * d * 4 + max(n * (3 * d_ff + 4 * d) * 4 + n * n * 4, 5 * n * n * 4)
+    held = n * n * 4 + 2 * L * n * 4
+    base = mm.weights(m, run) + L * d * d * 4
+    est = mm.estimate("value_zeroing", m, run)
+    assert est.stages == {"capture": mm.weights(m, run) + mm.kv_cache(m, run) + mm.layer_transient(m, run),
+                          "layers": base + held + max(mm.layer_transient(m, run), lists + work),
+                          "views": base + held}
+    for shape in (mm.LLAMA2_7B, mm.MISTRAL_7B):
+        assert mm.estimate("value_zeroing", shape, run).peak <= card, shape.name
+    # on an 80 GB card the bfloat16 attention's source-major copy fits the block budget: made whole
+    big = mm.Run(4096)
+    assert H * n * n * 2 <= big.budgets.stack
+    assert mm.estimate("value_zeroing", m, big).stages["layers"] == mm.weights(m, big) + L * d * d * 4 + held + \
+        lists + work + H * n * n * 2
+    short = mm.Run(128)
+    stacked = mm.STREAMED["value_zeroing"].stacked
+    peak, kept = mm.capture(m, short, stacked.needs)
+    base = mm.weights(m, short) + mm.kv_cache(m, short)
+    assert mm.estimate("value_zeroing", m, short).peak == max(base + peak, base + kept + stacked.work(m, short))
 
 
 def test_the_longest_input_that_fits_is_the_boundary():
@@ -224,7 +259,8 @@ def test_peak_memory_at_4096_tokens_is_the_formulas():
 def test_streamed_methods_on_the_tiny_but_long_model():
     """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
     streamed methods' peak above the bare forward within twice one layer's float32 [H, n, n] plus what they store;
-    the head-mean methods' within 15% of the model's. The layer-streamed products add a few MiB to the forward's
+    the head-mean methods' within 15% of the model's. The layer-streamed products (Value Zeroing's too: about n
+    times a layer's MLP work, the slowest here) add a few MiB to the forward's
     peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
     forward's peak, 15% of so small a difference being below what a process's peak resident size resolves. ALTI's
     and ALTI-Logit's formula on the CPU (no kernel copy of a layer's attention, a block of sources at a time) is

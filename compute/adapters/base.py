@@ -109,6 +109,16 @@ class Captured:
         return self.logits.argmax(dim=-1)
 
 
+class _Shuttable(list):
+    """A capture list that keeps nothing appended while ``shut`` (Adapter.each_layer)."""
+
+    shut = False
+
+    def append(self, item) -> None:
+        if not self.shut:
+            super().append(item)
+
+
 def _keep_value(lst, value_of):
     def hook(_m, _inp, out):
         lst.append(value_of(_first(out)))
@@ -654,12 +664,21 @@ class Adapter:
         one = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths, explain_pos=cap.explain_pos,
                        logits=None)
         lists = [name for name in STACKED if name != "attention_mean"]
+        for name in lists:
+            setattr(one, name, _Shuttable())
 
         def layer_end(l):
             def hook(_m, _inp, _out):
                 if any(a is None for a in one.attentions):
                     return  # not an eager attention: the check after the forward names the fix
-                fn(l, one)
+                # the layer's modules fn runs again (Value Zeroing's MLP step) are not the forward's: nothing kept
+                for name in lists:
+                    getattr(one, name).shut = True
+                try:
+                    fn(l, one)
+                finally:
+                    for name in lists:
+                        getattr(one, name).shut = False
                 for name in lists:  # this layer's dropped; its output is the next layer's input
                     del getattr(one, name)[:-1 if name == "hidden_states" else None]
             return hook

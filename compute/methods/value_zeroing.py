@@ -10,6 +10,10 @@ state of every query i, so the rest of the layer (LN1, feed-forward block, LN2) 
 block of zeroed tokens j at once: one batched pass per block instead of one layer forward per token. Pre-LN blocks
 (docs/methods.md 6.2): the residual stream after attention becomes x_i + N_o(o_i - z_{i<-j}) and the block's own MLP
 step (its norms and MLP modules, compute.methods._internals.pre_ln) runs on it, once per layer and block.
+
+A layer's matrix depends only on that layer's input and attention, so above the block budget the layers stream
+(issue 36, LayerwiseProduct): each one as a forward of its own makes it, its attention in the model's dtype (widened
+a block of zeroed tokens at a time), a post-LN layer's feed-forward weights cast to float32 while it is processed.
 """
 
 from __future__ import annotations
@@ -22,8 +26,7 @@ from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.aggregate import valid_pairs
 from ._internals.budget import work_bytes
-from ._internals.decomposition import (NEEDS, FeedForward, LayerParts, SourceBlocks, flat, stacked_ffn,
-                                       tokens_per_block)
+from ._internals.decomposition import FeedForward, LayerParts, SourceBlocks, flat, stacked_ffn, tokens_per_block
 from ._internals.layerwise import LayerwiseProduct, row_normalise
 from ._internals.pre_ln import BlockSteps, check_known
 
@@ -44,8 +47,8 @@ class ValueZeroing(LayerwiseProduct):
     name = "value_zeroing"
     description = "Value Zeroing: how far each layer's outputs move when a token's values are zeroed, rolled out"
     reference = "Mohebbi, Zuidema, Chrupala, Alishahi (2023), EACL; docs/methods.md"
-    needs = NEEDS  # every layer's capture (it re-runs layers on it; not streamed)
     row_stochastic = True
+    narrow_attention = True  # read only through SourceBlocks, which widens a block of sources at a time
     op_budget = 1.0  # the layer's feed-forward block and norms run again per zeroed token (batched)
     cost_exponent = 2  # the layer re-run for each of n zeroed tokens over n tokens
     run_options = (
@@ -75,19 +78,23 @@ class ValueZeroing(LayerwiseProduct):
         if adapter.pre_ln:
             distances = self.zeroed_distances_pre_ln(p, adapter)
         else:
-            distances = self.zeroed_distances(p, stacked_ffn(adapter, p.s.dtype, p.s.device))
+            # a streamed layer's feed-forward weights cast for it alone, every layer's stack kept otherwise
+            one = None if p.stacked else slice(p.layers, p.layers + 1)
+            distances = self.zeroed_distances(p, stacked_ffn(adapter, p.s.dtype, p.s.device, one))
         return row_normalise(valid_pairs(distances, p.mask))
 
     def zeroed_distances(self, p: LayerParts, ffn: FeedForward) -> torch.Tensor:
         """[*, i, j]: cosine distance between the real layer output y2_i and the output with v_j zeroed, for every
         layer of ``p`` at once: a block of zeroed tokens of every layer goes through LN1, the feed-forward block
-        (one batched product per weight over the layers) and LN2 together."""
+        (one batched product per weight over the layers) and LN2 together. ``ffn``: every layer's, or for one
+        layer's ``p`` that layer's alone."""
         one = not p.stacked
         A, s, y2 = (t[None] if one else t for t in (p.A, p.s, p.y2))  # [K, B, ...]
         K, B, n, d = s.shape
         layers = slice(p.layers, p.layers + 1) if one else p.layers
-        W1t, W2t = ffn.W1[layers].transpose(1, 2), ffn.W2[layers].transpose(1, 2)  # [K, d, d_ff], [K, d_ff, d]
-        b1, b2 = ffn.b1[layers, None], ffn.b2[layers, None]  # [K, 1, .]
+        own = slice(0, 1) if one else layers  # one layer's feed-forward block is cast for that layer alone
+        W1t, W2t = ffn.W1[own].transpose(1, 2), ffn.W2[own].transpose(1, 2)  # [K, d, d_ff], [K, d_ff, d]
+        b1, b2 = ffn.b1[own, None], ffn.b2[own, None]  # [K, 1, .]
         g1, be1, g2, be2 = (w[layers, None, None, None] for w in (p.weights.gamma1, p.weights.beta1,
                                                                   p.weights.gamma2, p.weights.beta2))
         d_ff = W1t.shape[-1]

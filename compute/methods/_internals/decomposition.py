@@ -199,16 +199,18 @@ class FeedForward:
     act: object  # the activation (the same in every layer)
 
 
-def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> FeedForward:
-    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which."""
-    def build():
-        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()]
+def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device,
+                layers: slice | None = None) -> FeedForward:
+    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which.
+    ``layers``: those layers' only, cast now and not kept (a streamed layer's: no float32 copy of every layer's)."""
+    def build(chosen=slice(None)):
+        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()[chosen]]
         if len({type(act) for _, act, _ in parts}) != 1:
             raise ValueError("the layers' feed-forward activations differ")
         return FeedForward(*(stack_params([part[i].weight if w else part[i].bias for part in parts], dtype, device)
                              for i, w in ((0, True), (0, False), (2, True), (2, False))), act=parts[0][1])
 
-    return kept(adapter, ("ffn", dtype, device), build)
+    return kept(adapter, ("ffn", dtype, device), build) if layers is None else build(layers)
 
 
 # --- the parts of one layer, or of a stack of layers ---------------------------------------------------------------
