@@ -34,6 +34,9 @@ from . import budget as block_budget
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
 # the methods that read one layer at a time where the batch's stack of every layer's would not fit (streamed_layers)
 STREAMED_NEEDS = frozenset({"layer_parts"})
+# DecompX's: every layer's lists, each kept as the forward made it where the batch's stack of every layer's attention
+# would exceed the block budget (Adapter.capture's "narrow_layers"; read a layer at a time: ``narrow_take``)
+NARROW_NEEDS = frozenset({"narrow_layers"})
 
 
 def center(v: torch.Tensor) -> torch.Tensor:
@@ -208,16 +211,18 @@ class FeedForward:
     act: object  # the activation (the same in every layer)
 
 
-def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> FeedForward:
-    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which."""
+def stacked_ffn(adapter: Adapter, dtype: torch.dtype, device: torch.device,
+                layers: slice | None = None) -> FeedForward:
+    """The feed-forward blocks of every layer in ``dtype`` (kept across batches); ``Adapter.ffn_parts`` says which.
+    ``layers``: those layers' only, cast afresh (a layer's weights when it is used: nothing kept)."""
     def build():
-        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()]
+        parts = [adapter.ffn_parts(layer) for layer in adapter.layers()[layers or slice(None)]]
         if len({type(act) for _, act, _ in parts}) != 1:
             raise ValueError("the layers' feed-forward activations differ")
         return FeedForward(*(stack_params([part[i].weight if w else part[i].bias for part in parts], dtype, device)
                              for i, w in ((0, True), (0, False), (2, True), (2, False))), act=parts[0][1])
 
-    return kept(adapter, ("ffn", dtype, device), build)
+    return build() if layers is not None else kept(adapter, ("ffn", dtype, device), build)
 
 
 # --- the parts of one layer, or of a stack of layers ---------------------------------------------------------------
