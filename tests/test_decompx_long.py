@@ -83,15 +83,17 @@ class Made(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_a_bfloat16_model_widens_one_layer_at_a_time(name, monkeypatch):
-    """A bfloat16 Llama above the block budget: the capture keeps the attentions in bfloat16, one tensor a layer;
-    no float32 tensor holds more than one layer's [B, H, n, n] attention, or more than one layer's feed-forward
-    weights; each layer's attention is widened (float32 [B H, n, n] made) when the propagation reaches it."""
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_a_bfloat16_model_widens_one_layer_at_a_time(arch, name, monkeypatch):
+    """A bfloat16 BERT and Llama above the block budget: the capture keeps the attentions in bfloat16, one tensor a
+    layer; no float32 tensor holds more than one layer's [B, H, n, n] attention, or more than one layer's
+    feed-forward weights; each layer's attention is widened (float32 [B H, n, n] made) when the propagation reaches
+    it."""
     _narrow(monkeypatch)
     L = 3
-    model = tiny_model("llama", layers=L, dtype=torch.bfloat16)
+    model = tiny_model(arch, layers=L, dtype=torch.bfloat16)
     ad = adapter_for(model)
-    batch = random_batch("llama", LENGTHS)
+    batch = random_batch(arch, LENGTHS)
     B, n = batch["input_ids"].shape
     cfg = model.config
     H, d, d_ff = cfg.num_attention_heads, cfg.hidden_size, cfg.intermediate_size

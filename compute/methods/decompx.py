@@ -31,7 +31,7 @@ STATE_OPTION = Option("decompx_state_mb", type=int, metavar="MB", param="state_m
                       help="decompx, decompx_nohead: memory budget of the decomposition, [B n, k, d] for k source "
                            "tokens at a time; where the whole [B n, n, d] is over it, the sources go through the "
                            "layers in blocks, each layer's bias shares summed in a pass of the blocks through the "
-                           "layers below it (about L/2 times the work) [default: 4096 on the CPU, 1/4 of the GPU's "
+                           "layers below it (about L/2 times the work) [default: 4096 on the CPU, 1/16 of the GPU's "
                            "memory on a GPU].")
 
 

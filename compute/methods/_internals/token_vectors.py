@@ -47,7 +47,7 @@ CPU_BLOCK_BYTES = 64 << 20  # the feed-forward block's activations of one block 
 # STATE_GPU_SHARE of a GPU. Blocks cost passes (about L/2 times the work), so the budget is all that is safe to take.
 STATE_COPIES = 5
 CPU_STATE_BYTES = 4 << 30
-STATE_GPU_SHARE = 4
+STATE_GPU_SHARE = 16
 
 
 @dataclass
@@ -632,7 +632,7 @@ def _head(adapter, cap, X: torch.Tensor) -> torch.Tensor:
     if dense is not None:
         Wp, bp = dense.weight.to(dtype), dense.bias.to(dtype)
         b = torch.arange(X.shape[0], device=X.device)
-        h = cap.hidden_states[-1][b, cap.explain_pos]  # [B, d] the explained token's final state
+        h = widened(cap.hidden_states[-1][b, cap.explain_pos], dtype)  # [B, d] the explained token's final state
         pre = F.linear(h, Wp, bp)
         theta = zero_origin_slope(pre, act(pre))  # [B, d]
         X = X @ Wp.T  # [B, n, d]
