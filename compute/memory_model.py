@@ -161,6 +161,12 @@ def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
             return max(peak + means - r.n ** 2 * F32, kept + means), kept + means
         peak, kept = capture(m, r, needs - {"attention_mean"} | {"attentions"})
         return max(peak, kept + means), kept - m.layers * m.heads * r.n ** 2 * F32 + means
+    if "narrow_layers" in needs:  # DecompX's: every layer's lists, stacked below the block budget
+        lists = needs - {"narrow_layers"} | DECOMP
+        if not streams_attention(m.layers, m.heads, 1, r.n, r.budgets.stack):
+            return capture(m, r, lists)
+        kept = sum(captured_lists(m, r, lists)) * r.itemsize  # as the forward made them: no stack, no float32 copy
+        return kept + layer_transient(m, r) - m.heads * r.n ** 2 * r.itemsize, kept
     w, wide = r.itemsize, max(r.itemsize, F32)
     sizes = captured_lists(m, r, needs)
     # the last layer's attention is both the transient's output and the list's last entry; of the L + 1 hidden
@@ -268,13 +274,26 @@ def decompx_block_tokens(m: ModelShape, r: Run) -> int:
 def decompx(m: ModelShape, r: Run) -> int:
     """DecompX's work: STATE_COPIES of a block's parts [n, k, d] (PSEUDO columns more while a stage's sums are
     sought), and where k < n each share's dots over every source and their weights, 2 PSEUDO [n, n]; the
-    feed-forward blocks (budget); every layer's weights in float32 and per-token factors."""
+    feed-forward blocks (budget); every layer's weights in float32 and per-token factors. Above the block budget
+    (the capture's lists narrow: token_vectors.Layers) one layer's step at a time (``decompx_layer``) beside every
+    layer's output projection in float32 (the decomposition's stacked weights) and the explained rows [L, n, d]."""
     from .methods._internals.token_vectors import PSEUDO, STATE_COPIES
 
     k = decompx_block_tokens(m, r)
     blocked = k < r.n
     state = STATE_COPIES * r.n * (k + PSEUDO * blocked) * m.d * F32 + blocked * 2 * PSEUDO * r.n ** 2 * F32
+    if streams_attention(m.layers, m.heads, 1, r.n, r.budgets.stack):
+        W_O = m.layers * m.d * m.heads * m.d_head * F32
+        return state + r.budgets.decompx + decompx_layer(m, r) + W_O + m.layers * r.n * m.d * F32
     return state + r.budgets.decompx + ffn_weights(m) + m.layers * 2 * m.d * m.d * F32 + m.layers * r.n * m.d * F32 * 4
+
+
+def decompx_layer(m: ModelShape, r: Run) -> int:
+    """One layer's step of DecompX a layer at a time, in float32: its attention [H, n, n] and a few [n, d], its
+    weights cast (the value and output maps, the MLP's maps and the transposed copies of two: 5 d d_ff for a gated
+    MLP) and the MLP's factors while they are made (three [n, d_ff])."""
+    maps = (5 if m.gated else 4) * m.d * m.d_ff + 2 * m.d * m.heads * m.d_head
+    return (m.heads * r.n ** 2 + maps + 3 * r.n * m.d_ff + 8 * r.n * m.d) * F32
 
 
 def ffn_weights(m: ModelShape) -> int:
@@ -465,8 +484,9 @@ STREAMED["value_zeroing"] = Streamed(_STACKED_VALUE_ZEROING, _value_zeroing_work
 FORMULAS["value_zeroing"] = Formula("streamed", None, STREAMED_TEXT.format(
     wide="", work="its [n,H,d] values, a block of zeroed tokens (budget)", held=_CLS), frozenset({"layer_parts"}))
 _add("decompx decompx_nohead", Formula("capture", decompx,
-     "capture; the decomposition of k source tokens [n,k,d] x 5 (k from its budget; k < n: 10 [n,n] of bias-share "
-     "sums); FFN blocks (budget); float32 weights", DECOMP))
+     "capture (above the block budget: each layer's as the forward made it); the decomposition of k source tokens "
+     "[n,k,d] x 5 (k from its budget; k < n: 10 [n,n] of bias-share sums); FFN blocks (budget); float32 weights "
+     "(above the block budget: one layer's step, its attention widened and weights cast)", frozenset({"narrow_layers"})))
 _add("norm logat normxlogit", Formula("capture", lambda m, r: (m.layers + 1) * r.n * m.d * F32,
                                       "hidden states [L+1,n,d]; the forward's one-layer attention", HIDDEN))
 def _cat_stacks(m: ModelShape, r: Run) -> int:

@@ -198,7 +198,12 @@ def test_decompx_reads_every_step_off_the_one_pass(monkeypatch):
     lm = loaded("llama")
     prompts, made, _ = generations()
     stacked = []
-    real = token_vectors.layer_stack
-    monkeypatch.setattr(token_vectors, "layer_stack", lambda cap, ad: stacked.append(cap.mask.shape[0]) or real(cap, ad))
+    real = token_vectors.Layers.__init__
+
+    def spy(self, cap, ad):  # the layers a propagation reads
+        stacked.append(cap.mask.shape[0])
+        real(self, cap, ad)
+
+    monkeypatch.setattr(token_vectors.Layers, "__init__", spy)
     steps_run(lm, ["decompx", "decompx_nohead"], prompts, made, None, None)
     assert stacked == [len(prompts)]

@@ -99,7 +99,10 @@ def test_the_7b_verdicts():
     # decomposition products stream their layers; the gradient methods
     # checkpoint every layer and reduce the attention gradients layer by layer
     gradient = {"grad_l2", "gxi_l2", "gxi_mean", "grads", "attgrads", "cat", "attcat", "gae", "ig_l2", "ig_mean"}
-    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres", *LAYER_STREAMED} | gradient
+    # DecompX: the capture's lists as the forward made them, a layer's step at a time (test_decompx_at_7b)
+    decompx = {"decompx", "decompx_nohead"}
+    assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres", *LAYER_STREAMED} | \
+        gradient | decompx
     # the captured attentions: 32 x 32 x 4096^2 in bfloat16, then their float32 stack beside them
     A = 32 * 32 * 4096 ** 2
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
@@ -136,6 +139,35 @@ def test_the_7b_verdicts():
     # short inputs keep the plain pass (the op budgets)
     assert not mm.checkpoints(mm.LLAMA2_7B, mm.Run(512))
     assert mm.stack_layers(mm.LLAMA2_7B, run) == 1
+
+
+def test_decompx_at_7b():
+    """DecompX at 4,096 tokens in bfloat16 (issue 36): above the block budget the capture keeps every layer's lists
+    in bfloat16, unstacked (no float32 copy), and the propagation holds one layer's step in float32 beside the blocks
+    of 14 source tokens (1/16 of the card), every layer's W_O in float32 and the explained rows [L, n, d]: Llama-2-7B
+    fits 80 GB (73.1 GB; 150.6 before), and so do the other four models of the fit tables. Below the block budget
+    the capture's float32 stacks (the op budgets)."""
+    m, n = mm.LLAMA2_7B, 4096
+    run = mm.Run(n)
+    needs = mm.FORMULAS["decompx"].needs
+    assert mm.streams_attention(32, 32, 1, n, run.budgets.stack)
+    lists = (33 * n * 4096 + 32 * 32 * n * n + 32 * n * 4096 + 4 * 32 * n * 4096) * 2  # hidden, A, values, norms
+    transient = mm.layer_transient(m, run)
+    assert mm.capture(m, run, needs) == (lists + transient - 32 * n * n * 2, lists)
+    k = 80 * mm.GB // 16 // (5 * n * 4096 * 4)
+    assert mm.decompx_block_tokens(m, run) == k == 14
+    state = 5 * n * (k + 5) * 4096 * 4 + 2 * 5 * n * n * 4
+    layer = (32 * n * n + 5 * 4096 * 11008 + 2 * 4096 * 4096 + 3 * n * 11008 + 8 * n * 4096) * 4
+    work = state + 80 * mm.GB // 64 + layer + 32 * 4096 * 4096 * 4 + 32 * n * 4096 * 4
+    est = mm.estimate("decompx", m, run)
+    assert est.stages["method"] == mm.weights(m, run) + mm.kv_cache(m, run) + lists + work
+    assert est.peak == est.stages["method"] and round(est.peak / mm.GB, 1) == 73.1
+    for shape in mm.MODELS:
+        assert mm.estimate("decompx", shape, run).peak < mm.CARD_BYTES, shape.name
+        assert mm.estimate("decompx_nohead", shape, run).peak < mm.CARD_BYTES, shape.name
+    short = mm.Run(128)
+    assert not mm.streams_attention(32, 32, 1, 128, short.budgets.stack)
+    assert mm.capture(m, short, needs) == mm.capture(m, short, mm.DECOMP)
 
 
 LAYER_STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",

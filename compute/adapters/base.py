@@ -27,8 +27,12 @@ from .block import Block
 # that stack (one operation for every layer: the op budgets). "layer_parts": the decomposition's lists (``PARTS``),
 # captured and stacked by the same rule, or, where the stack would exceed the budget, none: the methods then read
 # each layer's as a forward of their own makes it (``each_layer``; compute.methods._internals.decomposition).
-NEEDS = frozenset({"attentions", "attention_mean", "layer_parts", "hidden_states", "values", "ln1", "ln2",
-                   "attn_out"})
+# "narrow_layers": the decomposition's lists (``PARTS``) of every layer, stacked and widened as the others where the
+# float32 stack of every layer's attention fits the block budget, else each layer's kept as the forward made it (the
+# model's dtype, one tensor a layer: no stack, no float32 copy), a list another method of the batch asks for by name
+# excepted: DecompX, which reads a layer's at a time, widened when it uses it (issue 36).
+NEEDS = frozenset({"attentions", "attention_mean", "layer_parts", "narrow_layers", "hidden_states", "values", "ln1",
+                   "ln2", "attn_out"})
 PARTS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})  # a layer's decomposition
 
 
@@ -165,13 +169,14 @@ def _head_means_of_stack(cap: Captured) -> None:
     del cap.stacks["attentions"]
 
 
-def _stack_and_upcast(cap: Captured) -> None:
+def _stack_and_upcast(cap: Captured, narrow: frozenset[str] = frozenset()) -> None:
     """Every captured layer list stacked (``Captured.stack``), widened to float32 when the model runs in half
-    precision (the methods compute in float32 at least): one operation per list, not one per layer."""
+    precision (the methods compute in float32 at least): one operation per list, not one per layer. The lists named
+    in ``narrow`` stay as the forward made them."""
     if cap.logits is not None and cap.logits.element_size() < 4:
         cap.logits = cap.logits.float()
     for name in STACKED:
-        if getattr(cap, name):
+        if getattr(cap, name) and name not in narrow:
             st = cap.stack(name)
             if st.element_size() < 4:  # every task's internals (a language model's capture has no logits)
                 cap.stacks[name] = st = st.float()
@@ -631,10 +636,18 @@ class Adapter:
         # the head means from the stacked attentions where the stack fits the budget, else layer by layer; the
         # decomposition's lists likewise, else none (the methods stream them: each_layer)
         streams = self.streams_attention(input_ids)
-        stacked_means = "attention_mean" in needs and "attentions" not in needs and not streams
+        stacked_means = "attention_mean" in needs and not needs & {"attentions", "narrow_layers"} and not streams
         hooked = needs | {"attentions"} if stacked_means else needs
-        if "layer_parts" in needs and not streams:
+        if "layer_parts" in needs and not streams or "narrow_layers" in needs:
             hooked |= PARTS
+        # the lists kept narrow: those no method of the batch asks for by name (ln1, ln2: both of a norm's lists)
+        narrow = frozenset()
+        if "narrow_layers" in needs and streams:
+            named = {list_ for need in needs for list_ in ((f"{need}_in", f"{need}_out") if need in ("ln1", "ln2")
+                                                          else (need,))}
+            if "attention_mean" in needs:  # the head means taken from the float32 stack (Captured.stack)
+                named.add("attentions")
+            narrow = frozenset(STACKED) - named
         cap = Captured(input_ids=input_ids, mask=mask, lengths=mask.sum(-1),
                        explain_pos=self.explain_positions(input_ids, mask), logits=None,
                        special=self.special_mask(input_ids, mask), sep=self.sep_mask(input_ids, mask),
@@ -651,7 +664,7 @@ class Adapter:
             raise AttrscopeError(
                 "the model returned no attention probabilities: load it with attn_implementation='eager'")
         if not grad:  # a graph's tensors stay as they are (a copy would not be differentiated)
-            _stack_and_upcast(cap)
+            _stack_and_upcast(cap, narrow)
         if stacked_means:
             _head_means_of_stack(cap)
         return cap

@@ -18,7 +18,7 @@ import torch
 from ..errors import AttrscopeError
 from ..options import Option, at_least
 from ._internals.base import SEQUENCE_HEAD_TASKS, Method, MethodResult
-from ._internals.decomposition import NEEDS
+from ._internals.decomposition import NARROW_NEEDS
 from ._internals.linear_mlp import zero_origin_slope
 from ._internals.pre_ln import check_final_norm
 from ._internals.token_vectors import propagate
@@ -31,12 +31,12 @@ STATE_OPTION = Option("decompx_state_mb", type=int, metavar="MB", param="state_m
                       help="decompx, decompx_nohead: memory budget of the decomposition, [B n, k, d] for k source "
                            "tokens at a time; where the whole [B n, n, d] is over it, the sources go through the "
                            "layers in blocks, each layer's bias shares summed in a pass of the blocks through the "
-                           "layers below it (about L/2 times the work) [default: 4096 on the CPU, 1/4 of the GPU's "
+                           "layers below it (about L/2 times the work) [default: 4096 on the CPU, 1/16 of the GPU's "
                            "memory on a GPU].")
 
 
 class DecompXBase(Method):
-    needs = NEEDS
+    needs = NARROW_NEEDS
     has_layer_views = True
     # the propagation runs through the sequence head, or a decoder's LM head row of the target word (both variants)
     tasks = SEQUENCE_HEAD_TASKS | {"next-token"}

@@ -24,7 +24,7 @@ PASSES = frozenset({"forward", "backward", "lrp"})
 # relevance at it are defined for these only.
 SEQUENCE_HEAD_TASKS = frozenset({"classification", "regression"})
 # Internals only a block description locates (compute.adapters.block): a model without one runs no method needing them.
-BLOCK_NEEDS = frozenset({"values", "ln1", "ln2", "attn_out", "layer_parts"})
+BLOCK_NEEDS = frozenset({"values", "ln1", "ln2", "attn_out", "layer_parts", "narrow_layers"})
 
 
 class Same:

@@ -34,6 +34,9 @@ from . import budget as block_budget
 NEEDS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})
 # the methods that read one layer at a time where the batch's stack of every layer's would not fit (streamed_layers)
 STREAMED_NEEDS = frozenset({"layer_parts"})
+# DecompX's: every layer's lists, each kept as the forward made it where the batch's stack of every layer's attention
+# would exceed the block budget (Adapter.capture's "narrow_layers"; read a layer at a time: ``narrow_take``)
+NARROW_NEEDS = frozenset({"narrow_layers"})
 
 
 def center(v: torch.Tensor) -> torch.Tensor:

@@ -99,11 +99,12 @@ def _layer(mlp: torch.nn.Module, maps: MLPMaps | Experts):
     return out, experts.act_fn, (module_at(mlp, maps.router), E, F2 // 2, shared)
 
 
-def linear_mlps(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> LinearMLP:
-    """Every layer's maps in ``dtype`` (kept across batches while the model's parameters are unchanged)."""
+def linear_mlps(adapter: Adapter, dtype: torch.dtype, device: torch.device, only: slice | None = None) -> LinearMLP:
+    """Every layer's maps in ``dtype`` (kept across batches while the model's parameters are unchanged); ``only``:
+    those layers' only, cast afresh (a layer's maps when it is used: nothing kept)."""
     def build():
         maps = adapter.block.mlp_maps
-        layers = [_layer(adapter.mlp(layer), maps) for layer in adapter.layers()]
+        layers = [_layer(adapter.mlp(layer), maps) for layer in adapter.layers()[only or slice(None)]]
         if len({type(act) for _, act, _ in layers}) != 1:
             raise ValueError("the layers' MLP activations differ")
         gated = {ws[2] is not None for ws, _, _ in layers}
@@ -126,7 +127,7 @@ def linear_mlps(adapter: Adapter, dtype: torch.dtype, device: torch.device) -> L
                          b_out=torch.stack([ws[5].detach().to(device, dtype) for ws, _, _ in layers]),
                          W_gate=W_gate, b_gate=b_gate, act=layers[0][1], routing=[r for _, _, r in layers])
 
-    return kept(adapter, ("linear_mlp", dtype, device), build)
+    return build() if only is not None else kept(adapter, ("linear_mlp", dtype, device), build)
 
 
 def factors(mlp: LinearMLP, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

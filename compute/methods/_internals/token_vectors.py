@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from ... import interrupts
-from ...adapters.base import linear_weight
+from ...adapters.base import _stack_and_upcast, linear_weight
 from .base import SEQUENCE_HEAD_TASKS
 from .budget import work_bytes
-from .decomposition import center, kept, layer_stack, ln_sigma, stack_params, stacked_ffn
+from .decomposition import _parts_of, center, kept, ln_sigma, stack_params, stacked_ffn, stacked_weights, widened
 from .fused import absdot_share_, absdot_weights, ln_share, ln_share_
 from .linear_mlp import factors, linear_mlps, zero_origin_slope
 from .pre_ln import mlp_output_norm
@@ -47,7 +47,7 @@ CPU_BLOCK_BYTES = 64 << 20  # the feed-forward block's activations of one block 
 # STATE_GPU_SHARE of a GPU. Blocks cost passes (about L/2 times the work), so the budget is all that is safe to take.
 STATE_COPIES = 5
 CPU_STATE_BYTES = 4 << 30
-STATE_GPU_SHARE = 4
+STATE_GPU_SHARE = 16
 
 
 @dataclass
@@ -69,21 +69,78 @@ class DecompXWeights:
     W1b1: torch.Tensor  # [L, d] W1^T b1: <W1 y, b1> = <y, W1^T b1>
 
 
-def decompx_weights(adapter, weights, W1, b1, W2, dtype, device) -> DecompXWeights:
+def decompx_weights(adapter, weights, W1, b1, W2, dtype, device, only: slice | None = None) -> DecompXWeights:
     """The attention's value and output maps of every layer (W_V^T per query head from the value module's weight
     as its layout holds the values: ``Adapter.value_columns``) and the MLP's first and second maps W1 [L, F, d],
-    b1, W2 [L, d, F]."""
+    b1, W2 [L, d, F] (kept across batches); ``only``: those layers' (the maps given are theirs), made afresh."""
     def build():
-        values = [adapter.value_module(layer) for layer in adapter.layers()]
+        ls = only or slice(None)
+        values = [adapter.value_module(layer) for layer in adapter.layers()[ls]]
         W_Vt = stack_params([adapter.value_columns(linear_weight(v).t()) for v in values], dtype, device)
         b_V = (W_Vt.new_zeros(W_Vt.shape[0], W_Vt.shape[2]) if values[0].bias is None
                else stack_params([adapter.value_columns(v.bias) for v in values], dtype, device))
-        return DecompXWeights(W_Vt=W_Vt.contiguous(), W_Ot=weights.W_O.transpose(1, 2).contiguous(),
-                              bias=torch.matmul(weights.W_O, b_V[..., None])[..., 0] + weights.b_O,
+        W_O = weights.W_O[ls]
+        return DecompXWeights(W_Vt=W_Vt.contiguous(), W_Ot=W_O.transpose(1, 2).contiguous(),
+                              bias=torch.matmul(W_O, b_V[..., None])[..., 0] + weights.b_O[ls],
                               W1t=W1.transpose(1, 2).contiguous(), W2t=W2.transpose(1, 2).contiguous(),
                               W1b1=torch.matmul(W1.transpose(1, 2), b1[..., None])[..., 0])
 
-    return kept(adapter, ("decompx", dtype, device), build)
+    return build() if only is not None else kept(adapter, ("decompx", dtype, device), build)
+
+
+class Layers:
+    """Where the propagation reads each layer's captured tensors and weights: every layer's at once from the
+    capture's float32 stacks (``every``: the batch's stack of every layer's attention within the block budget, the
+    capture's rule), or a layer at a time from the lists as the forward made them (Adapter.capture's
+    "narrow_layers": the model's dtype, one tensor a layer), widened to float32 when read, the layer's weights cast
+    then (issue 36: no stack of every layer's attention, no float32 copy of every layer's weights)."""
+
+    def __init__(self, cap, adapter):
+        self.cap, self.adapter, self.L = cap, adapter, adapter.n_layers
+        self.every = not adapter.streams_attention(cap.input_ids)
+        if self.every:  # a narrow capture's part cut below the budget (compute/run/parts.py) is stacked now
+            _stack_and_upcast(cap)
+        first = cap.hidden_states[0]
+        self.dtype = first.dtype if first.element_size() >= 4 else torch.float32
+        self.device, self.itemsize = first.device, torch.finfo(self.dtype).bits // 8
+        self.B, self.n, self.d = first.shape
+        self.H = cap.attentions[0].shape[1]
+
+    def own(self, ls: slice) -> slice | None:
+        """The layers whose weights to cast afresh: ``ls`` a layer at a time, None (every layer's, kept) else."""
+        return None if self.every else ls
+
+    def take(self, name: str, ls: slice) -> torch.Tensor:
+        """[K, B, ...] the list ``name`` of the layers ``ls`` (a view of its stack where it has one)."""
+        if self.every or name in self.cap.stacks:
+            return self.cap.stack(name)[ls]
+        return widened(getattr(self.cap, name)[ls.start], self.dtype)[None]
+
+    def parts(self, ls: slice):
+        """The decomposition's parts of the layers ``ls`` as one stack (``decomposition.layer_stack``'s)."""
+        cap = self.cap
+        return _parts_of(lambda name: self.take(name, ls), bool(cap.ln1_in), cap.mask, self.adapter, ls,
+                        slice(None), False, cap.memo)
+
+
+class LayerSteps:
+    """The steps of every layer: built at once (``Layers.every``), or a layer's when the propagation reaches it,
+    the one before dropped first (one layer's float32 attention and weights alive at a time), again for each block
+    of source tokens."""
+
+    def __init__(self, build, layers: Layers):
+        self.build, self.L = build, layers.L
+        self.every = build(slice(0, self.L)) if layers.every else None
+        self.one = None
+
+    def __getitem__(self, l: int) -> Step:
+        l %= self.L
+        if self.every is not None:
+            return self.every[l]
+        if self.one is None or self.one[0] != l:
+            self.one = None
+            self.one = (l, self.build(slice(l, l + 1))[0])
+        return self.one[1]
 
 
 @dataclass
@@ -104,6 +161,11 @@ class Step:
     W1b1: torch.Tensor
     beta1: torch.Tensor
     beta2: torch.Tensor
+    gain_o: torch.Tensor | None = None  # pre-LN: [R, 1, d] the attention output norm's gamma / rho of each row
+    gain_p: torch.Tensor | None = None  # pre-LN: the MLP output norm's
+    gain_f: torch.Tensor | None = None  # pre-LN, the last layer: the final norm's of the explained rows
+    first: object = None  # layer 1 (post-LN): its parts and its projected values W_O^h v_j^h [B, n, H, d]
+    U: torch.Tensor | None = None
 
 
 # --- how a step shares a bias among the parts ---------------------------------------------------------------------
@@ -241,12 +303,12 @@ def propagate(cap, adapter, memory_mb: int | None, state_mb: int | None = None,
     parts go through the layers in blocks of source tokens within ``state_mb`` (``_blocked``)."""
     key = ("decompx", memory_mb, state_mb, positions is not None)
     if key not in cap.memo:
-        p = layer_stack(cap, adapter)  # [L, B, ...]
-        k = source_blocks(*p.x.shape[1:], p.x.element_size(), work_bytes(p.x.device, CPU_STATE_BYTES, state_mb,
-                                                                            STATE_GPU_SHARE))
+        src = Layers(cap, adapter)
+        k = source_blocks(src.B, src.n, src.d, src.itemsize, work_bytes(src.device, CPU_STATE_BYTES, state_mb,
+                                                                       STATE_GPU_SHARE))
         run = _propagate_pre_ln if adapter.pre_ln else _propagate_post_ln
         e = cap.explain_pos[:, None] if positions is None else positions
-        out = run(cap, adapter, p, memory_mb, k, e)
+        out = run(cap, adapter, src, memory_mb, k, e)
         cap.memo[key] = (Propagated(rows=out[:, 0], logits=_logits(adapter, cap, out[:, 0, -1]))
                          if positions is None else Propagated(rows=out, logits=None))
     return cap.memo[key]
@@ -258,33 +320,39 @@ def _last_rows(A: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return A.gather(2, e[:, None, :, None].expand(B, H, e.shape[1], n)).flatten(0, 1)
 
 
-def _propagate_post_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
+def _propagate_post_ln(cap, adapter, src: Layers, memory_mb, k, e) -> torch.Tensor:
     """[B, S, L, n, d] the rows of the positions e [B, S]."""
-    L, B, n, d = p.x.shape
-    H, S = p.A.shape[2], e.shape[1]
-    ffn = stacked_ffn(adapter, p.x.dtype, p.x.device)
-    W = decompx_weights(adapter, p.weights, ffn.W1, ffn.b1, ffn.W2, p.x.dtype, p.x.device)
-    b = torch.arange(B, device=p.x.device)[:, None]
-    gain1 = p.gamma1 / p.sigma1[..., None]  # [L, B, n, d]
-    gain2 = p.gamma2 / p.sigma2[..., None]
-    pre = torch.baddbmm(ffn.b1[:, None], p.y.view(L, B * n, d), W.W1t)  # [L, B n, d_ff]
-    theta = zero_origin_slope(pre, ffn.act(pre)).view(L, B, n, -1)
+    L, B, n, d, H, S = src.L, src.B, src.n, src.d, src.H, e.shape[1]
+    b = torch.arange(B, device=src.device)[:, None]
 
-    def rows(t, l):  # the receiving rows of layer l: every token, the explained ones in the last layer
-        return (t[l] if l < L - 1 else t[l][b, e]).flatten(0, 1)[:, None]
+    def build(ls):  # the steps of the layers ls
+        p = src.parts(ls)
+        ffn = stacked_ffn(adapter, src.dtype, src.device, src.own(ls))
+        W = decompx_weights(adapter, p.weights, ffn.W1, ffn.b1, ffn.W2, src.dtype, src.device, src.own(ls))
+        K = p.x.shape[0]
+        gain1 = p.gamma1 / p.sigma1[..., None]  # [K, B, n, d]
+        gain2 = p.gamma2 / p.sigma2[..., None]
+        pre = torch.baddbmm(ffn.b1[:, None], p.y.view(K, B * n, d), W.W1t)  # [K, B n, d_ff]
+        theta = zero_origin_slope(pre, ffn.act(pre)).view(K, B, n, -1)
 
-    steps = [Step(A=p.A[l].flatten(0, 1) if l < L - 1 else _last_rows(p.A[l], e), gain1=rows(gain1, l),
-                  gain2=rows(gain2, l), theta=rows(theta, l), W_Vt=W_Vt, W_Ot=W_Ot, bias=bias, W1t=W1t, b1=b1,
-                  W2t=W2t, b2=b2, W1b1=W1b1, beta1=beta1, beta2=beta2)
-             for l, (W_Vt, W_Ot, bias, W1t, b1, W2t, b2, W1b1, beta1, beta2) in enumerate(zip(*(
-                 t.unbind(0) for t in (W.W_Vt, W.W_Ot, W.bias, W.W1t, ffn.b1, W.W2t, ffn.b2, W.W1b1,
-                                       p.weights.beta1, p.weights.beta2))))]
-    steps[0].bias = p.weights.b_O[0]  # layer 1's value bias stays in v_j
-    first = p.layer(0)
-    U = first.project(first.W_O)  # [B, n, H, d]
-    budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
-    out = p.x.new_empty(B, S, L, n, d)
-    bufs = Buffers(p.x)
+        def rows(t, i, l):  # the receiving rows of layer l: every token, the explained ones in the last layer
+            return (t[i] if l < L - 1 else t[i][b, e]).flatten(0, 1)[:, None]
+
+        steps = [Step(A=p.A[i].flatten(0, 1) if l < L - 1 else _last_rows(p.A[i], e), gain1=rows(gain1, i, l),
+                      gain2=rows(gain2, i, l), theta=rows(theta, i, l), W_Vt=W_Vt, W_Ot=W_Ot, bias=bias, W1t=W1t,
+                      b1=b1, W2t=W2t, b2=b2, W1b1=W1b1, beta1=p.weights.beta1[l], beta2=p.weights.beta2[l])
+                 for i, (l, W_Vt, W_Ot, bias, W1t, b1, W2t, b2, W1b1) in enumerate(zip(range(*ls.indices(L)), *(
+                     t.unbind(0) for t in (W.W_Vt, W.W_Ot, W.bias, W.W1t, ffn.b1, W.W2t, ffn.b2, W.W1b1))))]
+        if ls.start == 0:
+            first = steps[0].first = p.layer(0)
+            steps[0].U = first.project(first.W_O)  # [B, n, H, d]
+            steps[0].bias = p.weights.b_O[0]  # layer 1's value bias stays in v_j
+        return steps
+
+    steps = LayerSteps(build, src)
+    budget = work_bytes(src.device, CPU_BLOCK_BYTES, memory_mb)
+    out = torch.empty(B, S, L, n, d, dtype=src.dtype, device=src.device)
+    bufs = Buffers(out)
 
     def layer(sh, step, Z):  # a layer after its attention: the bias, LN1, the feed-forward block, LN2
         Z = sh.share_(Z, step.bias)
@@ -294,10 +362,11 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
 
     def walk(J, sharer, stop):
         X = None
-        for l, step in enumerate(steps):
+        for l in range(L):
             interrupts.check()  # a stop asked for: between layers
+            step = steps[l]
             if X is None:
-                Z = _first_layer(first, U, e if l == L - 1 else None, J)
+                Z = _first_layer(step.first, step.U, e if l == L - 1 else None, J)
             else:
                 Z = _attention(step, X, H, None if l < L - 1 else (b, e), bufs=bufs)
             if l == L - 1:
@@ -309,7 +378,7 @@ def _propagate_post_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
             out[:, :, l, J] = X.view(B, n, -1, d)[b, e]
 
     def finish(Z):
-        out[:, :, -1] = layer(Whole(), steps[-1], Z).view(B, S, n, d)
+        out[:, :, -1] = layer(Whole(), steps[L - 1], Z).view(B, S, n, d)
         return out
 
     return _blocked(walk, range(L - 1), n, k, finish)
@@ -331,73 +400,88 @@ def _normed(X: torch.Tensor, gain: torch.Tensor | None, beta: torch.Tensor | Non
     return (center(X) if centred else X) * gain  # OLMo's LayerNorm keeps no bias
 
 
-def _propagate_pre_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
+def _propagate_pre_ln(cap, adapter, src: Layers, memory_mb, k, e) -> torch.Tensor:
     """docs/methods.md 6.3: the parts of every token's layer input x go through N1 (folded per token), attention
     (its biases shared), the norm on its output, the residual (no norm), N2, the MLP as its linear maps around the
     factors frozen at the real input (compute.methods._internals.linear_mlp), the norm on the MLP's output; the
     explained row of the last layer through the final norm N_f, then the head. Every norm's scale is the real
     state's, computed for every layer at once before the layers are stepped through. A stage runs from one
     layer's attention to the next one's (N1 of the next layer in it; stage -1: layer 1's N1)."""
-    L, B, n, d = p.x.shape
-    H, S = p.A.shape[2], e.shape[1]
-    block, w = adapter.block, p.weights
+    L, B, n, d, H, S = src.L, src.B, src.n, src.d, src.H, e.shape[1]
+    block, dtype, device = adapter.block, src.dtype, src.device
     centred = block.norm == "layernorm"
-    mlp = linear_mlps(adapter, p.x.dtype, p.x.device)
-    W = decompx_weights(adapter, w, mlp.W_in, mlp.b_in, mlp.W_out, p.x.dtype, p.x.device)
-    b = torch.arange(B, device=p.x.device)[:, None]
-
-    def gain(gamma, u, eps):  # [L, B, n, d] gamma / the real states' scale
-        return gamma[:, None, None] / _norm_scale(u, eps, centred)
-
-    gain1 = gain(w.gamma1, p.s, w.eps1) if cap.ln1_in else None  # OLMo 2: attention reads x itself
     reads_norm = block.ln2 != block.mlp  # OLMo 2: the MLP reads the residual stream itself
-    u = cap.stack("ln2_out") if reads_norm else cap.stack("ln2_in")  # the MLP's real input
-    gain2 = gain(w.gamma2, cap.stack("ln2_in"), w.eps2) if reads_norm else None
-    theta, up = factors(mlp, u.reshape(L, B * n, d))
-    gain_o = None if p.rho is None else w.gamma_o[:, None, None] / p.rho[..., None]
-    f = torch.baddbmm(mlp.b_out[:, None], theta * up, mlp.W_out.transpose(1, 2)).view(L, B, n, d)  # real MLP out
-    theta = theta.view(L, B, n, -1)
     post = [mlp_output_norm(adapter, layer) for layer in adapter.layers()]
-    gain_p = None
-    if post[0] is not None:  # RMSNorm on the MLP's output (Gemma 2, OLMo 2), at the real output's rms
-        gamma_p = stack_params([adapter.norm_gain(m, d) for m in post], p.x.dtype, p.x.device)
-        gain_p = gamma_p[:, None, None] / _norm_scale(f, adapter.norm_eps(post[0]), False)
-        f = f * gain_p
     final = adapter.final_norm()
-    # N_f at the real last layer output (before the final norm, which the capture's last hidden state is after)
-    last = (p.t[-1] + f[-1])[b, e].flatten(0, 1)  # [B S, d]
-    gain_f = (w.gamma_f / _norm_scale(last, w.eps_f, w.centred_f))[:, None]  # [B S, 1, d]
-    beta_f = None if getattr(final, "bias", None) is None else final.bias.detach().to(p.x.dtype)
+    beta_f = None if getattr(final, "bias", None) is None else final.bias.detach().to(dtype)
+    centred_f = stacked_weights(adapter, dtype, device).centred_f
+    b = torch.arange(B, device=device)[:, None]
 
-    def rows(t, l):  # the receiving rows of layer l: every token, the explained ones in the last layer
-        return None if t is None else (t[l] if l < L - 1 else t[l][b, e]).flatten(0, 1)[:, None]
+    def build(ls):  # the steps of the layers ls
+        p = src.parts(ls)
+        w = p.weights
+        mlp = linear_mlps(adapter, dtype, device, src.own(ls))
+        W = decompx_weights(adapter, w, mlp.W_in, mlp.b_in, mlp.W_out, dtype, device, src.own(ls))
+        K = p.x.shape[0]
+
+        def gain(gamma, u, eps):  # [K, B, n, d] gamma / the real states' scale
+            return gamma[ls][:, None, None] / _norm_scale(u, eps, centred)
+
+        gain1 = gain(w.gamma1, p.s, w.eps1) if cap.ln1_in else None  # OLMo 2: attention reads x itself
+        u = src.take("ln2_out" if reads_norm else "ln2_in", ls)  # the MLP's real input
+        gain2 = gain(w.gamma2, src.take("ln2_in", ls), w.eps2) if reads_norm else None
+        theta, up = factors(mlp, u.reshape(K, B * n, d))
+        gain_o = None if p.rho is None else w.gamma_o[ls][:, None, None] / p.rho[..., None]
+        f = torch.baddbmm(mlp.b_out[:, None], theta * up, mlp.W_out.transpose(1, 2)).view(K, B, n, d)  # real out
+        del up
+        theta = theta.view(K, B, n, -1)
+        gain_p = None
+        if post[0] is not None:  # RMSNorm on the MLP's output (Gemma 2, OLMo 2), at the real output's rms
+            gamma_p = stack_params([adapter.norm_gain(m, d) for m in post[ls]], dtype, device)
+            gain_p = gamma_p[:, None, None] / _norm_scale(f, adapter.norm_eps(post[0]), False)
+            f = f * gain_p
+
+        def rows(t, i, l):  # the receiving rows of layer l: every token, the explained ones in the last layer
+            return None if t is None else (t[i] if l < L - 1 else t[i][b, e]).flatten(0, 1)[:, None]
+
+        steps = [Step(A=p.A[i].flatten(0, 1) if l < L - 1 else _last_rows(p.A[i], e),
+                      gain1=None if gain1 is None else gain1[i].flatten(0, 1)[:, None], gain2=rows(gain2, i, l),
+                      theta=rows(theta, i, l), W_Vt=W.W_Vt[i], W_Ot=W.W_Ot[i], bias=W.bias[i], W1t=W.W1t[i],
+                      b1=mlp.b_in[i], W2t=W.W2t[i], b2=mlp.b_out[i], W1b1=W.W1b1[i], beta1=w.beta1[l],
+                      beta2=w.beta2[l], gain_o=rows(gain_o, i, l), gain_p=rows(gain_p, i, l))
+                 for i, l in enumerate(range(*ls.indices(L)))]
+        if ls.stop >= L:
+            # N_f at the real last layer output (before the final norm, which the capture's last hidden state is
+            # after)
+            last = (p.t[-1] + f[-1])[b, e].flatten(0, 1)  # [B S, d]
+            steps[-1].gain_f = (w.gamma_f / _norm_scale(last, w.eps_f, w.centred_f))[:, None]  # [B S, 1, d]
+        return steps
 
     def n1(sh, X, l):  # layer l's N1 on the parts of every token
-        return _normed(X, None if gain1 is None else gain1[l].flatten(0, 1)[:, None], w.beta1[l], centred, sh)
+        step = steps[l]
+        return _normed(X, step.gain1, step.beta1, centred, sh)
 
-    budget = work_bytes(p.x.device, CPU_BLOCK_BYTES, memory_mb)
-    out = p.x.new_empty(B, S, L, n, d)
-    steps = [Step(A=p.A[l].flatten(0, 1) if l < L - 1 else _last_rows(p.A[l], e), gain1=None, gain2=None,
-                  theta=rows(theta, l), W_Vt=W.W_Vt[l], W_Ot=W.W_Ot[l], bias=W.bias[l], W1t=W.W1t[l],
-                  b1=mlp.b_in[l], W2t=W.W2t[l], b2=mlp.b_out[l], W1b1=W.W1b1[l], beta1=w.beta1[l],
-                  beta2=w.beta2[l]) for l in range(L)]
+    steps = LayerSteps(build, src)
+    budget = work_bytes(device, CPU_BLOCK_BYTES, memory_mb)
+    out = torch.empty(B, S, L, n, d, dtype=dtype, device=device)
+    x0 = src.take("hidden_states", slice(0, 1))[0]  # layer 1's input
 
     def layer(sh, l, a, own):  # a layer after its attention a [R, k, d], its residual own
         step = steps[l]
         a = sh.share_(a, step.bias)
-        if gain_o is not None:
-            a.mul_(rows(gain_o, l))
+        if step.gain_o is not None:
+            a.mul_(step.gain_o)
         h = a.add_(own)
-        mixed = _normed(own if block.parallel else h, rows(gain2, l), w.beta2[l], centred, sh)
+        mixed = _normed(own if block.parallel else h, step.gain2, step.beta2, centred, sh)
         F_ = _ffn(step, mixed, budget, sh)
-        if gain_p is not None:
-            F_.mul_(rows(gain_p, l))
+        if step.gain_p is not None:
+            F_.mul_(step.gain_p)
         return h.add_(F_)
 
     def walk(J, sharer, stop):
         k = J.stop - J.start
-        X = p.x.new_zeros(B, n, k, d)  # layer 1: every token's input is its own
-        X[:, J].diagonal(dim1=1, dim2=2).copy_(p.x[0][:, J].transpose(1, 2))
+        X = x0.new_zeros(B, n, k, d)  # layer 1: every token's input is its own
+        X[:, J].diagonal(dim1=1, dim2=2).copy_(x0[:, J].transpose(1, 2))
         X = X.view(B * n, k, d)
         sh = sharer(-1)
         if isinstance(sh, Collect):
@@ -419,7 +503,9 @@ def _propagate_pre_ln(cap, adapter, p, memory_mb, k, e) -> torch.Tensor:
             out[:, :, l, J] = X.view(B, n, -1, d)[b, e]
 
     def finish(a, own):
-        top = _normed(layer(Whole(), L - 1, a, own), gain_f, beta_f, w.centred_f, Whole())  # the state the head reads
+        top = layer(Whole(), L - 1, a, own)
+        # the state the head reads
+        top = _normed(top, steps[L - 1].gain_f, beta_f, centred_f, Whole())
         out[:, :, -1] = top.view(B, S, n, d)
         return out
 
@@ -546,7 +632,7 @@ def _head(adapter, cap, X: torch.Tensor) -> torch.Tensor:
     if dense is not None:
         Wp, bp = dense.weight.to(dtype), dense.bias.to(dtype)
         b = torch.arange(X.shape[0], device=X.device)
-        h = cap.hidden_states[-1][b, cap.explain_pos]  # [B, d] the explained token's final state
+        h = widened(cap.hidden_states[-1][b, cap.explain_pos], dtype)  # [B, d] the explained token's final state
         pre = F.linear(h, Wp, bp)
         theta = zero_origin_slope(pre, act(pre))  # [B, d]
         X = X @ Wp.T  # [B, n, d]
