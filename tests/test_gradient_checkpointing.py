@@ -111,8 +111,8 @@ def test_the_choice_follows_the_memory_model(monkeypatch):
     shape = mm.ModelShape("tiny", layers=ad.n_layers, d=int(ad.config.hidden_size), heads=ad.n_heads,
                           kv_heads=ad.n_heads, d_ff=int(ad.config.intermediate_size), vocab=120)
     run = mm.Run(n, 8, mm.Budgets(0, 0, 0, 0, gradients.IG_CPU_BYTES))
-    for ckpt in (False, True):
-        assert mm.pass_row(shape, run, ckpt) == gradients.row_bytes(ad, n, 8, ckpt)
+    for ckpt, sdpa in ((False, False), (True, False), (True, True)):
+        assert mm.pass_row(shape, run, ckpt, sdpa) == gradients.row_bytes(ad, n, 8, ckpt, sdpa)
     row = gradients.row_bytes(ad, n, 8)
     for budget, expected in ((B * row, False), (B * row - 1, True)):
         monkeypatch.setattr(gradients, "IG_CPU_BYTES", budget)
