@@ -99,6 +99,7 @@ def measure(methods: list[str], ns: list[int], shape: mm.ModelShape = TINY) -> d
                     return
                 cap = adapter.capture(enc, method.needs)
                 cap.passes = method.passes
+                cap.attention_terms = frozenset(method.attention_terms)  # as the runner declares them
                 # as the runner: the forward's output (its KV cache) dropped, --matrices cls (the explained rows)
                 cap.output, cap.kept_matrices, cap.kept_row = None, "cls", cap.explain_pos
                 method.compute(cap, adapter, torch.zeros(1, dtype=torch.long))

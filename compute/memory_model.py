@@ -39,6 +39,7 @@ class ModelShape:
     norms: int = 2  # norms a layer (Gemma 2's sandwich: four)
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
     positions: int = 0  # max_position_embeddings: the longest input the model takes (0: not stated)
+    softcap: bool = False  # attention logit soft-capping (Gemma 2): no SDPA attention (checkpointed.supports_sdpa)
 
     @property
     def d_head(self) -> int:
@@ -69,7 +70,7 @@ LLAMA3_8B = ModelShape("Llama-3-8B", layers=32, d=4096, heads=32, kv_heads=8, d_
 QWEN25_7B = ModelShape("Qwen2.5-7B", layers=28, d=3584, heads=28, kv_heads=4, d_ff=18944, vocab=152064,
                        qkv_bias=True, positions=131072)
 GEMMA2_9B = ModelShape("Gemma-2-9B", layers=42, d=3584, heads=16, kv_heads=8, d_ff=14336, vocab=256000,
-                       head_dim=256, norms=4, positions=8192)
+                       head_dim=256, norms=4, positions=8192, softcap=True)
 MODELS = (LLAMA2_7B, MISTRAL_7B, LLAMA3_8B, QWEN25_7B, GEMMA2_9B)
 
 
@@ -182,10 +183,11 @@ def capture(m: ModelShape, r: Run, needs: frozenset[str]) -> tuple[int, int]:
     return peak, sum(sizes) * wide
 
 
-def pass_row(m: ModelShape, r: Run, checkpointed: bool = False) -> int:
+def pass_row(m: ModelShape, r: Run, checkpointed: bool = False, sdpa: bool = False) -> int:
     """A rough count of what one row of a forward keeps for its backward (gradients.row_bytes): every layer's 16
-    d-vectors and 3 attention maps per token, or checkpointed every layer's input and one layer's."""
-    layer = r.n * (16 * m.d + 3 * m.heads * r.n) * r.itemsize
+    d-vectors and 3 attention maps per token, or checkpointed every layer's input and one layer's (``sdpa``: the
+    mask's [n, n] instead of the maps)."""
+    layer = r.n * (16 * m.d + (r.n if sdpa else 3 * m.heads * r.n)) * r.itemsize
     return m.layers * r.n * m.d * r.itemsize + layer if checkpointed else m.layers * layer
 
 
@@ -193,6 +195,21 @@ def checkpoints(m: ModelShape, r: Run) -> bool:
     """Whether a gradient pass checkpoints every layer (gradients.checkpoints): one row's plain pass beyond the
     pass's memory (the IG budget)."""
     return pass_row(m, r) > r.budgets.ig
+
+
+def sdpa_layer_transient(m: ModelShape, r: Run) -> int:
+    """One layer of a checkpointed forward with the SDPA attention (checkpointed.layer_checkpoints' ``sdpa``): no
+    [H, n, n], the boolean [n, n] mask, the feed-forward block's three [n, d_ff] and a few [n, d]."""
+    return r.n ** 2 + 3 * r.n * m.d_ff * r.itemsize + 6 * r.n * m.d * r.itemsize
+
+
+def sdpa_layer_backward(m: ModelShape, r: Run) -> int:
+    """One layer's backward in a checkpointed pass with the SDPA attention: its recomputed activations (12 n d and
+    4 n d_ff) and the mask, then the larger of the attention's backward (the query, key and value gradients, with
+    float32 accumulators where the model is narrower) and the feed-forward block's."""
+    n, w = r.n, r.itemsize
+    saved = (12 * n * m.d + 4 * n * m.d_ff) * w + n ** 2
+    return saved + max(3 * n * m.d * (w + (F32 if w < F32 else 0)), 3 * n * m.d_ff * w)
 
 
 def layer_backward(m: ModelShape, r: Run, hook: tuple[int, int] | None = None) -> int:
@@ -209,17 +226,20 @@ def layer_backward(m: ModelShape, r: Run, hook: tuple[int, int] | None = None) -
 
 
 def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
-                  hook: tuple[int, int] | None = None) -> tuple[int, int]:
+                  hook: tuple[int, int] | None = None, sdpa: bool = False) -> tuple[int, int]:
     """(peak, kept) bytes of the gradient pass (GradientPass). Plain: the forward's tensors saved for the backward
     (per layer the float32 softmax, the attention in the model's dtype where that is narrower, 12 n d and 4 n d_ff
     activations), the gradients of every layer's attention (kept for the methods) and one layer's backward (the
     softmax's and the feed-forward block's). ``checkpointed`` (no KV cache): every layer's input and the gradients of
-    the hidden states, with one layer's forward, or one layer's backward (``layer_backward``)."""
+    the hidden states, with one layer's forward, or one layer's backward (``layer_backward``; ``sdpa``: the SDPA
+    attention's, ``sdpa_layer_backward``)."""
     L, n, w = m.layers, r.n, r.itemsize
     A = m.heads * n * n
     if checkpointed:
         states = (L + 1) * n * m.d * w
         kept = 2 * states  # + dF/dh of every layer
+        if sdpa:
+            return max(states + sdpa_layer_transient(m, r), kept + sdpa_layer_backward(m, r)), kept
         return max(states + layer_transient(m, r), kept + layer_backward(m, r, hook)), kept
     saved = L * (A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w)
     kept = saved + L * A * w + kv_cache(m, r)  # + dF/dA of every layer
@@ -260,8 +280,9 @@ def value_zeroing_block_tokens(m: ModelShape, r: Run) -> int:
 
 def ig_rows(m: ModelShape, r: Run) -> int:
     """Integrated gradients' rows per forward/backward (gradients.rows_per_pass), checkpointed where one row's plain
-    pass does not fit."""
-    return max(1, r.budgets.ig // pass_row(m, r, checkpoints(m, r)))
+    pass does not fit, with the SDPA attention where the model has it."""
+    ckpt = checkpoints(m, r)
+    return max(1, r.budgets.ig // pass_row(m, r, ckpt, ckpt and not m.softcap))
 
 
 def decompx_block_tokens(m: ModelShape, r: Run) -> int:
@@ -371,11 +392,13 @@ def _nothing(m: ModelShape, r: Run) -> int:
 class Checkpointed:
     """A gradient method's checkpointed pass (where ``checkpoints``): what its hooks make of each layer's A and dF/dA
     (``hook``: layer_backward's), the bytes its terms hold through the backward (``held``) and its work after the
-    pass (``work``)."""
+    pass (``work``); ``attention``: it reads A or dF/dA (else the pass runs the SDPA attention where the model has
+    it: GradientPass.sdpa)."""
 
     work: object
     hook: tuple[int, int] | None = None
     held: object = _nothing
+    attention: bool = True
 
 
 @dataclass(frozen=True)
@@ -496,7 +519,7 @@ def _cat_stacks(m: ModelShape, r: Run) -> int:
 
 _add("grad_l2 gxi_l2 gxi_mean cat", Formula("gradients", _cat_stacks,
      "gradient pass: saved activations (float32 softmax) + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one "
-     "layer recomputed", streamed=Checkpointed(_cat_stacks)))
+     "layer recomputed with the SDPA attention (no [H,n,n])", streamed=Checkpointed(_cat_stacks, attention=False)))
 _add("grads", Formula("gradients", _cat_stacks,
      "gradient pass + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one layer recomputed, the last dF/dA's "
      "rows", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
@@ -514,9 +537,15 @@ _add("gae", Formula("gradients", _attention_stacks(3),
 _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
                          "gradient pass + the last layer's attention and its gradient (variant ref); checkpointed: "
                          "its map [n,n] in the hook", streamed=Checkpointed(_nothing, hook=(2, 1))))
-_add("ig_l2 ig_mean", Formula("integrated", lambda m, r: (50 + 2) * r.n * m.d * F32,
+def _ig_work(m: ModelShape, r: Run) -> int:
+    """Integrated gradients' own float32 [n, d]s (gradients.integrated_gradients): X and X' widened and the sum of
+    the steps' gradients (a row and the spare), and per row of a pass its path point and its weighted gradient."""
+    return (4 + 2 * ig_rows(m, r)) * r.n * m.d * F32
+
+
+_add("ig_l2 ig_mean", Formula("integrated", _ig_work,
                               "gradient passes of ig_rows rows at once (no dF/dA), checkpointed where one row does not "
-                              "fit; the path points"))
+                              "fit (the SDPA attention: no [H,n,n]); the path points of a pass"))
 # the decoder rules' float64 [L, H, n, n] terms beside the gradient pass's: the float64 attention its backward keeps
 # (the pass's formula counts the float32 softmax), R^{A,l}'s stacks of A and dF/dA (lrp, partial_lrp: 3 and the
 # rest, fitted to a tiny Llama's measured peak, 4 layers, d 256, n = 2,048: 3.19); transatt and mask_lrp over the
@@ -563,14 +592,16 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
     elif f.stage == "integrated":  # ig_rows rows of one pass, no gradients of the attentions kept
         if checkpoints(m, r):  # a row: the layers' inputs, one layer's forward or backward (only dF/dX asked for)
             states = (m.layers + 1) * r.n * m.d * r.itemsize
-            row = states + max(layer_transient(m, r), layer_backward(m, r)) - kv_cache(m, r)  # no KV cache
+            layer = (max(layer_transient(m, r), layer_backward(m, r)) if m.softcap else
+                     max(sdpa_layer_transient(m, r), sdpa_layer_backward(m, r)))  # the SDPA attention
+            row = states + layer - kv_cache(m, r)  # no KV cache
         else:
             peak, kept = gradient_pass(m, r)
             row = peak - m.layers * m.heads * r.n ** 2 * r.itemsize - kv_cache(m, r)
         stages = {"forward": fwd, "gradient pass": base + ig_rows(m, r) * row + f.work(m, r)}
     elif f.streamed is not None and checkpoints(m, r):
         s = f.streamed
-        peak, kept = gradient_pass(m, r, True, s.hook)
+        peak, kept = gradient_pass(m, r, True, s.hook, not s.attention and not m.softcap)
         stages = {"forward": fwd, "gradient pass": base - kv_cache(m, r) + peak + s.held(m, r),
                   "method": base - kv_cache(m, r) + kept + s.work(m, r)}
     else:

@@ -111,8 +111,8 @@ def test_the_choice_follows_the_memory_model(monkeypatch):
     shape = mm.ModelShape("tiny", layers=ad.n_layers, d=int(ad.config.hidden_size), heads=ad.n_heads,
                           kv_heads=ad.n_heads, d_ff=int(ad.config.intermediate_size), vocab=120)
     run = mm.Run(n, 8, mm.Budgets(0, 0, 0, 0, gradients.IG_CPU_BYTES))
-    for ckpt in (False, True):
-        assert mm.pass_row(shape, run, ckpt) == gradients.row_bytes(ad, n, 8, ckpt)
+    for ckpt, sdpa in ((False, False), (True, False), (True, True)):
+        assert mm.pass_row(shape, run, ckpt, sdpa) == gradients.row_bytes(ad, n, 8, ckpt, sdpa)
     row = gradients.row_bytes(ad, n, 8)
     for budget, expected in ((B * row, False), (B * row - 1, True)):
         monkeypatch.setattr(gradients, "IG_CPU_BYTES", budget)
@@ -189,7 +189,7 @@ def test_integrated_gradients_checkpoint_where_one_row_does_not_fit(monkeypatch)
     assert not gradients.checkpoints(ad, 1, n, 8, row) and gradients.checkpoints(ad, 1, n, 8, row - 1)
     calls = []
     real = gradients.layer_checkpoints
-    monkeypatch.setattr(gradients, "layer_checkpoints", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(gradients, "layer_checkpoints", lambda *a, **k: calls.append(k) or real(*a, **k))
     target = class_target(cap, 1)
     R = cap.input_ids.shape[0] * (5 + 2)  # (5 steps and the two ends) per example
     for memory, ckpt in ((row * R, False), (row - 1, True)):
@@ -197,6 +197,6 @@ def test_integrated_gradients_checkpoint_where_one_row_does_not_fit(monkeypatch)
         with torch.no_grad():
             gradients.integrated_gradients(fresh(cap), ad, gradients.Explained(), target, steps=5, rule="riemann",
                                            baseline="zero", memory_bytes=memory)
-        chunk = gradients.rows_per_pass(ad, n, 8, memory, ckpt)
-        assert chunk == (R if not ckpt else max(1, (row - 1) // gradients.row_bytes(ad, n, 8, True)))
-        assert len(calls) == (-(-R // chunk) if ckpt else 0)
+        chunk = gradients.rows_per_pass(ad, n, 8, memory, ckpt, sdpa=ckpt)  # checkpointed: the SDPA attention
+        assert chunk == (R if not ckpt else max(1, (row - 1) // gradients.row_bytes(ad, n, 8, True, sdpa=True)))
+        assert calls == ([{"sdpa": True}] * -(-R // chunk) if ckpt else [])

@@ -132,10 +132,22 @@ def test_the_7b_verdicts():
     states = 33 * 4096 * 4096 * 2  # every layer's input
     assert mm.layer_backward(mm.LLAMA2_7B, run) == backward
     assert mm.gradient_pass(mm.LLAMA2_7B, run, True) == (2 * states + backward, 2 * states)
+    # the methods that read no attention recompute the layer with the SDPA attention: no [H, n, n], the boolean
+    # mask, the attention's backward (dQ, dK, dV and their float32 accumulators); then their float32 stacks of the
+    # states and their gradients
+    sdpa = (12 * 4096 * 4096 + 4 * 4096 * 11008) * 2 + 4096 ** 2 + 3 * 4096 * 4096 * (2 + 4)
+    assert mm.sdpa_layer_backward(mm.LLAMA2_7B, run) == sdpa
+    w = mm.weights(mm.LLAMA2_7B, run)
     grad_l2 = mm.estimate("grad_l2", mm.LLAMA2_7B, run)
-    assert grad_l2.peak == grad_l2.stages["gradient pass"] == mm.weights(mm.LLAMA2_7B, run) + 2 * states + backward
-    # integrated gradients' rows checkpointed too: two a pass (their rough count), each a row's backward
-    assert mm.ig_rows(mm.LLAMA2_7B, run) == run.budgets.ig // (32 * 4096 * 4096 * 2 + plain_row // 32) == 2
+    assert grad_l2.stages == {"forward": mm.bare_forward(mm.LLAMA2_7B, run), "gradient pass": w + 2 * states + sdpa,
+                              "method": w + 2 * states + 2 * states * 2}
+    assert grad_l2.peak == grad_l2.stages["method"]
+    # gae reads A and dF/dA: the eager layer's backward and its hook's float32 copies
+    assert mm.estimate("gae", mm.LLAMA2_7B, run).stages["gradient pass"] == (
+        w + 2 * states + mm.layer_backward(mm.LLAMA2_7B, run, (2, 1)) + 32 * 4096 ** 2 * 4)
+    # integrated gradients' rows checkpointed too, the SDPA attention's: six a pass (their rough count)
+    sdpa_row = 32 * 4096 * 4096 * 2 + 4096 * (16 * 4096 + 4096) * 2
+    assert mm.ig_rows(mm.LLAMA2_7B, run) == run.budgets.ig // sdpa_row == 6
     # short inputs keep the plain pass (the op budgets)
     assert not mm.checkpoints(mm.LLAMA2_7B, mm.Run(512))
     assert mm.stack_layers(mm.LLAMA2_7B, run) == 1
@@ -238,6 +250,25 @@ def test_value_zeroing_streams_its_layers_at_7b():
     peak, kept = mm.capture(m, short, stacked.needs)
     base = mm.weights(m, short) + mm.kv_cache(m, short)
     assert mm.estimate("value_zeroing", m, short).peak == max(base + peak, base + kept + stacked.work(m, short))
+
+
+def test_the_gradient_family_and_integrated_gradients_at_7b():
+    """Issue 36 at 7B in bfloat16, batch 1: with the SDPA attention in their checkpointed layers, the gradient family
+    and integrated gradients fit 24 GB at 4,096 tokens and reach 16,384 on 80 GB (Llama-2-7B and Mistral-7B); the
+    methods reading A or dF/dA keep one eager layer's backward (at 4,096 over 24 GB). Gemma 2's soft-capped
+    attention has no SDPA: its layers stay eager."""
+    sdpa = ("grad_l2", "gxi_l2", "gxi_mean", "cat", "ig_l2", "ig_mean")
+    for m in (mm.LLAMA2_7B, mm.MISTRAL_7B):
+        for name in sdpa:
+            assert mm.estimate(name, m, mm.Run(4096, 2, mm.Budgets.gpu(24 * mm.GB))).peak <= 24 * mm.GB, name
+            assert mm.longest_fitting(name, m) >= 16384, name
+        for name in ("grads", "attgrads", "attcat", "gae"):
+            assert mm.estimate(name, m, mm.Run(4096, 2, mm.Budgets.gpu(24 * mm.GB))).peak > 24 * mm.GB, name
+    run = mm.Run(4096)
+    g = mm.GEMMA2_9B
+    assert mm.estimate("grad_l2", g, run).stages["gradient pass"] == (
+        mm.weights(g, run) + mm.gradient_pass(g, run, True)[0])
+    assert mm.ig_rows(g, run) == run.budgets.ig // mm.pass_row(g, run, True)
 
 
 def test_the_longest_input_that_fits_is_the_boundary():

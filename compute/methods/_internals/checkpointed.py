@@ -7,7 +7,9 @@ layer's activations when it reaches that layer, so that one layer's are alive at
 reduced in tensor hooks, layer by layer as the backward makes them, to what each method keeps (``AttentionTerm``):
 the recomputed attention is taken by the attention module's forward hook during the recomputation, its gradient by a
 hook registered on the forward's attention tensor (the backward runs through the forward's graph, the recomputation
-only fills its saved tensors).
+only fills its saved tensors). A pass whose methods read no attention (only dF/dX or dF/dh: the gradient family,
+integrated gradients) runs its layers' attention through torch's scaled_dot_product_attention instead (``sdpa``):
+the forward, the recomputation and the backward make no [B, H, n, n] at all.
 """
 
 from __future__ import annotations
@@ -41,18 +43,45 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.element_size() < 4 else t
 
 
+def supports_sdpa(adapter: Adapter) -> bool:
+    """Whether the model's attention can run through scaled_dot_product_attention with the eager one's numbers:
+    transformers says so (_supports_sdpa) and no logit soft-capping (Gemma 2's: SDPA would drop it)."""
+    model = adapter.model
+    return bool(getattr(type(model), "_supports_sdpa", False)) and not getattr(
+        model.config, "attn_logit_softcapping", None)
+
+
 @contextmanager
-def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None):
+def attention_implementation(model, name: str | None):
+    """The model's attention implementation set to ``name`` while inside (None: left as it is). The config's setter
+    sets its sub-configs too; the model's masks are made for it (an SDPA boolean mask, or none where causal)."""
+    config = model.config
+    was = config._attn_implementation
+    if name is None or name == was:
+        yield
+        return
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = was
+
+
+@contextmanager
+def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None, sdpa: bool = False):
     """Every layer's forward under non-reentrant ``torch.utils.checkpoint`` while inside, without a KV cache (the
     recomputation would append to it again). ``calls[l]`` counts the runs of layer l's forward: 1 in the forward,
-    more in the backward's recomputations."""
+    more in the backward's recomputations. ``sdpa``: the attention through scaled_dot_product_attention, in the
+    forward and in each recomputation (which the backward runs after this context has closed)."""
     model, layers = adapter.model, adapter.layers()
     calls = calls if calls is not None else [0] * len(layers)
+    impl = "sdpa" if sdpa else None
 
     def checkpointed(l: int, forward):
         def body(*args, **kwargs):
             calls[l] += 1
-            return forward(*args, **kwargs)
+            with attention_implementation(model, impl):  # the recomputation runs as the forward did
+                return forward(*args, **kwargs)
 
         return lambda *args, **kwargs: checkpoint(body, *args, use_reentrant=False, **kwargs)
 
@@ -63,7 +92,8 @@ def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None):
             layer.forward = checkpointed(l, layer.forward)
         if cache is not None:
             config.use_cache = False
-        yield calls
+        with attention_implementation(model, impl):  # the model's masks made for it
+            yield calls
     finally:
         for layer, (had, fwd) in zip(layers, own):
             if had:

@@ -34,7 +34,7 @@ from .attnlrp_rules import attnlrp_rules
 from .chefer_decoder_rules import chefer_decoder_rules
 from .rule_rows import RuleRows
 from .widened import widened
-from .checkpointed import AttentionTerm, TermHooks, layer_checkpoints
+from .checkpointed import AttentionTerm, TermHooks, layer_checkpoints, supports_sdpa
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import Readout, explained
 
@@ -322,11 +322,15 @@ class GradientPass:
                              and self.lrp is None and checkpoints(adapter, B, n, E.element_size(),
                                                                   pass_bytes(E.device)))
         self.batch_terms = tuple(sorted(cap.attention_terms or (), key=lambda t: t.name))
+        # a batch that declares no attention terms (the runner declares every method's) reads only dF/dX and dF/dh:
+        # its checkpointed layers run the SDPA attention (no [B, H, n, n]; undeclared, a term may be asked later)
+        self.sdpa = (self.checkpointed and cap.attention_terms is not None and not cap.attention_terms
+                     and supports_sdpa(adapter))
         self._hooks = None
         if self.checkpointed:
             calls = [0] * adapter.n_layers
             self._hooks = TermHooks(adapter, self.internals, calls)
-            with layer_checkpoints(adapter, calls), self._hooks.hooked():
+            with layer_checkpoints(adapter, calls, self.sdpa), self._hooks.hooked():
                 self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
                                          pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
         else:
@@ -373,6 +377,9 @@ class GradientPass:
             y = select(self.logits, self._twice(target), self.spec.output, self.foil).sum()
             if not self.checkpointed:
                 return output_grads(y, wrt, retain_graph=True), {}
+            if self.sdpa and terms:
+                raise RuntimeError(f"attention terms {', '.join(t.name for t in terms)} asked of a gradient pass run "
+                                   "with the SDPA attention: declare them in cap.attention_terms before the pass")
             with self._hooks.hooked():
                 return self._hooks.run(terms, lambda: output_grads(y, wrt, retain_graph=True, hooks=self._hooks))
 
@@ -452,11 +459,12 @@ def pass_bytes(device: torch.device, given_mb: int | None = None) -> int:
     return work_bytes(device, IG_CPU_BYTES, given_mb, gpu_share=8)
 
 
-def row_bytes(adapter: Adapter, n: int, itemsize: int, checkpointed: bool = False) -> int:
+def row_bytes(adapter: Adapter, n: int, itemsize: int, checkpointed: bool = False, sdpa: bool = False) -> int:
     """A rough count of what one row of a forward keeps for its backward: every layer's (about 16 d-vectors and 3
-    attention maps per token), or checkpointed every layer's input and one layer's."""
+    attention maps per token), or checkpointed every layer's input and one layer's (``sdpa``: the mask's [n, n]
+    instead of the maps)."""
     d = int(adapter.config.hidden_size)  # DistilBERT and GPT-2 configs map it to dim / n_embd
-    layer = n * (16 * d + 3 * adapter.n_heads * n) * itemsize
+    layer = n * (16 * d + (n if sdpa else 3 * adapter.n_heads * n)) * itemsize
     return adapter.n_layers * n * d * itemsize + layer if checkpointed else adapter.n_layers * layer
 
 
@@ -466,9 +474,10 @@ def checkpoints(adapter: Adapter, rows: int, n: int, itemsize: int, memory_bytes
     return rows * row_bytes(adapter, n, itemsize) > memory_bytes
 
 
-def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int, checkpointed: bool = False) -> int:
+def rows_per_pass(adapter: Adapter, n: int, itemsize: int, memory_bytes: int, checkpointed: bool = False,
+                  sdpa: bool = False) -> int:
     """Interpolation rows (example x step) per forward/backward within ``memory_bytes``."""
-    return max(1, int(memory_bytes // max(row_bytes(adapter, n, itemsize, checkpointed), 1)))
+    return max(1, int(memory_bytes // max(row_bytes(adapter, n, itemsize, checkpointed, sdpa), 1)))
 
 
 def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor | None, *, steps: int,
@@ -500,16 +509,18 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     P = B * m
     ex_of = torch.arange(P, device=E.device) // m  # path row r = (example r // m, point r % m)
     point_of = torch.arange(P, device=E.device) % m
-    # every layer checkpointed where not even one row's plain pass fits the memory
+    # every layer checkpointed where not even one row's plain pass fits the memory, its attention SDPA's (IG reads
+    # only dF/dX)
     ckpt = checkpoints(adapter, 1, n, E.element_size(), memory_bytes)
-    chunk = rows_per_pass(adapter, n, E.element_size(), memory_bytes, ckpt)
+    sdpa = ckpt and supports_sdpa(adapter)
+    chunk = rows_per_pass(adapter, n, E.element_size(), memory_bytes, ckpt, sdpa)
     last = len(outputs.groups) - 1
     for r0 in range(0, P, chunk):
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, pt = ex_of[r0:r0 + chunk], point_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
         X = torch.lerp(X0_w[ex], E_w[ex], alpha[pt, None, None]).to(E.dtype).requires_grad_(True)
-        with torch.enable_grad(), layer_checkpoints(adapter) if ckpt else nullcontext():
+        with torch.enable_grad(), layer_checkpoints(adapter, sdpa=sdpa) if ckpt else nullcontext():
             out = forward_at(adapter, rows_in, X, spec, readout=whole_output)
         for k, grp in enumerate(outputs.groups):
             has = None if grp.has is None else grp.has[ex]
