@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from ...adapters import Adapter
 from ...adapters.base import linear_weight, module_at
 from ...adapters.block import MLPMaps
 from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts
+from .checkpointed import AttentionTerm
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .rule_rows import RuleRows, scale as rows_scale, select
 from .safe_divide import EPS
@@ -244,6 +246,62 @@ class _HeadMask(torch.autograd.Function):
     def backward(ctx, g):
         ctx.slot.append(g)
         return g * ctx.cols.to(g.device, g.dtype), None, None
+
+
+@dataclass(frozen=True)
+class RuleTerm(AttentionTerm):
+    """What a method keeps of R^{A,l} (``attention_relevance`` on the rules' rows; with a head mask the unmasked
+    one unless ``masked``) and the plain dF/dA (a doubled pass's plain rows, else None): ``reduce(R, G, cap)`` maps
+    K layers' [K, B, H, n, n] to [K, ...] (the checkpointed pass's hooks, a layer at a time: RuleOperands)."""
+
+    rules: str = "chefer_decoder"
+    masked: bool = False
+
+
+def attention_relevance(A: torch.Tensor, gA: torch.Tensor) -> torch.Tensor:
+    """R^{A,l} = A (dF/dA) / 2: the half of A.V's relevance that goes to A (the uniform rule), in place on A."""
+    return A.mul_(gA).div_(2)
+
+
+def unmasked_attention_grad(adapter: Adapter, g_ctx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The rules' dF/dA without the head mask, [K, B, H, n, n], from the unmasked gradient of the attention output
+    ``g_ctx`` [K, B, n, H d_h] and the value projection's output ``v`` [K, B, n, *] (separate or fused)."""
+    K, B, n = g_ctx.shape[:3]
+    H = adapter.n_heads
+    g_ctx = g_ctx.view(K, B, n, H, -1).transpose(2, 3)  # [K, B, H, n, dh]
+    return g_ctx @ adapter.value_of(v).view(K, B, n, H, -1).permute(0, 1, 3, 4, 2)
+
+
+class RuleOperands:
+    """The checkpointed pass's operands of the RuleTerms (checkpointed.TermHooks), a layer at a time from the
+    recomputed A and the gradient dF/dA the backward reaches it with [1, B or 2B, H, n, n]: R^{A,l} of the rules' rows
+    (the second half of a doubled batch: ``half``) and the plain rows' dF/dA. With a head mask, the unmasked R^{A,l}
+    reads the layer's kept unmasked gradient of the attention output and recomputed value output (``kept``); the
+    forward's value outputs are dropped as each layer's forward ends (only the recomputation's are read)."""
+
+    def __init__(self, adapter: Adapter, half: int | None, kept: dict):
+        self.adapter, self.half, self.kept = adapter, half, kept
+        self._layer, self._R = None, {}
+
+    def forward(self, l: int) -> None:
+        self.kept.get(l, {}).pop("v", None)
+
+    def __call__(self, l: int, A: torch.Tensor, dA: torch.Tensor, term: RuleTerm):
+        rule = slice(self.half, None) if self.half is not None else slice(None)
+        if self._layer != l:  # the layer above is done: its kept tensors dropped
+            if self._layer in self.kept:
+                self.kept[self._layer].pop("v", None)
+                self.kept[self._layer]["g_ctx"].clear()
+            self._layer, self._R = l, {}
+        masked = term.masked or l not in self.kept
+        if masked not in self._R:
+            if masked:
+                gA = dA[:, rule]
+            else:
+                k = self.kept[l]
+                gA = unmasked_attention_grad(self.adapter, k["g_ctx"].pop()[None, rule], k.pop("v").detach()[None, rule])
+            self._R[masked] = attention_relevance(A[:, rule].clone(), gA)
+        return self._R[masked], None if self.half is None else dA[:, :self.half]
 
 
 def _first(out):

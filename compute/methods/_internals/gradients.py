@@ -31,7 +31,7 @@ from ...options import Option
 from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
 from .attnlrp_rules import attnlrp_rules
-from .chefer_decoder_rules import chefer_decoder_rules
+from .chefer_decoder_rules import RuleOperands, chefer_decoder_rules
 from .rule_rows import RuleRows
 from .widened import widened
 from .checkpointed import AttentionTerm, TermHooks, layer_checkpoints
@@ -311,27 +311,37 @@ class GradientPass:
         self.lrp = LRPRecord() if record_lrp and has_lrp_rules(adapter) else None
         # per layer: the value projection's output and the unmasked gradient of the attention output (chefer_decoder)
         self.kept: dict = {}
-        rules = (attnlrp_rules(adapter) if spec.rules == "attnlrp" else
-                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
-                 if spec.rules == "chefer_decoder" else nullcontext())
-        # Every layer checkpointed (checkpointed.py) where the plain pass's activations would exceed the pass's
-        # memory (the plain pass below it: one backward through the kept graph, the op budgets), the plain gradient
-        # of the model as it is only: the LRP rules and records read every layer's tensors
-        B, n = cap.input_ids.shape
-        self.checkpointed = (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows
-                             and self.lrp is None and checkpoints(adapter, B, n, E.element_size(),
+        # the rules' hooks, for the forward and (checkpointed) again for the backward's recomputations
+        self._rules = lambda: (
+            attnlrp_rules(adapter) if spec.rules == "attnlrp" else
+            chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
+            if spec.rules == "chefer_decoder" else nullcontext())
+        # Every layer checkpointed (checkpointed.py) where the plain pass's activations (the pass's rows, in its
+        # dtype) would exceed the pass's memory (the plain pass below it: one backward through the kept graph, the
+        # op budgets): the plain gradient of the model as it is, and the decoders' rules (the rules' hooks placed
+        # again for the recomputations); not the post-LN encoders' LRP records, which read every layer's tensors
+        n = cap.input_ids.shape[1]
+        self.checkpointed = ((spec.rules in ("attnlrp", "chefer_decoder")
+                              or (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows))
+                             and self.lrp is None and checkpoints(adapter, E.shape[0], n, E.element_size(),
                                                                   pass_bytes(E.device)))
-        self.batch_terms = tuple(sorted(cap.attention_terms or (), key=lambda t: t.name))
+        # the batch's terms of this pass's kind (the gradient family's, the decoder rules' RuleTerms)
+        self.batch_terms = tuple(sorted((t for t in cap.attention_terms or () if t.rules == spec.rules),
+                                        key=lambda t: t.name))
         self._hooks = None
         if self.checkpointed:
             calls = [0] * adapter.n_layers
-            self._hooks = TermHooks(adapter, self.internals, calls)
-            with layer_checkpoints(adapter, calls), self._hooks.hooked():
-                self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
-                                         pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
+            operands = (RuleOperands(adapter, self.rows.half if self.rows else None, self.kept)
+                        if spec.rules == "chefer_decoder" else None)
+            self._hooks = TermHooks(adapter, self.internals, calls, operands)
+            with (widened(adapter, wide) if wide is not None else nullcontext(lambda _layer: nullcontext())
+                  ) as layer_cast, self._rules():
+                with layer_checkpoints(adapter, calls, layer_cast), self._hooks.hooked():
+                    self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
+                                             pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
         else:
             with (widened(adapter, wide) if wide is not None else nullcontext(),
-                  lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules):
+                  lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), self._rules()):
                 self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
                                          pos=self.internals.explain_pos)
         self.foil = twice(cap.foil)
@@ -373,7 +383,7 @@ class GradientPass:
             y = select(self.logits, self._twice(target), self.spec.output, self.foil).sum()
             if not self.checkpointed:
                 return output_grads(y, wrt, retain_graph=True), {}
-            with self._hooks.hooked():
+            with self._rules(), self._hooks.hooked():
                 return self._hooks.run(terms, lambda: output_grads(y, wrt, retain_graph=True, hooks=self._hooks))
 
     def term(self, g: dict, term: AttentionTerm) -> torch.Tensor:
