@@ -180,10 +180,10 @@ def pass_row(m: ModelShape, r: Run, checkpointed: bool = False) -> int:
     return m.layers * r.n * m.d * r.itemsize + layer if checkpointed else m.layers * layer
 
 
-def checkpoints(m: ModelShape, r: Run) -> bool:
-    """Whether a gradient pass checkpoints every layer (gradients.checkpoints): one row's plain pass beyond the
-    pass's memory (the IG budget)."""
-    return pass_row(m, r) > r.budgets.ig
+def checkpoints(m: ModelShape, r: Run, rows: int = 1) -> bool:
+    """Whether a gradient pass checkpoints every layer (gradients.checkpoints): ``rows`` rows' plain pass (in the
+    pass's dtype, r.itemsize) beyond the pass's memory (the IG budget)."""
+    return rows * pass_row(m, r) > r.budgets.ig
 
 
 def layer_backward(m: ModelShape, r: Run, hook: tuple[int, int] | None = None) -> int:
@@ -215,6 +215,24 @@ def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
     saved = L * (A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w)
     kept = saved + L * A * w + kv_cache(m, r)  # + dF/dA of every layer
     return kept + max(2 * A * F32, 3 * n * m.d_ff * w), kept
+
+
+def rules_layer_backward(m: ModelShape, r: Run, rows: int, hook: int) -> int:
+    """One layer's backward in the decoder rules' checkpointed float64 pass (r.itemsize 8) of ``rows`` rows (2: the
+    doubled batch): its recomputed tensors (the softmax's float32 output and the float64 attention beside it, 16 n d
+    and 6 n d_ff activations with the rules' saved operands and factors), dF/dA, and the larger of the softmax's
+    backward (dF/dA in float32, its result, the scores' gradient in float64) and the hook's ``hook`` float64
+    [H, n, n] of the rules' rows (R^{A,l}, dF/dA times it, its positive part: RuleOperands)."""
+    n, w, A = r.n, r.itemsize, m.heads * r.n ** 2
+    saved = A * (F32 + w) + (16 * n * m.d + 6 * n * m.d_ff) * w
+    return rows * (saved + A * w) + max(rows * max(A * (2 * F32 + w), 3 * n * m.d_ff * w), hook * A * w)
+
+
+def rules_pass(m: ModelShape, r: Run, rows: int, hook: int) -> tuple[int, int]:
+    """(peak, kept) bytes of the decoder rules' checkpointed float64 pass (no KV cache): every layer's input and the
+    gradients of the hidden states, of ``rows`` rows, with one layer's forward or one layer's backward."""
+    states = rows * (m.layers + 1) * r.n * m.d * r.itemsize
+    return max(states + rows * layer_transient(m, r), 2 * states + rules_layer_backward(m, r, rows, hook)), 2 * states
 
 
 def _mats(m: ModelShape, r: Run, k: float) -> int:
@@ -471,10 +489,23 @@ _add("ig_l2 ig_mean", Formula("integrated", lambda m, r: (50 + 2) * r.n * m.d * 
 # rest, fitted to a tiny Llama's measured peak, 4 layers, d 256, n = 2,048: 3.19); transatt and mask_lrp over the
 # doubled batch (its plain half's dF/dA): twice the pass, the dF/dA stack of both halves, the product and its
 # positive part (3.19 + 4, each a [L, H, n, n] of the plain half or the rules')
-_add("lrp partial_lrp", Formula("float64", _attention_stacks(3.2, 8),
-                                "gradient pass and relevance in float64, a layer's weights cast at a time"))
+# Checkpointed (issue 36: where rows x pass_row in float64 exceed the pass's memory): the layers' inputs and one
+# layer recomputed, its R^{A,l} reduced in the hook to [n,n] (``hook``: its float64 [H,n,n] temporaries; ``held``:
+# the float64 [L,n,n] maps, made at the backward's first layer); then cat_terms' float64 stacks of the rules' rows
+def _rules_stacks(k: float):
+    return lambda m, r: 2 * (m.layers + 1) * r.n * m.d * r.itemsize + _mats(m, r, k * r.itemsize / F32)
+
+
+_add("lrp", Formula("float64", _attention_stacks(3.2, 8),
+                    "gradient pass and relevance in float64, a layer's weights cast at a time; checkpointed: the "
+                    "layers' inputs, one layer recomputed", streamed=Checkpointed(_rules_stacks(0), hook=0)))
+_add("partial_lrp", Formula("float64", _attention_stacks(3.2, 8),
+                            "as lrp; checkpointed: each layer's R^{A,l} head mean [n,n] in its hook",
+                            streamed=Checkpointed(_rules_stacks(2), hook=2, held=lambda m, r: _mats(m, r, 2))))
 _add("transatt mask_lrp", Formula("float64", _attention_stacks(7.2, 8),
-                                  "as lrp over a doubled batch (its plain half: dF/dA)", rows=2))
+                                  "as lrp over a doubled batch (its plain half: dF/dA); checkpointed: each layer's "
+                                  "dF/dA R^{A,l} head mean [n,n] in its hook", rows=2,
+                                  streamed=Checkpointed(_rules_stacks(2), hook=3, held=lambda m, r: _mats(m, r, 2))))
 
 
 @dataclass(frozen=True)
@@ -504,7 +535,12 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}
         return Estimate(method, max(stages.values()), stages)
     fwd = bare_forward(m, r)  # the runner's plain forward (nothing captured) comes first
-    if f.stage == "float64":  # widened: no float64 copy of the model
+    if f.stage == "float64" and f.streamed is not None and checkpoints(m, replace(r, itemsize=8), f.rows):
+        mt, s = replace(r, itemsize=8), f.streamed
+        peak, kept = rules_pass(m, mt, f.rows, s.hook)
+        stages = {"forward": fwd, "gradient pass": base - kv_cache(m, r) + float64_casts(m) + peak + s.held(m, r),
+                  "method": base - kv_cache(m, r) + kept + s.work(m, mt)}
+    elif f.stage == "float64":  # widened: no float64 copy of the model
         mt = replace(r, itemsize=8)
         peak, kept = gradient_pass(m, mt)
         stages = {"forward": fwd, "gradient pass": base + float64_casts(m) + f.rows * peak,

@@ -365,12 +365,24 @@ class GradientPass:
         g = self._grads.get(key)
         if g is None:
             hs = self.hidden_states
+            # the rules' checkpointed pass keeps no layer's dF/dh: <dF/dh^l, h^l> of the layers' inputs, reduced in
+            # tensor hooks as the backward makes each ("inputs" [B, L, n]: cat_terms'), is all its methods read
+            inputs, handles = [None] * (len(hs) - 1), []
+            if self.checkpointed and self.spec.rules != "gradient":
+                handles = [h.register_hook(_input_term(inputs, l, h)) for l, h in enumerate(hs[:-1])]
+                hs = []
             att = [] if self.checkpointed else self.attentions
             wrt = [self.X, *hs, *att]
-            gl, computed = self._backward(target, wrt, tuple(dict.fromkeys(self.batch_terms + tuple(terms))))
+            try:
+                gl, computed = self._backward(target, wrt, tuple(dict.fromkeys(self.batch_terms + tuple(terms))))
+            finally:
+                for h in handles:
+                    h.remove()
             gl = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(gl, wrt)]
             g = self._grads[key] = {"X": gl[0], "hidden": gl[1:1 + len(hs)], "attentions": gl[1 + len(hs):],
                                     "terms": computed}
+            if handles:
+                g["inputs"] = torch.stack(inputs, dim=1)
         missing = tuple(t for t in terms if t.name not in g["terms"])
         if missing:
             g["terms"].update(self._backward(target, [self.X], missing)[1] if self.checkpointed
@@ -558,8 +570,18 @@ def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
     return wide(torch.cat(tensors).view(len(tensors), *tensors[0].shape))
 
 
+def _input_term(inputs: list, l: int, h: torch.Tensor):
+    """A tensor hook that keeps <dF/dh^l, h^l> [B, n] of layer l's input in ``inputs[l]`` (cat_terms' values)."""
+    def hook(g):
+        inputs[l] = torch.linalg.vecdot(wide(g), wide(h.detach()))
+    return hook
+
+
 def cat_terms(gp, grads, layers: str) -> torch.Tensor:
-    """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
+    """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n] (of the layers' inputs: reduced in
+    the backward by the rules' checkpointed pass)."""
+    if layers == "inputs" and "inputs" in grads:
+        return grads["inputs"]
     L = gp.adapter.n_layers
     idx = slice(0, L) if layers == "inputs" else slice(1, L + 1)
     h = [t.detach() for t in gp.hidden_states[idx]]

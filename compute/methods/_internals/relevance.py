@@ -153,10 +153,10 @@ def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: 
     rule = slice(B, None) if spec.plain_rows else slice(None)  # the rules' rows of the pass
     with torch.no_grad():
         inputs = cat_terms(gp, g, "inputs")[rule].transpose(0, 1)  # [L, B, n]
-        input_rel = gp.hidden_states[0].detach()[rule] * g["hidden"][0][rule]
-        if gp.checkpointed:
-            return Relevance(input=input_rel, inputs=inputs, attention=None,
+        if gp.checkpointed:  # no layer's dF/dh kept (nor read: ``input`` is no method's)
+            return Relevance(input=None, inputs=inputs, attention=None,
                              maps={t.name: g["terms"][t.name] for t in terms})
+        input_rel = gp.hidden_states[0].detach()[rule] * g["hidden"][0][rule]
         A = torch.stack([a.detach()[rule] for a in gp.attentions])  # [L, B, H, n, n]: the rules' rows only
         gA_all = torch.stack(g["attentions"])  # [L, B (2B), H, n, n]
         if mask is not None and not rollout_uses_masked:  # every layer at once
@@ -196,7 +196,7 @@ class Relevance:
     [B, n]); ``input``: at the encoder input [B, n, d]; ``attention`` [L, B, H, n, n]: R^{A,l+1} (the half of the A.V
     relevance that goes to A, per head, as kept for the rollout)."""
 
-    input: torch.Tensor
+    input: torch.Tensor | None  # None: a decoder's checkpointed pass's
     inputs: torch.Tensor
     attention: torch.Tensor | None  # None: a checkpointed pass's (its terms' ``maps`` instead)
     attention_grad: torch.Tensor | None = None  # [L, B, H, n, n] the plain dF/dA, where the pass carried it
