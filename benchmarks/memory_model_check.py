@@ -42,6 +42,7 @@ HEAD_MEANS = ("raw_attention", "rollout", "w_fixedres")
 LAYER_PARTS = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
                "alti_logit")
 STREAMED = HEAD_MEANS + LAYER_PARTS
+PASS_MB: list[int] = []  # --pass-mb, passed on to the fresh processes
 
 
 def predicted(name: str, n: int, shape: mm.ModelShape = TINY) -> int:
@@ -73,7 +74,10 @@ def measure(methods: list[str], ns: list[int], shape: mm.ModelShape = TINY) -> d
         adapter.model(input_ids=torch.randint(1, shape.vocab, (1, min(ns))))
     out = {}
     for name in methods:
-        method = None if name == BARE else REGISTRY[name](**({"baseline": "zero"} if name.startswith("ig_") else {}))
+        params = {"baseline": "zero"} if name.startswith("ig_") else {}
+        if name == "mask_lrp":  # every other head kept
+            params["head_mask"] = [[(l + h) % 2 for h in range(shape.heads)] for l in range(shape.layers)]
+        method = None if name == BARE else REGISTRY[name](**params)
         for n in ns:
             enc = {"input_ids": torch.randint(1, shape.vocab, (1, n)),
                    "attention_mask": torch.ones(1, n, dtype=torch.long)}
@@ -100,7 +104,8 @@ def measure_fresh(methods: list[str], ns: list[int], shape: mm.ModelShape) -> di
         for n in ns:
             res = subprocess.run([sys.executable, __file__, "--json", "--methods", name, "-n", str(n),
                                   "--layers", str(shape.layers), "--heads", str(shape.heads),
-                                  "--hidden", str(shape.d), "--d-ff", str(shape.d_ff)],
+                                  "--hidden", str(shape.d), "--d-ff", str(shape.d_ff),
+                                  *(["--pass-mb", str(PASS_MB[0])] if PASS_MB else [])],
                                  env=env, capture_output=True, text=True, check=True)
             out.update(json.loads(res.stdout.strip().splitlines()[-1]))
     return out
@@ -135,7 +140,14 @@ def main() -> None:
     ap.add_argument("--long", action="store_true", help="the tiny-but-long model, fresh processes, above the forward")
     ap.add_argument("--fresh", action="store_true", help="each method and length in a process of its own")
     ap.add_argument("--json", action="store_true", help="print the measured bytes as JSON only")
+    ap.add_argument("--pass-mb", type=int, help="a gradient pass's memory on the CPU (gradients.IG_CPU_BYTES, in "
+                    "MiB) for the measurement and the model alike: small, the checkpointed passes at short lengths")
     a = ap.parse_args()
+    if a.pass_mb is not None:
+        from compute.methods._internals import gradients
+
+        gradients.IG_CPU_BYTES = a.pass_mb << 20
+        PASS_MB.append(a.pass_mb)
     ns = [int(x) for x in a.n.split(",")]
     shape = LONG if a.long else replace(TINY, layers=a.layers, heads=a.heads, kv_heads=a.heads, d=a.hidden,
                                         d_ff=a.d_ff)

@@ -31,7 +31,7 @@ from transformers.pytorch_utils import Conv1D
 from ...adapters import Adapter
 from ...adapters.base import linear_weight, module_at
 from ...adapters.block import MLPMaps
-from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts
+from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts, no_grad_inside
 from .checkpointed import AttentionTerm
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .rule_rows import RuleRows, scale as rows_scale, select
@@ -366,13 +366,16 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
         # the Linears' hooks first: AttnLRP's gradient scaling of a projection's output attaches to what they return
         heads = [m for m in adapter.model.modules()
                  if isinstance(m, LINEARS) and m not in in_layers and m not in embedding]
+        # alpha1-beta0's Function gives every row its gradient (the plain rows' too): no graph of the Linears' own
         for i, m in enumerate(heads):  # the last one outputs the explained logits
+            handles += no_grad_inside(m)
             handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
         clip = qkv_clip(adapter.config)
         for layer in layers:
             clipped = {module_at(layer, path) for path in qkv_paths(block)} if clip else set()
             for m in layer.modules():
                 if isinstance(m, LINEARS):
+                    handles += no_grad_inside(m)
                     handles.append(m.register_forward_hook(alpha_beta(False, clip if m in clipped else None)))
                 elif is_experts(m):
                     handles.append(m.register_forward_hook(experts_hook, with_kwargs=True))
@@ -401,7 +404,9 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                     dh = linear_weight(out_proj).shape[1] // adapter.n_heads
                     cols = torch.tensor(head_mask[li], dtype=torch.float64).repeat_interleave(dh)
                     layer_kept = kept.setdefault(li, {"g_ctx": []}) if kept is not None else {"g_ctx": []}
-                    handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"])))
+                    # before the projection's own forward runs without a graph (no_grad_inside)
+                    handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"]),
+                                                                      prepend=True))
                     handles.append(module_at(layer, block.value).register_forward_hook(keep_hook(layer_kept)))
             yield
     finally:
