@@ -217,9 +217,15 @@ def main() -> None:
                     help="with --long: skip a method and length whose predicted peak exceeds this [3]")
     ap.add_argument("--fresh", action="store_true", help="each method and length in a process of its own")
     ap.add_argument("--json", action="store_true", help="print the measured bytes as JSON only")
+    ap.add_argument("--pass-mb", type=int, help="a gradient pass's memory on the CPU (gradients.IG_CPU_BYTES, in "
+                    "MiB) for the measurement and the model alike: small, the checkpointed passes at short lengths")
     a = ap.parse_args()
     if a.all and (not a.long or a.methods):
         ap.error("--all goes with --long and without --methods")
+    if a.pass_mb is not None:
+        from compute.methods._internals import gradients
+
+        gradients.IG_CPU_BYTES = a.pass_mb << 20  # the forked measurements inherit it
     ns = [int(x) for x in a.n.split(",")]
     shape = LONG if a.long else replace(TINY, layers=a.layers, heads=a.heads, kv_heads=a.heads, d=a.hidden,
                                         d_ff=a.d_ff)

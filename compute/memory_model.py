@@ -191,10 +191,10 @@ def pass_row(m: ModelShape, r: Run, checkpointed: bool = False, sdpa: bool = Fal
     return m.layers * r.n * m.d * r.itemsize + layer if checkpointed else m.layers * layer
 
 
-def checkpoints(m: ModelShape, r: Run) -> bool:
-    """Whether a gradient pass checkpoints every layer (gradients.checkpoints): one row's plain pass beyond the
-    pass's memory (the IG budget)."""
-    return pass_row(m, r) > r.budgets.ig
+def checkpoints(m: ModelShape, r: Run, rows: int = 1) -> bool:
+    """Whether a gradient pass checkpoints every layer (gradients.checkpoints): ``rows`` rows' plain pass (in the
+    pass's dtype, r.itemsize) beyond the pass's memory (the IG budget)."""
+    return rows * pass_row(m, r) > r.budgets.ig
 
 
 def sdpa_layer_transient(m: ModelShape, r: Run) -> int:
@@ -244,6 +244,27 @@ def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
     saved = L * (A * (F32 + (w if w < F32 else 0)) + (12 * n * m.d + 4 * n * m.d_ff) * w)
     kept = saved + L * A * w + kv_cache(m, r)  # + dF/dA of every layer
     return kept + max(2 * A * F32, 3 * n * m.d_ff * w), kept
+
+
+def rules_layer_backward(m: ModelShape, r: Run, rows: int, hook: int) -> int:
+    """One layer's backward in the decoder rules' checkpointed pass (r.itemsize: the pass's, 8 for the LRP family)
+    of ``rows`` rows (2: the doubled batch): its recomputed tensors (the softmax's float32 output and the attention
+    beside it where the pass is wider, 16 n d and 6 n d_ff activations with the rules' saved operands and factors),
+    and the largest of: dF/dA with the hook's ``hook`` [H, n, n] of the rules' rows (R^{A,l}, dF/dA times it, its
+    positive part: RuleOperands) or with its float32 copy (the softmax's backward starts), the softmax's backward
+    (two [H, n, n] a row at most: its float32 result and the scores' gradient, then the scores' two), the
+    feed-forward block's."""
+    n, w, A = r.n, r.itemsize, m.heads * r.n ** 2
+    saved = A * (F32 + (w if w != F32 else 0)) + (16 * n * m.d + 6 * n * m.d_ff) * w
+    attention = rows * A * w + max(hook * A * w, rows * A * F32)
+    return rows * saved + max(attention, rows * 2 * A * max(w, F32), rows * 3 * n * m.d_ff * w)
+
+
+def rules_pass(m: ModelShape, r: Run, rows: int, hook: int) -> tuple[int, int]:
+    """(peak, kept) bytes of the decoder rules' checkpointed pass (no KV cache): every layer's input, of ``rows``
+    rows, with one layer's forward or one layer's backward (no layer's dF/dh kept: <dF/dh, h> [n] in a hook)."""
+    states = rows * (m.layers + 1) * r.n * m.d * r.itemsize
+    return max(states + rows * layer_transient(m, r), states + rules_layer_backward(m, r, rows, hook)), states
 
 
 def _mats(m: ModelShape, r: Run, k: float) -> int:
@@ -396,9 +417,10 @@ class Checkpointed:
     it: GradientPass.sdpa)."""
 
     work: object
-    hook: tuple[int, int] | None = None
+    hook: tuple[int, int] | int | None = None  # the decoder rules' (``rules``): rules_layer_backward's
     held: object = _nothing
     attention: bool = True
+    rules: bool = False  # the decoder rules' pass (rules_pass: no dF/dh kept)
 
 
 @dataclass(frozen=True)
@@ -525,7 +547,9 @@ _add("grads", Formula("gradients", _cat_stacks,
      "rows", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
 _add("attnlrp", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32
                          + m.layers * r.n * (2 * m.d + m.d_ff) * r.itemsize,
-     "gradient pass with the rules' factors (two norms' [n,d] and the activation's [n,d_ff] a layer) + dF/dA"))
+     "gradient pass with the rules' factors (two norms' [n,d] and the activation's [n,d_ff] a layer) + dF/dA; "
+     "checkpointed: the layers' inputs, one layer recomputed with its factors, <dF/dh, h> [n] in a hook",
+     streamed=Checkpointed(_nothing, hook=0, rules=True)))
 _add("attcat", Formula("gradients", _attention_stacks(1),
      "gradient pass + the attentions stacked in float32 [L,H,n,n]; checkpointed: each layer's received attention "
      "[n] in its hook", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
@@ -551,10 +575,24 @@ _add("ig_l2 ig_mean", Formula("integrated", _ig_work,
 # rest, fitted to a tiny Llama's measured peak, 4 layers, d 256, n = 2,048: 3.19); transatt and mask_lrp over the
 # doubled batch (its plain half's dF/dA): twice the pass, the dF/dA stack of both halves, the product and its
 # positive part (3.19 + 4, each a [L, H, n, n] of the plain half or the rules')
-_add("lrp partial_lrp", Formula("float64", _attention_stacks(3.2, 8),
-                                "gradient pass and relevance in float64, a layer's weights cast at a time"))
+# Checkpointed (issue 36: where rows x pass_row in float64 exceed the pass's memory): the layers' inputs and one
+# layer recomputed, its R^{A,l} reduced in the hook to [n,n] (``hook``: its float64 [H,n,n] temporaries; ``held``:
+# the float64 [L,n,n] maps, made at the backward's first layer); then cat_terms' float64 stacks of the rules' rows
+def _rules_maps(k: int):
+    """k [L, n, n] maps in the pass's dtype (r.itemsize)."""
+    return lambda m, r: _mats(m, r, k * r.itemsize / F32)
+
+
+_add("lrp", Formula("float64", _attention_stacks(3.2, 8),
+                    "gradient pass and relevance in float64, a layer's weights cast at a time; checkpointed: the "
+                    "layers' inputs, one layer recomputed", streamed=Checkpointed(_nothing, hook=0, rules=True)))
+_add("partial_lrp", Formula("float64", _attention_stacks(3.2, 8),
+                            "as lrp; checkpointed: each layer's R^{A,l} head mean [n,n] in its hook",
+                            streamed=Checkpointed(_rules_maps(2), hook=2, held=_rules_maps(1), rules=True)))
 _add("transatt mask_lrp", Formula("float64", _attention_stacks(7.2, 8),
-                                  "as lrp over a doubled batch (its plain half: dF/dA)", rows=2))
+                                  "as lrp over a doubled batch (its plain half: dF/dA); checkpointed: each layer's "
+                                  "dF/dA R^{A,l} head mean [n,n] in its hook", rows=2,
+                                  streamed=Checkpointed(_rules_maps(2), hook=3, held=_rules_maps(1), rules=True)))
 
 
 @dataclass(frozen=True)
@@ -584,7 +622,15 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         stages = {"capture": base + peak, "method": base + kept + f.work(m, r)}
         return Estimate(method, max(stages.values()), stages)
     fwd = bare_forward(m, r)  # the runner's plain forward (nothing captured) comes first
-    if f.stage == "float64":  # widened: no float64 copy of the model
+    if f.stage == "float64" and f.streamed is not None and checkpoints(m, replace(r, itemsize=8), f.rows):
+        mt, s = replace(r, itemsize=8), f.streamed
+        peak, kept = rules_pass(m, mt, f.rows, s.hook)
+        # the backward's casts: one layer's (its recomputation) and one Linear's rule weights (the forward's casts of
+        # the modules outside the layers are gone: the embedding's table is read once, at the start)
+        casts = float64_casts(m) - 8 * (m.params - m.layers * m.layer_params)
+        stages = {"forward": fwd, "gradient pass": base - kv_cache(m, r) + casts + peak + s.held(m, mt),
+                  "method": base - kv_cache(m, r) + kept + s.work(m, mt)}
+    elif f.stage == "float64":  # widened: no float64 copy of the model
         mt = replace(r, itemsize=8)
         peak, kept = gradient_pass(m, mt)
         stages = {"forward": fwd, "gradient pass": base + float64_casts(m) + f.rows * peak,
@@ -601,7 +647,8 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
         stages = {"forward": fwd, "gradient pass": base + ig_rows(m, r) * row + f.work(m, r)}
     elif f.streamed is not None and checkpoints(m, r):
         s = f.streamed
-        peak, kept = gradient_pass(m, r, True, s.hook, not s.attention and not m.softcap)
+        peak, kept = (rules_pass(m, r, 1, s.hook) if s.rules
+                      else gradient_pass(m, r, True, s.hook, not s.attention and not m.softcap))
         stages = {"forward": fwd, "gradient pass": base - kv_cache(m, r) + peak + s.held(m, r),
                   "method": base - kv_cache(m, r) + kept + s.work(m, r)}
     else:

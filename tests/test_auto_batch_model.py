@@ -39,8 +39,9 @@ def test_one_example_that_does_not_fit_is_refused_naming_the_method_and_the_long
                     "input that fits is about 1760 tokens; lower --max-length to 1760, or leave out decompx")
     assert mm.longest_fitting("decompx", LLAMA, CARD) == 1760  # the same boundary as the table's
     assert mm.longest_fitting("grad_l2", LLAMA, CARD) == 10720  # issue 36: checkpointed, 2,400 before
-    # none fits at all: no length to lower to (on 24 GB lrp now reaches 224 tokens: one layer widened at a time)
-    assert mm.longest_fitting("lrp", LLAMA, 24 * mm.GB) == 224
+    # none fits at all: no length to lower to (on 24 GB lrp now reaches 1,968 tokens: one layer widened at a time,
+    # the layers checkpointed)
+    assert mm.longest_fitting("lrp", LLAMA, 24 * mm.GB) == 1968
     with pytest.raises(AttrscopeError, match="about 0 tokens; run on a device with more memory, or leave out lrp"):
         auto_batch.modelled_size(["lrp"], LLAMA, 4096, 2, room_of(16 * mm.GB), mm.Budgets.gpu(16 * mm.GB), 8)
 

@@ -101,8 +101,10 @@ def test_the_7b_verdicts():
     gradient = {"grad_l2", "gxi_l2", "gxi_mean", "grads", "attgrads", "cat", "attcat", "gae", "ig_l2", "ig_mean"}
     # DecompX: the capture's lists as the forward made them, a layer's step at a time (test_decompx_at_7b)
     decompx = {"decompx", "decompx_nohead"}
+    # and the LRP family and AttnLRP on decoders checkpoint theirs, R^{A,l} reduced per layer in hooks
+    rules = {"lrp", "partial_lrp", "transatt", "mask_lrp", "attnlrp"}
     assert fits == {"norm", "logat", "normxlogit", "raw_attention", "rollout", "w_fixedres", *LAYER_STREAMED} | \
-        gradient | decompx
+        gradient | decompx | rules
     # the captured attentions: 32 x 32 x 4096^2 in bfloat16, then their float32 stack beside them
     A = 32 * 32 * 4096 ** 2
     peak, kept = mm.capture(mm.LLAMA2_7B, run, frozenset({"attentions"}))
@@ -148,6 +150,18 @@ def test_the_7b_verdicts():
     # integrated gradients' rows checkpointed too, the SDPA attention's: six a pass (their rough count)
     sdpa_row = 32 * 4096 * 4096 * 2 + 4096 * (16 * 4096 + 4096) * 2
     assert mm.ig_rows(mm.LLAMA2_7B, run) == run.budgets.ig // sdpa_row == 6
+    # transatt's float64 pass over the doubled batch checkpointed: two rows' layer inputs in float64, one layer's
+    # recomputed tensors of both rows (the float32 softmax and the float64 attention, 16 n d and 6 n d_ff), dF/dA of
+    # both with the hook's three float64 [H, n, n] of the rules' row, the maps [L, n, n] in float64; one layer's casts
+    wide = mm.Run(4096, 8, run.budgets)
+    assert mm.checkpoints(mm.LLAMA2_7B, wide, 2) and not mm.checkpoints(mm.LLAMA2_7B, mm.Run(128, 8, run.budgets), 2)
+    saved = one * (4 + 8) + (16 * 4096 * 4096 + 6 * 4096 * 11008) * 8
+    states2 = 2 * 33 * 4096 * 4096 * 8
+    casts = 8 * (mm.LLAMA2_7B.layer_params + 4 * 4096 * 11008)
+    transatt = mm.estimate("transatt", mm.LLAMA2_7B, run)
+    assert transatt.peak == transatt.stages["gradient pass"] == (
+        mm.weights(mm.LLAMA2_7B, run) + casts + states2 + 2 * saved + (2 + 3) * one * 8 + 32 * 4096 ** 2 * 8)
+    assert mm.estimate("mask_lrp", mm.LLAMA2_7B, run).peak == transatt.peak < mm.CARD_BYTES
     # short inputs keep the plain pass (the op budgets)
     assert not mm.checkpoints(mm.LLAMA2_7B, mm.Run(512))
     assert mm.stack_layers(mm.LLAMA2_7B, run) == 1

@@ -13,8 +13,6 @@ exactly twice TransAtt's and its all-ones MGAE is not its GAE; ``rollout_unhalve
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from ..errors import AttrscopeError
@@ -78,10 +76,10 @@ class MaskLRP(TransAtt):
                 raise AttrscopeError(f"method 'mask_lrp': the head mask is {shape[0]} x {shape[1]} but the model has "
                                      f"{adapter.n_layers} layers x {adapter.n_heads} heads: compute the mask with this model")
 
-    def from_relevance(self, rel, gp, target, cap):
-        if self.params.get("rollout_unhalved"):  # the reference's cam1_preserve: the A.V relevance before its 1/2
-            rel = replace(rel, attention=2 * rel.attention)
-        return super().from_relevance(rel, gp, target, cap)
+    def attention_maps(self, rel, gp, target):
+        maps = super().attention_maps(rel, gp, target)
+        # the reference's cam1_preserve: the A.V relevance before its 1/2 (a power of two: the maps exactly twice)
+        return 2 * maps if self.params.get("rollout_unhalved") else maps
 
     def options(self):
         return {"rollout_uses_masked": bool(self.params.get("rollout_uses_masked", False)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ._internals.aggregate import row_at, valid_block
 from ._internals.base import MethodResult
-from ._internals.relevance import RelevanceMethod, positive_head_mean, zero_self
+from ._internals.relevance import RELEVANCE_MAPS, RelevanceMethod, zero_self
 from .lrp import LRP
 
 
@@ -18,8 +18,9 @@ class PartialLRP(RelevanceMethod):
     has_matrices = True
 
     run_options = LRP.run_options
+    attention_terms = (RELEVANCE_MAPS,)  # a checkpointed pass's, reduced a layer at a time
 
     def from_relevance(self, rel, gp, target, cap):
-        maps = valid_block(positive_head_mean(rel.attention.transpose(0, 1)), cap.mask)  # [B, L, n, n]
+        maps = valid_block(rel.map(RELEVANCE_MAPS).transpose(0, 1), cap.mask)  # [B, L, n, n]
         views = zero_self(row_at(maps, cap.explain_pos), cap.explain_pos)
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=maps)

@@ -10,7 +10,7 @@ import torch
 
 from ._internals.aggregate import valid_block
 from ._internals.base import MethodResult
-from ._internals.relevance import RelevanceMethod, gradient_weighted_rollout, positive_head_mean
+from ._internals.relevance import WEIGHTED_MAPS, RelevanceMethod, gradient_weighted_rollout
 from .lrp import LRP
 
 
@@ -23,12 +23,19 @@ class TransAtt(RelevanceMethod):
     passes = frozenset({"forward", "backward", "lrp"})  # the gradient weighting
 
     run_options = LRP.run_options
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        # a checkpointed pass's (decoders), reduced a layer at a time: the masked R^{A,l} where mask_lrp asks
+        self.attention_terms = (WEIGHTED_MAPS[bool(self.params.get("rollout_uses_masked", False))],)
+
+    def attention_maps(self, rel, gp, target) -> torch.Tensor:
+        """mean_h (dF/dA R^{A,l})^+ [L, B, n, n]: the decoder's pass carried the plain dF/dA (its plain rows) or
+        reduced the maps in its backward; an encoder's plain dF/dA is its gradient pass's."""
+        carried = rel.attention_grad is not None or rel.maps is not None
+        return rel.map(self.attention_terms[0], None if carried else torch.stack(gp.grads(target)["attentions"]))
+
     def from_relevance(self, rel, gp, target, cap):
-        R = rel.attention.transpose(0, 1)  # [B, L, H, n, n]
-        if rel.attention_grad is not None:  # a decoder's pass carried the plain dF/dA (its plain rows)
-            GR = rel.attention_grad.transpose(0, 1).to(R.dtype) * R
-        else:
-            GR = torch.stack(gp.grads(target)["attentions"], dim=1).to(R.dtype).mul_(R)  # one copy, then in place
-        maps = valid_block(positive_head_mean(GR), cap.mask)  # [B, L, n, n]
+        maps = valid_block(self.attention_maps(rel, gp, target).transpose(0, 1), cap.mask)  # [B, L, n, n]
         views = gradient_weighted_rollout(maps, cap.mask, cap.explain_pos)
         return MethodResult(scores=views[:, -1], layer_scores=views, matrices=maps)

@@ -91,6 +91,22 @@ def is_activation(module: nn.Module) -> bool:
             or type(module).__name__.endswith("Gelu"))
 
 
+def no_grad_inside(module: nn.Module) -> list:
+    """Hooks that run the module's own forward without a graph, for a rule whose Function takes the module's input
+    and replaces its output and its backward (register them before the rule's hook, which runs with the grad mode
+    restored): the module's nodes would never run in the backward, and would keep their saved tensors (a widened
+    Linear's float64 weight, a norm's input) as long as the graph, every layer's (checkpointed layers: every
+    layer's recomputed ones)."""
+    def pre(m, _args):
+        m.__dict__.setdefault("_grad_modes", []).append(torch.is_grad_enabled())
+        torch.set_grad_enabled(False)
+
+    def post(m, _args, _out):
+        torch.set_grad_enabled(m.__dict__["_grad_modes"].pop())
+
+    return [module.register_forward_pre_hook(pre), module.register_forward_hook(post, always_call=True)]
+
+
 def _norm_hook(adapter: Adapter, kind: str, rows: RuleRows | None):
     def hook(module, inp, out):
         x = inp[0]
@@ -215,6 +231,8 @@ def attnlrp_rules(adapter: Adapter, routing: str = "attnlrp", rows: RuleRows | N
             if m in skipped:
                 continue
             kind = norm_kind(m)
+            if (kind is not None or is_activation(m)) and rows is None:  # no plain rows read the module's graph
+                handles += no_grad_inside(m)
             if kind is not None:
                 handles.append(m.register_forward_hook(_norm_hook(adapter, kind, rows)))
             elif is_activation(m):

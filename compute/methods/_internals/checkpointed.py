@@ -36,6 +36,7 @@ class AttentionTerm:
     reduce: Callable
     last: bool = False
     grad: bool = True  # reads dF/dA (else only A)
+    rules: str = "gradient"  # the pass whose A and dF/dA it reduces (Explained.rules; chefer_decoder: RuleTerm)
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -68,11 +69,14 @@ def attention_implementation(model, name: str | None):
 
 
 @contextmanager
-def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None, sdpa: bool = False):
+def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None, sdpa: bool = False,
+                      around: Callable | None = None):
     """Every layer's forward under non-reentrant ``torch.utils.checkpoint`` while inside, without a KV cache (the
     recomputation would append to it again). ``calls[l]`` counts the runs of layer l's forward: 1 in the forward,
     more in the backward's recomputations. ``sdpa``: the attention through scaled_dot_product_attention, in the
-    forward and in each recomputation (which the backward runs after this context has closed)."""
+    forward and in each recomputation (which the backward runs after this context has closed). ``around(layer)``: a
+    context the layer's forward runs in, in the forward and in its recomputations (the recomputation calls the
+    forward itself: the layer's own hooks do not run; widened's cast of the layer's weights)."""
     model, layers = adapter.model, adapter.layers()
     calls = calls if calls is not None else [0] * len(layers)
     impl = "sdpa" if sdpa else None
@@ -81,7 +85,10 @@ def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None, sdpa: bo
         def body(*args, **kwargs):
             calls[l] += 1
             with attention_implementation(model, impl):  # the recomputation runs as the forward did
-                return forward(*args, **kwargs)
+                if around is None:
+                    return forward(*args, **kwargs)
+                with around(layers[l]):
+                    return forward(*args, **kwargs)
 
         return lambda *args, **kwargs: checkpoint(body, *args, use_reentrant=False, **kwargs)
 
@@ -107,10 +114,12 @@ def layer_checkpoints(adapter: Adapter, calls: list[int] | None = None, sdpa: bo
 class TermHooks:
     """The hooks of a checkpointed gradient pass that reduce each layer's A and dF/dA to the ``terms`` asked for, in
     the backward: ``results[name]`` [L, ...] (or [1, ...] for a term of the last layer). ``scale``: what the backward
-    started from (output_grads' float16 loss scaling), divided out of dF/dA."""
+    started from (output_grads' float16 loss scaling), divided out of dF/dA. ``operands``: what the terms reduce in
+    place of (A, dF/dA), ``operands(l, A, dA, term)`` (the decoder rules' R^{A,l} and the plain dF/dA:
+    chefer_decoder_rules.RuleOperands), and ``operands.forward(l)`` told when the forward has run layer l."""
 
-    def __init__(self, adapter: Adapter, cap, calls: list[int]):
-        self.adapter, self.cap, self.calls = adapter, cap, calls
+    def __init__(self, adapter: Adapter, cap, calls: list[int], operands=None):
+        self.adapter, self.cap, self.calls, self.operands = adapter, cap, calls, operands
         self.L = adapter.n_layers
         self.recomputed: dict[int, torch.Tensor] = {}
         self.terms: tuple[AttentionTerm, ...] = ()
@@ -139,6 +148,8 @@ class TermHooks:
                 return
             if self.calls[l] <= 1:  # the forward: only a hook on the tensor (the backward runs through it)
                 a.register_hook(lambda g: self._reduce(l, g))
+                if self.operands is not None:
+                    self.operands.forward(l)
             else:  # the backward's recomputation of layer l: its attention, read by the gradient's hook
                 self.recomputed[l] = a.detach()
         return hook
@@ -153,7 +164,7 @@ class TermHooks:
         if any(t.grad for t in terms):  # widened only where a term reads it
             dA = wide(g)[None] if self.scale == 1 else wide(g)[None] / self.scale
         for term in terms:
-            r = term.reduce(A, dA, self.cap)
+            r = term.reduce(*(self.operands(l, A, dA, term) if self.operands else (A, dA)), self.cap)
             if term.last:
                 self.results[term.name] = r
                 continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -30,7 +31,8 @@ from transformers.pytorch_utils import Conv1D
 from ...adapters import Adapter
 from ...adapters.base import linear_weight, module_at
 from ...adapters.block import MLPMaps
-from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts
+from .attnlrp_rules import QK_NAMES, attnlrp_rules, is_experts, no_grad_inside
+from .checkpointed import AttentionTerm
 from .attnlrp_rules import unsupported as attnlrp_unsupported
 from .rule_rows import RuleRows, scale as rows_scale, select
 from .safe_divide import EPS
@@ -246,6 +248,62 @@ class _HeadMask(torch.autograd.Function):
         return g * ctx.cols.to(g.device, g.dtype), None, None
 
 
+@dataclass(frozen=True)
+class RuleTerm(AttentionTerm):
+    """What a method keeps of R^{A,l} (``attention_relevance`` on the rules' rows; with a head mask the unmasked
+    one unless ``masked``) and the plain dF/dA (a doubled pass's plain rows, else None): ``reduce(R, G, cap)`` maps
+    K layers' [K, B, H, n, n] to [K, ...] (the checkpointed pass's hooks, a layer at a time: RuleOperands)."""
+
+    rules: str = "chefer_decoder"
+    masked: bool = False
+
+
+def attention_relevance(A: torch.Tensor, gA: torch.Tensor) -> torch.Tensor:
+    """R^{A,l} = A (dF/dA) / 2: the half of A.V's relevance that goes to A (the uniform rule), in place on A."""
+    return A.mul_(gA).div_(2)
+
+
+def unmasked_attention_grad(adapter: Adapter, g_ctx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The rules' dF/dA without the head mask, [K, B, H, n, n], from the unmasked gradient of the attention output
+    ``g_ctx`` [K, B, n, H d_h] and the value projection's output ``v`` [K, B, n, *] (separate or fused)."""
+    K, B, n = g_ctx.shape[:3]
+    H = adapter.n_heads
+    g_ctx = g_ctx.view(K, B, n, H, -1).transpose(2, 3)  # [K, B, H, n, dh]
+    return g_ctx @ adapter.value_of(v).view(K, B, n, H, -1).permute(0, 1, 3, 4, 2)
+
+
+class RuleOperands:
+    """The checkpointed pass's operands of the RuleTerms (checkpointed.TermHooks), a layer at a time from the
+    recomputed A and the gradient dF/dA the backward reaches it with [1, B or 2B, H, n, n]: R^{A,l} of the rules' rows
+    (the second half of a doubled batch: ``half``) and the plain rows' dF/dA. With a head mask, the unmasked R^{A,l}
+    reads the layer's kept unmasked gradient of the attention output and recomputed value output (``kept``); the
+    forward's value outputs are dropped as each layer's forward ends (only the recomputation's are read)."""
+
+    def __init__(self, adapter: Adapter, half: int | None, kept: dict):
+        self.adapter, self.half, self.kept = adapter, half, kept
+        self._layer, self._R = None, {}
+
+    def forward(self, l: int) -> None:
+        self.kept.get(l, {}).pop("v", None)
+
+    def __call__(self, l: int, A: torch.Tensor, dA: torch.Tensor, term: RuleTerm):
+        rule = slice(self.half, None) if self.half is not None else slice(None)
+        if self._layer != l:  # the layer above is done: its kept tensors dropped
+            if self._layer in self.kept:
+                self.kept[self._layer].pop("v", None)
+                self.kept[self._layer]["g_ctx"].clear()
+            self._layer, self._R = l, {}
+        masked = term.masked or l not in self.kept
+        if masked not in self._R:
+            if masked:
+                gA = dA[:, rule]
+            else:
+                k = self.kept[l]
+                gA = unmasked_attention_grad(self.adapter, k["g_ctx"].pop()[None, rule], k.pop("v").detach()[None, rule])
+            self._R[masked] = attention_relevance(A[:, rule].clone(), gA)
+        return self._R[masked], None if self.half is None else dA[:, :self.half]
+
+
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
@@ -308,13 +366,16 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
         # the Linears' hooks first: AttnLRP's gradient scaling of a projection's output attaches to what they return
         heads = [m for m in adapter.model.modules()
                  if isinstance(m, LINEARS) and m not in in_layers and m not in embedding]
+        # alpha1-beta0's Function gives every row its gradient (the plain rows' too): no graph of the Linears' own
         for i, m in enumerate(heads):  # the last one outputs the explained logits
+            handles += no_grad_inside(m)
             handles.append(m.register_forward_hook(alpha_beta(i == len(heads) - 1)))
         clip = qkv_clip(adapter.config)
         for layer in layers:
             clipped = {module_at(layer, path) for path in qkv_paths(block)} if clip else set()
             for m in layer.modules():
                 if isinstance(m, LINEARS):
+                    handles += no_grad_inside(m)
                     handles.append(m.register_forward_hook(alpha_beta(False, clip if m in clipped else None)))
                 elif is_experts(m):
                     handles.append(m.register_forward_hook(experts_hook, with_kwargs=True))
@@ -343,7 +404,9 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
                     dh = linear_weight(out_proj).shape[1] // adapter.n_heads
                     cols = torch.tensor(head_mask[li], dtype=torch.float64).repeat_interleave(dh)
                     layer_kept = kept.setdefault(li, {"g_ctx": []}) if kept is not None else {"g_ctx": []}
-                    handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"])))
+                    # before the projection's own forward runs without a graph (no_grad_inside)
+                    handles.append(out_proj.register_forward_pre_hook(mask_pre_hook(cols, layer_kept["g_ctx"]),
+                                                                      prepend=True))
                     handles.append(module_at(layer, block.value).register_forward_hook(keep_hook(layer_kept)))
             yield
     finally:

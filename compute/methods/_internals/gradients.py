@@ -31,7 +31,7 @@ from ...options import Option
 from .base import Method, MethodResult, Same, class_target
 from .budget import work_bytes
 from .attnlrp_rules import attnlrp_rules
-from .chefer_decoder_rules import chefer_decoder_rules
+from .chefer_decoder_rules import RuleOperands, chefer_decoder_rules
 from .rule_rows import RuleRows
 from .widened import widened
 from .checkpointed import AttentionTerm, TermHooks, layer_checkpoints, supports_sdpa
@@ -311,31 +311,42 @@ class GradientPass:
         self.lrp = LRPRecord() if record_lrp and has_lrp_rules(adapter) else None
         # per layer: the value projection's output and the unmasked gradient of the attention output (chefer_decoder)
         self.kept: dict = {}
-        rules = (attnlrp_rules(adapter) if spec.rules == "attnlrp" else
-                 chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
-                 if spec.rules == "chefer_decoder" else nullcontext())
-        # Every layer checkpointed (checkpointed.py) where the plain pass's activations would exceed the pass's
-        # memory (the plain pass below it: one backward through the kept graph, the op budgets), the plain gradient
-        # of the model as it is only: the LRP rules and records read every layer's tensors
-        B, n = cap.input_ids.shape
-        self.checkpointed = (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows
-                             and self.lrp is None and checkpoints(adapter, B, n, E.element_size(),
+        # the rules' hooks, for the forward and (checkpointed) again for the backward's recomputations
+        self._rules = lambda: (
+            attnlrp_rules(adapter) if spec.rules == "attnlrp" else
+            chefer_decoder_rules(adapter, spec.head_mask, self.kept if spec.head_mask else None, self.rows)
+            if spec.rules == "chefer_decoder" else nullcontext())
+        # Every layer checkpointed (checkpointed.py) where the plain pass's activations (the pass's rows, in its
+        # dtype) would exceed the pass's memory (the plain pass below it: one backward through the kept graph, the
+        # op budgets): the plain gradient of the model as it is, and the decoders' rules (the rules' hooks placed
+        # again for the recomputations); not the post-LN encoders' LRP records, which read every layer's tensors
+        n = cap.input_ids.shape[1]
+        self.checkpointed = ((spec.rules in ("attnlrp", "chefer_decoder")
+                              or (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows))
+                             and self.lrp is None and checkpoints(adapter, E.shape[0], n, E.element_size(),
                                                                   pass_bytes(E.device)))
-        self.batch_terms = tuple(sorted(cap.attention_terms or (), key=lambda t: t.name))
-        # a batch that declares no attention terms (the runner declares every method's) reads only dF/dX and dF/dh:
-        # its checkpointed layers run the SDPA attention (no [B, H, n, n]; undeclared, a term may be asked later)
-        self.sdpa = (self.checkpointed and cap.attention_terms is not None and not cap.attention_terms
-                     and supports_sdpa(adapter))
+        # the batch's terms of this pass's kind (the gradient family's, the decoder rules' RuleTerms)
+        self.batch_terms = tuple(sorted((t for t in cap.attention_terms or () if t.rules == spec.rules),
+                                        key=lambda t: t.name))
+        # a plain gradient pass whose batch declares no attention terms of its kind (the runner declares every
+        # method's) reads only dF/dX and dF/dh: its checkpointed layers run the SDPA attention (no [B, H, n, n];
+        # undeclared, a term may be asked later)
+        self.sdpa = (self.checkpointed and spec.rules == "gradient" and cap.attention_terms is not None
+                     and not self.batch_terms and supports_sdpa(adapter))
         self._hooks = None
         if self.checkpointed:
             calls = [0] * adapter.n_layers
-            self._hooks = TermHooks(adapter, self.internals, calls)
-            with layer_checkpoints(adapter, calls, self.sdpa), self._hooks.hooked():
-                self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
-                                         pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
+            operands = (RuleOperands(adapter, self.rows.half if self.rows else None, self.kept)
+                        if spec.rules == "chefer_decoder" else None)
+            self._hooks = TermHooks(adapter, self.internals, calls, operands)
+            with (widened(adapter, wide) if wide is not None else nullcontext(lambda _layer: nullcontext())
+                  ) as layer_cast, self._rules():
+                with layer_checkpoints(adapter, calls, self.sdpa, layer_cast), self._hooks.hooked():
+                    self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
+                                             pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
         else:
             with (widened(adapter, wide) if wide is not None else nullcontext(),
-                  lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), rules):
+                  lrp_hooks(adapter, self.lrp) if self.lrp is not None else nullcontext(), self._rules()):
                 self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
                                          pos=self.internals.explain_pos)
         self.foil = twice(cap.foil)
@@ -359,12 +370,24 @@ class GradientPass:
         g = self._grads.get(key)
         if g is None:
             hs = self.hidden_states
+            # the rules' checkpointed pass keeps no layer's dF/dh: <dF/dh^l, h^l> of the layers' inputs, reduced in
+            # tensor hooks as the backward makes each ("inputs" [B, L, n]: cat_terms'), is all its methods read
+            inputs, handles = [None] * (len(hs) - 1), []
+            if self.checkpointed and self.spec.rules != "gradient":
+                handles = [h.register_hook(_input_term(inputs, l, h)) for l, h in enumerate(hs[:-1])]
+                hs = []
             att = [] if self.checkpointed else self.attentions
             wrt = [self.X, *hs, *att]
-            gl, computed = self._backward(target, wrt, tuple(dict.fromkeys(self.batch_terms + tuple(terms))))
+            try:
+                gl, computed = self._backward(target, wrt, tuple(dict.fromkeys(self.batch_terms + tuple(terms))))
+            finally:
+                for h in handles:
+                    h.remove()
             gl = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(gl, wrt)]
             g = self._grads[key] = {"X": gl[0], "hidden": gl[1:1 + len(hs)], "attentions": gl[1 + len(hs):],
                                     "terms": computed}
+            if handles:
+                g["inputs"] = torch.stack(inputs, dim=1)
         missing = tuple(t for t in terms if t.name not in g["terms"])
         if missing:
             g["terms"].update(self._backward(target, [self.X], missing)[1] if self.checkpointed
@@ -380,7 +403,7 @@ class GradientPass:
             if self.sdpa and terms:
                 raise RuntimeError(f"attention terms {', '.join(t.name for t in terms)} asked of a gradient pass run "
                                    "with the SDPA attention: declare them in cap.attention_terms before the pass")
-            with self._hooks.hooked():
+            with self._rules(), self._hooks.hooked():
                 return self._hooks.run(terms, lambda: output_grads(y, wrt, retain_graph=True, hooks=self._hooks))
 
     def term(self, g: dict, term: AttentionTerm) -> torch.Tensor:
@@ -559,8 +582,18 @@ def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
     return wide(torch.cat(tensors).view(len(tensors), *tensors[0].shape))
 
 
+def _input_term(inputs: list, l: int, h: torch.Tensor):
+    """A tensor hook that keeps <dF/dh^l, h^l> [B, n] of layer l's input in ``inputs[l]`` (cat_terms' values)."""
+    def hook(g):
+        inputs[l] = torch.linalg.vecdot(wide(g), wide(h.detach()))
+    return hook
+
+
 def cat_terms(gp, grads, layers: str) -> torch.Tensor:
-    """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n]."""
+    """CAT^l_j (cat and attcat) = <dF/dh^l_j, h^l_j> for every layer [B, L, n] (of the layers' inputs: reduced in
+    the backward by the rules' checkpointed pass)."""
+    if layers == "inputs" and "inputs" in grads:
+        return grads["inputs"]
     L = gp.adapter.n_layers
     idx = slice(0, L) if layers == "inputs" else slice(1, L + 1)
     h = [t.detach() for t in gp.hidden_states[idx]]

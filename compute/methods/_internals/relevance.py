@@ -42,6 +42,7 @@ from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from .aggregate import add_identity_row_normalise, valid_block
 from .base import Method, MethodResult
+from .chefer_decoder_rules import RuleTerm, attention_relevance, unmasked_attention_grad
 from .chefer_decoder_rules import unsupported as decoder_unsupported
 from .gradients import Explained, GradientPass, cat_terms, gradient_pass, spec_from, wide
 from .lrp_record import has_lrp_rules
@@ -127,12 +128,14 @@ def decoder_rules(adapter: Adapter) -> bool:
 
 def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: torch.Tensor, head_mask=None,
                       rollout_uses_masked: bool = False, renormalise: bool = False,
-                      plain: bool = False) -> Relevance:
+                      plain: bool = False, terms: tuple = ()) -> Relevance:
     """The propagation on a pre-LN decoder (``head_mask``: the host's [L][H]), read off one gradient pass with the
     rules' backward: the relevance of a state is the state times its modified gradient; R^{A,l} = A (dF/dA) / 2, the
     half of A.V's relevance that goes to A (with a head mask: unmasked unless ``rollout_uses_masked``, from the
     unmasked gradient of A.V's output). ``plain``: the plain dF/dA too (``attention_grad``), from the plain half of
-    a doubled batch in the same pass (rule_rows); a batch whose pass is doubled already reads it from that one."""
+    a doubled batch in the same pass (rule_rows); a batch whose pass is doubled already reads it from that one.
+    A checkpointed pass keeps no layer's attention: ``terms`` (RuleTerms) are reduced a layer at a time in its
+    backward (``maps``), and ``attention`` is None."""
     if renormalise:
         raise AttrscopeError("method 'mask_lrp': --mask-renormalise is not defined on pre-LN decoder blocks; drop it")
     # the host's mask (the method's parameter), hashable: the pass is memoised by its spec
@@ -145,25 +148,24 @@ def decoder_relevance(cap: Captured, adapter: Adapter, spec: Explained, target: 
     if plain or declared or ("gradient_pass", doubled) in cap.memo:
         spec = doubled
     gp = gradient_pass(cap, adapter, spec)
-    g = gp.grads(target)
+    g = gp.grads(target, terms)
     B = cap.input_ids.shape[0]
     rule = slice(B, None) if spec.plain_rows else slice(None)  # the rules' rows of the pass
     with torch.no_grad():
         inputs = cat_terms(gp, g, "inputs")[rule].transpose(0, 1)  # [L, B, n]
+        if gp.checkpointed:  # no layer's dF/dh kept (nor read: ``input`` is no method's)
+            return Relevance(input=None, inputs=inputs, attention=None,
+                             maps={t.name: g["terms"][t.name] for t in terms})
+        input_rel = gp.hidden_states[0].detach()[rule] * g["hidden"][0][rule]
         A = torch.stack([a.detach()[rule] for a in gp.attentions])  # [L, B, H, n, n]: the rules' rows only
         gA_all = torch.stack(g["attentions"])  # [L, B (2B), H, n, n]
         if mask is not None and not rollout_uses_masked:  # every layer at once
-            L, n, H = A.shape[0], A.shape[-1], A.shape[2]
-            kept = [gp.kept[li] for li in range(L)]
-            g_ctx = torch.stack([k["g_ctx"][-1] for k in kept])[:, rule]
-            g_ctx = g_ctx.view(L, B, n, H, -1).transpose(2, 3)  # [L, B, H, n, dh]
-            # the value columns of the value module's output (separate or fused), repeated per query head
-            v = adapter.value_of(torch.stack([k["v"].detach() for k in kept])[:, rule])
-            gA = g_ctx @ v.view(L, B, n, H, -1).permute(0, 1, 3, 4, 2)
+            kept = [gp.kept[li] for li in range(A.shape[0])]
+            gA = unmasked_attention_grad(adapter, torch.stack([k["g_ctx"][-1] for k in kept])[:, rule],
+                                         torch.stack([k["v"].detach() for k in kept])[:, rule])
         else:
             gA = gA_all[:, rule]
-        return Relevance(input=gp.hidden_states[0].detach()[rule] * g["hidden"][0][rule], inputs=inputs,
-                         attention=A.mul_(gA).div_(2),
+        return Relevance(input=input_rel, inputs=inputs, attention=attention_relevance(A, gA),
                          attention_grad=gA_all[:, :B] if spec.plain_rows else None)
 
 
@@ -194,10 +196,26 @@ class Relevance:
     [B, n]); ``input``: at the encoder input [B, n, d]; ``attention`` [L, B, H, n, n]: R^{A,l+1} (the half of the A.V
     relevance that goes to A, per head, as kept for the rollout)."""
 
-    input: torch.Tensor
+    input: torch.Tensor | None  # None: a decoder's checkpointed pass's
     inputs: torch.Tensor
-    attention: torch.Tensor
+    attention: torch.Tensor | None  # None: a checkpointed pass's (its terms' ``maps`` instead)
     attention_grad: torch.Tensor | None = None  # [L, B, H, n, n] the plain dF/dA, where the pass carried it
+    maps: dict | None = None  # a checkpointed pass's RuleTerms, each [L, B, ...], reduced a layer at a time
+
+    def map(self, term: RuleTerm, grad: torch.Tensor | None = None) -> torch.Tensor:
+        """``term`` of R^{A,l} and the plain dF/dA (``grad``: the caller's, where the pass carried none) [L, B, ...]:
+        the checkpointed pass's, reduced in its backward, or of every layer's stacks at once."""
+        if self.maps is not None:
+            return self.maps[term.name]
+        return term.reduce(self.attention, self.attention_grad if grad is None else grad, None)
+
+
+# What the methods keep of R^{A,l} (and the plain dF/dA): per layer, the positive part per head and the head mean
+# (partial_lrp), of dF/dA times R^{A,l} (transatt, mask_lrp: ``masked``, the masked R^{A,l})
+RELEVANCE_MAPS = RuleTerm("lrp_relevance_maps", lambda R, G, cap: positive_head_mean(R))
+WEIGHTED_MAPS = {masked: RuleTerm("lrp_weighted_maps" + "_masked" * masked,
+                                  lambda R, G, cap: positive_head_mean(G.to(R.dtype) * R), masked=masked)
+                 for masked in (False, True)}
 
 
 def start_relevance(target: torch.Tensor, foil: torch.Tensor | None, channel: int | None, width: int,
@@ -538,7 +556,7 @@ class RelevanceMethod(Method):
         if decoder_rules(adapter):
             host_mask = None if self.head_mask(cap) is None else self.params["head_mask"]
             rel = decoder_relevance(cap, adapter, self.spec, target, host_mask, plain="backward" in self.passes,
-                                    **self.options())
+                                    terms=self.attention_terms, **self.options())
             with torch.no_grad():  # the plain dF/dA (transatt) is the relevance's: no gradient pass of its own
                 return self.from_relevance(rel, None, target, cap)
         rel = relevance(cap, adapter, self.spec, target, self.head_mask(cap), rules_dtype=self.rules_dtype(adapter),

@@ -9,7 +9,7 @@ same operations)."""
 from __future__ import annotations
 
 import weakref
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 from ...adapters import Adapter
@@ -23,10 +23,12 @@ def cast_weight(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 @contextmanager
 def widened(adapter: Adapter, dtype: torch.dtype):
     """The model's forwards inside run in ``dtype`` (its floating parameters and buffers cast as ``Module.to`` casts
-    them), layer by layer; a no-op where the model has that dtype."""
+    them), layer by layer; a no-op where the model has that dtype. Yields ``layer_cast(layer)``, a context that casts
+    one layer while inside (itself a no-op where the layer is cast already): a checkpointed layer's recomputation,
+    which runs after this context, calls the layer's forward without its hooks (checkpointed.layer_checkpoints)."""
     model = adapter.model
     if next(model.parameters()).dtype == dtype:
-        yield
+        yield lambda _layer: nullcontext()
         return
     casts: dict[int, tuple] = {}  # id(cast) -> (a weak reference to it, its source)
 
@@ -73,6 +75,14 @@ def widened(adapter: Adapter, dtype: torch.dtype):
     def leave(layer, *_):
         put_back(pending.pop())
 
+    @contextmanager
+    def layer_cast(layer):
+        swapped = swap(layer.modules())
+        try:
+            yield
+        finally:
+            put_back(swapped)
+
     with ExitStack() as stack:
         for layer in layers:
             stack.callback(layer.register_forward_pre_hook(enter).remove)
@@ -84,4 +94,4 @@ def widened(adapter: Adapter, dtype: torch.dtype):
         swapped = swap(outside)
         stack.callback(put_back, swapped)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
-        yield
+        yield layer_cast
