@@ -207,3 +207,33 @@ def test_decompx_reads_every_step_off_the_one_pass(monkeypatch):
     monkeypatch.setattr(token_vectors.Layers, "__init__", spy)
     steps_run(lm, ["decompx", "decompx_nohead"], prompts, made, None, None)
     assert stacked == [len(prompts)]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 13])
+def test_integrated_gradients_of_steps_do_not_depend_on_the_rows_of_a_pass(monkeypatch, rows):
+    """The CPU's integration passes are capped at the rows whose one layer fits gradients.CPU_CACHE_BYTES (faster
+    than one pass of every row): the steps' attributions and deltas are those of one pass of all 72 path rows, to
+    1e-10 in float64, with ``rows`` rows a pass (the last pass shorter)."""
+    from compute.methods._internals import gradients
+
+    lm = loaded("llama")
+    prompts, made, _ = generations()
+    names = ["ig_l2", "ig_mean"]
+    one_pass = forward_rows(lm, lambda: steps_run(lm, names, prompts, made, None, None))
+    _, whole = steps_run(lm, names, prompts, made, None, None)
+    n = max(len(p) + len(g) for p, g in zip(prompts, made))
+    layer = gradients.row_bytes(lm.adapter, n, 8) // lm.adapter.n_layers
+    monkeypatch.setattr(gradients, "CPU_CACHE_BYTES", rows * layer)
+    assert gradients.cpu_cache_rows(lm.adapter, n, 8) == rows
+    path = len(prompts) * (PARAMS["ig_l2"]["steps"] + 2)
+    seen = forward_rows(lm, lambda: steps_run(lm, names, prompts, made, None, None))
+    assert [s for s in one_pass if s != len(prompts)] == [path]
+    assert [s for s in seen if s != len(prompts)] == [rows] * (path // rows) + [path % rows] * (path % rows > 0)
+    _, got = steps_run(lm, names, prompts, made, None, None)
+    for name in names:
+        for key, want in whole.results[name].items():
+            for r, (w, h) in enumerate(zip(want, got.results[name][key])):
+                np.testing.assert_allclose(h, w, rtol=0, atol=1e-10 * max(float(np.abs(w).max()), 1e-30),
+                                           err_msg=f"{name} {key} step row {r}")
+        for key, want in whole.values[name].items():
+            np.testing.assert_allclose(got.values[name][key], want, rtol=0, atol=1e-10, err_msg=f"{name} {key}")
