@@ -163,7 +163,8 @@ def main() -> None:
         for n in ns:
             fwd = got[f"{BARE} {n}"]
             above, p, b = got[f"{name} {n}"] - fwd, predicted_above_forward(name, n, shape), bound(name, n, shape)
-            print(f"| {name} | {n} | {fwd / 2**20:.0f} | {above / 2**20:.0f} | {p / 2**20:.0f} | {above / p:.2f} "
+            ratio = f"{above / p:.2f}" if p > 0 else "-"  # 0: the model's peak is the bare forward's
+            print(f"| {name} | {n} | {fwd / 2**20:.0f} | {above / 2**20:.0f} | {p / 2**20:.0f} | {ratio} "
                   f"| {b / 2**20:.0f} | {'yes' if above <= b else 'no'} |")
 
 
