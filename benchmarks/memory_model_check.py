@@ -7,6 +7,8 @@ budgets (issue 27 item 6).
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --long -n 2048,4096   # issue 36's acceptance
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --layers 4 --hidden 256 --heads 8 --d-ff 1024 \
         --methods lrp -n 2048   # a tiny-but-long model (issue 36)
+    MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/memory_model_check.py --long --methods lrp,transatt,attnlrp \
+        -n 1024 --pass-mb 1   # the checkpointed passes (a pass's memory of 1 MiB) at a length float64 affords
 
 Each row: the peak resident memory of the capture and the method above what the process held before
 (compute.memory.peak_bytes, Linux VmHWM) and the model's peak above the weights. Run it with glibc's mmap threshold
