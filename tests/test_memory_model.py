@@ -340,10 +340,12 @@ def test_streamed_methods_on_the_tiny_but_long_model():
     times a layer's MLP work, the slowest here) add a few MiB to the forward's
     peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
     forward's peak, 15% of so small a difference being below what a process's peak resident size resolves. ALTI's
-    and ALTI-Logit's formula on the CPU (no kernel copy of a layer's attention, a block of sources at a time) is
-    below what they measure on this model (1 MiB predicted against 49 measured, 57 against 85): a lower bound
-    here, not yet the 15% the issue asks (on the 2-layer model of test_peak_memory_at_4096_tokens_is_the_formulas
-    it is within 0.85-1.2)."""
+    and ALTI-Logit's formula is the dense form's (a block of sources widened and laid out at a time, what a GPU
+    runs on a long input); on this random model the CPU runs the pruned form, whose [n, n] bounds, ranks, sums and
+    tail indices hold more: a lower bound here (at 2,048 tokens 1 MiB predicted against 41 measured, 9 against
+    52; before issue 36's narrow attention, block-wise bounds and ALTI-Logit's [L, n, d] record: 1 against 49, 57
+    against 85), not yet the 15% the issue asks (on the 2-layer model of
+    test_peak_memory_at_4096_tokens_is_the_formulas it is within 0.85-1.2)."""
     from memory_model_check import BARE, HEAD_MEANS, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
 
     n = 2048
