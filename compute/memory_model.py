@@ -84,9 +84,6 @@ class Budgets:
     value_zeroing: int  # a block of zeroed tokens (value_zeroing.CPU_BLOCK_BYTES)
     decompx: int  # DecompX's feed-forward blocks of source tokens (token_vectors.CPU_BLOCK_BYTES)
     ig: int  # integrated gradients' rows of one pass (gradients.IG_CPU_BYTES)
-    # on a GPU: ALTI's kernel takes a whole layer's attention in its own layout (the CPU's dense form copies it a
-    # block of sources at a time beyond the block budget)
-    gpu: bool = True
     # DecompX's decomposition, [n, k, d] for k source tokens (token_vectors.CPU_STATE_BYTES; a GPU's 1 /
     # STATE_GPU_SHARE)
     decompx_state: int = 0
@@ -108,7 +105,7 @@ class Budgets:
 
         return cls(stack=budget.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
                    value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
-                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES, gpu=False)
+                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES)
 
 
 @dataclass(frozen=True)

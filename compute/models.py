@@ -162,7 +162,7 @@ def _load_hf(spec: str, allow_random_head: bool = False, task: str = "auto"):
         tokenizer = AutoTokenizer.from_pretrained(spec)
     except (OSError, ValueError) as err:
         raise AttrscopeError(f"cannot load model '{spec}': {_one_line(err)}") from None
-    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as err:
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError):
         # a damaged or unsafe weights file: named if it is one of the directory's (else an internal error stays one)
         bad = _bad_weights(spec if local else _hub_snapshot(spec))
         if bad is None:

@@ -336,8 +336,7 @@ def test_peak_memory_at_4096_tokens_is_the_formulas():
 def test_streamed_methods_on_the_tiny_but_long_model():
     """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
     streamed methods' peak above the bare forward within twice one layer's float32 [H, n, n] plus what they store;
-    the head-mean methods' within 15% of the model's. The layer-streamed products (Value Zeroing's too: about n
-    times a layer's MLP work, the slowest here) add a few MiB to the forward's
+    the head-mean methods' within 15% of the model's. The layer-streamed products add a few MiB to the forward's
     peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
     forward's peak, 15% of so small a difference being below what a process's peak resident size resolves. ALTI's
     and ALTI-Logit's formula is the dense form's (a block of sources widened and laid out at a time, what a GPU
@@ -345,12 +344,15 @@ def test_streamed_methods_on_the_tiny_but_long_model():
     tail indices hold more: a lower bound here (at 2,048 tokens 1 MiB predicted against 41 measured, 9 against
     52; before issue 36's narrow attention, block-wise bounds and ALTI-Logit's [L, n, d] record: 1 against 49, 57
     against 85), not yet the 15% the issue asks (on the 2-layer model of
-    test_peak_memory_at_4096_tokens_is_the_formulas it is within 0.85-1.2)."""
+    test_peak_memory_at_4096_tokens_is_the_formulas it is within 0.85-1.2). Value Zeroing streams too, but is left
+    out: at 2,048 tokens it does about n times a layer's MLP work (26 TFLOP here), minutes on two cores; its streamed
+    path is held by tests/test_layer_streaming_methods.py and its 7B figures by test_value_zeroing_streams_its_layers_at_7b."""
     from memory_model_check import BARE, HEAD_MEANS, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
 
     n = 2048
-    got = measure_fresh([BARE, *STREAMED], [n], LONG)
-    for name in STREAMED:
+    measured_here = [name for name in STREAMED if name != "value_zeroing"]
+    got = measure_fresh([BARE, *measured_here], [n], LONG)
+    for name in measured_here:
         above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
         model = predicted_above_forward(name, n, LONG)
         if name in HEAD_MEANS:

@@ -5,7 +5,6 @@ l (view 1 is the final attribution). Signed: the residual rule can hand a token 
 
 from __future__ import annotations
 
-import torch
 
 from ..options import Option
 from ._internals.base import MethodResult
