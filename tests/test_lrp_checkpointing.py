@@ -128,8 +128,10 @@ def test_a_layers_recomputed_attention_is_freed_before_the_next_layers_recomputa
     def hook(l):
         def h(_m, _inp, out):
             calls[l] += 1
+            if calls[l] == 1 and l == L - 1:  # the forward's last layer: what exists before any recomputation
+                made["before"] = [weakref.ref(t) for t in squares(out[1])]
             if calls[l] > 1:  # the backward's recomputation of layer l: the layers above it are done
-                alive_at[l] = {k: sum(r() is not None for r in refs) for k, refs in made.items()}
+                alive_at[l] = {k: sum(r() is not None for r in refs) for k, refs in made.items() if k != "before"}
                 seen = {id(r()) for refs in made.values() for r in refs if r() is not None}
                 made[l] = [weakref.ref(t) for t in squares(out[1]) if id(t) not in seen]
         return h
