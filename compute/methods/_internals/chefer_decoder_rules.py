@@ -344,7 +344,10 @@ def chefer_decoder_rules(adapter: Adapter, head_mask: tuple | None = None, kept:
 
     def add_hook(slot, keys):
         def hook(module, inp, out):
-            return _with_first(out, _AddRule.apply(_first(out), (scale, slot["B"], rows), *(slot[k] for k in keys)))
+            # the skips popped: kept, a recomputation's stream would hold its layer's graph (softmax, A.V's A)
+            # until the rules' hooks are removed, every layer's at once by the backward's end
+            skips = (slot.pop(k) for k in keys)
+            return _with_first(out, _AddRule.apply(_first(out), (scale, slot["B"], rows), *skips))
         return hook
 
     def keep_out_hook(slot, key):
