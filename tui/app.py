@@ -428,6 +428,8 @@ class AttrApp(App[int]):
             self.browse.show_message(f"could not read {message.what}")
 
     def on_example_list_highlighted(self, message: ExampleList.Highlighted) -> None:
+        if not self._alive():  # a highlight posted while the app quits finds no screen
+            return
         if message.index != self.current:
             self.token = None
         self.current = message.index
