@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import MASK_ID, captured_tiny
-from torch.utils._python_dispatch import TorchDispatchMode
+from tensors_made import Made
 
 from compute.methods import get_method
 from compute.methods._internals import gradients
@@ -63,21 +63,6 @@ def test_sdpa_checkpointed_pass_is_the_eager_plain_pass(arch, monkeypatch):
             torch.testing.assert_close(ckpt[k], x, rtol=0, atol=TOLERANCE[arch] * scale, msg=f"{name} {params} {k}")
 
 
-class Shapes(TorchDispatchMode):
-    """The shape of every tensor an operation returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if torch.is_tensor(t):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("name", ["grad_l2", "cat", "ig_l2"])
 def test_sdpa_checkpointed_pass_makes_no_attention_map(arch, name, monkeypatch):
@@ -87,7 +72,7 @@ def test_sdpa_checkpointed_pass_makes_no_attention_map(arch, name, monkeypatch):
     _, ad, _, cap = captured_tiny(arch)
     B, n = cap.input_ids.shape
     c = declared(cap)
-    with Shapes() as rec:
+    with Made() as rec:
         stored(method(name, {}, True), c, ad, cap.pred)
     heads = [s for s in rec.shapes if len(s) >= 3 and s[-2:] == (n, n) and s[-3] == ad.n_heads]
     assert heads == []

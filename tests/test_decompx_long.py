@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import random_batch, tiny_model
-from torch.utils._python_dispatch import TorchDispatchMode
+from tensors_made import Made
 
 from compute.adapters import adapter_for
 from compute.methods import get_method
@@ -67,21 +67,6 @@ def test_the_narrow_capture_gives_the_stacked_results(arch, k, monkeypatch):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-10 * scale)
 
 
-class Made(TorchDispatchMode):
-    """The dtype and shape of every tensor an operation returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.made.append((t.dtype, tuple(t.shape)))
-        return out
-
-
 @pytest.mark.parametrize("name", METHODS)
 @pytest.mark.parametrize("arch", ["bert", "llama"])
 def test_a_bfloat16_model_widens_one_layer_at_a_time(arch, name, monkeypatch):
@@ -103,7 +88,7 @@ def test_a_bfloat16_model_widens_one_layer_at_a_time(arch, name, monkeypatch):
         res = m.compute(cap, ad, torch.zeros(B, dtype=torch.long))
     assert "attentions" not in cap.stacks and {a.dtype for a in cap.attentions} == {torch.bfloat16}
     assert res.layer_scores.dtype == torch.float32 and torch.isfinite(res.layer_scores).all()
-    wide = [shape for dtype, shape in spy.made if dtype == torch.float32]
+    wide = [shape for shape, dtype in spy.made if dtype == torch.float32]
     attention = [s for s in wide if s[-2:] == (n, n) and len(s) >= 3]
     assert attention and all(torch.Size(s).numel() <= B * H * n * n for s in attention)
     ffn = [s for s in wide if sorted(s[-2:]) == sorted((d, d_ff))]

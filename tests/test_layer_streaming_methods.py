@@ -16,6 +16,7 @@ from compute.adapters import adapter_for
 from compute.methods import REGISTRY
 from compute.methods._internals.aggregate import row_at
 from conftest import random_batch, tiny_model
+from tensors_made import Made
 from test_layer_streaming import LENGTHS, streamed, tiny_padded
 
 STREAMED = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
@@ -154,23 +155,6 @@ def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
     close(got.layer_scores, ref.layer_scores, 1e-5)
 
 
-class Made(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every tensor an op makes while it is on (shape and dtype): new memory, not views of its inputs."""
-
-    def __init__(self):
-        super().__init__()
-        self.made = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
-                self.made.append((tuple(t.shape), t.dtype))
-        return out
-
-
 def layer_attention_copies(made, B, H, n):
     """The floating-point tensors of one layer's attention size: at least B H n^2 numbers, two dimensions n."""
     return [(s, dt) for s, dt in made
@@ -197,7 +181,7 @@ def test_streamed_alti_keeps_the_attention_narrow_and_copies_it_by_blocks(monkey
     stack_matrices = cls.stack_matrices
 
     def watched(self, p, adapter):
-        with Made() as rec:
+        with Made(new_only=True) as rec:
             out = stack_matrices(self, p, adapter)
         seen.append((p.A.dtype, layer_attention_copies(rec.made, *p.A.shape[:2], p.A.shape[-1])))
         return out
@@ -238,7 +222,7 @@ def test_the_pruned_form_bounds_its_pairs_by_blocks_of_queries(model, monkeypatc
     stack_matrices = alti_module.Alti.stack_matrices
 
     def watched(self, p, adapter):
-        with Made() as rec:
+        with Made(new_only=True) as rec:
             out = stack_matrices(self, p, adapter)
         seen.append(layer_attention_copies(rec.made, *p.A.shape[:2], p.A.shape[-1]))
         return out
@@ -275,7 +259,7 @@ def test_head_gram_blocks_are_formed_a_layer_at_a_time(model):
     weights.derived.clear()
     L, d, _ = weights.W_O.shape
     H = ad.model.config.num_attention_heads
-    with Made() as rec:
+    with Made(new_only=True) as rec:
         blocks, index = weights.gram_blocks("n", H)
     assert not [s for s, _ in rec.made if s == (L, d, d)]
     P = weights.W_O.transpose(-1, -2) @ weights.W_O
