@@ -125,17 +125,14 @@ def measure_fresh(methods: list[str], ns: list[int], shape: mm.ModelShape,
                   skip=lambda name, n: False) -> dict[str, int | str]:
     """``measure`` of each method and length in a process of its own (nothing of another's heap in its peak), but
     those ``skip(name, n)`` says not to run; a process that fails gives its error's line instead of bytes. Each is
-    forked from this one once the libraries are imported (their import is most of a fresh interpreter's minute on
-    a loaded machine); nothing here has run a torch operation, so no thread pool is forked."""
+    forked from a server process that has imported the libraries and run nothing (their import is most of a fresh
+    interpreter's minute on a loaded machine). Not forked from this process: inside a test suite it has run torch
+    (a thread pool) and holds a large heap whose free pages a forked child reuses without its peak growing (0.4 MiB
+    measured for raw_attention's 12 MiB)."""
     import multiprocessing
 
-    import torch  # noqa: F401 - imported once, before the forks
-    import transformers  # noqa: F401
-
-    import compute.adapters  # noqa: F401
-    import compute.methods  # noqa: F401
-
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "transformers", "compute.adapters", "compute.methods"])
     out = {}
     for name in methods:
         for n in ns:
