@@ -389,3 +389,47 @@ async def test_the_token_view_moved_without_new_lines_is_not_drawn_again(tmp_pat
         await pilot.resize_terminal(60, 24)
         await settle(pilot)
         assert view._lines != lines
+
+
+_OPEN_AND_LIST_MODULES = r'''
+import asyncio, json, sys
+from tui.app import create_app
+
+async def main():
+    app = create_app(sys.argv[1], color_mode="256")
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one("#tokens")
+        while not (app.current == 0 and 0 in app.cache and view.layout_data is not None and view.layout_data.cells):
+            await asyncio.sleep(0.005)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        opened = sorted(sys.modules)
+        await pilot.press("f")  # the metrics screen, when it is asked for
+        await pilot.pause()
+        print(json.dumps([opened, sorted(sys.modules), [type(s).__name__ for s in app.screen_stack]]))
+
+asyncio.run(main())
+'''
+
+
+def test_opening_the_first_example_imports_no_other_screen(tmp_path):
+    """Issue 38.15: drawing the first example imports nothing the browse screen does not use. The colour bar's
+    clip legend asked numpy.unique, which imports numpy.ma (70 ms of CPU on the first draw, a tenth of the open on
+    the 2-core machine) for a test of two signs; the other screens and the writing side of the store stay out
+    until opened (the metrics screen here, imported when f opens it)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from store import add_metrics, MetricData
+
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=12)
+    add_metrics(str(path), [MetricData("rollout", "comprehensiveness", np.linspace(0, 1, 12), {}, {"mean": 0.5}, True)])
+    out = subprocess.run([sys.executable, "-c", _OPEN_AND_LIST_MODULES, str(path)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-3000:]
+    opened, later, screens = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "tui.screens.browse" in opened
+    assert sorted(m for m in (*NOT_FOR_THE_FIRST_SCREEN, "numpy.ma") if m in opened) == []
+    assert screens[-1] == "MetricsScreen" and "tui.screens.metrics" in later
