@@ -433,3 +433,47 @@ def test_opening_the_first_example_imports_no_other_screen(tmp_path):
     assert "tui.screens.browse" in opened
     assert sorted(m for m in (*NOT_FOR_THE_FIRST_SCREEN, "numpy.ma") if m in opened) == []
     assert screens[-1] == "MetricsScreen" and "tui.screens.metrics" in later
+
+
+@async_test
+async def test_the_text_and_method_panels_render_their_content_once_per_example(tmp_path, monkeypatch, color_env):
+    """j renders the example's text and the method bar once each: as Statics whose height follows their content
+    they were rendered to measure that height and again to be painted (issue 38.15). What they show is the
+    example's (its text, cut to three lines; the method line, the metrics line)."""
+    from rich.console import Console, Group
+
+    from store import add_metrics, MetricData
+    from tui.app import create_app
+    from tui.widgets.example_info import Clipped
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    add_metrics(str(path), [MetricData("rollout", "comprehensiveness", np.linspace(0, 1, 12), {}, {"mean": 0.5}, True)])
+    rendered = []
+    real = Console.render
+
+    def render(self, renderable, options=None):
+        content = getattr(renderable, "renderable", renderable)  # a Static's content comes wrapped in its style
+        if isinstance(content, Clipped):
+            rendered.append("text")
+        elif isinstance(content, Group) and content.renderables[0].plain.startswith("method "):
+            rendered.append("method")
+        return real(self, renderable, options)
+
+    monkeypatch.setattr(Console, "render", render)
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        for i in range(1, 7):
+            rendered.clear()
+            await pilot.press("j")
+            await settle(pilot)
+            assert app.current == i
+            assert sorted(rendered) == ["method", "text"], (i, rendered)
+            lines = screen_text(app).splitlines()
+            text = app.browse.query_one("#text").region
+            shown = " ".join(line[text.x:text.right].rstrip() for line in lines[text.y:text.bottom])
+            assert shown == f"text {exs[i].text}" or shown.endswith("…"), shown
+            bar = app.browse.query_one("#method").region
+            assert lines[bar.y][bar.x:].startswith("method rollout 1/3  non-negative")
+            assert f"comp {i / 11:.2f}" in [line[bar.x:].strip() for line in lines[bar.y:bar.bottom]]

@@ -15,6 +15,7 @@ from ..data import LoadedExample
 from ..render.task import task_lines
 from ..render.tokens import printable, printable_text
 from .laid_out_once import LaidOutOnce
+from .rendered_lines import RenderedLines
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -80,7 +81,7 @@ class Clipped:
         yield Text("\n").join(wrapped)
 
 
-class TextPanel(LaidOutOnce, Static):
+class TextPanel(RenderedLines):
     """The example's text (and pair text), literally, cut to TEXT_LINES lines (marked "…")."""
 
     TEXT_LINES = 3
@@ -94,4 +95,5 @@ class TextPanel(LaidOutOnce, Static):
             if ex.pair is not None:
                 t.append("\npair ", _BOLD)
                 t.append(printable_text(ex.pair))
-        self.update(Clipped(t, self.TEXT_LINES))
+        clipped = Clipped(t, self.TEXT_LINES)
+        self.show_content(lambda width: clipped)
