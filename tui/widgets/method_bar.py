@@ -50,6 +50,7 @@ class MethodBar(RenderedLines):
     shows the layers."""
 
     DEFAULT_CSS = "MethodBar { height: auto; }"
+    FITTED = False
 
     def show(self, info: MethodInfo, position: int, total: int, layer: int | None,
              values: dict[str, float] | None = None, metrics: RenderableType | None = None, *,

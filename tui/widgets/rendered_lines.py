@@ -14,7 +14,6 @@ from typing import Callable
 from rich.console import RenderableType
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -24,6 +23,10 @@ from .paint_style import PaintStyle
 
 
 class RenderedLines(PaintStyle, PlacedOnce, Widget):
+    #: True: the content is a Text its maker fitted to the width, drawn as it is. False: a rich renderable, rendered
+    #: at the width as a Static renders it (wrapped, cut as it asks) and padded as a Static pads (the background).
+    FITTED = True
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._make: Callable[[int], RenderableType] | None = None  # the content for a width
@@ -31,11 +34,9 @@ class RenderedLines(PaintStyle, PlacedOnce, Widget):
         self._lines: list[list[Segment]] = []  # as rich rendered them
         self._strips: dict[int, Strip] = {}  # those drawn, for the current lines and style
         self._strip_style = None
-        self._fitted = True  # the content is a Text fitted to the width (else a renderable rich wrapped)
 
     def show_content(self, make: Callable[[int], RenderableType]) -> None:
-        """Show ``make(width)``: a Text is drawn line by line as it is (its maker fitted it to the width), another
-        renderable as rich wraps it to the width. The screen is laid out only when the number of lines changes."""
+        """Show ``make(width)`` (see FITTED); the screen is laid out only when the number of lines changes."""
         before = len(self._lines)
         self._make = make
         width = self.content_region.width
@@ -49,8 +50,7 @@ class RenderedLines(PaintStyle, PlacedOnce, Widget):
 
     def _render(self, width: int) -> None:
         content, console = self._make(width), self.app.console
-        self._fitted = isinstance(content, Text)
-        if self._fitted:
+        if self.FITTED:
             segments = content.render(console)
         else:  # as Textual renders a Static's rich renderable
             segments = console.render(content, self.app.console_options.update(highlight=False).update_width(width))
@@ -75,7 +75,6 @@ class RenderedLines(PaintStyle, PlacedOnce, Widget):
         if strip is None:
             if y >= len(self._lines):
                 return Strip.blank(width, style)
-            # the blanks after a wrapped line as a Static pads them (the background only)
-            pad = style if self._fitted else Style.from_color(bgcolor=style.bgcolor)
+            pad = style if self.FITTED else Style.from_color(bgcolor=style.bgcolor)
             strip = self._strips[y] = Strip(self._lines[y]).apply_style(style).crop_extend(0, width, pad)
         return strip
