@@ -11,7 +11,8 @@ and reads the screen back with ``tmux capture-pane``: "open" is from starting th
 tokens drawn (its id and "1/N" in the detail header and its token line), "next" from sending j to the next
 example's tokens drawn (the median of 30 presses, 0.15 s apart, and the slowest); beside each, the CPU time the
 app's process spent (/proc: to open, and per j as the mean over the presses, the read-ahead included). The screen is read every few
-milliseconds by a tmux client of its own, so the figures include a few ms of polling. Targets (issue 38): open
+milliseconds by a tmux client of its own, so the figures include a few ms of polling. Each tree's modules are
+compiled to bytecode once before (as an installed attr-tui has them), so no start compiles them. Targets (issue 38): open
 < 0.5 s, next < 30 ms median. The machine's load (1-minute average) is printed with each row: the figures are only
 comparable at a similar load, which is why --before alternates the trees run by run.
 
@@ -172,8 +173,18 @@ def _token_line(screen: str) -> str | None:
     return next((line for line in screen.splitlines() if "▸" in line), None)
 
 
-def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(80, 24)) -> dict:
-    """attr-tui in a fresh tmux session: process start to the first example's tokens, j to the next one's."""
+def compiled(tree: str, into: str) -> str:
+    """The bytecode of ``tree``'s packages written under ``into`` (a PYTHONPYCACHEPREFIX), as an installed attr-tui
+    has it: where PYTHONDONTWRITEBYTECODE is set (as on the machine of issue 38), each start compiled every module of
+    the tree again (0.1 s of CPU of the open)."""
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": into}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "store", "tui"], cwd=tree, env=env, check=True)
+    return into
+
+
+def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(80, 24), pycache: str = "") -> dict:
+    """attr-tui in a fresh tmux session: process start to the first example's tokens, j to the next one's (its
+    bytecode read from ``pycache``, see compiled)."""
     session = f"tui-scale-{os.getpid()}-{time.monotonic_ns()}"
 
     def shown(screen: str, i: int) -> bool:
@@ -189,7 +200,7 @@ def measure_tmux(tree: str, path: str, ids: list[str], presses: int = 30, size=(
 
     t0 = time.perf_counter()
     subprocess.run([*TMUX, "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]), "-c", tree,
-                    f"exec {sys.executable} -m tui.cli {path}"], check=True)
+                    f"PYTHONPYCACHEPREFIX={pycache} exec {sys.executable} -m tui.cli {path}"], check=True)
     try:
         pid = int(subprocess.run([*TMUX, "display-message", "-p", "-t", session, "#{pane_pid}"],
                                  capture_output=True, text=True, check=True).stdout)
@@ -228,6 +239,7 @@ def load() -> float:
 def archive(rev: str, into: str) -> str:
     """The tree of git revision ``rev`` extracted into ``into`` (git archive: no worktree, no checkout)."""
     data = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    os.makedirs(into, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", into], input=data, check=True)
     return into
 
@@ -264,13 +276,14 @@ def main() -> None:
         cleanup.callback(subprocess.run, [*TMUX, "kill-server"], capture_output=True)
         trees = {"this tree": str(REPO)}
         if args.before:
-            trees[args.before] = archive(args.before, tmp)
+            trees[args.before] = archive(args.before, os.path.join(tmp, "before"))
+        pycaches = {name: compiled(tree, os.path.join(tmp, f"pycache-{i}")) for i, (name, tree) in enumerate(trees.items())}
         runs: dict[tuple[str, int], list[dict]] = {}
         for run in range(args.runs):
             for n, path in paths.items():
                 for name, tree in trees.items():  # alternated: both trees see the same spells of load
                     la = load()
-                    r = measure_tmux(tree, path, ids[n], args.presses)
+                    r = measure_tmux(tree, path, ids[n], args.presses, pycache=pycaches[name])
                     if args.pilot:
                         r.update(measure_pilot(tree, path))
                     r["load"] = (la + load()) / 2

@@ -142,8 +142,10 @@ def clip_mark(scale: Scale, i: int) -> str:
 
 def clip_legend(scales) -> str:
     """The colour bar's legend of the marks the tokens of ``scales`` carry ("↑↓ clipped"), "" when none."""
-    marks = {int(v) for sc in scales if sc.over is not None for v in np.unique(sc.over) if v}
-    return "".join(CLIP_MARKS[m] for m in (1, -1) if m in marks) + " clipped" if marks else ""
+    overs = [np.asarray(sc.over) for sc in scales if sc.over is not None]
+    # a comparison per sign, not np.unique: that imports numpy.ma (a tenth of attr-tui's open, at its first draw)
+    marks = [m for m in (1, -1) if any((o * m > 0).any() for o in overs)]
+    return "".join(CLIP_MARKS[m] for m in marks) + " clipped" if marks else ""
 
 
 def normalize(scores: np.ndarray, signed: bool, keep: np.ndarray | None = None) -> Scale:

@@ -380,8 +380,10 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
     from tui.app import create_app
     from tui.render.metric_table import fmt
 
-    def bar(app) -> str:
-        return plain(app.query_one("#method"))
+    def bar(app) -> str:  # the method bar's lines as drawn
+        region = app.query_one("#method").region
+        lines = screen_text(app).splitlines()[region.y:region.bottom]
+        return "\n".join(line[region.x:region.right].rstrip() for line in lines)
 
     app = create_app(metrics_store)
     async with app.run_test(size=(120, 24)) as pilot:

@@ -389,3 +389,91 @@ async def test_the_token_view_moved_without_new_lines_is_not_drawn_again(tmp_pat
         await pilot.resize_terminal(60, 24)
         await settle(pilot)
         assert view._lines != lines
+
+
+_OPEN_AND_LIST_MODULES = r'''
+import asyncio, json, sys
+from tui.app import create_app
+
+async def main():
+    app = create_app(sys.argv[1], color_mode="256")
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one("#tokens")
+        while not (app.current == 0 and 0 in app.cache and view.layout_data is not None and view.layout_data.cells):
+            await asyncio.sleep(0.005)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        opened = sorted(sys.modules)
+        await pilot.press("f")  # the metrics screen, when it is asked for
+        await pilot.pause()
+        print(json.dumps([opened, sorted(sys.modules), [type(s).__name__ for s in app.screen_stack]]))
+
+asyncio.run(main())
+'''
+
+
+def test_opening_the_first_example_imports_no_other_screen(tmp_path):
+    """Issue 38.15: drawing the first example imports nothing the browse screen does not use. The colour bar's
+    clip legend asked numpy.unique, which imports numpy.ma (70 ms of CPU on the first draw, a tenth of the open on
+    the 2-core machine) for a test of two signs; the other screens and the writing side of the store stay out
+    until opened (the metrics screen here, imported when f opens it)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from store import add_metrics, MetricData
+
+    path = tmp_path / "s.h5"
+    make_store(str(path), n_examples=12)
+    add_metrics(str(path), [MetricData("rollout", "comprehensiveness", np.linspace(0, 1, 12), {}, {"mean": 0.5}, True)])
+    out = subprocess.run([sys.executable, "-c", _OPEN_AND_LIST_MODULES, str(path)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-3000:]
+    opened, later, screens = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "tui.screens.browse" in opened
+    assert sorted(m for m in (*NOT_FOR_THE_FIRST_SCREEN, "numpy.ma") if m in opened) == []
+    assert screens[-1] == "MetricsScreen" and "tui.screens.metrics" in later
+
+
+@async_test
+async def test_the_text_and_method_panels_render_their_content_once_per_example(tmp_path, monkeypatch, color_env):
+    """j renders the example's text and the method bar once each: as Statics whose height follows their content
+    they were rendered to measure that height and again to be painted (issue 38.15). What they show is the
+    example's (its text, cut to three lines; the method line, the metrics line)."""
+    from rich.console import Console, Group
+
+    from store import add_metrics, MetricData
+    from tui.app import create_app
+    from tui.widgets.example_info import Clipped
+
+    path = tmp_path / "s.h5"
+    exs = make_store(str(path), n_examples=12)
+    add_metrics(str(path), [MetricData("rollout", "comprehensiveness", np.linspace(0, 1, 12), {}, {"mean": 0.5}, True)])
+    rendered = []
+    real = Console.render
+
+    def render(self, renderable, options=None):
+        content = getattr(renderable, "renderable", renderable)  # a Static's content comes wrapped in its style
+        if isinstance(content, Clipped):
+            rendered.append("text")
+        elif isinstance(content, Group) and content.renderables[0].plain.startswith("method "):
+            rendered.append("method")
+        return real(self, renderable, options)
+
+    monkeypatch.setattr(Console, "render", render)
+    app = create_app(path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        for i in range(1, 7):
+            rendered.clear()
+            await pilot.press("j")
+            await settle(pilot)
+            assert app.current == i
+            assert sorted(rendered) == ["method", "text"], (i, rendered)
+            lines = screen_text(app).splitlines()
+            text = app.browse.query_one("#text").region
+            shown = " ".join(line[text.x:text.right].rstrip() for line in lines[text.y:text.bottom])
+            assert shown == f"text {exs[i].text}" or shown.endswith("…"), shown
+            bar = app.browse.query_one("#method").region
+            assert lines[bar.y][bar.x:].startswith("method rollout 1/3  non-negative")
+            assert f"comp {i / 11:.2f}" in [line[bar.x:].strip() for line in lines[bar.y:bar.bottom]]

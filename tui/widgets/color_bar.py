@@ -12,4 +12,4 @@ class ColorBarView(RenderedLines):
 
     def show(self, scale: Scale, mode, glyphs: bool, top_k: int, scope: str = "", cmap: str = "dark",
              clipped: str = "") -> None:
-        self.show_text(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope, cmap=cmap, clipped=clipped).line)
+        self.show_content(ColorBar(scale, mode, glyphs=glyphs, top_k=top_k, scope=scope, cmap=cmap, clipped=clipped).line)

@@ -9,12 +9,11 @@ from __future__ import annotations
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
 from rich.text import Text
-from textual.widgets import Static
 
 from ..data import LoadedExample
 from ..render.task import task_lines
 from ..render.tokens import printable, printable_text
-from .laid_out_once import LaidOutOnce
+from .rendered_lines import RenderedLines
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -26,11 +25,12 @@ def _label_name(labels: dict[int, str], k: int | None) -> str:
     return printable(labels.get(int(k), str(int(k))))
 
 
-class InfoPanel(LaidOutOnce, Static):
+class InfoPanel(RenderedLines):
     """Two lines: id, position, length, truncation; gold label, prediction with its probability, correct mark (other
     tasks: up to two lines of what the example explains, render/task.py)."""
 
     DEFAULT_CSS = "InfoPanel { height: 2; }"
+    FITTED = False
 
     def show_example(self, ex: LoadedExample, labels: dict[int, str], total: int, *, monochrome: bool = False) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")
@@ -44,7 +44,7 @@ class InfoPanel(LaidOutOnce, Static):
             lines = task_lines(ex.task, ex.probs, ex.tokens, ex.gold_span, monochrome)
             t.append(Text("\n").join(lines))
             self.styles.height = 1 + len(lines)
-            self.update(t)
+            self.show_content(lambda width: t)
             return
         self.styles.height = 2
         t.append("label ", _DIM)
@@ -56,10 +56,11 @@ class InfoPanel(LaidOutOnce, Static):
         good, bad = (Style(), _BOLD) if monochrome else (Style(color="green"), Style(color="red", bold=True))
         mark = {True: ("  ✓ correct", good), False: ("  ✗ wrong", bad), None: ("  · unlabelled", _DIM)}[ex.correct]
         t.append(*mark)
-        self.update(t)
+        self.show_content(lambda width: t)
 
     def show_message(self, message: str) -> None:
-        self.update(Text(message, style=_DIM))
+        text = Text(message, style=_DIM)
+        self.show_content(lambda width: text)
 
 
 class Clipped:
@@ -80,10 +81,11 @@ class Clipped:
         yield Text("\n").join(wrapped)
 
 
-class TextPanel(LaidOutOnce, Static):
+class TextPanel(RenderedLines):
     """The example's text (and pair text), literally, cut to TEXT_LINES lines (marked "…")."""
 
     TEXT_LINES = 3
+    FITTED = False
     DEFAULT_CSS = "TextPanel { height: auto; max-height: 3; color: $text-muted; }"
 
     def show_example(self, ex: LoadedExample | None) -> None:
@@ -94,4 +96,5 @@ class TextPanel(LaidOutOnce, Static):
             if ex.pair is not None:
                 t.append("\npair ", _BOLD)
                 t.append(printable_text(ex.pair))
-        self.update(Clipped(t, self.TEXT_LINES))
+        clipped = Clipped(t, self.TEXT_LINES)
+        self.show_content(lambda width: clipped)

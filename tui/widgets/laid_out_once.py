@@ -5,12 +5,11 @@ reactive that asks for a second layout of the whole screen, which places nothing
 100k benchmark store that second layout was a third of "next example" (issue 38). A size change that moves other
 widgets is a layout already under way; a scroll bar that appears or goes is a reactive of its own and still asks.
 
-:meth:`LaidOutOnce.update` asks for a layout only when the panel's height changes: Static.update lays the whole
-screen out at every update, and the next example (another text, label, strip of the same height) moved nothing."""
+The panels drawn by the line API (rendered_lines.py) ask for a layout only when their number of lines changes:
+Static.update laid the whole screen out at every update, and the next example (another text, label, strip of the
+same height) moved nothing."""
 
 from __future__ import annotations
-
-from textual.geometry import Size
 
 
 class PlacedOnce:
@@ -18,31 +17,6 @@ class PlacedOnce:
 
     def _size_updated(self, size, virtual_size, container_size, layout: bool = True) -> bool:
         return super()._size_updated(size, virtual_size, container_size, layout=False)
-
-
-class LaidOutOnce(PlacedOnce):
-    """A Static panel: both rules."""
-
-    _laid_out_as: tuple[int, int] | None = None  # (width, content height) of the last update
-
-    def update(self, content="", *, layout: bool = True, height: int | None = None) -> None:
-        """``height``: the content's lines where the caller knows them (else they are measured: drawn once)."""
-        width = self.content_region.width
-        if not layout or not width:  # not laid out yet: Static's own way
-            self._laid_out_as = None
-            super().update(content, layout=layout)
-            return
-        super().update(content, layout=False)
-        rule = self.styles.height
-        if rule is not None and not rule.is_auto:  # a fixed height (its own style change lays out)
-            return
-        if height is None:
-            self._content_height_cache = (None, 0)  # measured again for the new content
-            height = self.get_content_height(Size(width, 0), self.app.size, width)
-        shape = (width, height)
-        if shape != self._laid_out_as:
-            self._laid_out_as = shape
-            self.refresh(layout=True)
 
 
 class ScrollSizedOnce:

@@ -23,5 +23,5 @@ class LayerStrip(RenderedLines):
         lines = np.vstack([np.asarray(views, np.float64), np.asarray(final, np.float64)[None, :]])
         labels = [f"L{i + 1}" for i in range(len(views))] + ["final"]
         current = len(views) if layer is None else layer
-        self.show_text(lambda width: strip_text(lines, labels, current, signed, mode, width=max(width, 20), rows=rows,
+        self.show_content(lambda width: strip_text(lines, labels, current, signed, mode, width=max(width, 20), rows=rows,
                                                 label_w=7, cmap=cmap))

@@ -5,11 +5,10 @@ from __future__ import annotations
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.style import Style
 from rich.text import Text
-from textual.widgets import Static
 
 from ..data import MethodInfo
 from ..render.tokens import printable
-from .laid_out_once import LaidOutOnce
+from .rendered_lines import RenderedLines
 
 _DIM = Style(dim=True)
 _BOLD = Style(bold=True)
@@ -44,13 +43,14 @@ class _LayerLadder:
         yield t
 
 
-class MethodBar(LaidOutOnce, Static):
+class MethodBar(RenderedLines):
     """Line 1 (wrapped): the method, its position among the methods, signed or not, its description. Next (only in
     stores with metrics): the
     current example's faithfulness metrics for this method. Last line: the layer ladder, unless the layer strip
     shows the layers."""
 
     DEFAULT_CSS = "MethodBar { height: auto; }"
+    FITTED = False
 
     def show(self, info: MethodInfo, position: int, total: int, layer: int | None,
              values: dict[str, float] | None = None, metrics: RenderableType | None = None, *,
@@ -70,4 +70,5 @@ class MethodBar(LaidOutOnce, Static):
         lines = [t] if metrics is None else [t, metrics]
         if ladder:  # the layer strip below shows the layers otherwise
             lines.append(_LayerLadder(info, layer))
-        self.update(Group(*lines))
+        group = Group(*lines)
+        self.show_content(lambda width: group)
