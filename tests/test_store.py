@@ -615,7 +615,7 @@ def test_resume_rewrites_a_format_1_2_store_in_the_current_format(tmp_path):
     w.append([_fixture_example(10), _fixture_example(11)])
     w.close(complete=True)
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "2.0.0" and len(s) == 12
+        assert s.format_version == ENCODING_VERSION == "2.1.0" and len(s) == 12
         for i in range(12):
             assert_example(s[i], _fixture_example(i))
             np.testing.assert_array_equal(s[i].evidence, _fixture_example(i).evidence)
@@ -953,7 +953,7 @@ def test_adding_metrics_to_a_format_1_2_store_keeps_its_metrics(tmp_path):
     new = _metric("logat", "sufficiency", 10, 3)
     add_metrics(str(path), [new])
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "2.0.0" and s.complete and len(s) == 10
+        assert s.format_version == ENCODING_VERSION == "2.1.0" and s.complete and len(s) == 10
         _assert_metric(s, new)
         np.testing.assert_allclose(s.metric_values("rollout", "aopc@attcat"), np.linspace(-0.5, 0.5, 10), rtol=1e-6)
         for i in range(10):
