@@ -162,8 +162,9 @@ def test_a_rewrite_keeps_them(gen):
 
 def test_merged_shards_join_them_in_order(tmp_path):
     """compute.merge's metric join: each shard's steps concatenated in shard order (its examples' order)."""
-    from compute.merge import _merged_metrics
     from generation_stores import generation_examples
+
+    from compute.merge import _merged_metrics
 
     exs = generation_examples()
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"

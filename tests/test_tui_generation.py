@@ -341,9 +341,10 @@ def gen_metrics_store(tmp_path_factory):
 async def test_the_metric_line_shows_the_steps_value_beside_the_mean(gen_metrics_store, monkeypatch):
     """Browse: the method bar's metrics at the step cursor ('comp 0.15 μ0.25'), moving with it; a metric kept
     without steps shows its mean alone; the metrics screen names the step and shows both."""
+    from test_tui_metrics import example_line, open_metrics, plain
+
     from tui.app import create_app
     from tui.render.metric_table import fmt
-    from test_tui_metrics import example_line, open_metrics, plain
 
     set_color_env(monkeypatch)
     with open_store(gen_metrics_store) as s:
