@@ -5,8 +5,8 @@ results (the resume identity) but --shard, the same dataset records (fingerprint
 that tile the dataset with no gap. The examples are then copied in one pass (store.copying.merge), and the metrics
 the shards have in common are joined: per-example values, curves and levels (and a generation store's values per
 step) concatenated in shard order, the summaries recomputed from the concatenation by the metric itself (every
-summary is a function of the per-example values, which is what lets attr-compute eval evaluate in chunks). The store is built under a temporary name and
-renamed into place at the end, so a failure leaves nothing at OUT.
+summary is a function of the per-example values, which is what lets attr-compute eval evaluate in chunks). The
+store is built under a temporary name and renamed into place at the end, so a failure leaves nothing at OUT.
 """
 
 from __future__ import annotations

@@ -72,9 +72,10 @@ complaint. /examples/digests binds each example's bytes in every per-example dat
 appends them in the commit, before the index rows; the reader checks an example's arrays as it reads them and
 store/verify.py all of them. A metric record keeps the CRC-32 of its numbers (values, curves, levels: one run in
 /metric_records/numbers) as "digest" in its text, checked by verify (its per-step values, 2.1, a run of their own:
-"steps" {"off", "n", "digest"}, so that a 2.0 reader's digest still covers what it reads). Not covered: the index itself (its rows are
-checked against each other and against the data's extent), provenance, head masks and scale statistics (written
-once, small: most in checksummed object headers), format 1.2's metric groups. A store before 1.6 has no digests.
+"steps" {"off", "n", "digest"}, so that a 2.0 reader's digest still covers what it reads). Not covered: the index
+itself (its rows are checked against each other and against the data's extent), provenance, head masks and scale
+statistics (written once, small: most in checksummed object headers), format 1.2's metric groups. A store before 1.6
+has no digests.
 """
 
 from __future__ import annotations

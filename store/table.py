@@ -6,8 +6,8 @@ method -> position, with the step and its target token beside the position), rea
 with one contiguous slice per dataset, so a whole store streams through in bounded
 memory and the rows of consecutive ranges concatenate to the rows of their union. ``metric_columns``: one row per
 example x method with a column per metric, ordered example -> method (a generation store: per example its mean and
-then each step, with the step and its target, ordered example -> step -> method), by ranges too. pandas is only imported by
-``Store.to_pandas``; ``compute/export.py`` writes these chunks to Parquet / CSV.
+then each step, with the step and its target, ordered example -> step -> method), by ranges too. pandas is only
+imported by ``Store.to_pandas``; ``compute/export.py`` writes these chunks to Parquet / CSV.
 """
 
 from __future__ import annotations
@@ -208,10 +208,9 @@ def step_metric_columns(store, methods: list[str], names: list[str], means: np.n
         t0 = int(rows["tok_off"][0])
         strings = _token_strings(store, t0, t0 + int(n.sum()))
         targets[at] = strings[(np.cumsum(n) - n + P)[ex_of[at]] + step[at]]
-    cols = {"example": np.repeat(lo + ex_of, M).astype(np.int64),
-            "id": np.repeat(np.array(store.ids_range(lo, hi), dtype=object)[ex_of], M),
-            "step": np.repeat(step, M).astype(np.int64),
-            "target": np.repeat(targets, M),
-            "method": np.tile(np.array(methods, dtype=object), U)}
+    cols = dict(zip(STEP_METRIC_COLUMNS, (np.repeat(lo + ex_of, M).astype(np.int64),
+                                          np.repeat(np.array(store.ids_range(lo, hi), dtype=object)[ex_of], M),
+                                          np.repeat(step, M).astype(np.int64), np.repeat(targets, M),
+                                          np.tile(np.array(methods, dtype=object), U))))
     cols.update({name: values[k].reshape(-1) for k, name in enumerate(names)})
     return cols
