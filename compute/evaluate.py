@@ -182,13 +182,14 @@ def _step_examples(s, idx: list[int], method: str, cfg: EvalConfig) -> tuple[lis
 
 def per_example_mean(res: MetricResult, owner: np.ndarray, n: int) -> MetricResult:
     """Step values [S] -> each example's mean over its steps [n] (NaN for an example without a finite one: no step,
-    or none the metric defines); the per-level curves differ in length between steps and are not kept."""
+    or none the metric defines), the step values kept as ``steps`` (in step order: owner is sorted); the per-level
+    curves differ in length between steps and are not kept."""
     v = np.asarray(res.values, dtype=np.float64)
     ok = np.isfinite(v)
     total = np.bincount(owner[ok], weights=v[ok], minlength=n)
     count = np.bincount(owner[ok], minlength=n)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return MetricResult(values=np.where(count > 0, total / np.maximum(count, 1), np.nan))
+        return MetricResult(values=np.where(count > 0, total / np.maximum(count, 1), np.nan), steps=v)
 
 
 def _settings(name: str, preset: str | None, cfg: EvalConfig, tokenizer, signed: bool,
@@ -310,14 +311,16 @@ def _gathered(out: list, world) -> list:
     import torch.distributed as dist
 
     shares = [None] * world.world_size
-    dist.all_gather_object(shares, [(m.method, m.name, m.values, m.curves, m.levels) for m in out])
+    dist.all_gather_object(shares, [(m.method, m.name, m.values, m.curves, m.levels, m.steps) for m in out])
     joined = []
     for i, mine in enumerate(out):
         if any(share[i][:2] != (mine.method, mine.name) for share in shares):
             raise AttrscopeError("the ranks evaluated different metrics: launch every rank with the same command")
         res, summary = joined_parts(mine.settings, [MetricResult(values=share[i][2], curves=share[i][3],
-                                                                 levels=share[i][4]) for share in shares])
-        joined.append(replace(mine, values=res.values, curves=res.curves, levels=res.levels, summary=summary))
+                                                                 levels=share[i][4], steps=share[i][5])
+                                                    for share in shares])
+        joined.append(replace(mine, values=res.values, curves=res.curves, levels=res.levels, steps=res.steps,
+                              summary=summary))
     return joined
 
 
@@ -361,7 +364,7 @@ def _evaluate(s, methods, specs, cfg, lm, predictor, other, other_ids, out: list
             out.append(MetricData(method=method, name=stored, values=res.values, settings={
                 **metric.settings, "preset": preset, "metric": name}, summary=metric.summary(res),
                 higher_is_better=metric.higher_is_better, description=metric.description,
-                curves=res.curves, levels=res.levels))
+                curves=res.curves, levels=res.levels, steps=res.steps))
 
 
 def _check_needs(s, specs, cfg, methods, path) -> None:
@@ -397,6 +400,9 @@ def _concat(parts, N):
     from .metrics.base import MetricResult
 
     values = np.concatenate([np.asarray(p.values, dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    steps = None  # a generation store's, in step order as the parts are in example order; all parts or none
+    if parts and all(p.steps is not None for p in parts):
+        steps = np.concatenate([np.asarray(p.steps, dtype=np.float64) for p in parts])
     curves = levels = None
     if parts and all(p.curves is not None for p in parts):
         K = max(p.curves.shape[1] for p in parts)
@@ -409,4 +415,4 @@ def _concat(parts, N):
             if p.levels is not None:
                 levels[r:r + e, :k] = p.levels
             r += e
-    return MetricResult(values=values, curves=curves, levels=levels)
+    return MetricResult(values=values, curves=curves, levels=levels, steps=steps)

@@ -3,10 +3,10 @@
 The shards are first checked to come from one plan (compute.shards): the same model, every option that changes the
 results (the resume identity) but --shard, the same dataset records (fingerprint) and N, each K once, and ranges
 that tile the dataset with no gap. The examples are then copied in one pass (store.copying.merge), and the metrics
-the shards have in common are joined: per-example values, curves and levels concatenated in shard order, the
-summaries recomputed from the concatenation by the metric itself (every summary is a function of the per-example
-values, which is what lets attr-compute eval evaluate in chunks). The store is built under a temporary name and
-renamed into place at the end, so a failure leaves nothing at OUT.
+the shards have in common are joined: per-example values, curves and levels (and a generation store's values per
+step) concatenated in shard order, the summaries recomputed from the concatenation by the metric itself (every
+summary is a function of the per-example values, which is what lets attr-compute eval evaluate in chunks). The
+store is built under a temporary name and renamed into place at the end, so a failure leaves nothing at OUT.
 """
 
 from __future__ import annotations
@@ -174,8 +174,9 @@ def _merged_metrics(shards: list[dict]) -> tuple[list[MetricData], list[str]]:
         infos = [p[key] for p in per_shard]
         settings = infos[0]["settings"]
         res, summary = joined_parts(settings, [MetricResult(values=i["values"], curves=i["curves"],
-                                                            levels=i["levels"]) for i in infos])
+                                                            levels=i["levels"], steps=i["steps"]) for i in infos])
         out.append(MetricData(method=key[0], name=key[1], values=res.values, settings=settings,
                               summary=summary, higher_is_better=infos[0]["higher_is_better"],
-                              description=infos[0]["description"], curves=res.curves, levels=res.levels))
+                              description=infos[0]["description"], curves=res.curves, levels=res.levels,
+                              steps=res.steps))
     return out, dropped

@@ -109,7 +109,7 @@ def copy_committed(old: Store, tmp: str, metrics: bool = True) -> dict[str, Scal
                 info = old.metric_info(method, name)
                 records.append(MetricData(method, name, old.metric_values(method, name), info["settings"],
                                           info["summary"], info["higher_is_better"], info["description"],
-                                          info["curves"], info["levels"]))
+                                          info["curves"], info["levels"], info["steps"]))
         if records:
             append_metric_records(f, records)
         return w._scales

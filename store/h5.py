@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from . import schema
-from .attrs import write_attr
+from .attrs import attr_value, write_attr
 from .digests import crcs
 from .errors import StoreError, StoreWriteError
 from .records import HeadMaskData, MetricData
@@ -246,9 +246,24 @@ def create_layout(f: h5py.File, *, n_layers, n_heads, labels, methods, provenanc
     write_attr(digests, "datasets", json.dumps([d.path for d in flats]))  # the columns' order
 
 
+def committed_steps(f: h5py.File) -> int | None:
+    """S, the generated tokens of a generation store's committed examples (from its last index row); None for a
+    store of another task."""
+    raw = attr_value(f.attrs["task"]) if "task" in f.attrs else None
+    task = json.loads(raw) if raw is not None else schema.DEFAULT_TASK
+    if task.get("name") != schema.GENERATE:
+        return None
+    index = f[schema.INDEX]
+    if not index.shape[0]:
+        return 0
+    last = index[index.shape[0] - 1]
+    return int(last["step_off"]) + int(last["n_steps"])
+
+
 def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
     """Append the metrics' numbers and texts, flush, then their record rows (the commit), flush."""
     n = int(f[schema.INDEX].shape[0])
+    steps_total = committed_steps(f)
     numbers, texts = f[schema.METRIC_NUMBERS], f[schema.METRIC_TEXT]
     num_end, text_end = int(numbers.shape[0]), int(texts.shape[0])
     rows = np.zeros(len(metrics), dtype=schema.metric_record_dtype())
@@ -277,8 +292,20 @@ def append_metric_records(f: h5py.File, metrics: list[MetricData]) -> None:
             off += a.size
         r["k"] = k
         digest = int(crcs(np.concatenate(parts), [off - num_end])[0])  # the record's numbers, one run (1.6)
+        extra = {}
+        if m.steps is not None:  # a run of their own after the levels, with its own digest (2.1)
+            steps = np.asarray(m.steps, dtype=np.float32)
+            if steps_total is None:
+                raise StoreError(f"metric '{m.name}' of '{m.method}' has per-step values, but the store is not a "
+                                 "generation store: pass them for a --task generate store only")
+            if steps.shape != (steps_total,):
+                raise StoreError(f"metric '{m.name}' of '{m.method}' has {steps.size} per-step values for the "
+                                 f"{steps_total} generated tokens of the store")
+            extra["steps"] = {"off": off, "n": steps_total, "digest": int(crcs(steps, [steps_total])[0])}
+            parts.append(steps)
+            off += steps_total
         text = json.dumps({"settings": m.settings, "summary": m.summary, "higher_is_better": bool(m.higher_is_better),
-                           "description": m.description, "digest": digest}, sort_keys=True,
+                           "description": m.description, "digest": digest, **extra}, sort_keys=True,
                           default=str).encode("utf-8")
         r["text_off"], r["text_len"] = text_end, len(text)
         chunks += parts

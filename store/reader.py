@@ -60,6 +60,7 @@ class Store:
             self._extent = schema.Extent()
             self._ids: list[str] | None = None
             self._catalogue = None
+            self._steps_runs: dict[tuple[str, str], tuple[int, int, int] | None] = {}
             self._id_rows: dict[str, int] | None = None
             self._scales: dict[str, ScaleAccumulator] = {}
             self._scale_rows: dict[str, int] = {}
@@ -284,6 +285,7 @@ class Store:
                 self._n = n
                 self._ids = self._id_rows = None
             self._catalogue = None
+            self._steps_runs = {}
             return n
 
     def _check_extent(self, n: int) -> None:
@@ -302,17 +304,22 @@ class Store:
                                                           f"examples of the {'complete ' if complete else ''}store "
                                                           f"need {need}")
         if complete:
-            self._check_metric_lengths(n)
+            self._check_metric_lengths(n, extent.steps)
         self._extent = extent
 
-    def _check_metric_lengths(self, n: int) -> None:
-        """Each metric of a complete store has one value per committed example."""
+    def _check_metric_lengths(self, n: int, steps: int) -> None:
+        """Each metric of a complete store has one value per committed example (and, where a generation store's
+        record keeps them, one per generated token)."""
         for (method, name), (kind, where) in self._metric_catalogue().items():
             with self._reading(f"metric '{name}' of '{method}'") as f:
                 have = int(where["n"]) if kind == "record" else int(f[f"{where}/values"].shape[0])
             if have != n:
                 raise damaged(self.path, f"metric '{name}' of '{method}'", f"{have} values for the {n} examples "
                                                                            "of the complete store")
+            run = self._metric_steps_run(method, name) if self.generation else None
+            if run is not None and run[1] != steps:
+                raise damaged(self.path, f"metric '{name}' of '{method}'", f"{run[1]} per-step values for the "
+                                                                           f"{steps} generated tokens of the store")
 
     def _extent_of(self, n: int) -> schema.Extent:
         """The Extent of ``n`` committed rows, from the last of them."""
@@ -655,6 +662,44 @@ class Store:
             raise damaged(self.path, what, f"{out.shape[0]} values where {hi - lo} are needed")
         return out
 
+    def _metric_steps_run(self, method: str, name: str) -> tuple[int, int, int] | None:
+        """(offset into /metric_records/numbers, count, digest) of a record's values per step (a generation store's,
+        format 2.1), from its text; None for a record without them (written before 2.1, or not per step)."""
+        key = (method, name)
+        if key not in self._steps_runs:
+            kind, where = self._metric(method, name)
+            what = f"metric '{name}' of '{method}'"
+            info = self._metric_json(where, what).get("steps") if kind == "record" else None
+            run = None
+            if info is not None:
+                try:
+                    run = (int(info["off"]), int(info["n"]), int(info["digest"]))
+                except (KeyError, TypeError, ValueError) as err:
+                    raise damaged(self.path, what, f"its per-step values' place is unreadable ({err!r})") from None
+            self._steps_runs[key] = run
+        return self._steps_runs[key]
+
+    def metric_steps(self, method: str, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray | None:
+        """A generation store's values of one metric per generated token of the examples [lo, hi), in the store's
+        step order (example i's T at its ``step_off``; NaN where the metric is undefined for a step), float32; None
+        for a record without them (computed before format 2.1: attr-compute eval again keeps them).
+        :meth:`metric_values` holds each example's mean over its steps. ValueError for a store of another task."""
+        if not self.generation:
+            raise ValueError(f"'{self.path}' is a {self.task_name} store: it has no generated tokens")
+        run = self._metric_steps_run(method, name)
+        if run is None:
+            return None
+        hi = self._n if hi is None else min(hi, self._n)
+        lo = max(0, min(lo, hi))
+        if lo == hi:
+            return np.zeros(0, np.float32)
+        first, last = self.index_rows(lo, lo + 1)[0], self.index_rows(hi - 1, hi)[0]
+        a, b = int(first["step_off"]), int(last["step_off"]) + int(last["n_steps"])
+        if b > run[1]:
+            raise damaged(self.path, f"metric '{name}' of '{method}'", f"{run[1]} per-step values where the "
+                                                                       f"examples need {b}")
+        return self._read(schema.METRIC_NUMBERS, slice(run[0] + a, run[0] + b), b - a)
+
     def metrics(self, method: str) -> dict[str, np.ndarray]:
         """{metric name: per-example values [N]} of ``method`` (NaN where a metric is undefined for an example);
         row i belongs to store[i]. Summaries and settings: :meth:`metric_summaries`, :meth:`metric_info`."""
@@ -704,10 +749,18 @@ class Store:
         if int(crcs(numbers, [size])[0]) != digest:
             raise damaged(self.path, what, "its numbers are not those written for it: their digest differs (data "
                                            "moved or replaced in the file)")
+        run = self._metric_steps_run(method, name) if self.generation else None
+        if run is not None:
+            steps = self._read(schema.METRIC_NUMBERS, slice(run[0], run[0] + run[1]), run[1])
+            if int(crcs(steps, [run[1]])[0]) != run[2]:
+                raise damaged(self.path, what, "its per-step values are not those written for it: their digest "
+                                               "differs (data moved or replaced in the file)")
 
     def metric_info(self, method: str, name: str) -> dict:
-        """settings, summary, higher_is_better, description, and the per-level curves and levels [N, K] (or None)."""
+        """settings, summary, higher_is_better, description, the per-level curves and levels [N, K] (or None), and
+        a generation store's values per step [S] (:meth:`metric_steps`; None where not kept or in another store)."""
         out = self._metric_text(method, name)
+        out["steps"] = self.metric_steps(method, name) if self.generation else None
         kind, where = self._metric(method, name)
         if kind == "group":
             with self._reading(f"metric '{name}' of '{method}'") as f:
@@ -787,7 +840,9 @@ class Store:
     def metric_table(self, methods: list[str] | None = None, *, lo: int = 0, hi: int | None = None
                      ) -> dict[str, np.ndarray]:
         """One row per example x method of the examples [lo, hi), ordered example -> method, a column per metric
-        (NaN where a method lacks it): example, id, method, ... Methods without metrics are left out."""
+        (NaN where a method lacks it): example, id, method, ... Methods without metrics are left out. A generation
+        store's: example, id, step, target, method, ...: per example its mean (step -1, target "") and then each
+        step's value with its generated token (NaN where a record keeps none), ordered example -> step -> method."""
         from .table import metric_columns
 
         return metric_columns(self, methods, lo, hi)
@@ -1252,6 +1307,12 @@ class Example:
         return {key: float(self._read(schema.method_path(method, f"example_values/{key}"),
                                       slice(self.index, self.index + 1), 1)[0])
                 for key in lay.get("example_values", ())}
+
+    def step_metric(self, method: str, name: str) -> np.ndarray | None:
+        """Generation: the value of metric ``name`` of ``method`` at each step, [T] float32 (NaN where undefined),
+        whose mean is the store's metric value of this example; None where the store keeps no per-step values of it
+        (computed before format 2.1). KeyError for a metric the store lacks."""
+        return self._s.metric_steps(method, name, self.index, self.index + 1)
 
     def step_values(self, method: str) -> dict[str, np.ndarray]:
         """Generation: the method's per-step scalars, {key: [T]}."""

@@ -51,6 +51,9 @@ class MetricData:
     description: str = ""
     curves: np.ndarray | None = None  # [N, K] per-level values (probabilities, log-odds ...), NaN-padded
     levels: np.ndarray | None = None  # [N, K] the level of each curve point (perturbed tokens), -1 padded
+    # A generation store's value per generated token (format 2.1): [S] in the store's step order (example i's at its
+    # step_off); ``values`` are then each example's mean over its steps. None: not kept.
+    steps: np.ndarray | None = None
 
 
 @dataclass

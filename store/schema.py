@@ -2,9 +2,10 @@
 how long every flat dataset is after a given committed example. The writer, its resume copy and the reader all
 derive their datasets from here. docs/store.md documents it for users.
 
-Layout (format 2.0; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
+Layout (format 2.1; 1.1 added /head_masks, 1.2 /metrics, 1.3 checksums, /examples/ids and /methods/<m>/scale, 1.4
 the task: root attr task, the index's task fields and /examples/task, 1.5 the per-head attention: root attr heads,
-/heads/attention, 1.6 /examples/digests, 2.0 generation: the index's step fields, /steps, step_scores):
+/heads/attention, 1.6 /examples/digests, 2.0 generation: the index's step fields, /steps, step_scores, 2.1 a
+generation store's metric values per step):
 
     /                      attrs: encoding-type, encoding-version, model and library provenance, n_layers, n_heads,
                            labels (JSON), methods (JSON list), complete (bool), summary (JSON, once complete),
@@ -51,7 +52,8 @@ the task: root attr task, the index's task fields and /examples/task, 1.5 the pe
     /metric_records/rows      compound, one per metric record (method, metric, N, K, offsets into numbers and
                                  text); appending the row commits the record, a later record of the same (method,
                                  metric) replaces an earlier one (format 1.3)
-    /metric_records/numbers   float32  each record's values [N], curves [N, K] and levels [N, K] (exact up to 2**24)
+    /metric_records/numbers   float32  each record's values [N], curves [N, K] and levels [N, K] (exact up to 2**24),
+                                 and in a generation store its values per step [S] (2.1), at step_off per example
     /metric_records/text      uint8    each record's settings, summary, direction and description as UTF-8 JSON
     /metrics/<method>/<name>/values   float32 [N]        format 1.2's metric groups (still read; curves, levels
                                                           [N, K]; settings and summary JSON in attrs)
@@ -69,9 +71,11 @@ complaint. /examples/digests binds each example's bytes in every per-example dat
 ``store_datasets``: texts, ids, task words, tokens, method arrays, per-head attention) to its index row: the writer
 appends them in the commit, before the index rows; the reader checks an example's arrays as it reads them and
 store/verify.py all of them. A metric record keeps the CRC-32 of its numbers (values, curves, levels: one run in
-/metric_records/numbers) as "digest" in its text, checked by verify. Not covered: the index itself (its rows are
-checked against each other and against the data's extent), provenance, head masks and scale statistics (written
-once, small: most in checksummed object headers), format 1.2's metric groups. A store before 1.6 has no digests.
+/metric_records/numbers) as "digest" in its text, checked by verify (its per-step values, 2.1, a run of their own:
+"steps" {"off", "n", "digest"}, so that a 2.0 reader's digest still covers what it reads). Not covered: the index
+itself (its rows are checked against each other and against the data's extent), provenance, head masks and scale
+statistics (written once, small: most in checksummed object headers), format 1.2's metric groups. A store before 1.6
+has no digests.
 """
 
 from __future__ import annotations
@@ -81,9 +85,10 @@ from dataclasses import dataclass
 import numpy as np
 
 ENCODING_TYPE = "attrscope-store"
-ENCODING_VERSION = "2.0.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
+ENCODING_VERSION = "2.1.0"  # 1.1: /head_masks, 1.2: /metrics, 1.3: checksums, /examples/ids, /methods/<m>/scale,
 # 1.4: the task (root attr, index fields target_token .. task_len, /examples/task), 1.5: /heads/attention,
-# 1.6: /examples/digests, 2.0: generation (task "generate", the index's step fields, /steps, per-step method arrays).
+# 1.6: /examples/digests, 2.0: generation (task "generate", the index's step fields, /steps, per-step method arrays),
+# 2.1: a generation store's metric records keep a value per step (their text's "steps": where in the numbers).
 # A major version: a 1.x reader would take a generation store's missing /methods/<m>/scores for damage, so it refuses
 # every 2.x store in one line instead; this reader reads every major from OLDEST_MAJOR on.
 OLDEST_MAJOR = 1

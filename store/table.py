@@ -5,8 +5,9 @@ generation store: one per example x step x method x position before the step's t
 method -> position, with the step and its target token beside the position), read a range of examples at a time
 with one contiguous slice per dataset, so a whole store streams through in bounded
 memory and the rows of consecutive ranges concatenate to the rows of their union. ``metric_columns``: one row per
-example x method with a column per metric, ordered example -> method, by ranges too. pandas is only imported by
-``Store.to_pandas``; ``compute/export.py`` writes these chunks to Parquet / CSV.
+example x method with a column per metric, ordered example -> method (a generation store: per example its mean and
+then each step, with the step and its target, ordered example -> step -> method), by ranges too. pandas is only
+imported by ``Store.to_pandas``; ``compute/export.py`` writes these chunks to Parquet / CSV.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ TOKEN_COLUMNS = ("example", "id", "position", "token", "label", "pred", "method"
 STEP_TOKEN_COLUMNS = ("example", "id", "step", "target", "position", "token", "label", "pred", "method", "score")
 # The metric table's fixed columns; one column per metric follows.
 METRIC_COLUMNS = ("example", "id", "method")
+STEP_METRIC_COLUMNS = ("example", "id", "step", "target", "method")  # a generation store's: step -1 is the mean
 
 
 def _token_strings(store, t0: int, t1: int) -> np.ndarray:
@@ -171,8 +173,44 @@ def metric_columns(store, methods: list[str] | None = None, lo: int = 0, hi: int
     for j, m in enumerate(methods):
         for name in store.metric_names(m):
             values[names.index(name), :, j] = store.metric_values(m, name, lo, hi)
+    if store.generation:
+        return step_metric_columns(store, methods, names, values, lo, hi)
     cols = {"example": np.repeat(np.arange(lo, hi, dtype=np.int64), M),
             "id": np.repeat(np.array(store.ids_range(lo, hi), dtype=object), M),
             "method": np.tile(np.array(methods, dtype=object), E)}
+    cols.update({name: values[k].reshape(-1) for k, name in enumerate(names)})
+    return cols
+
+
+def step_metric_columns(store, methods: list[str], names: list[str], means: np.ndarray, lo: int, hi: int
+                        ) -> dict[str, np.ndarray]:
+    """A generation store's metric table (STEP_METRIC_COLUMNS, then a column per metric) for the examples [lo, hi):
+    per example its mean row (step -1, target "") and then a row per step t (its generated token as target), each
+    with a row per method, ordered example -> step -> method. ``means`` [metrics, E, M] are the per-example values;
+    a step row's value is the record's value at that step (NaN where the record keeps none: before format 2.1)."""
+    rows = store.index_rows(lo, hi)
+    T = rows["n_steps"].astype(np.int64)
+    E, M = len(rows), len(methods)
+    U = E + int(T.sum())  # units: each example's mean, then its steps
+    ex_of = np.repeat(np.arange(E), T + 1)
+    step = np.arange(U) - np.repeat(np.cumsum(T + 1) - (T + 1), T + 1) - 1
+    at = np.flatnonzero(step >= 0)  # the step units, in step order: the records' step runs of the range
+    values = np.full((len(names), U, M), np.nan, dtype=np.float32)
+    values[:, step < 0] = means
+    for j, m in enumerate(methods):
+        for name in store.metric_names(m):
+            steps = store.metric_steps(m, name, lo, hi)
+            if steps is not None:
+                values[names.index(name), at, j] = steps
+    targets = np.full(U, "", dtype=object)
+    if len(at):
+        n, P = rows["n_tokens"].astype(np.int64), rows["prompt_len"].astype(np.int64)
+        t0 = int(rows["tok_off"][0])
+        strings = _token_strings(store, t0, t0 + int(n.sum()))
+        targets[at] = strings[(np.cumsum(n) - n + P)[ex_of[at]] + step[at]]
+    cols = dict(zip(STEP_METRIC_COLUMNS, (np.repeat(lo + ex_of, M).astype(np.int64),
+                                          np.repeat(np.array(store.ids_range(lo, hi), dtype=object)[ex_of], M),
+                                          np.repeat(step, M).astype(np.int64), np.repeat(targets, M),
+                                          np.tile(np.array(methods, dtype=object), U))))
     cols.update({name: values[k].reshape(-1) for k, name in enumerate(names)})
     return cols

@@ -191,27 +191,119 @@ def test_generate_options_out_of_place_are_usage_errors(llama_dir, tmp_path, arg
     assert message in refused(tmp_path, data, "--model", llama_dir, *args, code=2)
 
 
-def test_the_perturbation_metrics_of_a_generation_are_its_steps_next_token_metrics(llama_dir, tmp_path):
-    """Point 5: each step's metric is the next-token metric of its prefix and token (its target probability
-    perturbed); an example stores the mean over its steps."""
-    k = 3
-    data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p, "cont": c} for p, c in zip(PROMPTS[:k], CONTINUATIONS)])
-    metrics = ("--metrics", "comprehensiveness,sufficiency,aopc,lodds")
-    gen = tmp_path / "gen.h5"
-    ok(invoke("run", data, "--model", llama_dir, "-o", gen, "--task", "generate", "--methods", "rollout,grad_l2",
-              "--continuation-column", "cont", *metrics, *RUN))
+METRIC_NAMES = ("comprehensiveness", "sufficiency", "aopc", "lodds")
+STEP_PROMPTS = (0, 1, 4)  # 4: a one-token prompt, whose first two steps comprehensiveness does not define
+
+
+@pytest.fixture(scope="module")
+def metric_runs(llama_dir, tmp_path_factory) -> dict:
+    """A forced generation with --metrics, and the --task next-token run with --metrics of each of its steps'
+    prefixes (prompt + the first t tokens, the step's token as target)."""
+    tmp = tmp_path_factory.mktemp("stepmetrics")
+    picked = [(PROMPTS[i], CONTINUATIONS[i]) for i in STEP_PROMPTS]
+    data = write_jsonl(tmp / "g.jsonl", [{"prompt": p, "cont": c} for p, c in picked])
+    args = ("--model", llama_dir, "--task", "generate", "--methods", "rollout,grad_l2", "--continuation-column",
+            "cont", "--metrics", ",".join(METRIC_NAMES), *RUN)
+    gen = tmp / "gen.h5"
+    ok(invoke("run", data, "-o", gen, *args))
     prefixes = [{"text": p + "".join(" " + w for w in c.split()[:t]), "target": c.split()[t]}
-                for p, c in zip(PROMPTS[:k], CONTINUATIONS) for t in range(len(c.split()))]
-    nt = tmp_path / "nt.h5"
-    ok(invoke("run", write_jsonl(tmp_path / "nt.jsonl", prefixes), "--model", llama_dir, "-o", nt, "--task",
-              "next-token", "--methods", "rollout,grad_l2", *metrics, *RUN))
-    owner = np.repeat(np.arange(k), [len(c.split()) for c in CONTINUATIONS[:k]])
-    with open_store(str(gen)) as g, open_store(str(nt)) as ref:
+                for p, c in picked for t in range(len(c.split()))]
+    nt = tmp / "nt.h5"
+    ok(invoke("run", write_jsonl(tmp / "nt.jsonl", prefixes), "--model", llama_dir, "-o", nt, "--task",
+              "next-token", "--methods", "rollout,grad_l2", "--metrics", ",".join(METRIC_NAMES), *RUN))
+    return {"data": data, "args": args, "gen": gen, "nt": nt, "steps": [len(c.split()) for _, c in picked]}
+
+
+def step_means(steps: np.ndarray, counts: list[int]) -> np.ndarray:
+    """Each example's mean over its finite step values (NaN without one)."""
+    out, a = [], 0
+    for T in counts:
+        part = steps[a:a + T]
+        out.append(part[np.isfinite(part)].mean() if np.isfinite(part).any() else np.nan)
+        a += T
+    return np.asarray(out)
+
+
+def test_the_perturbation_metrics_of_a_generation_are_its_steps_next_token_metrics(metric_runs):
+    """Point 5: each step's metric is the next-token metric of its prefix and token (its target probability
+    perturbed), kept per step (Store.metric_steps, Example.step_metric); an example stores the mean over its
+    steps."""
+    counts = metric_runs["steps"]
+    with open_store(str(metric_runs["gen"])) as g, open_store(str(metric_runs["nt"])) as ref:
         for m in ("rollout", "grad_l2"):
-            for name in ("comprehensiveness", "sufficiency", "aopc", "lodds"):
+            for name in METRIC_NAMES:
                 per_step = ref.metric_values(m, name)
-                want = [np.nanmean(per_step[owner == i]) for i in range(k)]
-                np.testing.assert_allclose(g.metric_values(m, name), want, rtol=1e-5, atol=1e-7, err_msg=f"{m} {name}")
+                assert len(per_step) == sum(counts)
+                np.testing.assert_allclose(g.metric_steps(m, name), per_step, rtol=1e-5, atol=1e-7,
+                                           err_msg=f"{m} {name}")
+                a = 0
+                for i, T in enumerate(counts):
+                    np.testing.assert_allclose(g[i].step_metric(m, name), per_step[a:a + T], rtol=1e-5, atol=1e-7)
+                    a += T
+                np.testing.assert_allclose(g.metric_values(m, name), step_means(per_step, counts), rtol=1e-5,
+                                           atol=1e-7, err_msg=f"{m} {name}")
+        comp = g[2].step_metric("grad_l2", "comprehensiveness")  # prefixes of 1 and 2 tokens: both ends kept
+        assert np.isnan(comp[:2]).all() and np.isfinite(comp[2:]).all()
+        assert np.isfinite(g.metric_values("grad_l2", "comprehensiveness")[2])
+
+
+def test_sharded_generation_metrics_merge_to_the_single_runs_steps(metric_runs, tmp_path):
+    """--shard K/N with --metrics, then merge: the merged store's per-step values (and means) are the one-process
+    run's."""
+    out = tmp_path / "out.h5"
+    for k in (0, 1):
+        ok(invoke("run", metric_runs["data"], "-o", out, "--shard", f"{k}/2", *metric_runs["args"]))
+    merged = tmp_path / "merged.h5"
+    ok(invoke("merge", merged, tmp_path / "out.shard-0-of-2.h5", tmp_path / "out.shard-1-of-2.h5"))
+    with open_store(str(merged)) as mg, open_store(str(metric_runs["gen"])) as one:
+        for m in ("rollout", "grad_l2"):
+            for name in METRIC_NAMES:
+                np.testing.assert_allclose(mg.metric_steps(m, name), one.metric_steps(m, name), rtol=1e-5,
+                                           atol=1e-7, err_msg=f"{m} {name}")
+                np.testing.assert_allclose(mg.metric_values(m, name), one.metric_values(m, name), rtol=1e-5,
+                                           atol=1e-7)
+
+
+def test_eval_keeps_each_steps_value_and_an_eos_first_example_has_none(llama_dir, tmp_path):
+    """attr-compute eval on a greedy generation: each step's value is the metric computed directly on that step's
+    prefix (the step's scores, its token's probability); the example whose model ended at once (T = 0) has no
+    step value and a NaN mean."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from compute.evaluate import EvalConfig, ModelPredictor, _settings
+    from compute.metrics import get_metric
+    from compute.metrics.base import EvalExample
+
+    model_dir, _ = eos_first_model(llama_dir, tmp_path)
+    data = write_jsonl(tmp_path / "g.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
+    out = tmp_path / "gen.h5"
+    ok(invoke("run", data, "--model", model_dir, "-o", out, "--task", "generate", "--max-new-tokens", "3",
+              "--methods", "grad_l2", *RUN))
+    names = ("comprehensiveness", "sufficiency", "aopc")
+    ok(invoke("eval", out, "--metrics", ",".join(names), "--device", "cpu", "-q"))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    with open_store(str(out)) as g:
+        assert g[0].n_steps == 0 and sum(g[i].n_steps for i in range(len(g))) >= 4
+        for name in names:
+            assert g[0].step_metric("grad_l2", name).shape == (0,)
+            assert np.isnan(g.metric_values("grad_l2", name)[0])
+            metric = get_metric(name, **_settings(name, None, EvalConfig(metrics=name), tok, True, "generate"))
+            predictor = ModelPredictor(model, tok.pad_token_id, 64, task="generate")
+            for i in range(1, len(g)):
+                ex = g[i]
+                want = []
+                for t in range(ex.n_steps):
+                    n = ex.step_position(t)
+                    one = EvalExample(index=i, id=ex.id, token_ids=ex.token_ids[:n].astype(np.int64),
+                                      special=np.zeros(n, bool), scores=ex.scores("grad_l2", step=t)[:n].astype(
+                                          np.float64), label=-1, pred=0, explain_pos=n - 1,
+                                      target_token=int(ex.generated_ids[t]))
+                    want.append(metric.evaluate([one], predictor).values[0])
+                got = ex.step_metric("grad_l2", name)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=f"{name} example {i}")
+                np.testing.assert_allclose(g.metric_values("grad_l2", name)[i], step_means(got, [len(got)])[0],
+                                           rtol=1e-6)
 
 
 def test_a_stopped_sampled_generation_resumes_with_the_same_generations(llama_dir, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # What moved out of the README, by the page it moved to and a heading there.
 MOVED = {"docs/cli.md": ("## attr-compute", "### Faithfulness metrics", "### Export to Parquet or CSV", "## attr-tui"),
-         "docs/store.md": ("## Store schema (format 2.0)", "## Python API"),
+         "docs/store.md": ("## Store schema (format 2.1)", "## Python API"),
          "docs/benchmarks.md": ("## GPU work (issue 26): kernel launches, fused kernels, the run pipeline",
                                 "## Method costs on the CPU"),
          "docs/testing.md": ("## What runs, and how long",),

@@ -69,7 +69,7 @@ def assert_generation_example(got, exp: ExampleData) -> None:
 def test_a_generation_store_round_trips(tmp_path):
     exs = write_generation_store(tmp_path / "g.h5")
     with open_store(tmp_path / "g.h5") as s:
-        assert s.format_version == ENCODING_VERSION == "2.0.0" and s.complete and len(s) == len(exs)
+        assert s.format_version == ENCODING_VERSION == "2.1.0" and s.complete and len(s) == len(exs)
         assert s.generation and s.task == TASK and s.task_name == "generate" and s.labels == LABELS
         assert all(s.method_info(m)["steps"] for m in s.methods)
         for i, exp in enumerate(exs):

@@ -61,7 +61,7 @@ def test_every_task_field_round_trips(tmp_path, task):
     path = tmp_path / f"{task}.h5"
     exs = write_task_store(path, task)
     with open_store(path) as s:
-        assert s.format_version == ENCODING_VERSION == "2.0.0"
+        assert s.format_version == ENCODING_VERSION == "2.1.0"
         assert s.task == {"name": task, "options": OPTIONS.get(task, {})} and s.task_name == task
         assert s.labels == LABELS[task] and s.num_labels == len(LABELS[task])
         assert "task" not in s.model_info  # the task is not model provenance
@@ -154,7 +154,7 @@ def test_resuming_an_older_store_writes_the_current_format_with_the_defaults(tmp
         before = [(ex.id, ex.pred, ex.probs.tolist(), ex.tokens) for ex in s]
     rewrite(str(path))
     with open_store(path) as s:
-        assert s.format_version == "2.0.0" and s.task_name == "classification" and s.complete
+        assert s.format_version == ENCODING_VERSION and s.task_name == "classification" and s.complete
         assert [(ex.id, ex.pred, ex.probs.tolist(), ex.tokens) for ex in s] == before
         assert all(math.isnan(ex.output) and ex.task_words == {} and ex.target_token == -1 for ex in s)
     with h5py.File(path, "r") as f:

@@ -305,3 +305,86 @@ def test_steps_and_heatmap_in_tmux(gen_store, tmp_path, size):
         assert _wait(lambda: status.read_text().strip() != "", 5) and status.read_text().strip() == "0"
     finally:
         _tmux(sock, "kill-server")
+
+
+# ---------------------------------------------------------------- metrics per step (issue 37, point 5)
+STEP_METRICS = ("comprehensiveness", "sufficiency")
+
+
+@pytest.fixture(scope="module")
+def gen_metrics_store(tmp_path_factory):
+    """The generation store with two metrics of attention kept per step (format 2.1) and one of grad without
+    (a record as before 2.1)."""
+    from store import MetricData, add_metrics
+
+    path = tmp_path_factory.mktemp("genmetrics") / "gen.h5"
+    exs = write_generation_store(path)
+    S = sum(len(e.tokens) - e.prompt_len for e in exs)
+    steps = np.arange(S, dtype=np.float64) / 10 + 0.05
+    steps[1] = np.nan  # a step the metric does not define
+    records = []
+    for k, name in enumerate(STEP_METRICS):
+        v = steps + k
+        means, a = [], 0
+        for e in exs:
+            T = len(e.tokens) - e.prompt_len
+            part = v[a:a + T]
+            means.append(np.nanmean(part) if np.isfinite(part).any() else np.nan)
+            a += T
+        records.append(MetricData("attention", name, np.array(means), {}, {}, True, name, steps=v))
+    records.append(MetricData("grad", "comprehensiveness", np.array([0.5, 0.6, np.nan, 0.7]), {}, {}, True, "c"))
+    add_metrics(str(path), records)
+    return path
+
+
+@async_test
+async def test_the_metric_line_shows_the_steps_value_beside_the_mean(gen_metrics_store, monkeypatch):
+    """Browse: the method bar's metrics at the step cursor ('comp 0.15 μ0.25'), moving with it; a metric kept
+    without steps shows its mean alone; the metrics screen names the step and shows both."""
+    from test_tui_metrics import example_line, open_metrics, plain
+
+    from tui.app import create_app
+    from tui.render.metric_table import fmt
+
+    set_color_env(monkeypatch)
+    with open_store(gen_metrics_store) as s:
+        want = {name: (s.metric_values("attention", name), s.metric_steps("attention", name))
+                for name in STEP_METRICS}
+
+    def entries(i: int, t: int, digits: int = 2) -> str:
+        off = [0, 3, 9, 9][i]
+        return "  ".join(f"{short} {fmt(float(steps[off + t]), digits)} μ{fmt(float(means[i]), digits)}"
+                         for short, (means, steps) in zip(("comp", "suff"), want.values()))
+
+    def metric_line(app) -> str:
+        return next(line for line in plain(app.query_one("#method")).splitlines() if line.startswith("comp"))
+
+    app = create_app(gen_metrics_store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert metric_line(app) == entries(0, 0)
+        await _press(pilot, "greater_than_sign")  # step 2: undefined there
+        assert metric_line(app) == entries(0, 1) and "comp — μ" in entries(0, 1)
+        await _press(pilot, "j", "greater_than_sign")  # example 2 (the cursor kept at step 2), step 3
+        assert app.example(app.current).step == 2
+        assert metric_line(app) == entries(1, 2)
+        screen = await open_metrics(pilot)
+        assert screen.cursor == "grad"  # sorted first: its record keeps no steps, the mean alone
+        assert example_line(screen) == f"example gen1 2/4 · grad:  comp {fmt(0.6, 3)}"
+        await _press(pilot, "down")
+        line = example_line(screen)
+        assert line.startswith("example gen1 2/4 · attention · step 3/6 (μ: the mean over its steps):"), line
+        assert entries(1, 2, 3) in line, line
+        await _press(pilot, "escape", "m")  # grad on the browse screen: the mean alone
+        assert metric_line(app) == f"comp {fmt(0.6, 2)}"
+        await _press(pilot, "j")  # T = 0: no step, no mean
+        assert metric_line(app) == "comp —"
+
+
+def test_snapshot_generation_metrics_80x24(snap_compare, gen_metrics_store, monkeypatch):
+    """The browse screen of a generation store with metrics per step, at the second step of its second example."""
+    from tui.app import create_app
+
+    set_color_env(monkeypatch)
+    assert snap_compare(create_app(gen_metrics_store), terminal_size=(80, 24),
+                        run_before=_run("j", "greater_than_sign"))

@@ -76,6 +76,9 @@ class Steps:
     foil_probs: np.ndarray  # [T]
     foil_words: list  # [T] str | None
     explain_pos: int = -1  # the index row's (the row --matrices cls keeps), whatever step is shown
+    # (method, metric) -> [T] the metric's value at each step (format 2.1: Example.step_metric); a metric whose
+    # record keeps no per-step values is absent
+    metrics: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -101,6 +104,8 @@ class LoadedExample:
     layer_scores: dict[str, np.ndarray | None] = field(default_factory=dict)
     values: dict[str, dict[str, float]] = field(default_factory=dict)  # per-example scalars (IG's ig_delta)
     metric_values: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, metric) -> this example's
+    # (in a generation store its mean over its steps; step_metric_values: the shown step's, where the store keeps it)
+    step_metric_values: dict[tuple[str, str], float] | None = None
     # Tasks other than classification: the store's Example.task_info (target and foil words, output, gold value,
     # qa spans), and for qa the gold answer span (first and last evidence token); None for a classifier.
     task: dict | None = None
@@ -124,7 +129,8 @@ class LoadedExample:
             return replace(self, scores={m: blank for m in s.scores}, values={m: {} for m in s.scores},
                            layer_scores={m: None if v is None else np.full((v.shape[1], n), np.nan, np.float32)
                                          for m, v in s.layer_scores.items()},
-                           explain_pos=-1, step=-1, upto=0, task={**(self.task or {}), "step": -1})
+                           explain_pos=-1, step=-1, upto=0, task={**(self.task or {}), "step": -1},
+                           step_metric_values={k: math.nan for k in s.metrics})
         t = min(max(int(t), 0), s.n - 1)
         pos = s.prompt_len + t
         task = {"task": "generate", "step": t, "n_steps": s.n, "prompt_len": s.prompt_len,
@@ -133,7 +139,8 @@ class LoadedExample:
         return replace(self, scores={m: a[t] for m, a in s.scores.items()},
                        layer_scores={m: None if a is None else a[t] for m, a in s.layer_scores.items()},
                        values={m: {k: float(v[t]) for k, v in vals.items()} for m, vals in s.values.items()},
-                       explain_pos=pos, step=t, upto=pos, task=task)
+                       explain_pos=pos, step=t, upto=pos, task=task,
+                       step_metric_values={k: float(v[t]) for k, v in s.metrics.items()})
 
     def cut(self, scale):
         """``scale`` (of this example's tokens) without colour where the shown step has no attribution."""
@@ -431,7 +438,7 @@ def read_example(store: Store, i: int, methods: tuple[str, ...],
         v = float(store.metric_values(m, name, i, i + 1)[0])
         metric_values[(m, name)] = v
     if getattr(store, "generation", False):
-        return _read_generation(store, ex, methods, metric_values)
+        return _read_generation(store, ex, methods, metric_values, metric_keys)
     for m in methods:
         scores[m] = np.asarray(ex.scores(m), dtype=np.float32)
         ls = ex.layer_scores(m)
@@ -451,13 +458,17 @@ def read_example(store: Store, i: int, methods: tuple[str, ...],
                          special=np.asarray(ex.segment) < 0)
 
 
-def _read_generation(store: Store, ex, methods: tuple[str, ...], metric_values: dict) -> LoadedExample:
-    """A generation example with every step of every method, shown at its first step (LoadedExample.at_step)."""
+def _read_generation(store: Store, ex, methods: tuple[str, ...], metric_values: dict,
+                     metric_keys: tuple[tuple[str, str], ...] = ()) -> LoadedExample:
+    """A generation example with every step of every method (and of every metric in ``metric_keys`` that the store
+    keeps per step), shown at its first step (LoadedExample.at_step)."""
     layers = {m: ex.step_layer_scores(m) for m in methods}
+    per_step = {key: ex.step_metric(*key) for key in metric_keys}
     steps = Steps(ex.prompt_len, {m: np.asarray(ex.step_scores(m), np.float32) for m in methods},
                   {m: None if v is None else np.asarray(v, np.float32) for m, v in layers.items()},
                   {m: ex.step_values(m) for m in methods}, ex.step_probs, ex.step_outputs, ex.step_foil_tokens,
-                  ex.step_foil_probs, ex.step_foil_words, int(ex.explain_pos))
+                  ex.step_foil_probs, ex.step_foil_words, int(ex.explain_pos),
+                  {key: v for key, v in per_step.items() if v is not None})
     base = LoadedExample(index=ex.index, id=ex.id, text=ex.text, pair=ex.pair, tokens=list(ex.tokens), label=ex.label,
                          pred=ex.pred, probs=ex.probs, truncated=ex.truncated, n_orig_tokens=ex.n_orig_tokens,
                          explain_pos=int(ex.explain_pos), metric_values=metric_values, task={"task": "generate"},

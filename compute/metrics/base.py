@@ -58,11 +58,13 @@ class Predictor(Protocol):
 class MetricResult:
     """values: [E] one number per example (NaN where the metric is undefined for it, e.g. too short);
     curves: [E, K] the per-level quantity (probabilities, or log-odds) the value was computed from, NaN-padded;
-    levels: [E, K] the level of each curve point (number of perturbed tokens), -1 padded."""
+    levels: [E, K] the level of each curve point (number of perturbed tokens), -1 padded;
+    steps: [S] a generation store's value per step (values: each example's mean over its steps), None elsewhere."""
 
     values: np.ndarray
     curves: np.ndarray | None = None
     levels: np.ndarray | None = None
+    steps: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

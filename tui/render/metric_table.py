@@ -314,9 +314,11 @@ def _cut(line: Text, dropped: int, width: int) -> Text:
 
 
 def value_entries(metrics: list[MetricInfo], index: int | None, digits: int,
-                  known: dict[tuple[str, str], float] | None = None) -> list[Text]:
+                  known: dict[tuple[str, str], float] | None = None,
+                  at_step: dict[tuple[str, str], float] | None = None) -> list[Text]:
     """'comp 0.21', 'aopc@attcat 0.33': one entry per metric, its value for example ``index`` (from ``known``, the
-    example's own values, where given)."""
+    example's own values, where given). ``at_step``: a generation example's values at the shown step, where the
+    store keeps them: 'comp 0.52 μ0.21', the step's value, then the example's mean over its steps."""
     out = []
     for info in metrics:
         t = Text(no_wrap=True)
@@ -325,7 +327,13 @@ def value_entries(metrics: list[MetricInfo], index: int | None, digits: int,
         if known is not None:
             v = known.get((info.method, info.name))
             v = v if v is not None and math.isfinite(v) else None
-        t.append(" " + fmt(v, digits), _DIM if v is None else Style())
+        step = None if at_step is None else at_step.get((info.method, info.name))
+        if step is not None:
+            s = step if math.isfinite(step) else None
+            t.append(" " + fmt(s, digits), _DIM if s is None else Style())
+            t.append(" μ" + fmt(v, digits), _DIM)
+        else:
+            t.append(" " + fmt(v, digits), _DIM if v is None else Style())
         out.append(t)
     return out
 
@@ -335,14 +343,16 @@ class MetricLine:
     whole entries ('…+N') when they do not fit."""
 
     def __init__(self, metrics: list[MetricInfo], index: int | None, method: str,
-                 known: dict[tuple[str, str], float] | None = None):
-        self.metrics, self.index, self.method, self.known = metrics, index, method, known
+                 known: dict[tuple[str, str], float] | None = None,
+                 at_step: dict[tuple[str, str], float] | None = None):
+        self.metrics, self.index, self.method, self.known, self.at_step = metrics, index, method, known, at_step
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if not self.metrics:
             t = Text(f"no metrics for {printable(self.method)}", _DIM, no_wrap=True, overflow="ellipsis")
         else:
-            t = pack(value_entries(self.metrics, self.index, 2, self.known), options.max_width, max_lines=1)[0]
+            t = pack(value_entries(self.metrics, self.index, 2, self.known, self.at_step), options.max_width,
+                     max_lines=1)[0]
             t.no_wrap, t.overflow = True, "crop"
         yield t
 
@@ -352,9 +362,10 @@ class ExampleValues:
     cursor (wrapped at whole entries)."""
 
     def __init__(self, metrics: list[MetricInfo], method: str | None, index: int | None, ex_id: str | None,
-                 total: int, known: dict[tuple[str, str], float] | None = None):
+                 total: int, known: dict[tuple[str, str], float] | None = None,
+                 at_step: dict[tuple[str, str], float] | None = None, step: str = ""):
         self.metrics, self.method, self.index, self.ex_id, self.total = metrics, method, index, ex_id, total
-        self.known = known
+        self.known, self.at_step, self.step = known, at_step, step  # step: 'step 3/6' (a generation example's)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         first = Text(no_wrap=True)
@@ -368,8 +379,11 @@ class ExampleValues:
         if self.method is not None:
             first.append(" · ", _DIM)
             first.append(printable(self.method), _BOLD)
+        if self.step:
+            first.append(f" · {self.step} (μ: the mean over its steps)", _DIM)
         first.append(":" if self.metrics else "  (no metrics)", _DIM)
-        lines = pack(value_entries(self.metrics, self.index, 3, self.known), options.max_width, first=first, indent=2)
+        lines = pack(value_entries(self.metrics, self.index, 3, self.known, self.at_step), options.max_width,
+                     first=first, indent=2)
         text = Text("\n").join(lines)
         text.no_wrap, text.overflow = True, "crop"
         yield text

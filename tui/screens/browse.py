@@ -132,7 +132,7 @@ class BrowseScreen(Screen[None]):
         mono = app.color_mode == "mono"
         self.query_one(InfoPanel).show_example(ex, app.meta.labels, app.example_list.store_rows, monochrome=mono)
         self.query_one(TextPanel).show_example(ex)
-        metrics = (MetricLine(app.metrics.of(info.name), ex.index, info.name, ex.metric_values)
+        metrics = (MetricLine(app.metrics.of(info.name), ex.index, info.name, ex.metric_values, ex.step_metric_values)
                    if app.metrics.names else None)
         views = ex.layer_scores.get(info.name) if app.show_strip else None
         final = ex.scores[info.name]

@@ -243,7 +243,11 @@ class MetricsScreen(ModalScreen[None]):
             ex_id = ex.id if ex is not None else app.example_list.id_of(index)
             total = app.example_list.store_rows if hasattr(app, "example_list") else 0
         known = ex.metric_values if ex is not None else {}
-        values = ExampleValues(self.data.of(self.cursor), self.cursor, index, ex_id, total, known)
+        ex = ex.at_step(getattr(app, "step", 0)) if ex is not None else None  # a generation store's shown step
+        at_step = None if ex is None or ex.step_metric_values is None else {
+            k: v for k, v in ex.step_metric_values.items() if k[0] == self.cursor}
+        step = f"step {ex.step + 1}/{ex.steps.n}" if at_step and ex.step >= 0 else ""
+        values = ExampleValues(self.data.of(self.cursor), self.cursor, index, ex_id, total, known, at_step, step)
         self.query_one("#metrics-example", Static).update(values)
 
     def on_metric_table_clicked(self, message: MetricTable.Clicked) -> None:
