@@ -87,6 +87,7 @@ class Budgets:
     # DecompX's decomposition, [n, k, d] for k source tokens (token_vectors.CPU_STATE_BYTES; a GPU's 1 /
     # STATE_GPU_SHARE)
     decompx_state: int = 0
+    device: str = "cuda"  # where the methods run: the CPU's forms differ (ALTI's pruned L1 proximities: alti_form)
 
     @classmethod
     def gpu(cls, card_bytes: int = CARD_BYTES) -> Budgets:
@@ -105,7 +106,7 @@ class Budgets:
 
         return cls(stack=budget.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
                    value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
-                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES)
+                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES, device="cpu")
 
 
 @dataclass(frozen=True)
@@ -380,11 +381,16 @@ class Streamed:
     narrow: bool = False
 
 
+def weight_stacks(m: ModelShape, s: Streamed) -> int:
+    """A streamed method's float32 [L, d, d] weight stacks (``Streamed.weights``): made once for a batch."""
+    return int(s.weights * m.layers * m.d * m.d * F32)
+
+
 def streamed(m: ModelShape, r: Run, s: Streamed) -> dict:
     """The stages of a streamed method: the runner's capture (nothing kept: a bare forward), then the method's own
     forward (no KV cache: Adapter.each_layer; the runner has dropped the capture's output), each layer's lists and
     work at its end beside what is held, and what the end adds."""
-    base = weights(m, r) + int(s.weights * m.layers * m.d * m.d * F32)
+    base = weights(m, r) + weight_stacks(m, s)
     held, end = s.held(m, r)
     return {"capture": weights(m, r) + kv_cache(m, r) + layer_transient(m, r),
             "layers": base + held + max(layer_transient(m, r), layer_lists(m, r, s.narrow) + s.work(m, r)),
@@ -671,11 +677,15 @@ def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, it
 def per_batch(method: str, m: ModelShape, r: Run) -> tuple[int, int]:
     """(fixed, each): a batch of b examples of ``r.n`` tokens peaks at about fixed + b x each bytes above the model's
     weights (--batch-size auto). What does not grow with the batch: the block budgets (a block holds its budget
-    whatever the batch) and the LRP family's float64 casts of the weights; everything else is one example's, b times."""
-    bare = replace(r, budgets=Budgets(0, 0, 0, 0, 0))  # the smallest blocks: one layer, one token, one row
-    casts = float64_casts(m) if FORMULAS[method].stage == "float64" else 0
+    whatever the batch), the LRP family's float64 casts of the weights and a layer-streamed method's float32 weight
+    stacks (``weight_stacks``: at the smallest blocks every such method streams); everything else is one example's,
+    b times."""
+    # the smallest blocks: one layer, one token, one row
+    bare = replace(r, budgets=replace(r.budgets, stack=0, alti=0, value_zeroing=0, decompx=0, ig=0, decompx_state=0))
+    once = (float64_casts(m) if FORMULAS[method].stage == "float64" else 0) + \
+        (weight_stacks(m, STREAMED[method]) if method in STREAMED else 0)
     one = estimate(method, m, bare).peak
-    return casts + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - casts
+    return once + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - once
 
 
 # --- the table ------------------------------------------------------------------------------------------------

@@ -467,3 +467,21 @@ def test_the_one_layer_methods_on_the_tiny_but_long_model():
             above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
             assert above == pytest.approx(predicted_above_forward(name, n, LONG), rel=WITHIN), (name, n, above)
             assert above <= bound(name, n, LONG), (name, n)
+
+
+def test_per_batch_counts_a_streamed_methods_weight_stacks_once_per_batch():
+    """A layer-streamed product's float32 [L, d, d] weight stacks (W_O, the head Gram's blocks: 1.5 of them for
+    norm_n) are made once for the batch, not once per example: in ``per_batch`` they are fixed, not each. norm_n
+    on Llama-2-7B at 4,096 tokens: each is batch 1's peak at the smallest blocks less the weights and the stacks."""
+    m, run = mm.LLAMA2_7B, mm.Run(4096)
+    stacks = int(1.5 * 32 * 4096 * 4096 * 4)
+    smallest = mm.Run(4096, budgets=mm.Budgets(0, 0, 0, 0, 0))
+    one = mm.estimate("norm_n", m, smallest).peak
+    assert mm.estimate("norm_n", m, smallest).stages["layers"] == one  # the stacks are in its peak
+    fixed, each = mm.per_batch("norm_n", m, run)
+    assert each == one - mm.weights(m, run) - stacks
+    assert fixed == stacks + max(mm.estimate("norm_n", m, run).peak - one, 0)
+    assert fixed + each == mm.estimate("norm_n", m, run).peak - mm.weights(m, run)
+    # a method that streams nothing keeps no stacks: all of it is each example's
+    fixed, each = mm.per_batch("norm", m, run)
+    assert (fixed, each) == (0, mm.estimate("norm", m, smallest).peak - mm.weights(m, run))
