@@ -485,3 +485,86 @@ def test_per_batch_counts_a_streamed_methods_weight_stacks_once_per_batch():
     # a method that streams nothing keeps no stacks: all of it is each example's
     fixed, each = mm.per_batch("norm", m, run)
     assert (fixed, each) == (0, mm.estimate("norm", m, smallest).peak - mm.weights(m, run))
+
+
+def alti_forms_run(d: int, n: int, dtype, monkeypatch) -> list[str]:
+    """The forms ALTI's L1 proximities take on a one-layer random Llama (d, 8 heads, n tokens, ``dtype``) on the CPU,
+    its layer streamed (the stack budget at a byte): "pruned" (the pruned form ran), "probed" (its probe found the
+    dense form cheaper), "dense", in order."""
+    import torch
+    import transformers as T
+
+    from compute.adapters import adapter_for
+    from compute.methods._internals import budget
+    from compute.methods._internals import l1_proximity as L1
+
+    monkeypatch.setattr(budget, "CPU_STACK_BYTES", 1)
+    forms = []
+    pruned, dense = L1.pruned_l1_proximities, L1.dense_l1_proximities
+
+    def pruned_rec(*a, **k):
+        c = pruned(*a, **k)
+        forms.append("probed" if c is None else "pruned")
+        return c
+
+    def dense_rec(*a, **k):
+        forms.append("dense")
+        return dense(*a, **k)
+
+    monkeypatch.setattr(L1, "pruned_l1_proximities", pruned_rec)
+    monkeypatch.setattr(L1, "dense_l1_proximities", dense_rec)
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=100, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=1,
+                        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=n, pad_token_id=0)
+    model = T.LlamaForSequenceClassification(cfg).to(dtype)
+    model.config._attn_implementation = "eager"
+    adapter = adapter_for(model.eval())
+    method = REGISTRY["alti"]()
+    enc = {"input_ids": torch.randint(1, 100, (1, n)), "attention_mask": torch.ones(1, n, dtype=torch.long)}
+    with torch.no_grad():
+        cap = adapter.capture(enc, method.needs)
+        cap.output, cap.kept_matrices, cap.kept_row = None, "cls", cap.explain_pos
+        assert method.streamed(cap)
+        method.compute(cap, adapter, torch.zeros(1, dtype=torch.long))
+    return forms
+
+
+@pytest.mark.parametrize("d,n,dtype,form", [(256, 1024, "float32", "pruned"), (32, 1024, "float32", "dense"),
+                                            (256, 200, "float32", "dense"), (256, 1024, "bfloat16", "dense")])
+def test_the_models_alti_form_is_the_codes(monkeypatch, d, n, dtype, form):
+    """Issue 36: the memory model counts the form of ALTI's L1 proximities the code can run on a streamed layer
+    (l1_proximity.may_prune): on the CPU the pruned form where the attention is float32, from PROBE_MIN_TOKENS
+    tokens and with d large enough for pruning to pay (the code probes, and its probe decides from the numbers: the
+    model counts the larger of both forms), else the dense form: d 32 (the probe refuses pruning whatever the
+    numbers: even with no component to evaluate its fixed work costs more than the dense form), 200 tokens (no
+    probe), bfloat16 (the streamed attention is narrow); on a GPU the kernel or the dense form."""
+    import torch
+
+    from compute.methods._internals import l1_proximity as L1
+
+    itemsize = {"float32": 4, "bfloat16": 2}[dtype]
+    shape = mm.ModelShape("one-layer Llama", layers=1, d=d, heads=8, kv_heads=8, d_ff=2 * d, vocab=100)
+    assert mm.alti_form(shape, mm.Run(n, itemsize, mm.Budgets.cpu())) == form
+    assert mm.alti_form(shape, mm.Run(n, itemsize, mm.Budgets.gpu())) == "dense"
+    forms = alti_forms_run(d, n, getattr(torch, dtype), monkeypatch)
+    probes = forms[0] in ("pruned", "probed")
+    assert forms in (["pruned"], ["probed", "dense"], ["dense"])
+    if form == "pruned":
+        assert probes
+    else:  # the dense form, or a probe that cannot choose pruning for these shapes
+        assert not probes or L1.choose_steps(torch.tensor([1.0, 0.0]), n, d) is None
+    assert (n >= L1.PROBE_MIN_TOKENS and dtype == "float32") == probes
+
+
+def test_alti_pruned_work_on_the_tiny_but_long_model():
+    """The pruned form's tensors on one layer of the tiny-but-long Llama at 2,048 tokens (read off a recording of
+    the live tensors at the method's peak, in attention_inner): U [8, 256, 2048] 16 MiB, the bounds 16 and their
+    int64 ranks 32, 8 [n, d] 16, <s_i, T_ij>'s two [8, 512, 2048] blocks 64 with its [n, n] 16 (and a block's sum
+    [512, 2048] 4); streamed, ALTI counts the larger of it and the dense form's."""
+    from memory_model_check import LONG
+
+    MiB = 2**20
+    run = mm.Run(2048, 4, mm.Budgets.cpu())
+    assert mm.alti_form(LONG, run) == "pruned"
+    assert mm.alti_pruned_work(LONG, run) == (16 + 16 + 32 + 16 + 64 + 16 + 4) * MiB
+    assert mm.STREAMED["alti"].work(LONG, run) == mm.alti_pruned_work(LONG, run)

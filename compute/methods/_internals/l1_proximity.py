@@ -77,6 +77,14 @@ def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a:
     return dense_l1_proximities(p, W, diag, a, memory_bytes) if c is None else c
 
 
+def may_prune(n: int, d: int, device_type: str, narrow: bool) -> bool:
+    """Whether "auto" can run the pruned form on an attention of ``n`` tokens and vectors of ``d`` (``narrow``: the
+    attention in a narrower dtype than the vectors): it probes (the vectors' dtype, ``worth_probing``) and pruning's
+    least cost, its fixed work with no step and no tail, is below the dense form's (``choose_steps``); else the dense
+    form runs whatever the numbers. compute/memory_model.py counts the pruned form's memory where this holds."""
+    return not narrow and worth_probing(n, device_type) and fixed_steps(n, d) < DENSE_PER_DIM * d
+
+
 def worth_probing(n: int, device_type: str) -> bool:
     """Whether "auto" asks the pruned form at all: from PROBE_MIN_TOKENS tokens on, and on the CPU only (its costs
     were measured there; on a GPU the dense product's kernels are what has been measured, and the pruned form's
