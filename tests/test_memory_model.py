@@ -209,10 +209,12 @@ def test_the_layer_streamed_products_at_7b():
     n, L, H, d = 4096, 32, 32, 4096
     assert mm.FORMULAS["norm_n"].needs == frozenset({"layer_parts"})
     est = mm.estimate("norm_n", m, run)
-    lists = H * n * n * 2 + 7 * n * d * (2 + 4)  # the bfloat16 attention (not widened), seven [n, d] and copies
+    # the bfloat16 attention (not widened), seven [n, d] and copies, the forward's additive mask [n, n]
+    lists = H * n * n * 2 + 7 * n * d * (2 + 4) + n * n * 2
     work = 2 * H * (run.budgets.stack // (2 * H * n * 4)) * n * 4 + 5 * n * n * 4
     held = n * n * 4 + 2 * L * n * 4
-    layers = mm.weights(m, run) + int(1.5 * L * d * d * 4) + held + max(mm.layer_transient(m, run), lists + work)
+    own = mm.layer_transient(m, run) + 2 * n * d * 2  # no KV cache: the layer's own keys and values
+    layers = mm.weights(m, run) + int(1.5 * L * d * d * 4) + held + max(own, lists + work)
     assert est.stages == {"capture": mm.weights(m, run) + mm.kv_cache(m, run) + mm.layer_transient(m, run),
                           "layers": layers, "views": mm.weights(m, run) + int(1.5 * L * d * d * 4) + held}
     # --matrices all: every layer's [n, n] held, and their stack at the end
@@ -243,14 +245,14 @@ def test_value_zeroing_streams_its_layers_at_7b():
     n, L, H, d, d_ff = 4096, 32, 32, 4096, 11008
     assert mm.FORMULAS["value_zeroing"].needs == frozenset({"layer_parts"})
     assert mm.streams_attention(L, H, 1, n, run.budgets.stack)
-    lists = H * n * n * 2 + 7 * n * d * (2 + 4)
+    lists = H * n * n * 2 + 7 * n * d * (2 + 4) + n * n * 2  # and the forward's mask
     assert H * n * n * 2 > run.budgets.stack  # no source-major copy of the whole attention: a block at a time
     work = n * H * d * 4 + max(n * (3 * d_ff + 4 * d) * 4 + n * n * 4, 5 * n * n * 4)
     held = n * n * 4 + 2 * L * n * 4
     base = mm.weights(m, run) + L * d * d * 4
     est = mm.estimate("value_zeroing", m, run)
     assert est.stages == {"capture": mm.weights(m, run) + mm.kv_cache(m, run) + mm.layer_transient(m, run),
-                          "layers": base + held + max(mm.layer_transient(m, run), lists + work),
+                          "layers": base + held + max(mm.layer_transient(m, run) + 2 * n * d * 2, lists + work),
                           "views": base + held}
     for shape in (mm.LLAMA2_7B, mm.MISTRAL_7B):
         assert mm.estimate("value_zeroing", shape, run).peak <= card, shape.name
