@@ -153,5 +153,5 @@ def test_auto_asks_the_memory_model_for_the_runs_matrices(monkeypatch, matrices)
     assert [size for size, _ in gpu.runs] == [1, 2, most[matrices]]
     assert (got.size, got.tokens) == (most[matrices], most[matrices] * n)
     assert got.how.endswith(f"; at most {most[matrices]} by the memory model")
-    assert auto_batch.modelled_size(list(methods), LLAMA, n, 2, room_of(CARD), budgets, 16,
+    assert auto_batch.modelled_size(list(methods), LLAMA, n, 2, room_of(CARD), budgets, 20,
                                     matrices=matrices) == most[matrices]
