@@ -338,18 +338,19 @@ def test_peak_memory_at_4096_tokens_is_the_formulas():
 def test_streamed_methods_on_the_tiny_but_long_model():
     """Issue 36's acceptance at 2,048 tokens (benchmarks/memory_model_check.py --long, a fresh process each): the
     streamed methods' peak above the bare forward within twice one layer's float32 [H, n, n] plus what they store;
-    the head-mean methods' within 15% of the model's. The layer-streamed products add a few MiB to the forward's
-    peak (their own forward's peak is its attention, as the bare one's): there the model is held to 5% of the
-    forward's peak, 15% of so small a difference being below what a process's peak resident size resolves. ALTI's
-    and ALTI-Logit's formula is the dense form's (a block of sources widened and laid out at a time, what a GPU
-    runs on a long input); on this random model the CPU runs the pruned form, whose [n, n] bounds, ranks, sums and
-    tail indices hold more: a lower bound here (at 2,048 tokens 1 MiB predicted against 41 measured, 9 against
-    52; before issue 36's narrow attention, block-wise bounds and ALTI-Logit's [L, n, d] record: 1 against 49, 57
-    against 85), not yet the 15% the issue asks (on the 2-layer model of
-    test_peak_memory_at_4096_tokens_is_the_formulas it is within 0.85-1.2). Value Zeroing streams too, but is left
+    the head-mean methods', ALTI's and ALTI-Logit's within 15% of the model's. ALTI's and ALTI-Logit's count the
+    form of the L1 proximities the CPU runs on this random model, the pruned one (alti_form; at 2,048 tokens 39 MiB
+    predicted against 43 measured, 47 against 52; 1 and 9 while the model counted the dense form). The other
+    layer-streamed products add a few MiB to the forward's peak (their own forward's peak is its attention, as the
+    bare one's): the model counts what their tensors hold (the running product [n, n], the weight stacks, the layer's
+    own keys and values less the bare forward's KV cache: 5.6 MiB for norm_n, which a recording of the live tensors
+    gives exactly), but the process holds some 3 MiB more that no tensor holds (a GEMM's buffers for the running
+    product, 1.7 MiB alone, the allocator): there the model is held to 5% of the forward's peak, 15% of so small a
+    difference being below what a process's peak resident size resolves. Value Zeroing streams too, but is left
     out: at 2,048 tokens it does about n times a layer's MLP work (26 TFLOP here), minutes on two cores; its streamed
     path is held by tests/test_layer_streaming_methods.py and its 7B figures by test_value_zeroing_streams_its_layers_at_7b."""
-    from memory_model_check import BARE, HEAD_MEANS, LONG, STREAMED, bound, measure_fresh, predicted_above_forward
+    from memory_model_check import (BARE, HEAD_MEANS, LONG, STREAMED, WITHIN, bound, measure_fresh,
+                                    predicted_above_forward)
 
     n = 2048
     measured_here = [name for name in STREAMED if name != "value_zeroing"]
@@ -357,10 +358,8 @@ def test_streamed_methods_on_the_tiny_but_long_model():
     for name in measured_here:
         above = got[f"{name} {n}"] - got[f"{BARE} {n}"]
         model = predicted_above_forward(name, n, LONG)
-        if name in HEAD_MEANS:
-            assert above == pytest.approx(model, rel=0.15), name
-        elif name in ("alti", "alti_logit"):
-            assert model <= above, name
+        if name in HEAD_MEANS or name in ("alti", "alti_logit"):
+            assert above == pytest.approx(model, rel=WITHIN), (name, above, model)
         else:
             assert abs(above - model) <= 0.05 * got[f"{BARE} {n}"], name
         assert above <= bound(name, n, LONG), name
@@ -531,8 +530,8 @@ def alti_forms_run(d: int, n: int, dtype, monkeypatch) -> list[str]:
     return forms
 
 
-@pytest.mark.parametrize("d,n,dtype,form", [(256, 1024, "float32", "pruned"), (32, 1024, "float32", "dense"),
-                                            (256, 200, "float32", "dense"), (256, 1024, "bfloat16", "dense")])
+@pytest.mark.parametrize("d,n,dtype,form", [(256, 300, "float32", "pruned"), (32, 300, "float32", "dense"),
+                                            (256, 200, "float32", "dense"), (256, 300, "bfloat16", "dense")])
 def test_the_models_alti_form_is_the_codes(monkeypatch, d, n, dtype, form):
     """Issue 36: the memory model counts the form of ALTI's L1 proximities the code can run on a streamed layer
     (l1_proximity.may_prune): on the CPU the pruned form where the attention is float32, from PROBE_MIN_TOKENS
