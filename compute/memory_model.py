@@ -508,10 +508,11 @@ def alti_pruned_work(m: ModelShape, r: Run) -> int:
 def _alti_work(m, r):
     """A float32 copy of the layer's attention in another layout within the block budget (the GPU kernel's,
     compute/kernels/alti_l1.py, or the dense form's source-major one: SourceBlocks; beyond it the dense form widens
-    and lays out a block of sources at a time), the projected values [n, H, d], the source blocks (budget),
-    [n, n]s; where the CPU may prune (``alti_form``), the larger of that and the pruned form's."""
+    and lays out a block of sources at a time), the projected values [n, H, d], the source blocks (budget), three
+    [n, n] (the proximities, their valid block and the normalised matrix, alive together in Alti.stack_matrices);
+    where the CPU may prune (``alti_form``), the larger of that and the pruned form's."""
     copy = min(m.heads * r.n ** 2 * F32, r.budgets.alti)
-    dense = copy + r.n * m.heads * m.d * F32 + r.budgets.alti + 5 * r.n ** 2 * F32
+    dense = copy + r.n * m.heads * m.d * F32 + r.budgets.alti + 3 * r.n ** 2 * F32
     return max(dense, alti_pruned_work(m, r)) if alti_form(m, r) == "pruned" else dense
 
 
