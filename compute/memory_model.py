@@ -87,6 +87,7 @@ class Budgets:
     # DecompX's decomposition, [n, k, d] for k source tokens (token_vectors.CPU_STATE_BYTES; a GPU's 1 /
     # STATE_GPU_SHARE)
     decompx_state: int = 0
+    device: str = "cuda"  # where the methods run: the CPU's forms differ (ALTI's pruned L1 proximities: alti_form)
 
     @classmethod
     def gpu(cls, card_bytes: int = CARD_BYTES) -> Budgets:
@@ -105,7 +106,7 @@ class Budgets:
 
         return cls(stack=budget.CPU_STACK_BYTES, alti=alti.CPU_BLOCK_BYTES,
                    value_zeroing=value_zeroing.CPU_BLOCK_BYTES, decompx=token_vectors.CPU_BLOCK_BYTES,
-                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES)
+                   ig=gradients.IG_CPU_BYTES, decompx_state=token_vectors.CPU_STATE_BYTES, device="cpu")
 
 
 @dataclass(frozen=True)
@@ -343,10 +344,11 @@ def ffn_weights(m: ModelShape) -> int:
 def layer_lists(m: ModelShape, r: Run, narrow: bool = False) -> int:
     """One layer's decomposition lists while its end hook runs (Adapter.each_layer): its attention and seven [n, d]
     (input, output, values, both norms' input and output) in the model's dtype, and their float32 copies where that
-    is narrower (``narrow``: the attention's not; streamed_layers' narrow_attention)."""
+    is narrower (``narrow``: the attention's not; streamed_layers' narrow_attention); beside them the forward's
+    additive mask [n, n], alive through the forward (measured on the tiny-but-long Llama: 16 MiB at 2,048 tokens)."""
     A, vectors = m.heads * r.n ** 2, 7 * r.n * m.d
     wide = (vectors + (0 if narrow else A)) * F32 if r.itemsize < F32 else 0
-    return (A + vectors) * r.itemsize + wide
+    return (A + vectors) * r.itemsize + wide + r.n ** 2 * r.itemsize
 
 
 def gram_chunk(m: ModelShape, r: Run) -> int:
@@ -380,14 +382,21 @@ class Streamed:
     narrow: bool = False
 
 
+def weight_stacks(m: ModelShape, s: Streamed) -> int:
+    """A streamed method's float32 [L, d, d] weight stacks (``Streamed.weights``): made once for a batch."""
+    return int(s.weights * m.layers * m.d * m.d * F32)
+
+
 def streamed(m: ModelShape, r: Run, s: Streamed) -> dict:
     """The stages of a streamed method: the runner's capture (nothing kept: a bare forward), then the method's own
     forward (no KV cache: Adapter.each_layer; the runner has dropped the capture's output), each layer's lists and
-    work at its end beside what is held, and what the end adds."""
-    base = weights(m, r) + int(s.weights * m.layers * m.d * m.d * F32)
+    work at its end beside what is held, and what the end adds. Without a KV cache the layer's own keys and values
+    [n, d_kv] are its transient's (the bare forward's are in its cache)."""
+    base = weights(m, r) + weight_stacks(m, s)
     held, end = s.held(m, r)
+    own = layer_transient(m, r) + 2 * r.n * m.d_kv * r.itemsize
     return {"capture": weights(m, r) + kv_cache(m, r) + layer_transient(m, r),
-            "layers": base + held + max(layer_transient(m, r), layer_lists(m, r, s.narrow) + s.work(m, r)),
+            "layers": base + held + max(own, layer_lists(m, r, s.narrow) + s.work(m, r)),
             "views": base + 2 * held + end if r.matrices == "all" else base + held + end}
 
 
@@ -472,13 +481,39 @@ def _norm_work(m, r):  # the Gram form's blocks of queries, the layer's matrix a
     return gram_chunk(m, r) + 5 * r.n ** 2 * F32
 
 
+def alti_form(m: ModelShape, r: Run) -> str:
+    """The form of ALTI's L1 proximities on a streamed layer (l1_proximity.l1_proximities' "auto"): "pruned" where
+    the code may choose it (``may_prune``: on the CPU, the layer's attention in the vectors' float32, from
+    PROBE_MIN_TOKENS tokens, d large enough for pruning to pay; its probe then decides from the numbers: counted as
+    the larger of both forms), else "dense" (a GPU's kernel or dense form)."""
+    from .methods._internals.l1_proximity import may_prune
+
+    return "pruned" if may_prune(r.n, m.d, r.budgets.device, r.itemsize < F32) else "dense"
+
+
+def alti_pruned_work(m: ModelShape, r: Run) -> int:
+    """The pruned form's tensors on one layer (l1_proximity.pruned_l1_proximities), float32 unless said: U [H, d, n]
+    (each head's projected values, gathered by rows), the pairs' bounds [n, n] and their ranks r [n, n] (int64), the
+    sorted components [n, K <= d] (float32, their int64 order, their signs) with the signs, |a| and U's squares
+    [n, d] (8 [n, d] in all); then the larger of <s_i, T_ij> (attention_inner: every head's [H, n, n] with its sum,
+    or by blocks of queries within the stack budget, two [H, k, n] while the next is made, into an [n, n]) and the
+    steps' four [n, n] (the result, the excess, a step's T and a head's gathered rows)."""
+    n, nn = r.n, r.n ** 2 * F32
+    per_query = m.heads * n * F32
+    k = max(1, r.budgets.stack // per_query)
+    inner = m.heads * nn + nn if k >= n else nn + 2 * k * per_query + k * n * F32
+    return n * m.heads * m.d * F32 + 3 * nn + 8 * n * m.d * F32 + max(inner, 4 * nn)
+
+
 def _alti_work(m, r):
     """A float32 copy of the layer's attention in another layout within the block budget (the GPU kernel's,
     compute/kernels/alti_l1.py, or the dense form's source-major one: SourceBlocks; beyond it the dense form widens
-    and lays out a block of sources at a time), the projected values [n, H, d], the source blocks (budget),
-    [n, n]s."""
+    and lays out a block of sources at a time), the projected values [n, H, d], the source blocks (budget), three
+    [n, n] (the proximities, their valid block and the normalised matrix, alive together in Alti.stack_matrices);
+    where the CPU may prune (``alti_form``), the larger of that and the pruned form's."""
     copy = min(m.heads * r.n ** 2 * F32, r.budgets.alti)
-    return copy + r.n * m.heads * m.d * F32 + r.budgets.alti + 5 * r.n ** 2 * F32
+    dense = copy + r.n * m.heads * m.d * F32 + r.budgets.alti + 3 * r.n ** 2 * F32
+    return max(dense, alti_pruned_work(m, r)) if alti_form(m, r) == "pruned" else dense
 
 
 STREAMED: dict[str, Streamed] = {}
@@ -671,11 +706,15 @@ def longest_fitting(method: str, m: ModelShape, card_bytes: int = CARD_BYTES, it
 def per_batch(method: str, m: ModelShape, r: Run) -> tuple[int, int]:
     """(fixed, each): a batch of b examples of ``r.n`` tokens peaks at about fixed + b x each bytes above the model's
     weights (--batch-size auto). What does not grow with the batch: the block budgets (a block holds its budget
-    whatever the batch) and the LRP family's float64 casts of the weights; everything else is one example's, b times."""
-    bare = replace(r, budgets=Budgets(0, 0, 0, 0, 0))  # the smallest blocks: one layer, one token, one row
-    casts = float64_casts(m) if FORMULAS[method].stage == "float64" else 0
+    whatever the batch), the LRP family's float64 casts of the weights and a layer-streamed method's float32 weight
+    stacks (``weight_stacks``: at the smallest blocks every such method streams); everything else is one example's,
+    b times."""
+    # the smallest blocks: one layer, one token, one row
+    bare = replace(r, budgets=replace(r.budgets, stack=0, alti=0, value_zeroing=0, decompx=0, ig=0, decompx_state=0))
+    once = (float64_casts(m) if FORMULAS[method].stage == "float64" else 0) + \
+        (weight_stacks(m, STREAMED[method]) if method in STREAMED else 0)
     one = estimate(method, m, bare).peak
-    return casts + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - casts
+    return once + max(estimate(method, m, r).peak - one, 0), one - weights(m, r) - once
 
 
 # --- the table ------------------------------------------------------------------------------------------------

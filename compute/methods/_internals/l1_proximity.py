@@ -64,7 +64,7 @@ def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a:
         return alti_l1.l1_proximities(widened(flat(p.A, 3), a.dtype), flat(p.project(W), 3),
                                       None if diag is None else flat(diag, 2), flat(a, 2)).view(*lead, n, n)
     narrow = p.A.dtype != a.dtype
-    if path == "dense" or path == "auto" and (narrow or not worth_probing(n, a.device.type)):
+    if path == "dense" or path == "auto" and not probes(n, a.device.type, narrow):
         return dense_l1_proximities(p, W, diag, a, memory_bytes)
     if narrow:  # the pruned form asked for on a narrower attention: widened whole (its steps read every head's)
         p = dataclasses.replace(p, A=p.A.to(a.dtype))
@@ -75,6 +75,20 @@ def l1_proximities(p: LayerParts, W: torch.Tensor, diag: torch.Tensor | None, a:
         return pruned_l1_proximities(p, W, diag, a, memory_bytes, force=True, steps=steps)
     c = pruned_l1_proximities(p, W, diag, a, memory_bytes)  # None after a probe that finds pruning too dear
     return dense_l1_proximities(p, W, diag, a, memory_bytes) if c is None else c
+
+
+def probes(n: int, device_type: str, narrow: bool) -> bool:
+    """Whether "auto" probes the pruned form (else the dense form runs, or a GPU's kernel): ``worth_probing``, on an
+    attention in the vectors' dtype (``narrow``: a narrower one, a streamed layer's)."""
+    return not narrow and worth_probing(n, device_type)
+
+
+def may_prune(n: int, d: int, device_type: str, narrow: bool) -> bool:
+    """Whether "auto" can run the pruned form on an attention of ``n`` tokens and vectors of ``d``: it probes
+    (``probes``) and pruning's least cost, its fixed work with no step and no tail, is below the dense form's
+    (``choose_steps``); else the dense form runs whatever the numbers. compute/memory_model.py counts the pruned
+    form's memory where this holds."""
+    return probes(n, device_type, narrow) and fixed_steps(n, d) < DENSE_PER_DIM * d
 
 
 def worth_probing(n: int, device_type: str) -> bool:
