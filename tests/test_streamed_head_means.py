@@ -149,3 +149,31 @@ def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
     assert got.scores.dtype == torch.float32
     close(got.scores, ref.scores, 1e-5)
     close(got.layer_scores, ref.layer_scores, 1e-5)
+
+
+@pytest.mark.parametrize("name", PRODUCTS)
+def test_beside_decompx_the_narrow_attentions_are_read_a_layer_at_a_time(monkeypatch, name):
+    """Streamed beside DecompX, whose capture keeps every layer's attention as the forward made it (bfloat16, no
+    stack): the head means are taken from those a layer at a time, in float32, with no forward of their own and no
+    stack of them; the numbers are the stacked path's."""
+    ad = adapter_for(tiny_model("llama", dtype=torch.bfloat16, layers=3))
+    batch = random_batch("llama", LENGTHS)
+    method = REGISTRY[name]()
+    _, ref = run(method, ad, batch)
+    streamed(monkeypatch)
+    with torch.no_grad():
+        cap = ad.capture(batch, method.needs | REGISTRY["decompx"].needs)
+        assert cap.attentions and cap.attentions[0].dtype == torch.bfloat16 and "attentions" not in cap.stacks
+        cap.kept_matrices, cap.kept_row = "cls", cap.explain_pos
+        made, alive, hooks = attentions_alive(ad)
+        try:
+            with Made() as rec:
+                got = method.compute(cap, ad, None)
+        finally:
+            for h in hooks:
+                h.remove()
+    assert made == []  # no forward of its own
+    n = batch["input_ids"].shape[1]
+    assert [s for s in rec.shapes if len(s) >= 4 and s[-2:] == (n, n) and ad.n_layers in s[:2]] == []
+    close(got.scores, ref.scores, 1e-5)
+    close(got.layer_scores, ref.layer_scores, 1e-5)

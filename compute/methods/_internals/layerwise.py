@@ -151,17 +151,24 @@ class HeadMeanProduct(LayerwiseProduct):
         return self.from_means(cap.stack("attention_mean")[l], cap.mask)
 
     def streamed(self, cap) -> bool:
-        """Whether the capture kept no head means (nor the attentions they come from): the layers stream."""
-        return not cap.attention_mean and not cap.attentions
+        """Whether the capture kept no head means nor a stack of the attentions they come from: the layers stream."""
+        return not cap.attention_mean and "attentions" not in cap.stacks
 
     def each_layer_matrix(self, cap, adapter, fn) -> None:
         each_head_mean(cap, adapter, lambda A_bar: fn(self.from_means(A_bar, cap.mask)))
 
 
 def each_head_mean(cap, adapter, fn) -> None:
-    """fn(the heads' mean of layer l's attention [B, n, n], float32 at least) for every layer l in turn, as a forward
-    of its own makes the layer (Adapter.each_layer with the attention alone: one layer's [B, H, n, n] alive at a
-    time; a layer shared across depths, ALBERT's, at each depth)."""
+    """fn(the heads' mean of layer l's attention [B, n, n], float32 at least) for every layer l in turn: from the
+    capture's attentions where it kept them as the forward made them (another method's: DecompX's narrow lists), else
+    as a forward of its own makes the layer (Adapter.each_layer with the attention alone: one layer's [B, H, n, n]
+    alive at a time; a layer shared across depths, ALBERT's, at each depth)."""
+    if cap.attentions:
+        for a in cap.attentions:
+            interrupts.check()  # a stop asked for: between layers
+            fn(head_mean(a))
+        return
+
     def layer(_l, one):
         interrupts.check()  # a stop asked for: between layers
         fn(head_mean(one.attentions[0]))
