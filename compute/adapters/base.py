@@ -687,9 +687,9 @@ class Adapter:
             _head_means_of_stack(cap)
         return cap
 
-    def each_layer(self, cap: Captured, fn: Callable[[int, Captured], None], lists: frozenset[str] = PARTS) -> None:
+    def each_layer(self, cap: Captured, fn: Callable[[int, Captured], None], hooked: frozenset[str] = PARTS) -> None:
         """The model's forward on ``cap.inputs`` again, calling fn(l, layer) as each layer l ends: ``layer`` a
-        Captured of that layer's decomposition lists alone (``lists``, by default ``PARTS``: one entry each;
+        Captured of that layer's decomposition lists alone (``hooked``, by default ``PARTS``: one entry each;
         hidden_states its input and output), which are dropped when fn returns, so that one layer's [B, H, n, n] is
         alive at a time (issue 36: the capture of a batch whose stack of every layer's exceeds the block budget keeps
         none of them)."""
@@ -715,7 +715,7 @@ class Adapter:
                     del getattr(one, name)[:-1 if name == "hidden_states" else None]
             return hook
 
-        with self.hooks(one, lists), torch.no_grad():
+        with self.hooks(one, hooked), torch.no_grad():
             ends = [layer.register_forward_hook(layer_end(l)) for l, layer in enumerate(self.layers())]
             try:
                 self.model(**cap.inputs, **self._no_cache())
