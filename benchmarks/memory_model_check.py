@@ -41,12 +41,14 @@ from compute import memory_model as mm  # noqa: E402
 TINY = mm.ModelShape("tiny Llama", layers=2, d=32, heads=4, kv_heads=4, d_ff=64, vocab=100)
 LONG = mm.ModelShape("tiny-but-long Llama", layers=4, d=256, heads=8, kv_heads=8, d_ff=1024, vocab=100)
 BARE = "forward"  # the bare forward: the capture of nothing
-# issue 36's methods: each layer's attention consumed as the forward makes it: the head means, and the
-# decomposition's layer-wise products, which read each layer in a forward of their own
-HEAD_MEANS = ("raw_attention", "rollout", "w_fixedres")
+# issue 36's methods: each layer's attention consumed as the forward makes it: the capture's head means (raw
+# attention), and the layer-wise products, which read each layer in a forward of their own: of the head means alone
+# (rollout, W_FIXEDRES) or of the decomposition's lists
+HEAD_MEANS = ("raw_attention",)
+HEAD_MEAN_PRODUCTS = ("rollout", "w_fixedres")
 LAYER_PARTS = ("norm_n", "norm_fixedres", "norm_res", "norm_resln", "globenc", "w_res", "alti", "alti_l2",
                "alti_logit", "value_zeroing")
-STREAMED = HEAD_MEANS + LAYER_PARTS
+STREAMED = HEAD_MEANS + HEAD_MEAN_PRODUCTS + LAYER_PARTS
 MMAP_THRESHOLD = 65536  # glibc's, fixed for every measurement (the docstring)
 WITHIN = 0.15  # issue 36: each peak above the forward within 15% of the model's
 

@@ -463,8 +463,10 @@ def _add(names, f: Formula):
 
 _add("raw_attention", Formula("capture", lambda m, r: _mats(m, r, 1) + r.n ** 2 * F32,
                               "head means [L,n,n] (layer by layer); their valid block [L,n,n]", MEANS))
-_add("rollout w_fixedres", Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32,
-                                   "head means [L,n,n] (layer by layer); 2 [L,n,n] (normalised, stored)", MEANS))
+# rollout and W_FIXEDRES stream their layers above the block budget (STREAMED, below); below it the capture's head
+# means from the stack of every layer's attention, and 2 [L,n,n] (normalised, stored)
+_STACKED_MEANS = Formula("capture", lambda m, r: _mats(m, r, 2) + r.n ** 2 * F32,
+                         "head means [L,n,n]; 2 [L,n,n] (normalised, stored)", MEANS)
 # The layer-wise products stream their layers above the block budget (STREAMED); below it, their stacked formulas.
 _STACKED_NORMS = Formula("capture", layerwise, "capture [L,H,n,n] + 5 L n d; a stack of K layers' [n,H,d] + 3 [H,n,n]; "
                          "2 [L,n,n]; L d^2", DECOMP)
@@ -535,6 +537,13 @@ for _names, _s, _text in (
     for _name in _names.split():
         STREAMED[_name] = _s
         FORMULAS[_name] = Formula("streamed", None, _text, frozenset({"layer_parts"}))
+# rollout, W_FIXEDRES (HeadMeanProduct): each layer's head mean as their own forward makes the layer (its lists the
+# attention alone: layer_lists' seven [n, d] overcount it by one layer's n d), then M^l from it: the mean, a copy of
+# its valid block, the mask's [n, n] and M^l; the product's next [n, n] after them
+for _name in ("rollout", "w_fixedres"):
+    STREAMED[_name] = Streamed(_STACKED_MEANS, lambda m, r: 4 * r.n ** 2 * F32, 0, narrow=True)
+    FORMULAS[_name] = Formula("streamed", None, STREAMED_TEXT.format(
+        wide="", work="its head mean and 3 [n,n] (M^l)", held=_CLS), frozenset({"layer_means"}))
 _STACKED_VALUE_ZEROING = Formula("capture", lambda m, r: layerwise(m, r) + r.budgets.value_zeroing + ffn_weights(m),
      "as the norm family, the zeroed tokens' blocks (budget), every layer's FFN weights in float32", DECOMP)
 

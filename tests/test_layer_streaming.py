@@ -1,8 +1,8 @@
-"""Layer-streamed capture (issue 36 item 1): the head-mean attentions that raw attention, rollout and W_FIXEDRES read
-("attention_mean") are taken from each layer's attention as the forward makes it, so that at most one layer's
-[B, H, n, n] is alive at once, where the stack of every layer's would exceed the block budget
-(compute.memory_model.streams_attention); below it they come from that stack, one operation for every layer. Both give
-the same numbers."""
+"""Layer-streamed capture (issue 36 item 1): the head-mean attentions that raw attention reads ("attention_mean") are
+taken from each layer's attention as the forward makes it, so that at most one layer's [B, H, n, n] is alive at once,
+where the stack of every layer's would exceed the block budget (compute.memory_model.streams_attention); below it they
+come from that stack, one operation for every layer. Both give the same numbers. (Rollout and W_FIXEDRES keep none
+above the budget: tests/test_streamed_head_means.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from compute.methods._internals import budget
 from compute.run.parts import cut_capture
 from conftest import random_batch, tiny_model
 
-STREAMED = ("raw_attention", "rollout", "w_fixedres")
+STREAMED = ("raw_attention",)
 LENGTHS = [9, 5, 12, 1]  # padded: the streamed means hold the pad rows as the stack's do
 
 

@@ -31,8 +31,11 @@ from .block import Block
 # float32 stack of every layer's attention fits the block budget, else each layer's kept as the forward made it (the
 # model's dtype, one tensor a layer: no stack, no float32 copy), a list another method of the batch asks for by name
 # excepted: DecompX, which reads a layer's at a time, widened when it uses it (issue 36).
-NEEDS = frozenset({"attentions", "attention_mean", "layer_parts", "narrow_layers", "hidden_states", "values", "ln1",
-                   "ln2", "attn_out"})
+# "layer_means": "attention_mean" where the stack of every layer's attention fits the block budget, else nothing: the
+# methods that fold each layer's head mean into a running product (rollout, W_FIXEDRES) read each layer's as a
+# forward of their own makes it (``each_layer``), never every layer's [B, n, n] at once (issue 36).
+NEEDS = frozenset({"attentions", "attention_mean", "layer_means", "layer_parts", "narrow_layers", "hidden_states",
+                   "values", "ln1", "ln2", "attn_out"})
 PARTS = frozenset({"attentions", "hidden_states", "values", "ln1", "ln2", "attn_out"})  # a layer's decomposition
 
 
@@ -154,11 +157,23 @@ def _keep_head_mean(cap: Captured, layers: int):
         if a is None:  # not an eager attention: the capture's check names the fix
             return
         st = cap.stacks.get("attention_mean")
-        if st is None:  # float32 at least, as _stack_and_upcast widens
-            wide = a.dtype if a.element_size() >= 4 else torch.float32
-            st = cap.stacks["attention_mean"] = a.new_empty((layers, a.shape[0], *a.shape[2:]), dtype=wide)
-        cap.attention_mean.append(torch.mean(a, dim=1, dtype=st.dtype, out=st[len(cap.attention_mean)]))
+        if st is None:
+            st = cap.stacks["attention_mean"] = a.new_empty((layers, a.shape[0], *a.shape[2:]), dtype=wide_dtype(a))
+        cap.attention_mean.append(head_mean(a, st[len(cap.attention_mean)]))
     return hook
+
+
+def wide_dtype(t: torch.Tensor) -> torch.dtype:
+    """float32 at least, as _stack_and_upcast widens."""
+    return t.dtype if t.element_size() >= 4 else torch.float32
+
+
+def head_mean(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The heads' mean of one layer's attention [B, H, n, n] -> [B, n, n], in float32 at least (summed so, no widened
+    copy of the heads), into ``out`` where given."""
+    if out is None:
+        return torch.mean(a, dim=1, dtype=wide_dtype(a))
+    return torch.mean(a, dim=1, dtype=out.dtype, out=out)
 
 
 def _head_means_of_stack(cap: Captured) -> None:
@@ -634,8 +649,11 @@ class Adapter:
         input_ids, mask = enc["input_ids"], enc["attention_mask"].bool()
         needs = frozenset(needs)
         # the head means from the stacked attentions where the stack fits the budget, else layer by layer; the
-        # decomposition's lists likewise, else none (the methods stream them: each_layer)
+        # decomposition's lists likewise, else none (the methods stream them: each_layer); "layer_means" the head
+        # means likewise, else none
         streams = self.streams_attention(input_ids)
+        if "layer_means" in needs:
+            needs = needs - {"layer_means"} | (frozenset() if streams else {"attention_mean"})
         stacked_means = "attention_mean" in needs and not needs & {"attentions", "narrow_layers"} and not streams
         hooked = needs | {"attentions"} if stacked_means else needs
         if "layer_parts" in needs and not streams or "narrow_layers" in needs:
@@ -669,11 +687,12 @@ class Adapter:
             _head_means_of_stack(cap)
         return cap
 
-    def each_layer(self, cap: Captured, fn: Callable[[int, Captured], None]) -> None:
+    def each_layer(self, cap: Captured, fn: Callable[[int, Captured], None], hooked: frozenset[str] = PARTS) -> None:
         """The model's forward on ``cap.inputs`` again, calling fn(l, layer) as each layer l ends: ``layer`` a
-        Captured of that layer's decomposition lists alone (``PARTS``: one entry each; hidden_states its input and
-        output), which are dropped when fn returns, so that one layer's [B, H, n, n] is alive at a time (issue 36:
-        the capture of a batch whose stack of every layer's exceeds the block budget keeps none of them)."""
+        Captured of that layer's decomposition lists alone (``hooked``, by default ``PARTS``: one entry each;
+        hidden_states its input and output), which are dropped when fn returns, so that one layer's [B, H, n, n] is
+        alive at a time (issue 36: the capture of a batch whose stack of every layer's exceeds the block budget keeps
+        none of them)."""
         one = Captured(input_ids=cap.input_ids, mask=cap.mask, lengths=cap.lengths, explain_pos=cap.explain_pos,
                        logits=None)
         lists = [name for name in STACKED if name != "attention_mean"]
@@ -696,7 +715,7 @@ class Adapter:
                     del getattr(one, name)[:-1 if name == "hidden_states" else None]
             return hook
 
-        with self.hooks(one, PARTS), torch.no_grad():
+        with self.hooks(one, hooked), torch.no_grad():
             ends = [layer.register_forward_hook(layer_end(l)) for l, layer in enumerate(self.layers())]
             try:
                 self.model(**cap.inputs, **self._no_cache())

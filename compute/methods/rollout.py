@@ -1,32 +1,22 @@
 """Attention rollout (Abnar & Zuidema 2020; METHODS.md 1.2 ROLL, 2.4): (A_bar + I) row-normalised, later layers on
-the left. Layer view l = row of the explained token in M^l ... M^1. Nothing zeroed (the ALTI convention)."""
+the left. Layer view l = row of the explained token in M^l ... M^1. Nothing zeroed (the ALTI convention).
+Above the block budget the layers stream (issue 36, HeadMeanProduct): each layer's M^l folded into the running
+product as a forward makes the layer."""
 
 from __future__ import annotations
 
-from ._internals.aggregate import add_identity_row_normalise_, rows_of_products, valid_pairs
-from ._internals.base import Method, MethodResult
+import torch
+
+from ._internals.aggregate import add_identity_row_normalise_, valid_pairs
+from ._internals.layerwise import HeadMeanProduct
 
 
-class Rollout(Method):
+class Rollout(HeadMeanProduct):
     name = "rollout"
     description = "attention rollout: product of row-normalised (head-mean attention + I) over layers"
     reference = "Abnar & Zuidema 2020; METHODS.md 1.2 (ROLL), 2.4"
-    needs = frozenset({"attention_mean"})
-    has_layer_views = True
-    has_matrices = True
 
-    def compute(self, cap, adapter, target):
-        return self._rows(cap, cap.explain_pos)  # [B, L, n]
-
-    def compute_rows(self, cap, adapter, steps, rows):
-        return self._rows(cap, steps.grid, steps)
-
-    def _rows(self, cap, pos, steps=None) -> MethodResult:
-        # Every layer's M^l = (A_bar^l + I) / rowsum at once, on the valid block (pad rows become identity rows,
-        # never reached): [L, B, n, n], in place on the valid block (the capture's head means are shared).
-        mats = add_identity_row_normalise_(valid_pairs(cap.stack("attention_mean"), cap.mask))
-        layer_scores = rows_of_products(mats, pos)
-        if steps is not None:
-            layer_scores = steps.rows(layer_scores)
-        stored = valid_pairs(mats, cap.mask).transpose(0, 1)
-        return MethodResult(scores=layer_scores[:, -1], layer_scores=layer_scores, matrices=stored)
+    def from_means(self, A_bar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # M^l = (A_bar^l + I) / rowsum on the valid block, in place on its copy (the capture's head means are
+        # shared); its pad rows, identity rows there, zeroed as stored (a real token's row never reaches them)
+        return valid_pairs(add_identity_row_normalise_(valid_pairs(A_bar, mask)), mask)

@@ -1,26 +1,22 @@
 """W_FIXEDRES (METHODS.md 3.1): 0.5 * head-mean attention + 0.5 I; row-stochastic, multiplied (PROD).
-(Identical per layer to rollout's (A_bar + I)/2; kept under GlobEnc's name for its table.)"""
+(Identical per layer to rollout's (A_bar + I)/2; kept under GlobEnc's name for its table.) Above the block budget
+the layers stream as rollout's (issue 36, HeadMeanProduct)."""
 
 from __future__ import annotations
 
 import torch
 
 from ._internals.aggregate import valid_pairs
-from ._internals.layerwise import LayerwiseProduct
+from ._internals.layerwise import HeadMeanProduct
 
 
-class WFixedRes(LayerwiseProduct):
+class WFixedRes(HeadMeanProduct):
     name = "w_fixedres"
     description = "W_FIXEDRES: half head-mean attention, half identity, multiplied over layers"
     reference = "Modarressi et al. (2022) Table 1; METHODS.md 3.1"
-    needs = frozenset({"attention_mean"})
-    row_stochastic = True
 
-    def layer_matrices(self, cap, adapter):
-        return fixed_residual(cap.stack("attention_mean"), cap.mask)  # every layer at once: [L, B, n, n]
-
-    def layer_matrix(self, cap, adapter, l):
-        return fixed_residual(cap.stack("attention_mean")[l], cap.mask)
+    def from_means(self, A_bar, mask):
+        return fixed_residual(A_bar, mask)
 
 
 def fixed_residual(A_bar: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
