@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...adapters import Adapter
 from ...adapters.base import _ask_for_attentions
+from ...attention_streaming import CHUNK_COPIES, heads_per_chunk  # noqa: F401 - the rule, one declaration
 from . import budget
 
 
@@ -207,16 +208,6 @@ class TermHooks:
 
 # --- the attention a chunk of heads at a time (the gradient pass's terms: attcat, grads, attgrads, gae) -----------
 HEADS_IMPL = "attrscope_head_chunks"  # the attention implementation's name (transformers' attention interface)
-# float32 [B, n, n] a head of a chunk at once: the eager attention's scores, softmax and A, in the backward dF/dA and
-# the softmax's gradient, the terms' widened copies
-CHUNK_COPIES = 6
-F32 = 4
-
-
-def heads_per_chunk(heads: int, batch: int, n: int, budget_bytes: int) -> int:
-    """Heads a chunk: as many as the block budget holds of CHUNK_COPIES float32 [B, n, n] a head (compute.memory_model
-    holds the same rule), at least one, at most all (one chunk: the layer's attention at once, as the eager pass)."""
-    return max(1, min(heads, budget_bytes // (CHUNK_COPIES * batch * n * n * F32)))
 
 
 def _eager(module):
