@@ -236,17 +236,18 @@ def chunked_layer_transient(m: ModelShape, r: Run) -> int:
 
 
 def chunked_layer_backward(m: ModelShape, r: Run, hook: tuple[int, int]) -> int:
-    """One layer's backward in a head-chunked pass: its recomputed activations (12 n d and 4 n d_ff, no [H, n, n])
-    and the mask, the query, key and value gradients (the latter two in float32), and the larger of the feed-forward
-    block's backward and one chunk's: its recomputed softmax (float32, and A in the model's dtype where narrower),
-    then dF/dA, its float32 copy where narrower and the softmax's gradient, or the terms' ``hook`` [h, n, n] float32
-    copies (as layer_backward's) beside A and dF/dA."""
+    """One layer's backward in a head-chunked pass: the mask, and the larger of the feed-forward block's backward
+    beside the layer's recomputed activations (12 n d and 4 n d_ff, no [H, n, n]) and the attention's, whose chunks
+    come after the feed-forward block's saved tensors are freed: the attention's 12 n d, the query, key and value
+    gradients (the latter two in float32) and one chunk's recomputed softmax (float32, and A in the model's dtype
+    where narrower), then dF/dA, its float32 copy where narrower and the softmax's gradient, or the terms' ``hook``
+    [h, n, n] float32 copies (as layer_backward's) beside A and dF/dA."""
     n, w, Ah = r.n, r.itemsize, chunk_heads(m, r) * r.n ** 2
     narrow = w < F32
-    saved = (12 * n * m.d + 4 * n * m.d_ff) * w + n ** 2 * w + n * m.d * w + 2 * n * m.d_kv * F32
     softmax = Ah * (F32 + narrow * w) + Ah * (w + narrow * F32 + F32)
     terms = 2 * Ah * w + (hook[0] * narrow + hook[1]) * Ah * F32
-    return saved + max(softmax, terms, 3 * n * m.d_ff * w)
+    attention = 12 * n * m.d * w + n * m.d * w + 2 * n * m.d_kv * F32 + max(softmax, terms)
+    return n ** 2 * w + max((12 * n * m.d + 4 * n * m.d_ff) * w + 3 * n * m.d_ff * w, attention)
 
 
 def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
@@ -591,8 +592,7 @@ _add("gae", Formula("gradients", _attention_stacks(3),
 _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
                          "gradient pass + the last layer's attention and its gradient (variant ref); checkpointed: "
                          "a chunk of heads at a time, its map [n,n] summed per chunk",
-                         streamed=Checkpointed(_nothing, hook=(2, 1), chunked=True,
-                                               held=lambda m, r: 4 * r.n ** 2 * F32)))
+                         streamed=Checkpointed(_nothing, hook=(2, 1), chunked=True)))
 def _ig_work(m: ModelShape, r: Run) -> int:
     """Integrated gradients' own float32 [n, d]s (gradients.integrated_gradients): X and X' widened and the sum of
     the steps' gradients (a row and the spare), and per row of a pass its path point and its weighted gradient."""

@@ -299,15 +299,19 @@ def test_the_attention_gradient_methods_at_7b():
             assert mm.estimate(name, m, run).peak <= card, (m.name, name)
     m, n = mm.LLAMA2_7B, 4096
     one = n * n  # one head's [n, n]
-    saved = (12 * n * 4096 + 4 * n * 11008) * 2 + one * 2 + n * 4096 * 2 + 2 * n * 4096 * 4
-    # the chunk's softmax in float32 and A in bfloat16, then dF/dA, its float32 copy and the softmax's gradient; or
-    # A and dF/dA with the terms' float32 copies (gae: both widened and their product); or the feed-forward block's
-    chunk = max(one * (4 + 2) + one * (2 + 4 + 4), 2 * one * 2 + 3 * one * 4, 3 * n * 11008 * 2)
-    assert mm.chunked_layer_backward(m, run, (2, 1)) == saved + chunk
+    # the feed-forward block's backward beside the layer's recomputed activations; or, its saved tensors freed, the
+    # attention's 12 n d, the query, key and value gradients and one head's chunk: its float32 softmax and A in
+    # bfloat16, then dF/dA, its float32 copy and the softmax's gradient (or A and dF/dA with the terms' float32
+    # copies, gae's: both widened and their product); the mask throughout
+    ffn = (12 * n * 4096 + 4 * n * 11008) * 2 + 3 * n * 11008 * 2
+    chunk = max(one * (4 + 2) + one * (2 + 4 + 4), 2 * one * 2 + 3 * one * 4)
+    attention = 12 * n * 4096 * 2 + n * 4096 * 2 + 2 * n * 4096 * 4 + chunk
+    layer = one * 2 + max(ffn, attention)
+    assert mm.chunked_layer_backward(m, run, (2, 1)) == layer
     states = 33 * n * 4096 * 2
     w = mm.weights(m, run)
     gae = mm.estimate("gae", m, run)
-    assert gae.stages["gradient pass"] == w + 2 * states + saved + chunk + 33 * one * 4
+    assert gae.stages["gradient pass"] == w + 2 * states + layer + 33 * one * 4
     assert gae.peak == gae.stages["method"] == w + 2 * states + 2 * 32 * one * 4 < card
     # the forward: one head's scores and softmax beside the mask, or the feed-forward block
     assert mm.chunked_layer_transient(m, run) == max(one * (2 + 4) + one * 2, 3 * n * 11008 * 2) + 8 * n * 4096 * 2
