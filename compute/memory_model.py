@@ -592,7 +592,9 @@ _add("gae", Formula("gradients", _attention_stacks(3),
 _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
                          "gradient pass + the last layer's attention and its gradient (variant ref); checkpointed: "
                          "a chunk of heads at a time, its map [n,n] summed per chunk",
-                         streamed=Checkpointed(_nothing, hook=(2, 1), chunked=True)))
+                         # the chunk's A w_h and dF/dA on the real block, the map's sum and the block [n,n] (measured
+                         # on the tiny-but-long model: one head a chunk)
+                         streamed=Checkpointed(_nothing, hook=(2, 3), chunked=True)))
 def _ig_work(m: ModelShape, r: Run) -> int:
     """Integrated gradients' own float32 [n, d]s (gradients.integrated_gradients): X and X' widened and the sum of
     the steps' gradients (a row and the spare), and per row of a pass its path point and its weighted gradient."""
