@@ -13,3 +13,14 @@ def streams_attention(layers: int, heads: int, batch: int, n: int, budget: int) 
     layer's would exceed the block budget. Below it the layers are stacked and reduced in one operation (a GPU's
     launches; tests/test_op_budget.py)."""
     return layers * batch * heads * n * n * F32 > budget
+
+
+# float32 [B, n, n] a head of a chunk at once in the head-chunked gradient pass (checkpointed.HeadChunks): the eager
+# attention's scores, softmax and A, in the backward dF/dA and the softmax's gradient, the terms' widened copies
+CHUNK_COPIES = 6
+
+
+def heads_per_chunk(heads: int, batch: int, n: int, budget: int) -> int:
+    """Heads a chunk of the head-chunked gradient pass: as many as the block budget holds of CHUNK_COPIES float32
+    [B, n, n] a head, at least one, at most all (one chunk: the layer's attention at once, as the eager pass)."""
+    return max(1, min(heads, budget // (CHUNK_COPIES * batch * n * n * F32)))

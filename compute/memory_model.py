@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 
-from .attention_streaming import streams_attention
+from .attention_streaming import heads_per_chunk, streams_attention
 
 GB = 10**9
 CARD_BYTES = 80 * GB  # "an 80 GB card"
@@ -223,19 +223,50 @@ def layer_backward(m: ModelShape, r: Run, hook: tuple[int, int] | None = None) -
     return saved + A * w + max(softmax, 3 * n * m.d_ff * w, reduce)
 
 
+def chunk_heads(m: ModelShape, r: Run) -> int:
+    """Heads a chunk of the head-chunked pass (checkpointed.HeadChunks: the block budget's)."""
+    return heads_per_chunk(m.heads, 1, r.n, r.budgets.stack)
+
+
+def chunked_layer_transient(m: ModelShape, r: Run) -> int:
+    """One layer of a head-chunked forward (checkpointed.HeadChunks): one chunk's eager attention (its scores in the
+    model's dtype beside their float32 softmax), the additive [n, n] mask, or the feed-forward block, and a few
+    [n, d] with the chunks' outputs and their concatenation."""
+    attention = chunk_heads(m, r) * r.n ** 2 * (r.itemsize + F32) + r.n ** 2 * r.itemsize
+    return max(attention, 3 * r.n * m.d_ff * r.itemsize) + 8 * r.n * m.d * r.itemsize
+
+
+def chunked_layer_backward(m: ModelShape, r: Run, hook: tuple[int, int]) -> int:
+    """One layer's backward in a head-chunked pass: the mask, and the larger of the feed-forward block's backward
+    beside the layer's recomputed activations (12 n d and 4 n d_ff, no [H, n, n]) and the attention's, whose chunks
+    come after the feed-forward block's saved tensors are freed: the attention's 12 n d, the query, key and value
+    gradients (the latter two in float32) and one chunk's recomputed softmax (float32, and A in the model's dtype
+    where narrower), then dF/dA, its float32 copy where narrower and the softmax's gradient, or the terms' ``hook``
+    [h, n, n] float32 copies (as layer_backward's) beside A and dF/dA."""
+    n, w, Ah = r.n, r.itemsize, chunk_heads(m, r) * r.n ** 2
+    narrow = w < F32
+    softmax = Ah * (F32 + narrow * w) + Ah * (w + narrow * F32 + F32)
+    terms = 2 * Ah * w + (hook[0] * narrow + hook[1]) * Ah * F32
+    attention = 12 * n * m.d * w + n * m.d * w + 2 * n * m.d_kv * F32 + max(softmax, terms)
+    return n ** 2 * w + max((12 * n * m.d + 4 * n * m.d_ff) * w + 3 * n * m.d_ff * w, attention)
+
+
 def gradient_pass(m: ModelShape, r: Run, checkpointed: bool = False,
-                  hook: tuple[int, int] | None = None, sdpa: bool = False) -> tuple[int, int]:
+                  hook: tuple[int, int] | None = None, sdpa: bool = False,
+                  chunked: bool = False) -> tuple[int, int]:
     """(peak, kept) bytes of the gradient pass (GradientPass). Plain: the forward's tensors saved for the backward
     (per layer the float32 softmax, the attention in the model's dtype where that is narrower, 12 n d and 4 n d_ff
     activations), the gradients of every layer's attention (kept for the methods) and one layer's backward (the
     softmax's and the feed-forward block's). ``checkpointed`` (no KV cache): every layer's input and the gradients of
     the hidden states, with one layer's forward, or one layer's backward (``layer_backward``; ``sdpa``: the SDPA
-    attention's, ``sdpa_layer_backward``)."""
+    attention's, ``sdpa_layer_backward``; ``chunked``: a chunk of heads at a time, ``chunked_layer_backward``)."""
     L, n, w = m.layers, r.n, r.itemsize
     A = m.heads * n * n
     if checkpointed:
         states = (L + 1) * n * m.d * w
         kept = 2 * states  # + dF/dh of every layer
+        if chunked:
+            return max(states + chunked_layer_transient(m, r), kept + chunked_layer_backward(m, r, hook)), kept
         if sdpa:
             return max(states + sdpa_layer_transient(m, r), kept + sdpa_layer_backward(m, r)), kept
         return max(states + layer_transient(m, r), kept + layer_backward(m, r, hook)), kept
@@ -427,6 +458,7 @@ class Checkpointed:
     held: object = _nothing
     attention: bool = True
     rules: bool = False  # the decoder rules' pass (rules_pass: no dF/dh kept)
+    chunked: bool = False  # the attention a chunk of heads at a time (checkpointed.HeadChunks; ``hook`` a chunk's)
 
 
 @dataclass(frozen=True)
@@ -584,24 +616,29 @@ _add("grad_l2 gxi_l2 gxi_mean cat", Formula("gradients", _cat_stacks,
      "gradient pass: saved activations (float32 softmax) + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one "
      "layer recomputed with the SDPA attention (no [H,n,n])", streamed=Checkpointed(_cat_stacks, attention=False)))
 _add("grads", Formula("gradients", _cat_stacks,
-     "gradient pass + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one layer recomputed, the last dF/dA's "
-     "rows", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
+     "gradient pass + dF/dA [L,H,n,n]; checkpointed: the layers' inputs, one layer recomputed a chunk of heads at a "
+     "time (the block budget's), the last dF/dA's rows", streamed=Checkpointed(_cat_stacks, hook=(1, 0), chunked=True)))
 _add("attnlrp", Formula("gradients", lambda m, r: 2 * (m.layers + 1) * r.n * m.d * F32
                          + m.layers * r.n * (2 * m.d + m.d_ff) * r.itemsize,
      "gradient pass with the rules' factors (two norms' [n,d] and the activation's [n,d_ff] a layer) + dF/dA; "
      "checkpointed: the layers' inputs, one layer recomputed with its factors, <dF/dh, h> [n] in a hook",
      streamed=Checkpointed(_nothing, hook=0, rules=True)))
 _add("attcat", Formula("gradients", _attention_stacks(1),
-     "gradient pass + the attentions stacked in float32 [L,H,n,n]; checkpointed: each layer's received attention "
-     "[n] in its hook", streamed=Checkpointed(_cat_stacks, hook=(1, 0))))
+     "gradient pass + the attentions stacked in float32 [L,H,n,n]; checkpointed: one layer recomputed a chunk of "
+     "heads at a time, its received attention [n] summed per chunk", streamed=Checkpointed(_cat_stacks, hook=(1, 0),
+                                                                                         chunked=True)))
 # the plain pass's terms: the attentions and their gradients stacked, and their product
 _add("gae", Formula("gradients", _attention_stacks(3),
-     "gradient pass + attentions, their gradients and product stacked, 3 [L,H,n,n]; checkpointed: each layer's "
-     "A_bar [n,n] in its hook, 2 [L,n,n]",
-     streamed=Checkpointed(lambda m, r: _mats(m, r, 2), hook=(2, 1), held=lambda m, r: _mats(m, r, 1))))
+     "gradient pass + attentions, their gradients and product stacked, 3 [L,H,n,n]; checkpointed: one layer "
+     "recomputed a chunk of heads at a time, its A_bar [n,n] summed per chunk, 2 [L,n,n]",
+     streamed=Checkpointed(lambda m, r: _mats(m, r, 2), hook=(2, 1), chunked=True,
+                           held=lambda m, r: _mats(m, r, 1) + r.n ** 2 * F32)))
 _add("attgrads", Formula("gradients", lambda m, r: 2 * m.heads * r.n ** 2 * F32,
                          "gradient pass + the last layer's attention and its gradient (variant ref); checkpointed: "
-                         "its map [n,n] in the hook", streamed=Checkpointed(_nothing, hook=(2, 1))))
+                         "a chunk of heads at a time, its map [n,n] summed per chunk",
+                         # the chunk's A w_h and dF/dA on the real block, the map's sum and the block [n,n] (measured
+                         # on the tiny-but-long model: one head a chunk)
+                         streamed=Checkpointed(_nothing, hook=(2, 3), chunked=True)))
 def _ig_work(m: ModelShape, r: Run) -> int:
     """Integrated gradients' own float32 [n, d]s (gradients.integrated_gradients): X and X' widened and the sum of
     the steps' gradients (a row and the spare), and per row of a pass its path point and its weighted gradient."""
@@ -689,7 +726,7 @@ def estimate(method: str, m: ModelShape, r: Run) -> Estimate:
     elif f.streamed is not None and checkpoints(m, r):
         s = f.streamed
         peak, kept = (rules_pass(m, r, 1, s.hook) if s.rules
-                      else gradient_pass(m, r, True, s.hook, not s.attention and not m.softcap))
+                      else gradient_pass(m, r, True, s.hook, not s.attention and not m.softcap, s.chunked))
         stages = {"forward": fwd, "gradient pass": base - kv_cache(m, r) + peak + s.held(m, r),
                   "method": base - kv_cache(m, r) + kept + s.work(m, r)}
     else:

@@ -146,9 +146,12 @@ def test_a_batch_reduces_every_methods_terms_in_one_backward(monkeypatch):
 @pytest.mark.parametrize("arch", ["bert", "llama"])
 def test_checkpointed_pass_keeps_one_layers_attention_at_a_time(arch, monkeypatch):
     """Every attention the forward and the backward's recomputations make, and every gradient of one: when the next
-    is made, none made before is alive (the layer's activations are freed before the next layer's are made)."""
+    is made, none made before is alive (the layer's activations are freed before the next layer's are made). The
+    eager recomputation's (a model without the attention interface; with it, a chunk of heads at a time:
+    test_head_chunks.py)."""
     checkpointed(monkeypatch)
     _, ad, _, cap = captured_tiny(arch, lengths=(9, 5, 12))
+    monkeypatch.setattr(type(ad.model), "_supports_attention_backend", False)
     made, alive_at_next = [], []
 
     def at_next(*_):

@@ -13,8 +13,9 @@ from .cat import Cat
 
 
 def received(A, dA, cap):
-    """alpha^l_j: the attention token j receives, mean over heads, then over the real query rows [K, B, n]."""
-    return valid_mean_rows(A.mean(2).transpose(0, 1), cap.mask).transpose(0, 1)
+    """alpha^l_j (the term's mean over the heads of this sum): the attention token j receives, summed over the heads
+    given, mean over the real query rows [K, B, n]."""
+    return valid_mean_rows(A.sum(2).transpose(0, 1), cap.mask).transpose(0, 1)
 
 
 class AttCat(GradientMethod):
@@ -24,7 +25,7 @@ class AttCat(GradientMethod):
     signed = True
     has_layer_views = True
     run_options = Cat.run_options
-    attention_terms = (AttentionTerm("attcat", received, grad=False),)
+    attention_terms = (AttentionTerm("attcat", heads=received, grad=False),)
 
     def from_grads(self, gp, grads, cap):
         layers = self.params.get("layers", "inputs")

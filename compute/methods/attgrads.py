@@ -17,13 +17,20 @@ from ._internals.checkpointed import AttentionTerm
 from ._internals.gradients import GradientMethod, valid_mean_rows
 
 
-def gradcam_row(A, dA, cap):
-    """The reference variant of the last layer's A and dF/dA ([1, B, H, n, n]): the explained row [1, B, n]."""
+def gradcam_heads(A, dA, cap):
+    """The reference variant's sum over the heads given of the last layer's A^h w_h ([1, B, h, n, n] -> [1, B, n, n]),
+    w_h the mean of dF/dA^h over the real block."""
     A, G = A[0], dA[0]
-    b = torch.arange(cap.mask.shape[0], device=cap.mask.device)
     block = valid_block(torch.ones_like(A[:, 0]), cap.mask)  # [B, n, n] 1 on real (i, j)
-    w = (G * block[:, None]).sum((-2, -1)) / block.sum((-2, -1))[:, None]  # [B, H]
-    M = (A * w[..., None, None]).mean(1).clamp_min(0)  # [B, n, n]
+    w = (G * block[:, None]).sum((-2, -1)) / block.sum((-2, -1))[:, None]  # [B, h]
+    return (A * w[..., None, None]).sum(1)[None]
+
+
+def gradcam_row(mean, cap):
+    """The reference variant of M = mean_h A^h w_h ([1, B, n, n]): the explained row [1, B, n]."""
+    b = torch.arange(cap.mask.shape[0], device=cap.mask.device)
+    block = valid_block(torch.ones_like(mean[0]), cap.mask)
+    M = mean[0].clamp_min(0)  # [B, n, n]
     big = torch.finfo(M.dtype).max
     lo = torch.where(block > 0, M, big).amin((-2, -1), keepdim=True)
     hi = torch.where(block > 0, M, -big).amax((-2, -1), keepdim=True)
@@ -34,11 +41,13 @@ def gradcam_row(A, dA, cap):
 
 
 def gradsam_rows(A, dA, cap):
-    """Grad-SAM's layer terms: A * ReLU(dF/dA), mean over heads and the real query rows [K, B, n]."""
-    return valid_mean_rows(dA.clamp_min(0).mul_(A).mean(2).transpose(0, 1), cap.mask).transpose(0, 1)
+    """Grad-SAM's layer terms: A * ReLU(dF/dA), summed over the heads given (the term's mean divides), mean over the
+    real query rows [K, B, n]."""
+    return valid_mean_rows(dA.clamp_min(0).mul_(A).sum(2).transpose(0, 1), cap.mask).transpose(0, 1)
 
 
-GRADCAM, GRADSAM = AttentionTerm("attgrads", gradcam_row, last=True), AttentionTerm("attgrads_gradsam", gradsam_rows)
+GRADCAM = AttentionTerm("attgrads", heads=gradcam_heads, finish=gradcam_row, last=True)
+GRADSAM = AttentionTerm("attgrads_gradsam", heads=gradsam_rows)
 
 
 class AttGrads(GradientMethod):

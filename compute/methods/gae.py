@@ -13,8 +13,9 @@ from ._internals.gradients import GradientMethod
 
 
 def positive_products(A, dA, cap):
-    """A_bar^l = mean_h (dF/dA^{l,h} * A^{l,h})^+ on the valid block: [K, B, n, n]."""
-    return valid_pairs((dA * A).clamp_min_(0).mean(2), cap.mask)
+    """sum_h (dF/dA^{l,h} * A^{l,h})^+ over the heads given on the valid block: [K, B, n, n] (A_bar^l: the term's
+    mean over every head)."""
+    return valid_pairs((dA * A).clamp_min_(0).sum(2), cap.mask)
 
 
 class GAE(GradientMethod):
@@ -23,7 +24,7 @@ class GAE(GradientMethod):
     reference = "Chefer et al. (2021b); METHODS.md 5.2, 14.13"
     has_layer_views = True
     has_matrices = True
-    attention_terms = (AttentionTerm("gae", positive_products),)
+    attention_terms = (AttentionTerm("gae", heads=positive_products),)
 
     def from_grads(self, gp, grads, cap):
         maps = gp.term(grads, self.attention_terms[0])  # [L, B, n, n]

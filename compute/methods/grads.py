@@ -12,8 +12,9 @@ from ._internals.gradients import GradientMethod, valid_mean_rows
 
 
 def last_gradient_rows(A, dA, cap):
-    """dF/dA of the last layer, mean over heads and the real query rows: [1, B, n]."""
-    return valid_mean_rows(dA.mean(2).transpose(0, 1), cap.mask).transpose(0, 1)
+    """dF/dA of the last layer, summed over the heads given (the term's mean divides), mean over the real query
+    rows: [1, B, n]."""
+    return valid_mean_rows(dA.sum(2).transpose(0, 1), cap.mask).transpose(0, 1)
 
 
 class Grads(GradientMethod):
@@ -21,7 +22,7 @@ class Grads(GradientMethod):
     description = "positive part of the gradient w.r.t. last-layer attention, mean over heads and query rows"
     reference = "Song et al. (2024) Mask-LRP baselines; Qiang et al. (2022); METHODS.md 4.3"
 
-    attention_terms = (AttentionTerm("grads", last_gradient_rows, last=True),)
+    attention_terms = (AttentionTerm("grads", heads=last_gradient_rows, last=True),)
 
     def from_grads(self, gp, grads, cap):
         g = gp.term(grads, self.attention_terms[0])[0].clamp_min(0)  # [B, n]

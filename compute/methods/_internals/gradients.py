@@ -34,7 +34,8 @@ from .attnlrp_rules import attnlrp_rules
 from .chefer_decoder_rules import RuleOperands, chefer_decoder_rules
 from .rule_rows import RuleRows
 from .widened import widened
-from .checkpointed import AttentionTerm, TermHooks, layer_checkpoints, supports_sdpa
+from .checkpointed import (HEADS_IMPL, AttentionTerm, HeadChunks, TermHooks, head_chunk_budget, heads_per_chunk,
+                           layer_checkpoints, supports_head_chunks, supports_sdpa)
 from .lrp_record import LRPRecord, has_lrp_rules, lrp_hooks
 from ...tasks.readout import Readout, explained
 
@@ -333,15 +334,24 @@ class GradientPass:
         # undeclared, a term may be asked later)
         self.sdpa = (self.checkpointed and spec.rules == "gradient" and cap.attention_terms is not None
                      and not self.batch_terms and supports_sdpa(adapter))
+        # the plain gradient's terms (each a mean over the heads) with the attention a chunk of heads at a time, as
+        # many as the block budget holds (HeadChunks: no [B, H, n, n] where one head a chunk), where the model's
+        # attention goes through transformers' attention interface; else the eager recomputation (TermHooks)
+        self.heads = None
+        if (self.checkpointed and spec.rules == "gradient" and not self.sdpa and supports_head_chunks(adapter)
+                and all(t.heads is not None for t in self.batch_terms)):
+            self.heads = heads_per_chunk(adapter.n_heads, E.shape[0], n, head_chunk_budget(E.device))
         self._hooks = None
         if self.checkpointed:
             calls = [0] * adapter.n_layers
             operands = (RuleOperands(adapter, self.rows.half if self.rows else None, self.kept)
                         if spec.rules == "chefer_decoder" else None)
-            self._hooks = TermHooks(adapter, self.internals, calls, operands)
+            self._hooks = (HeadChunks(adapter, self.internals, calls, self.heads) if self.heads
+                           else TermHooks(adapter, self.internals, calls, operands))
+            impl = HEADS_IMPL if self.heads else None
             with (widened(adapter, wide) if wide is not None else nullcontext(lambda _layer: nullcontext())
                   ) as layer_cast, self._rules():
-                with layer_checkpoints(adapter, calls, self.sdpa, layer_cast), self._hooks.hooked():
+                with layer_checkpoints(adapter, calls, self.sdpa, layer_cast, impl), self._hooks.hooked():
                     self.logits = forward_at(adapter, inputs, self.X, spec, self.internals, readout=cap.readout,
                                              pos=self.internals.explain_pos, needs=frozenset({"hidden_states"}))
         else:
@@ -403,6 +413,10 @@ class GradientPass:
             if self.sdpa and terms:
                 raise RuntimeError(f"attention terms {', '.join(t.name for t in terms)} asked of a gradient pass run "
                                    "with the SDPA attention: declare them in cap.attention_terms before the pass")
+            if self.heads and any(t.heads is None for t in terms):
+                raise RuntimeError(f"attention terms {', '.join(t.name for t in terms if t.heads is None)} are no "
+                                   "mean over the heads, asked of a pass run a chunk of heads at a time: declare them "
+                                   "in cap.attention_terms before the pass")
             with self._rules(), self._hooks.hooked():
                 return self._hooks.run(terms, lambda: output_grads(y, wrt, retain_graph=True, hooks=self._hooks))
 
