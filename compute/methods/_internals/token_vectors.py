@@ -603,33 +603,28 @@ def _ffn(step: Step, Y: torch.Tensor, budget: int, sh: Whole, bufs: Buffers | No
     R, n, d = Y.shape
     d_ff = step.W1t.shape[1]
     w1 = sh.weights(Y, step.W1b1)  # <W1 y_{i<-j}, b1> = <y_{i<-j}, W1^T b1>, for every source at once
-    # b1's share through the block: w1 W2 (theta * b1), a vector per row (added to the [r, n, d] output, not to the
-    # [r, n, d_ff] activations)
-    c1 = torch.matmul(step.theta * step.b1, step.W2t)  # [R, 1, d]
     r = max(1, budget // max(1, n * 2 * d_ff * Y.element_size()))  # rows per block: [r, n, d_ff] and a product
     out = _take(bufs, (R, n, d), Y)
     if r >= R:
-        out = _ffn_block(step.theta, c1, step, Y, w1, out)
+        out = _ffn_block(step.theta, step, Y, w1, out)
     else:
         if out is None:
             out = torch.empty_like(Y)
         hidden = _take(bufs, (r * n, d_ff), Y, out)  # one for every block
         for r0 in range(0, R, r):
             rows = slice(r0, min(R, r0 + r))
-            _ffn_block(step.theta[rows], c1[rows], step, Y[rows], w1[rows], out[rows], hidden)
+            _ffn_block(step.theta[rows], step, Y[rows], w1[rows], out[rows], hidden)
     return sh.share_(out, step.b2)
 
 
-def _ffn_block(theta: torch.Tensor, c1: torch.Tensor, step: Step, Y: torch.Tensor, w1: torch.Tensor,
-               out: torch.Tensor | None, hidden: torch.Tensor | None = None) -> torch.Tensor:
-    """W2 (theta * (W1 Y + w1 b1)) = W2 (theta * W1 Y) + w1 c1 [r, n, d] for the rows of Y [r, n, d] (their factors
-    theta [r, 1, d_ff], c1 = W2 (theta * b1) [r, 1, d]), in ``out`` where given; the activations in ``hidden``
-    where given."""
+def _ffn_block(theta: torch.Tensor, step: Step, Y: torch.Tensor, w1: torch.Tensor, out: torch.Tensor | None,
+               hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """W2 (theta * (W1 Y + w1 b1)) [r, n, d] for the rows of Y [r, n, d] (their factors theta [r, 1, d_ff]), in
+    ``out`` where given; the activations in ``hidden`` where given."""
     r, n, d = Y.shape
     Hd = torch.mm(Y.view(-1, d), step.W1t, out=None if hidden is None else hidden[:r * n])
-    Hd = Hd.view(r, n, -1).mul_(theta)
-    out = torch.mm(Hd.view(r * n, -1), step.W2t, out=None if out is None else out.view(r * n, d)).view(r, n, d)
-    return out.addcmul_(w1, c1)
+    Hd = Hd.view(r, n, -1).addcmul_(w1, step.b1).mul_(theta)
+    return torch.mm(Hd.view(r * n, -1), step.W2t, out=None if out is None else out.view(r * n, d)).view(r, n, d)
 
 
 # A work tensor this large is taken from ``Buffers``: glibc's malloc maps every allocation above its largest mmap
