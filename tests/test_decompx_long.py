@@ -93,3 +93,55 @@ def test_a_bfloat16_model_widens_one_layer_at_a_time(arch, name, monkeypatch):
     assert attention and all(torch.Size(s).numel() <= B * H * n * n for s in attention)
     ffn = [s for s in wide if sorted(s[-2:]) == sorted((d, d_ff))]
     assert ffn and all(len(s) == 2 or s[0] == 1 for s in ffn)
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_a_padded_batch_is_propagated_an_example_at_a_time_at_its_length(arch, monkeypatch):
+    """A right-padded batch long enough to trim (TRIM_TOKENS lowered to the test's size): each example goes through
+    the layers alone at its real length, and both methods' scores, layer views and every class equal the whole
+    padded batch's to 1e-10 of their scale (float64), padded sources 0; whole and in blocks of 3 source tokens."""
+    import compute.methods._internals.token_vectors as tv
+
+    model = tiny_model(arch, layers=3)
+    ad = adapter_for(model)
+    batch = random_batch(arch, LENGTHS)
+    monkeypatch.setattr(tv, "TRIM_TOKENS", 10 ** 9)
+    whole, _ = _results(ad, batch, arch == "bert")
+    monkeypatch.setattr(tv, "TRIM_TOKENS", 1)
+    seen = []
+    for run in ("_propagate_post_ln", "_propagate_pre_ln"):
+        def spy(cap, adapter, src, *a, _run=getattr(tv, run)):
+            seen.append((src.B, src.n))
+            return _run(cap, adapter, src, *a)
+        monkeypatch.setattr(tv, run, spy)
+    for k in (None, 3):
+        if k is not None:
+            monkeypatch.setattr(tv, "source_blocks", lambda *a: k)
+        seen.clear()
+        trimmed, _ = _results(ad, batch, arch == "bert")
+        assert seen == [(1, m) for m in LENGTHS] * len(METHODS)
+        for name in METHODS:
+            for got, want in zip(trimmed[name], whole[name], strict=True):
+                scale = want.abs().max()
+                assert scale > 0
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-10 * scale)
+            for b, m in enumerate(LENGTHS):
+                assert not trimmed[name][0][b, m:].any() and not trimmed[name][1][b, :, m:].any()
+
+
+def test_short_unpadded_or_gpu_batches_are_propagated_at_once():
+    """The batch at once: below TRIM_TOKENS, without padding, with padding before the real tokens, a row asked for
+    in the padding, padding within TRIM_WASTE of the work, or on a GPU."""
+    from compute.methods._internals.token_vectors import TRIM_TOKENS, _trim
+
+    n = TRIM_TOKENS
+    right = torch.arange(n) < torch.tensor([n, n // 2])[:, None]
+    e = torch.zeros(2, 1, dtype=torch.long)
+    assert _trim(right, e) == [n, n // 2]
+    assert _trim(right[:, :n - 1], e) is None  # short
+    assert _trim(torch.ones(2, n, dtype=torch.bool), e) is None
+    assert _trim(right.flip(1), e) is None  # left padding
+    assert _trim(right, torch.tensor([[0], [n - 1]])) is None
+    assert _trim(torch.arange(n) < torch.tensor([n, n - 1])[:, None], e) is None  # 1.6% of the work
+    assert _trim(right[:1], e[:1]) is None
+    assert _trim(right.to("meta"), e.to("meta")) is None

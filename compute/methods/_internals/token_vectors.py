@@ -26,6 +26,7 @@ computed for the explained row only.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -105,6 +106,14 @@ class Layers:
         self.device, self.itemsize = first.device, torch.finfo(self.dtype).bits // 8
         self.B, self.n, self.d = first.shape
         self.H = cap.attentions[0].shape[1]
+        self.example, self.mask, self.memo = None, cap.mask, cap.memo
+
+    def trimmed(self, b: int, m: int) -> "Layers":
+        """Example b alone, its first m tokens (its real ones: ``_trim``), views of these layers' tensors."""
+        one = copy.copy(self)
+        one.example, one.B, one.n = (b, m), 1, m
+        one.mask, one.memo = self.cap.mask[b:b + 1, :m], None  # not the batch's memo: its keys say no example
+        return one
 
     def own(self, ls: slice) -> slice | None:
         """The layers whose weights to cast afresh: ``ls`` a layer at a time, None (every layer's, kept) else."""
@@ -113,14 +122,21 @@ class Layers:
     def take(self, name: str, ls: slice) -> torch.Tensor:
         """[K, B, ...] the list ``name`` of the layers ``ls`` (a view of its stack where it has one)."""
         if self.every or name in self.cap.stacks:
-            return self.cap.stack(name)[ls]
-        return widened(getattr(self.cap, name)[ls.start], self.dtype)[None]
+            return self._cut(name, self.cap.stack(name)[ls])
+        return widened(self._cut(name, getattr(self.cap, name)[ls.start][None]), self.dtype)
+
+    def _cut(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """[K, B, ...] cut to the example and tokens of ``trimmed``."""
+        if self.example is None:
+            return t
+        b, m = self.example
+        t = t[:, b:b + 1]
+        return t[..., :m, :m] if name == "attentions" else t[:, :, :m]
 
     def parts(self, ls: slice):
         """The decomposition's parts of the layers ``ls`` as one stack (``decomposition.layer_stack``'s)."""
-        cap = self.cap
-        return _parts_of(lambda name: self.take(name, ls), bool(cap.ln1_in), cap.mask, self.adapter, ls,
-                        slice(None), False, cap.memo)
+        return _parts_of(lambda name: self.take(name, ls), bool(self.cap.ln1_in), self.mask, self.adapter, ls,
+                        slice(None), False, self.memo)
 
 
 class LayerSteps:
@@ -304,14 +320,46 @@ def propagate(cap, adapter, memory_mb: int | None, state_mb: int | None = None,
     key = ("decompx", memory_mb, state_mb, positions is not None)
     if key not in cap.memo:
         src = Layers(cap, adapter)
-        k = source_blocks(src.B, src.n, src.d, src.itemsize, work_bytes(src.device, CPU_STATE_BYTES, state_mb,
-                                                                       STATE_GPU_SHARE))
         run = _propagate_pre_ln if adapter.pre_ln else _propagate_post_ln
         e = cap.explain_pos[:, None] if positions is None else positions
-        out = run(cap, adapter, src, memory_mb, k, e)
+
+        def one(src, e):  # [B, S, L, n, d]
+            k = source_blocks(src.B, src.n, src.d, src.itemsize, work_bytes(src.device, CPU_STATE_BYTES, state_mb,
+                                                                           STATE_GPU_SHARE))
+            return run(cap, adapter, src, memory_mb, k, e)
+
+        lengths = _trim(cap.mask, e)
+        if lengths is None:
+            out = one(src, e)
+        else:  # a padded source's parts are 0 in every real row: left out, they stay 0
+            out = torch.zeros(src.B, e.shape[1], src.L, src.n, src.d, dtype=src.dtype, device=src.device)
+            for b, m in enumerate(lengths):
+                out[b:b + 1, :, :, :m] = one(src.trimmed(b, m), e[b:b + 1])
         cap.memo[key] = (Propagated(rows=out[:, 0], logits=_logits(adapter, cap, out[:, 0, -1]))
                          if positions is None else Propagated(rows=out, logits=None))
     return cap.memo[key]
+
+
+# Trimming a padded batch (CPU): each example propagated alone at its real length where the batch is this long and
+# its padding costs more than this share of the work (the parts are [n, n, d] a layer: n^2 each); shorter batches
+# at once, where the layers' fixed cost per propagation outweighs the padding's
+TRIM_TOKENS = 64
+TRIM_WASTE = 0.02
+
+
+def _trim(mask: torch.Tensor, e: torch.Tensor) -> list[int] | None:
+    """Each example's real length where the batch is propagated an example at a time (``TRIM_TOKENS``), or None: a
+    GPU's batch (a kernel launch per operation and example), a short or unpadded batch, or padding that is not
+    after the real tokens, or a row asked for among it."""
+    B, n = mask.shape
+    if mask.device.type != "cpu" or B == 1 or n < TRIM_TOKENS:
+        return None
+    lengths = mask.sum(1)
+    if not bool((mask == (torch.arange(n, device=mask.device) < lengths[:, None])).all()) or \
+            not bool((e < lengths[:, None]).all()):
+        return None
+    work = lengths.double().square().sum().item()
+    return lengths.tolist() if B * n * n > (1 + TRIM_WASTE) * work else None
 
 
 def _last_rows(A: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
