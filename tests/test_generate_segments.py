@@ -1,8 +1,8 @@
-"""A generation's gradient methods run their forward in segments of columns (gradients.step_forward): the prompt up
-to the earliest step's position, then the later step positions in a few segments through the model's key-value
-cache, so that step t's backward walks only the segments up to its position. The results are the whole forward's,
-to 1e-10 of scale in float64, on tiny Llama and GPT-2, right-padded as the runner pads the attribution pass, with
-examples of different step counts and one that stopped at EOS before its first step."""
+"""Integrated gradients of a generation's steps runs its forward in segments of columns (gradients.StepForward):
+the prompt up to the earliest step's position, then the later step positions in a few segments through the model's
+key-value cache, so that step t's backward walks only the segments up to its position. The results are the whole
+forward's, to 1e-10 of scale in float64, on tiny Llama and GPT-2, right-padded as the runner pads the attribution
+pass, with examples of different step counts and one that stopped at EOS before its first step."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_the_segmented_forward_gives_the_whole_forwards_attributions(arch, contr
 
 
 def test_each_steps_backward_walks_only_the_segments_up_to_its_position():
-    """grad_l2 on the 12 generations (prompts of 1..10 tokens, up to 4 steps): the forward's column ranges are the
+    """ig_l2 (4 steps, one pass of the 72 path rows) on the 12 generations (prompts of 1..10 tokens, up to 4 steps): the forward's column ranges are the
     bounds (the prompt to the earliest step's last position, then the later needs), and the backward of step index
     k reaches the head through the segments up to its furthest position only."""
     lm = loaded("llama")
@@ -94,14 +94,15 @@ def test_each_steps_backward_walks_only_the_segments_up_to_its_position():
         lambda _m, args, kwargs: widths.append(int(kwargs["input_ids"].shape[1])), with_kwargs=True)
     h2 = head.register_full_backward_hook(lambda _m, _gi, go: seen.append(int(go[0].shape[1])))
     try:
-        steps_run(lm, ["grad_l2"], prompts, made, None, None)
+        steps_run(lm, ["ig_l2"], prompts, made, None, None)
     finally:
         h1.remove(), h2.remove()
     cuts = sorted(set(need))
     bounds = gradients.cut_columns(cuts)
     assert bounds[0] == min(need) and bounds[-1] == max(need) < n  # the last token and the right pads: not run
-    # the capture's pass and the embedding output's over every column, then the segments
-    assert widths == [n, n] + np.diff([0] + bounds).tolist()
+    # the capture's pass and the embedding outputs' (the data's, the [MASK] baseline's) over every column, then the
+    # path's segments
+    assert widths == [n, n, n] + np.diff([0] + bounds).tolist()
     # per backward, the columns of the segments it walks: those up to the segment holding its furthest position
     assert sorted(seen) == sorted(w for k in need for w in np.diff([0] + bounds)[:np.searchsorted(bounds, k) + 1])
     assert sum(seen) < len(need) * n
