@@ -80,9 +80,10 @@ def test_the_segmented_forward_gives_the_whole_forwards_attributions(arch, contr
 
 
 def test_each_steps_backward_walks_only_the_segments_up_to_its_position():
-    """ig_l2 (4 steps, one pass of the 72 path rows) on the 12 generations (prompts of 1..10 tokens, up to 4 steps): the forward's column ranges are the
-    bounds (the prompt to the earliest step's last position, then the later needs), and the backward of step index
-    k reaches the head through the segments up to its furthest position only."""
+    """ig_l2 (4 steps, one pass of the 72 path rows) on the 12 generations (prompts of 1..10 tokens, up to 4
+    steps): the forward's column ranges are the bounds (the prompt to the earliest step's last position, then the
+    later needs), and the backward of step index k reaches the head through the segments up to its furthest
+    position only."""
     lm = loaded("llama")
     prompts, made, _ = generations()
     # step index k's furthest explained position + 1 over the examples that have step k
