@@ -33,6 +33,17 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(found)
 
 
+def cache_argument(model) -> str:
+    """The keyword of ``model``'s key-value cache: transformers 5 renames past_key_values to cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(res):
+    """The key-value cache a forward with use_cache returned (under either name)."""
+    cache = getattr(res, "cache", None)
+    return cache if cache is not None else res.past_key_values
+
+
 @torch.no_grad()
 def decode(adapter, prompts: list[list[int]], keys: list[int], room: list[int], decoding: Decoding,
            stop: frozenset[int], pad_id: int) -> list[list[int]]:
@@ -54,7 +65,7 @@ def decode(adapter, prompts: list[list[int]], keys: list[int], room: list[int], 
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # each example's own positions (left padding shifts none)
     takes = inspect.signature(model.forward).parameters
-    cache_arg = "cache" if "cache" in takes else "past_key_values"  # transformers 5 renames it
+    cache_arg = cache_argument(model)
     rngs = [np.random.default_rng([decoding.seed, k]) for k in keys] if decoding.do_sample else None
     done = [lim <= 0 for lim in limit]
     cache, step_ids, step_pos = None, ids, positions
@@ -63,7 +74,7 @@ def decode(adapter, prompts: list[list[int]], keys: list[int], room: list[int], 
         kwargs = {"position_ids": step_pos} if "position_ids" in takes else {}  # ALiBi reads the mask instead
         with adapter.finite_masks():  # a left pad's query sees only pads: a float64 mask would make it NaN
             res = model(input_ids=step_ids, attention_mask=mask, use_cache=True, **{cache_arg: cache}, **kwargs)
-        cache = getattr(res, "cache", None) or res.past_key_values
+        cache = returned_cache(res)
         logits = res.logits[:, -1].double()
         if rngs is None:
             chosen = logits.argmax(-1).tolist()

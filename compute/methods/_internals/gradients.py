@@ -13,6 +13,11 @@ One forward pass (with grad) per batch and spec; one backward per target: the se
 summed, and since examples never interact, each example's gradient is its own. A generation's steps (many outputs
 per sequence, ``Outputs.of_steps``) share the forward too: one backward per step index, every example's step t at
 once (the model is causal: the output at a step's position sees its prefix only, as the prefix's own pass does).
+Integrated gradients runs that forward in segments of columns through the model's key-value cache (``StepForward``),
+so that each step index's backward walks only the columns up to its furthest position, not every column. The input
+gradients do not: on the tiny Llama (100 prompts x 16 steps, batches of 32 sequences) their backward is mostly the
+cost of launching its operations, which each segment adds to (grad_l2 and gxi_mean took 1.25-1.34 s against 1.00-1.24
+s unsegmented; integrated gradients' passes of ~250 path rows 23.0 s against 26.7 s).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 import torch
 
 from ... import interrupts
+from ...generation import cache_argument, returned_cache
 from ...adapters import Adapter, Captured
 from ...errors import AttrscopeError
 from ...options import Option
@@ -255,6 +261,72 @@ def shares_forward(spec: Explained) -> bool:
     own inputs (no doubled batch, no keys masked per explanation, no double embedding)."""
     return (spec.rules == "gradient" and spec.dtype == "model" and not spec.plain_rows and not spec.double_embedding
             and not spec.mask_specials and not spec.mask_sep)
+
+
+class Segments(NamedTuple):
+    """A generation's forward in segments of columns (``StepForward``)."""
+
+    bounds: list[int]  # each segment's end column
+    last: list[int]  # per group of outputs, the segment of its furthest position
+
+
+def segment_bounds(outputs: Outputs, n: int) -> Segments | None:
+    """The segments of a generation's forward, from the columns each group's output needs (its furthest position +
+    1); None: one forward over all ``n`` columns (a batch's one output per sequence, a readout not at a position)."""
+    if outputs.example is None or not outputs.groups or not outputs.readout.at_position:
+        return None
+    pos = torch.stack([g.pos for g in outputs.groups])
+    has = torch.stack([torch.ones_like(g.pos, dtype=torch.bool) if g.has is None else g.has for g in outputs.groups])
+    need = (pos.masked_fill(~has, -1).amax(1) + 1).tolist()  # one wait for the device per batch
+    bounds = cut_columns(sorted(set(need)))
+    return Segments(bounds, [int(np.searchsorted(bounds, k)) for k in need])
+
+
+def cut_columns(needs: list[int]) -> list[int]:
+    """Segment ends for these sorted column needs: the first need (the prompt up to the earliest step's position,
+    which every backward walks), then every k-th need and the last, k = ceil(sqrt(needs)): each segment is one more
+    pass of the layers over a few columns (the tiny Llama, 256 rows of 46 columns, 16 steps: segments of 2-4 steps
+    ran the forward and its 16 backwards about 1.8x faster than the whole forward, and than segments of 1)."""
+    k = max(1, int(np.ceil(np.sqrt(len(needs)))))
+    return sorted(set(needs[::k]) | {needs[-1]})
+
+
+class StepForward:
+    """The model's forward at X [R, n, d] for a group of outputs, read per group (``read``). With ``bounds`` it runs
+    in segments of columns [0, b0), [b0, b1), ... through the model's key-value cache (each segment's queries see
+    the earlier ones' keys, as in one forward: the model is causal), and a group's output is read off the segments
+    up to the one holding its furthest position, so that its backward walks no later column; the columns after the
+    last bound are not run. Without, one forward over every column (the model's output read as it is)."""
+
+    def __init__(self, adapter: Adapter, inputs: dict, X: torch.Tensor, spec: Explained, readout: Readout,
+                 segments: Segments | None):
+        self.readout, self.segments = readout, segments
+        if segments is None:
+            self.out = forward_at(adapter, inputs, X, spec, readout=whole_output)
+            return
+        key, cache, start, self.parts = cache_argument(adapter.model), None, 0, []
+        for end in segments.bounds:
+            part = {k: v[:, :end] if k == "attention_mask" else v[:, start:end] for k, v in inputs.items()}
+            with torch.enable_grad():  # the slice of X on the graph
+                x = X[:, start:end]
+            out = forward_at(adapter, {**part, key: cache, "use_cache": True}, x, spec, readout=whole_output)
+            cache = returned_cache(out)
+            self.parts.append(getattr(out, readout.field))
+            start = end
+        self.starts = [0, *segments.bounds[:-1]]
+
+    def read(self, k: int, pos: torch.Tensor) -> torch.Tensor:
+        """Group ``k``'s outputs [R, C] at positions ``pos`` [R] (a row without an output in the group: position 0,
+        as Steps.grid pads)."""
+        if self.segments is None:
+            return self.readout(self.out, pos)
+        last = self.segments.last[k]
+        rows = torch.arange(pos.shape[0], device=pos.device)
+        got = None
+        for start, part in zip(self.starts[:last + 1], self.parts[:last + 1]):
+            at = part[rows, (pos - start).clamp(0, part.shape[1] - 1)]
+            got = at if got is None else torch.where((pos >= start)[:, None], at, got)
+        return got
 
 
 class InputGradients(NamedTuple):
@@ -565,17 +637,20 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     if E.device.type == "cpu":
         chunk = min(chunk, cpu_cache_rows(adapter, n, E.element_size()))
     last = len(outputs.groups) - 1
+    # a generation's steps: the forward in segments (StepForward, the module's note), where the layers are not
+    # checkpointed
+    segments = None if ckpt else segment_bounds(outputs, n)
     for r0 in range(0, P, chunk):
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, pt = ex_of[r0:r0 + chunk], point_of[r0:r0 + chunk]
         rows_in = {k: v[ex] for k, v in inputs.items()}
         X = torch.lerp(X0_w[ex], E_w[ex], alpha[pt, None, None]).to(E.dtype).requires_grad_(True)
         with torch.enable_grad(), layer_checkpoints(adapter, sdpa=sdpa) if ckpt else nullcontext():
-            out = forward_at(adapter, rows_in, X, spec, readout=whole_output)
+            out = StepForward(adapter, rows_in, X, spec, outputs.readout, segments)
         for k, grp in enumerate(outputs.groups):
             has = None if grp.has is None else grp.has[ex]
             with torch.enable_grad():
-                f = select(outputs.readout(out, grp.pos[ex]), grp.target[ex], spec.output, foil_rows(grp.foil, ex))
+                f = select(out.read(k, grp.pos[ex]), grp.target[ex], spec.output, foil_rows(grp.foil, ex))
                 # the end points' outputs are kept; their gradients (weight 0) are not asked for
                 on = pt < steps if has is None else (pt < steps) & has
                 (g,) = output_grads((f * on).sum(), [X], retain_graph=k < last)
