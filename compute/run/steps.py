@@ -38,6 +38,7 @@ class Steps:
     row_grid: torch.Tensor  # [B, S] each grid cell's row (R where the example has no such step)
     counts: list[int]  # steps per example
     prompt_last: torch.Tensor  # [B] each prompt's last position (the store's explained position of the example)
+    reach: list[int]  # per step index, the columns its rows need (their furthest position + 1): known on the host
 
     @classmethod
     def of(cls, prompt_lengths: list[int], targets: list[list[int]], foils: list[list[int]] | None,
@@ -57,7 +58,7 @@ class Steps:
                    target=long_tensor([t for row in targets for t in row], device),
                    foil=long_tensor(flat_foils, device), grid=long_tensor(grid, device),
                    flat=long_tensor(example * max(S, 1) + step, device), row_grid=long_tensor(row_grid, device),
-                   counts=counts,
+                   counts=counts, reach=np.where(row_grid < len(example), grid + 1, 0).max(0, initial=0).tolist()[:S],
                    prompt_last=long_tensor([p - 1 for p in prompt_lengths], device))
 
     def rows(self, per_example_steps: torch.Tensor) -> torch.Tensor:

@@ -234,6 +234,7 @@ class Outputs(NamedTuple):
     groups: tuple[OutputGroup, ...]
     example: torch.Tensor | None  # [R] each row's sequence (None: row b is sequence b)
     rows: int
+    reach: list[int] | None = None  # per group, the columns its outputs need (a generation's steps: Steps.reach)
 
     @classmethod
     def of_batch(cls, cap: Captured, target: torch.Tensor) -> "Outputs":
@@ -253,7 +254,7 @@ class Outputs(NamedTuple):
             row = steps.row_grid[:, t]
             groups.append(OutputGroup(steps.grid[:, t], target[row], None if foil is None else foil[row], row,
                                       row < R))
-        return cls(readout, tuple(groups), steps.example, R)
+        return cls(readout, tuple(groups), steps.example, R, steps.reach)
 
 
 def shares_forward(spec: Explained) -> bool:
@@ -273,11 +274,9 @@ class Segments(NamedTuple):
 def segment_bounds(outputs: Outputs, n: int) -> Segments | None:
     """The segments of a generation's forward, from the columns each group's output needs (its furthest position +
     1); None: one forward over all ``n`` columns (a batch's one output per sequence, a readout not at a position)."""
-    if outputs.example is None or not outputs.groups or not outputs.readout.at_position:
+    if outputs.reach is None or not outputs.groups or not outputs.readout.at_position:
         return None
-    pos = torch.stack([g.pos for g in outputs.groups])
-    has = torch.stack([torch.ones_like(g.pos, dtype=torch.bool) if g.has is None else g.has for g in outputs.groups])
-    need = (pos.masked_fill(~has, -1).amax(1) + 1).tolist()  # one wait for the device per batch
+    need = outputs.reach  # from the host's step lists: no wait for the device
     bounds = cut_columns(sorted(set(need)))
     return Segments(bounds, [int(np.searchsorted(bounds, k)) for k in need])
 

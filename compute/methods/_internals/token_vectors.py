@@ -30,6 +30,7 @@ import copy
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -354,12 +355,12 @@ def _trim(mask: torch.Tensor, e: torch.Tensor) -> list[int] | None:
     B, n = mask.shape
     if mask.device.type != "cpu" or B == 1 or n < TRIM_TOKENS:
         return None
-    lengths = mask.sum(1)
-    if not bool((mask == (torch.arange(n, device=mask.device) < lengths[:, None])).all()) or \
-            not bool((e < lengths[:, None]).all()):
+    # a CPU batch (above): numpy views of its tensors, no device to wait for
+    m, lengths = mask.numpy(), mask.numpy().sum(1)
+    if not (m == (np.arange(n) < lengths[:, None])).all() or not (e.numpy() < lengths[:, None]).all():
         return None
-    work = lengths.double().square().sum().item()
-    return lengths.tolist() if B * n * n > (1 + TRIM_WASTE) * work else None
+    work = float(np.square(lengths.astype(np.float64)).sum())
+    return [int(x) for x in lengths] if B * n * n > (1 + TRIM_WASTE) * work else None
 
 
 def _last_rows(A: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
