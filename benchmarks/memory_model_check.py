@@ -112,11 +112,15 @@ def measure(methods: list[str], ns: list[int], shape: mm.ModelShape = TINY) -> d
     return out
 
 
-def _measure_child(conn, name: str, n: int, shape: mm.ModelShape) -> None:
+def _measure_child(conn, name: str, n: int, shape: mm.ModelShape, pass_bytes: int | None) -> None:
     """A forked child's measurement, sent back on ``conn``: its bytes, or its error's first line."""
     import ctypes
 
     ctypes.CDLL(None).mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ (the docstring)
+    if pass_bytes is not None:  # --pass-mb: the server's children inherit none of the caller's settings
+        from compute.methods._internals import gradients
+
+        gradients.IG_CPU_BYTES = pass_bytes
     try:
         conn.send(measure([name], [n], shape))
     except BaseException as err:  # noqa: BLE001 - any failure is the row's, not the table's
@@ -124,13 +128,13 @@ def _measure_child(conn, name: str, n: int, shape: mm.ModelShape) -> None:
 
 
 def measure_fresh(methods: list[str], ns: list[int], shape: mm.ModelShape,
-                  skip=lambda name, n: False) -> dict[str, int | str]:
+                  skip=lambda name, n: False, pass_bytes: int | None = None) -> dict[str, int | str]:
     """``measure`` of each method and length in a process of its own (nothing of another's heap in its peak), but
     those ``skip(name, n)`` says not to run; a process that fails gives its error's line instead of bytes. Each is
     forked from a server process that has imported the libraries and run nothing (their import is most of a fresh
     interpreter's minute on a loaded machine). Not forked from this process: inside a test suite it has run torch
     (a thread pool) and holds a large heap whose free pages a forked child reuses without its peak growing (0.4 MiB
-    measured for raw_attention's 12 MiB)."""
+    measured for raw_attention's 12 MiB). ``pass_bytes``: a gradient pass's memory in each child (--pass-mb)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
@@ -141,7 +145,7 @@ def measure_fresh(methods: list[str], ns: list[int], shape: mm.ModelShape,
             if skip(name, n):
                 continue
             mine, theirs = ctx.Pipe(duplex=False)
-            child = ctx.Process(target=_measure_child, args=(theirs, name, n, shape))
+            child = ctx.Process(target=_measure_child, args=(theirs, name, n, shape, pass_bytes))
             child.start()
             theirs.close()
             try:
@@ -226,7 +230,7 @@ def main() -> None:
     if a.pass_mb is not None:
         from compute.methods._internals import gradients
 
-        gradients.IG_CPU_BYTES = a.pass_mb << 20  # the forked measurements inherit it
+        gradients.IG_CPU_BYTES = a.pass_mb << 20  # the model's figures and measure()'s; measure_fresh passes it on
     ns = [int(x) for x in a.n.split(",")]
     shape = LONG if a.long else replace(TINY, layers=a.layers, heads=a.heads, kv_heads=a.heads, d=a.hidden,
                                         d_ff=a.d_ff)
@@ -242,9 +246,11 @@ def main() -> None:
     max_bytes = int(a.max_gb * mm.GB)
     if a.long:
         got = measure_fresh(methods, ns, shape,
-                            lambda name, n: name != BARE and predicted_peak(name, n, shape) > max_bytes)
+                            lambda name, n: name != BARE and predicted_peak(name, n, shape) > max_bytes,
+                            pass_bytes=None if a.pass_mb is None else a.pass_mb << 20)
     else:
-        got = (measure_fresh if a.fresh else measure)(methods, ns, shape)
+        got = (measure_fresh(methods, ns, shape, pass_bytes=None if a.pass_mb is None else a.pass_mb << 20)
+               if a.fresh else measure(methods, ns, shape))
     if a.json:
         print(json.dumps(got))
         return
