@@ -140,10 +140,11 @@ def test_the_streamed_path_never_holds_two_layers_attention(model, monkeypatch, 
     assert all(r() is None for r in made)
 
 
-@pytest.mark.parametrize("name", ("norm_n", "globenc", "alti_l2", "alti", "value_zeroing"))
+@pytest.mark.parametrize("name", ("norm_n", "globenc", "alti_l2", "alti", "value_zeroing", "rollout", "w_fixedres"))
 def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
     """bfloat16 Llama: the norm family and ALTI-l2 keep a streamed layer's attention in bfloat16 and widen it a block
-    of queries at a time, ALTI a block of sources at a time; both give the stacked path's float32 numbers."""
+    of queries at a time, ALTI a block of sources at a time, rollout and W_FIXEDRES sum its head mean in float32 (as
+    the capture sums it); all give the stacked path's float32 numbers."""
     ad = adapter_for(tiny_model("llama", dtype=torch.bfloat16, layers=3))
     batch = random_batch("llama", LENGTHS)
     method = REGISTRY[name]()

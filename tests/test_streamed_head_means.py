@@ -137,21 +137,6 @@ def test_streamed_generation_rows_are_the_stacked_ones(monkeypatch, name):
 
 
 @pytest.mark.parametrize("name", PRODUCTS)
-def test_a_half_precision_model_streams_as_it_stacks(monkeypatch, name):
-    """bfloat16 Llama: a streamed layer's head mean is summed in float32 from its bfloat16 attention, as the capture
-    sums it; the numbers are the stacked path's float32 ones."""
-    ad = adapter_for(tiny_model("llama", dtype=torch.bfloat16, layers=3))
-    batch = random_batch("llama", LENGTHS)
-    method = REGISTRY[name]()
-    _, ref = run(method, ad, batch)
-    streamed(monkeypatch)
-    _, got = run(method, ad, batch, "cls")
-    assert got.scores.dtype == torch.float32
-    close(got.scores, ref.scores, 1e-5)
-    close(got.layer_scores, ref.layer_scores, 1e-5)
-
-
-@pytest.mark.parametrize("name", PRODUCTS)
 def test_beside_decompx_the_narrow_attentions_are_read_a_layer_at_a_time(monkeypatch, name):
     """Streamed beside DecompX, whose capture keeps every layer's attention as the forward made it (bfloat16, no
     stack): the head means are taken from those a layer at a time, in float32, with no forward of their own and no
