@@ -95,7 +95,8 @@ def test_streamed_methods_keep_only_the_stored_rows(model, monkeypatch, name, ke
     close(got.matrices, rows)
 
 
-@pytest.mark.parametrize("name", ("norm_resln", "globenc", "alti", "alti_logit", "value_zeroing"))
+@pytest.mark.parametrize("name", ("norm_resln", "globenc", "alti", "alti_logit", "value_zeroing", "rollout",
+                                  "w_fixedres"))
 def test_a_streamed_example_alone_is_its_row_of_the_batch(model, monkeypatch, name):
     """Padding and batching change nothing: each example streamed alone gives its row of the streamed batch."""
     arch, ad, batch = model
@@ -108,6 +109,8 @@ def test_a_streamed_example_alone_is_its_row_of_the_batch(model, monkeypatch, na
         # 1e-6 of scale: Llama's RMSNorm runs in float32 inside the float64 model (conftest), batched or alone
         close(alone.scores[0], whole.scores[b, :n], 1e-6)
         close(alone.layer_scores[0], whole.layer_scores[b, :, :n], 1e-6)
+        if whole.matrices is not None:  # ALTI-Logit keeps no matrices
+            close(alone.matrices[0], whole.matrices[b, :, :, :n], 1e-6)
         assert not whole.scores[b, n:].any()
 
 
