@@ -125,7 +125,7 @@ def attentions_alive(ad):
     return made, alive, hooks
 
 
-@pytest.mark.parametrize("name", STREAMED + ("alti_logit",))
+@pytest.mark.parametrize("name", STREAMED + ("alti_logit", "rollout", "w_fixedres"))
 def test_the_streamed_path_never_holds_two_layers_attention(model, monkeypatch, name):
     """When a layer's attention is made, no earlier layer's [B, H, n, n] is alive: not the runner's capture's, not the
     method's own forward's (in which each layer's is dropped as its end hook returns)."""
