@@ -341,7 +341,7 @@ def gen_metrics_store(tmp_path_factory):
 async def test_the_metric_line_shows_the_steps_value_beside_the_mean(gen_metrics_store, monkeypatch):
     """Browse: the method bar's metrics at the step cursor ('comp 0.15 μ0.25'), moving with it; a metric kept
     without steps shows its mean alone; the metrics screen names the step and shows both."""
-    from test_tui_metrics import example_line, open_metrics, plain
+    from test_tui_metrics import drawn, example_line, open_metrics
 
     from tui.app import create_app
     from tui.render.metric_table import fmt
@@ -357,7 +357,7 @@ async def test_the_metric_line_shows_the_steps_value_beside_the_mean(gen_metrics
                          for short, (means, steps) in zip(("comp", "suff"), want.values()))
 
     def metric_line(app) -> str:
-        return next(line for line in plain(app.query_one("#method")).splitlines() if line.startswith("comp"))
+        return next(line for line in drawn(app, "#method").splitlines() if line.startswith("comp"))
 
     app = create_app(gen_metrics_store)
     async with app.run_test(size=(80, 24)) as pilot:

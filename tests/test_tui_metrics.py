@@ -154,6 +154,13 @@ def plain(widget) -> str:
     return "\n".join(line.rstrip() for line in capture.get().splitlines())
 
 
+def drawn(app, selector: str) -> str:
+    """A widget's lines as drawn on the screen (a line-API pane has no content to print), trailing blanks dropped."""
+    region = app.query_one(selector).region
+    lines = screen_text(app).splitlines()[region.y:region.bottom]
+    return "\n".join(line[region.x:region.right].rstrip() for line in lines)
+
+
 def detail(screen) -> str:
     return plain(screen.query_one("#metrics-detail"))
 
@@ -380,10 +387,8 @@ async def test_method_bar_shows_metric_values(metrics_store, partial_store, plai
     from tui.app import create_app
     from tui.render.metric_table import fmt
 
-    def bar(app) -> str:  # the method bar's lines as drawn
-        region = app.query_one("#method").region
-        lines = screen_text(app).splitlines()[region.y:region.bottom]
-        return "\n".join(line[region.x:region.right].rstrip() for line in lines)
+    def bar(app) -> str:
+        return drawn(app, "#method")
 
     app = create_app(metrics_store)
     async with app.run_test(size=(120, 24)) as pilot:
