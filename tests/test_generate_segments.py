@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from compute.methods._internals import gradients
-from test_generate_steps import PARAMS, STEPS, generations, loaded, steps_run
+from test_generate_steps import STEPS, generations, loaded, steps_run
 
 METHODS = ["grad_l2", "gxi_l2", "gxi_mean", "ig_l2", "ig_mean"]
 
 
 def whole(monkeypatch):
     """The forward over every column at once (no segments), as before the segments."""
-    monkeypatch.setattr(gradients, "segment_bounds", lambda outputs, n: None)
+    monkeypatch.setattr(gradients, "segment_bounds", lambda outputs: None)
 
 
 def float64_run(lm, prompts, made, contrast, monkeypatch) -> tuple[list, object]:

@@ -271,9 +271,9 @@ class Segments(NamedTuple):
     last: list[int]  # per group of outputs, the segment of its furthest position
 
 
-def segment_bounds(outputs: Outputs, n: int) -> Segments | None:
+def segment_bounds(outputs: Outputs) -> Segments | None:
     """The segments of a generation's forward, from the columns each group's output needs (its furthest position +
-    1); None: one forward over all ``n`` columns (a batch's one output per sequence, a readout not at a position)."""
+    1); None: one forward over every column (a batch's one output per sequence, a readout not at a position)."""
     if outputs.reach is None or not outputs.groups or not outputs.readout.at_position:
         return None
     need = outputs.reach  # from the host's step lists: no wait for the device
@@ -638,7 +638,7 @@ def integrated_gradients(cap: Captured, adapter: Adapter, spec: Explained, targe
     last = len(outputs.groups) - 1
     # a generation's steps: the forward in segments (StepForward, the module's note), where the layers are not
     # checkpointed
-    segments = None if ckpt else segment_bounds(outputs, n)
+    segments = None if ckpt else segment_bounds(outputs)
     for r0 in range(0, P, chunk):
         interrupts.check()  # a stop asked for: between chunks, never inside the backward
         ex, pt = ex_of[r0:r0 + chunk], point_of[r0:r0 + chunk]
