@@ -356,7 +356,8 @@ def _trim(mask: torch.Tensor, e: torch.Tensor) -> list[int] | None:
     if mask.device.type != "cpu" or B == 1 or n < TRIM_TOKENS:
         return None
     # a CPU batch (above): numpy views of its tensors, no device to wait for
-    m, lengths = mask.numpy(), mask.numpy().sum(1)
+    m = mask.numpy()
+    lengths = m.sum(1)
     if not (m == (np.arange(n) < lengths[:, None])).all() or not (e.numpy() < lengths[:, None]).all():
         return None
     work = float(np.square(lengths.astype(np.float64)).sum())
